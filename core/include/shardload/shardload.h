@@ -1,0 +1,289 @@
+/* shardload — load a full safetensors checkpoint into sharded, placed, per-rank tensors.
+ *
+ * Public C API. Everything exported is prefixed sl_; handles are opaque; every
+ * create has a destroy that accepts NULL; functions return sl_status and leave
+ * the specific message in the context (sl_context_errmsg). */
+#ifndef SHARDLOAD_H
+#define SHARDLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shardload/status.h"
+#include "shardload/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define SL_API __declspec(dllexport)
+#else
+#define SL_API __attribute__((visibility("default")))
+#endif
+
+#define SL_MAX_DIMS 8      /* tensor rank limit (safetensors has none; 8 covers every model) */
+#define SL_MAX_MESH_DIMS 4 /* device-mesh rank limit */
+
+/* ---- version ------------------------------------------------------------ */
+SL_API unsigned sl_version(void);              /* SL_VERSION at run time */
+SL_API const char *sl_version_string(void);    /* "MAJOR.MINOR.PATCH" */
+
+/* ---- dtypes ------------------------------------------------------------- */
+/* Never renumbered: values may be stored in plan files and manifests. */
+typedef enum sl_dtype {
+  SL_DTYPE_INVALID = 0,
+  SL_DTYPE_F64 = 1,
+  SL_DTYPE_F32 = 2,
+  SL_DTYPE_F16 = 3,
+  SL_DTYPE_BF16 = 4,
+  SL_DTYPE_F8_E4M3 = 5,
+  SL_DTYPE_F8_E5M2 = 6,
+  SL_DTYPE_I64 = 7,
+  SL_DTYPE_I32 = 8,
+  SL_DTYPE_I16 = 9,
+  SL_DTYPE_I8 = 10,
+  SL_DTYPE_U8 = 11,
+  SL_DTYPE_BOOL = 12,
+  SL_DTYPE_U16 = 13,
+  SL_DTYPE_U32 = 14,
+  SL_DTYPE_U64 = 15,
+  SL_DTYPE_COUNT_
+} sl_dtype;
+
+SL_API const char *sl_dtype_name(sl_dtype dt);  /* safetensors spelling: "BF16" */
+/* Accepts safetensors names, lower case and torch spellings ("bfloat16", "torch.float32"). */
+SL_API sl_dtype sl_dtype_from_name(const char *name);
+SL_API size_t sl_dtype_size(sl_dtype dt);      /* bytes per element; 0 for INVALID */
+SL_API int sl_dtype_is_floating(sl_dtype dt);  /* F64/F32/F16/BF16/F8: true */
+SL_API int sl_dtype_is_castable(sl_dtype dt);  /* F64/F32/F16/BF16 only */
+/* Host conversion between castable dtypes, round-to-nearest-even, NaN kept NaN:
+ * the same bits as torch.Tensor.to. Same dtype is a copy. */
+SL_API sl_status sl_convert(void *dst, sl_dtype dst_dt, const void *src, sl_dtype src_dt,
+                            size_t count);
+
+/* ---- placement contract -------------------------------------------------- */
+typedef enum sl_cpu_offload {
+  SL_CPU_OFFLOAD_INFER = 0, /* zero value: follow the offload policy */
+  SL_CPU_OFFLOAD_ON = 1,
+  SL_CPU_OFFLOAD_OFF = 2
+} sl_cpu_offload;
+
+typedef enum sl_offload_kind {
+  SL_OFFLOAD_NONE = 0, /* no policy: parameters live on the accelerator */
+  SL_OFFLOAD_CPU = 1   /* FSDP2 CPUOffloadPolicy */
+} sl_offload_kind;
+
+typedef struct sl_offload_policy {
+  sl_offload_kind kind;
+  int pin_memory; /* CPUOffloadPolicy(pin_memory=True) */
+} sl_offload_policy;
+
+typedef enum sl_device_kind {
+  SL_DEVICE_CPU = 1,        /* host memory */
+  SL_DEVICE_ACCELERATOR = 2 /* the rank's accelerator; host memory on the cpu backend */
+} sl_device_kind;
+
+typedef enum sl_placement_rule {
+  SL_RULE_EXPLICIT_ON = 1,      /* cpu_offload ON -> CPU */
+  SL_RULE_EXPLICIT_OFF = 2,     /* cpu_offload OFF -> accelerator */
+  SL_RULE_INFER_POLICY_CPU = 3, /* INFER under a CPU offload policy -> CPU */
+  SL_RULE_INFER_NO_POLICY = 4   /* INFER without policy -> accelerator */
+} sl_placement_rule;
+
+typedef struct sl_placement_decision {
+  sl_device_kind device;
+  sl_placement_rule rule;
+  int pin_memory; /* CPU placement under a pinned CPU policy wants page-locked memory */
+} sl_placement_decision;
+
+/* The contract of DESIGN.md as a pure function; policy NULL means no policy. */
+SL_API sl_status sl_resolve_placement(sl_cpu_offload cpu_offload, const sl_offload_policy *policy,
+                                      sl_placement_decision *out);
+SL_API const char *sl_placement_rule_describe(sl_placement_rule rule); /* "cpu_offload=on" ... */
+SL_API const char *sl_device_kind_name(sl_device_kind kind);            /* "cpu" / "device" */
+
+/* ---- context ------------------------------------------------------------- */
+typedef struct sl_context sl_context;
+
+typedef enum sl_log_level { SL_LOG_ERROR = 0, SL_LOG_WARN = 1, SL_LOG_INFO = 2, SL_LOG_DEBUG = 3 } sl_log_level;
+typedef void (*sl_log_fn)(void *user, sl_log_level level, const char *msg);
+
+typedef struct sl_context_options {
+  size_t size;             /* sizeof(sl_context_options) as the caller compiled it */
+  const char *backend;     /* "cpu", "sim", "sim-strict", "cuda", ... or NULL/"auto": best score */
+  const char *collective;  /* NULL/"auto": the backend's preference if every rank can use it */
+  int world_size;          /* 0 (the zero value): rank, world size, local rank and rendezvous
+                              come from the launcher environment (torchrun, Slurm, Open MPI;
+                              none: rank 0 of 1). > 0: the three fields below are used. */
+  int rank;
+  int local_rank;          /* selects the device: local_rank % device count */
+  const char *rendezvous;  /* "file://DIR" or "tcp://HOST:PORT"; NULL: from the environment */
+  int timeout_ms;          /* collective / rendezvous timeout; 0: 300000 */
+  sl_log_fn log;           /* NULL: silent */
+  void *log_user;
+  sl_log_level log_level;
+} sl_context_options;
+
+SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **out);
+SL_API void sl_context_destroy(sl_context *ctx);
+/* The specific message of the last failure on this context ("" when none). */
+SL_API const char *sl_context_errmsg(const sl_context *ctx);
+SL_API int sl_context_rank(const sl_context *ctx);
+SL_API int sl_context_world_size(const sl_context *ctx);
+SL_API const char *sl_context_backend_name(const sl_context *ctx);
+SL_API const char *sl_context_collective_name(const sl_context *ctx);
+/* A one-line description of the rank's device ("sim:0 (simulated accelerator)"). */
+SL_API const char *sl_context_device_description(const sl_context *ctx);
+
+/* Memory through the rank's backend, for callers that bring their own buffers and
+ * for reading placed tensors back. ACCELERATOR memory is only touched through these. */
+SL_API sl_status sl_alloc(sl_context *ctx, sl_device_kind where, int pinned, size_t bytes, void **out);
+SL_API void sl_free(sl_context *ctx, sl_device_kind where, int pinned, void *ptr);
+SL_API sl_status sl_copy_to_host(sl_context *ctx, void *dst, const void *src, sl_device_kind src_where,
+                                 size_t bytes);
+SL_API sl_status sl_copy_from_host(sl_context *ctx, void *dst, sl_device_kind dst_where, const void *src,
+                                   size_t bytes);
+
+/* ---- source (checkpoint metadata) ---------------------------------------- */
+typedef struct sl_source sl_source;
+
+typedef struct sl_source_tensor {
+  const char *name;
+  sl_dtype dtype;
+  int ndim;
+  int64_t shape[SL_MAX_DIMS];
+  uint64_t nbytes;
+  const char *file;     /* path of the .safetensors file holding it */
+  uint64_t file_offset; /* absolute offset of its first byte in that file */
+} sl_source_tensor;
+
+/* PATH: a .safetensors file, a model.safetensors.index.json, or a directory holding one of
+ * them. Validates every header (phase 1). Tensors are listed in file order. */
+SL_API sl_status sl_source_open(sl_context *ctx, const char *path, sl_source **out);
+SL_API void sl_source_destroy(sl_source *src);
+SL_API size_t sl_source_tensor_count(const sl_source *src);
+SL_API const sl_source_tensor *sl_source_tensor_at(const sl_source *src, size_t i);
+SL_API const sl_source_tensor *sl_source_find(const sl_source *src, const char *name);
+SL_API size_t sl_source_file_count(const sl_source *src);
+SL_API const char *sl_source_file_at(const sl_source *src, size_t i);
+SL_API uint64_t sl_source_total_bytes(const sl_source *src);
+/* __metadata__ of the (first) file: key/value pairs, NULL past the end. */
+SL_API size_t sl_source_metadata_count(const sl_source *src);
+SL_API sl_status sl_source_metadata_at(const sl_source *src, size_t i, const char **key, const char **value);
+
+/* ---- plan (how tensors are sharded, cast and offloaded) ------------------ */
+typedef struct sl_plan sl_plan;
+
+typedef enum sl_shard_kind { SL_REPLICATE = 0, SL_SHARD = 1 } sl_shard_kind;
+typedef struct sl_mesh_placement {
+  sl_shard_kind kind;
+  int dim; /* tensor dim for SL_SHARD; may be negative (from the end) */
+} sl_mesh_placement;
+
+/* One placement per mesh dim, e.g. "shard(0)", "replicate", "[replicate, shard(0)]",
+ * "R", "S(1)". A single placement on an N-D mesh applies to every mesh dim. */
+SL_API sl_status sl_placement_parse(const char *spec, int mesh_ndim, sl_mesh_placement *out);
+
+SL_API sl_status sl_plan_create(sl_context *ctx, sl_plan **out);
+SL_API void sl_plan_destroy(sl_plan *plan);
+/* Mesh shape; product must equal the world size at load. Default: 1-D [world]. */
+SL_API sl_status sl_plan_set_mesh(sl_plan *plan, int ndim, const int *dims);
+SL_API sl_status sl_plan_set_offload_policy(sl_plan *plan, const sl_offload_policy *policy);
+SL_API sl_status sl_plan_set_param_dtype(sl_plan *plan, sl_dtype dt); /* INVALID: the file's */
+SL_API sl_status sl_plan_set_default_placement(sl_plan *plan, const char *spec); /* NULL: FSDP2 */
+/* Later rules win over earlier ones; exact entries win over rules. placement or dtype may be
+ * NULL / SL_DTYPE_INVALID to leave that part alone. PATTERN is a shell glob over the whole name. */
+SL_API sl_status sl_plan_add_rule(sl_plan *plan, const char *pattern, const char *placement,
+                                  sl_dtype dtype);
+/* An exact name the checkpoint must hold (strict plans): missing ones fail the load. */
+SL_API sl_status sl_plan_add_entry(sl_plan *plan, const char *name, const char *placement,
+                                   sl_dtype dtype);
+/* Checkpoint tensors the plan does not name: skipped and reported (0) or an error (1).
+ * Only meaningful once the plan has entries; a plan without entries takes every tensor. */
+SL_API sl_status sl_plan_set_strict(sl_plan *plan, int strict);
+/* Read a JSON plan file (format in README.md) into the plan. */
+SL_API sl_status sl_plan_load_json(sl_plan *plan, const char *path);
+
+/* ---- dry run: per-rank geometry ------------------------------------------ */
+typedef struct sl_shard_geometry {
+  int ndim;
+  int64_t local_shape[SL_MAX_DIMS];
+  int64_t global_offset[SL_MAX_DIMS];
+  sl_dtype dtype; /* parameter dtype */
+  int replicated; /* every mesh dim replicate */
+  uint64_t nbytes;
+} sl_shard_geometry;
+
+/* Resolve the plan for tensor T as rank RANK of WORLD would see it. */
+SL_API sl_status sl_plan_geometry(sl_plan *plan, const sl_source_tensor *t, int rank, int world,
+                                  sl_shard_geometry *out);
+/* Placement string of tensor T under the plan, e.g. "[replicate, shard(0)]". */
+SL_API sl_status sl_plan_describe(sl_plan *plan, const sl_source_tensor *t, char *buf, size_t len);
+
+/* ---- load ---------------------------------------------------------------- */
+typedef struct sl_state sl_state;
+
+typedef enum sl_strategy { SL_STRATEGY_SCATTER = 0, SL_STRATEGY_BROADCAST = 1 } sl_strategy;
+typedef enum sl_read_mode { SL_READ_RANK0 = 0, SL_READ_EVERY_RANK = 1 } sl_read_mode;
+
+typedef struct sl_tensor {
+  const char *name;
+  sl_dtype dtype;      /* in memory: the parameter dtype */
+  sl_dtype file_dtype; /* in the checkpoint */
+  int ndim;
+  int64_t global_shape[SL_MAX_DIMS];
+  int64_t local_shape[SL_MAX_DIMS];
+  int64_t global_offset[SL_MAX_DIMS];
+  sl_device_kind device;  /* where it was placed */
+  sl_placement_rule rule; /* which row of the contract chose it */
+  int pinned;             /* page-locked host memory from the backend */
+  int caller_buffer;      /* filled in place in a caller's buffer */
+  void *data;             /* host pointer, or a backend device pointer */
+  uint64_t nbytes;        /* local bytes */
+} sl_tensor;
+
+/* Called once per tensor after phase 1 succeeded on every rank and before any byte moves.
+ * Return a buffer of at least t->nbytes at t->device (and pinned if t->pinned) to have it
+ * filled in place, or NULL to let the state own one. */
+typedef void *(*sl_bind_fn)(void *user, const sl_tensor *t);
+
+typedef struct sl_load_options {
+  size_t size;                /* sizeof(sl_load_options) as the caller compiled it */
+  sl_cpu_offload cpu_offload; /* tri-state; INFER (0) follows the plan's offload policy */
+  sl_strategy strategy;
+  sl_read_mode read_mode;     /* RANK0 is RAM-efficient loading: it never changes placement */
+  size_t staging_bytes;       /* staging budget per rank; 0: 64 MiB */
+  sl_bind_fn bind;
+  void *bind_user;
+  /* progress: called on rank 0 after each tensor (may be NULL) */
+  void (*progress)(void *user, uint64_t done_bytes, uint64_t total_bytes);
+  void *progress_user;
+} sl_load_options;
+
+/* Collective over the context's ranks. opts NULL, or from an older smaller struct, means the
+ * zero value for every missing field (INFER, scatter, rank0, 64 MiB, no binding). */
+SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const sl_load_options *opts,
+                         sl_state **out);
+SL_API void sl_state_destroy(sl_state *st);
+SL_API size_t sl_state_count(const sl_state *st);
+SL_API const sl_tensor *sl_state_tensor(const sl_state *st, size_t i);
+SL_API const sl_tensor *sl_state_find(const sl_state *st, const char *name);
+/* Checkpoint tensors the (non-strict) plan skipped. */
+SL_API size_t sl_state_skipped_count(const sl_state *st);
+SL_API const char *sl_state_skipped_at(const sl_state *st, size_t i);
+
+typedef struct sl_load_stats {
+  uint64_t bytes_read;     /* from storage by this rank */
+  uint64_t bytes_sent;     /* by this rank through the collective */
+  uint64_t bytes_received;
+  uint64_t bytes_h2d;      /* host to accelerator copies */
+  uint64_t staging_bytes;  /* staging buffers held at the peak */
+  double seconds;          /* wall time of sl_load on this rank */
+} sl_load_stats;
+SL_API sl_status sl_state_stats(const sl_state *st, sl_load_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

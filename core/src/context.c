@@ -1,0 +1,175 @@
+/* The context: one rank's view of the job — its backend (memory), its collective (data
+ * movement), its message buffer and logger. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dlfcn.h>
+
+#include "internal.h"
+
+static void host_log(void *core, sl_log_level level, const char *fmt, ...) {
+  sl_context *ctx = core;
+  if (!ctx->log || level > ctx->log_level) return;
+  char line[SL__ERRMSG_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  ctx->log(ctx->log_user, level, line);
+}
+
+static sl_status host_fail(void *core, sl_status s, const char *fmt, ...) {
+  sl_context *ctx = core;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **out) {
+  if (!out) return SL_ERR_INVALID;
+  *out = NULL;
+  if (opts && opts->size < sizeof(size_t)) return SL_ERR_INVALID;
+  sl_context_options o;
+  sl__copy_sized(&o, sizeof o, opts, opts ? opts->size : 0);
+
+  sl_context *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return SL_ERR_NOMEM;
+  ctx->log = o.log;
+  ctx->log_user = o.log_user;
+  ctx->log_level = o.log_level;
+  ctx->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 300000;
+  ctx->host = (sl_module_host){ctx, host_log, host_fail};
+  sl_status st;
+
+  if (o.world_size == 0) {
+    sl__launch_info li;
+    if ((st = sl__launch_env(ctx, &li)) != SL_OK) goto out_free;
+    ctx->rank = li.rank;
+    ctx->world_size = li.world_size;
+    ctx->local_rank = li.local_rank;
+    ctx->rendezvous = o.rendezvous ? sl__strdup(o.rendezvous) : li.rendezvous;
+    if (o.rendezvous) free(li.rendezvous);
+  } else {
+    if (o.world_size < 0 || o.rank < 0 || o.rank >= o.world_size) {
+      st = sl__fail(ctx, SL_ERR_INVALID, "rank %d is not in a job of %d ranks", o.rank, o.world_size);
+      goto out_free;
+    }
+    ctx->rank = o.rank;
+    ctx->world_size = o.world_size;
+    ctx->local_rank = o.local_rank >= 0 ? o.local_rank : 0;
+    ctx->rendezvous = sl__strdup(o.rendezvous);
+  }
+
+  char variant[64];
+  if ((st = sl__backend_select(ctx, o.backend, &ctx->be, &ctx->be_dl, variant, sizeof variant)) != SL_OK)
+    goto out_free;
+  sl_backend_init bi = {&ctx->host, ctx->local_rank, variant[0] ? variant : NULL};
+  if ((st = ctx->be->init(&bi, &ctx->be_ctx)) != SL_OK) goto out_close_backend;
+  if (SL_HAS_OP(ctx->be, describe)) ctx->be->describe(ctx->be_ctx, ctx->device_desc, sizeof ctx->device_desc);
+  else snprintf(ctx->device_desc, sizeof ctx->device_desc, "%s:%d", ctx->be->name, ctx->local_rank);
+
+  const char *coll = o.collective;
+  if (!coll || !*coll || strcmp(coll, "auto") == 0) {
+    /* Device collectives need every rank to run them; until ranks have agreed on one, host
+     * staging through Gloo is the choice that always works. */
+    coll = ctx->world_size == 1 ? "local" : "gloo";
+  }
+  if ((st = sl__collective_select(ctx, coll, &ctx->coll, &ctx->coll_dl)) != SL_OK) goto out_fini_backend;
+  if (ctx->world_size > 1 && !ctx->rendezvous) {
+    st = sl__fail(ctx, SL_ERR_INVALID,
+                  "rank %d of %d has no rendezvous: set MASTER_ADDR and MASTER_PORT, SHARDLOAD_RENDEZVOUS, "
+                  "or the rendezvous option (file://DIR or tcp://HOST:PORT)",
+                  ctx->rank, ctx->world_size);
+    goto out_close_collective;
+  }
+  sl_collective_init ci = {&ctx->host, ctx->rank, ctx->world_size, ctx->rendezvous, "shardload/", ctx->timeout_ms};
+  if ((st = ctx->coll->init(&ci, &ctx->comm)) != SL_OK) goto out_close_collective;
+  sl__log(ctx, SL_LOG_INFO, "rank %d/%d: backend %s (%s), collective %s", ctx->rank, ctx->world_size,
+          ctx->be->name, ctx->device_desc, ctx->coll->name);
+  *out = ctx;
+  return SL_OK;
+
+out_close_collective:
+  if (ctx->coll_dl) dlclose(ctx->coll_dl);
+out_fini_backend:
+  ctx->be->fini(ctx->be_ctx);
+out_close_backend:
+  if (ctx->be_dl) dlclose(ctx->be_dl);
+out_free:
+  /* the caller has no context to read the message from: log it before it goes */
+  sl__log(ctx, SL_LOG_ERROR, "%s: %s", sl_status_name(st), ctx->errmsg);
+  free(ctx->rendezvous);
+  free(ctx);
+  return st;
+}
+
+SL_API void sl_context_destroy(sl_context *ctx) {
+  if (!ctx) return;
+  if (ctx->comm) ctx->coll->fini(ctx->comm);
+  if (ctx->coll_dl) dlclose(ctx->coll_dl);
+  ctx->be->fini(ctx->be_ctx);
+  if (ctx->be_dl) dlclose(ctx->be_dl);
+  free(ctx->rendezvous);
+  free(ctx);
+}
+
+SL_API const char *sl_context_errmsg(const sl_context *ctx) { return ctx ? ctx->errmsg : ""; }
+SL_API int sl_context_rank(const sl_context *ctx) { return ctx ? ctx->rank : -1; }
+SL_API int sl_context_world_size(const sl_context *ctx) { return ctx ? ctx->world_size : 0; }
+SL_API const char *sl_context_backend_name(const sl_context *ctx) { return ctx ? ctx->be->name : NULL; }
+SL_API const char *sl_context_collective_name(const sl_context *ctx) { return ctx ? ctx->coll->name : NULL; }
+SL_API const char *sl_context_device_description(const sl_context *ctx) { return ctx ? ctx->device_desc : NULL; }
+
+bool sl__device_is_host(const sl_context *ctx) { return (ctx->be->flags & SL_BACKEND_DEVICE_IS_HOST) != 0; }
+bool sl__has_pinned(const sl_context *ctx) {
+  return (ctx->be->flags & SL_BACKEND_HAS_PINNED) && SL_HAS_OP(ctx->be, alloc_pinned) &&
+         SL_HAS_OP(ctx->be, free_pinned);
+}
+
+SL_API sl_status sl_alloc(sl_context *ctx, sl_device_kind where, int pinned, size_t bytes, void **out) {
+  if (!ctx || !out) return SL_ERR_INVALID;
+  *out = NULL;
+  if (where == SL_DEVICE_ACCELERATOR) return ctx->be->alloc_device(ctx->be_ctx, bytes, out);
+  if (where != SL_DEVICE_CPU) return sl__fail(ctx, SL_ERR_INVALID, "sl_alloc: unknown device kind %d", (int)where);
+  if (pinned) {
+    if (!sl__has_pinned(ctx))
+      return sl__fail(ctx, SL_ERR_UNSUPPORTED, "backend %s has no pinned host memory", ctx->be->name);
+    return ctx->be->alloc_pinned(ctx->be_ctx, bytes, out);
+  }
+  if (posix_memalign(out, 64, bytes ? bytes : 1) != 0) {
+    *out = NULL;
+    return sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate %zu bytes of host memory", bytes);
+  }
+  return SL_OK;
+}
+
+SL_API void sl_free(sl_context *ctx, sl_device_kind where, int pinned, void *ptr) {
+  if (!ctx || !ptr) return;
+  if (where == SL_DEVICE_ACCELERATOR) ctx->be->free_device(ctx->be_ctx, ptr);
+  else if (pinned && sl__has_pinned(ctx)) ctx->be->free_pinned(ctx->be_ctx, ptr);
+  else free(ptr);
+}
+
+SL_API sl_status sl_copy_to_host(sl_context *ctx, void *dst, const void *src, sl_device_kind src_where,
+                                 size_t bytes) {
+  if (!ctx || (bytes && (!dst || !src))) return SL_ERR_INVALID;
+  if (src_where == SL_DEVICE_ACCELERATOR) {
+    sl_status st = ctx->be->copy_d2h(ctx->be_ctx, dst, src, bytes);
+    return st != SL_OK ? st : ctx->be->synchronize(ctx->be_ctx);
+  }
+  if (bytes) memmove(dst, src, bytes);
+  return SL_OK;
+}
+
+SL_API sl_status sl_copy_from_host(sl_context *ctx, void *dst, sl_device_kind dst_where, const void *src,
+                                   size_t bytes) {
+  if (!ctx || (bytes && (!dst || !src))) return SL_ERR_INVALID;
+  if (dst_where == SL_DEVICE_ACCELERATOR) {
+    sl_status st = ctx->be->copy_h2d(ctx->be_ctx, dst, src, bytes);
+    return st != SL_OK ? st : ctx->be->synchronize(ctx->be_ctx);
+  }
+  if (bytes) memmove(dst, src, bytes);
+  return SL_OK;
+}

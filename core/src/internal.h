@@ -1,0 +1,221 @@
+/* Internal declarations shared by core/ files. Nothing here is exported. */
+#ifndef SHARDLOAD_INTERNAL_H
+#define SHARDLOAD_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "module.h"
+#include "shardload/shardload.h"
+
+#define SL__ERRMSG_LEN 1024
+
+struct sl_context {
+  char errmsg[SL__ERRMSG_LEN];
+  sl_log_fn log;
+  void *log_user;
+  sl_log_level log_level;
+  int rank, world_size, local_rank;
+  int timeout_ms;
+  char *rendezvous;
+  sl_module_host host;
+  const sl_backend_ops *be;
+  void *be_ctx;
+  void *be_dl; /* dlopen handle of a loadable backend, or NULL */
+  const sl_collective_ops *coll;
+  void *comm;
+  void *coll_dl;
+  char device_desc[256];
+};
+
+/* Records the specific message in ctx (when ctx is not NULL) and returns s. */
+sl_status sl__fail(sl_context *ctx, sl_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void sl__log(sl_context *ctx, sl_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Copies the options struct a caller compiled against (OPTS_SIZE bytes, possibly older and
+ * shorter than ours) into a zero-initialised full struct. NULL means all zero. */
+void sl__copy_sized(void *dst, size_t dst_size, const void *src, size_t src_size);
+
+/* ---- safetensors header (safetensors.c) ---------------------------------------------------- */
+#define SL__ST_MAX_HEADER 100000000ull /* the reference implementation's limit */
+
+typedef struct sl__st_tensor {
+  char *name;
+  sl_dtype dtype;
+  int ndim;
+  int64_t shape[SL_MAX_DIMS];
+  uint64_t begin, end; /* data_offsets, relative to the data section */
+} sl__st_tensor;
+
+typedef struct sl__st_header {
+  sl__st_tensor *tensors; /* sorted by begin: file order */
+  size_t count;
+  char **meta_keys, **meta_values;
+  size_t meta_count;
+  uint64_t data_offset; /* 8 + N */
+  uint64_t data_size;   /* file size - data_offset */
+} sl__st_header;
+
+/* Parses and validates a whole file image header: BUF holds the first LEN bytes of a file of
+ * FILE_SIZE bytes (LEN >= 8; LEN may be less than 8+N, then SL_ERR_FORMAT says truncated).
+ * On failure writes a specific message to err (no file name; the caller adds it). */
+sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__st_header *out,
+                       char *err, size_t errlen);
+/* Reads the header of an open file descriptor and parses it. */
+sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen);
+void sl__st_header_free(sl__st_header *h);
+
+/* ---- source (source.c) ------------------------------------------------------------------- */
+/* Positional read of BYTES at OFFSET of tensor I's file; loops over short reads. */
+sl_status sl__source_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, void *dst,
+                           size_t bytes);
+/* Whether this rank has the files open (rank 0 always; others in every-rank mode). */
+bool sl__source_has_files(const sl_source *src);
+/* Manifest: a byte image of the tensor table + metadata that rank 0 broadcasts and other
+ * ranks turn back into a source without files. Free with free(). */
+sl_status sl__source_serialize(const sl_source *src, void **buf, size_t *len);
+sl_status sl__source_deserialize(sl_context *ctx, const void *buf, size_t len, sl_source **out);
+/* Opens the files named in a manifest-built source (every-rank read mode). */
+sl_status sl__source_open_files(sl_source *src);
+sl_status sl__source_open_local(sl_context *ctx, const char *path, sl_source **out);
+
+/* ---- index.json (source.c) ---------------------------------------------------------------- */
+/* A parsed model.safetensors.index.json. Factored out of sl__source_open_local so the fuzzer can
+ * reach it with a buffer. */
+typedef struct sl__index {
+  char **files; /* distinct weight_map file names, sorted (this is the file order) */
+  size_t file_count;
+  char **names;    /* weight_map tensor names, in the index's order */
+  size_t *file_of; /* names[i] is in files[file_of[i]] */
+  size_t count;
+  char **meta_keys, **meta_values; /* "metadata"; non-string values as compact JSON */
+  size_t meta_count;
+} sl__index;
+/* On failure writes a specific message to err (no path; the caller adds it). */
+sl_status sl__index_parse(const char *buf, size_t len, sl__index *out, char *err, size_t errlen);
+void sl__index_free(sl__index *ix);
+
+/* ---- dtypes (dtype.c) --------------------------------------------------------------------- */
+sl_dtype sl__dtype_from_st(const char *name); /* exact safetensors spelling only */
+
+/* ---- plan (plan.c) ------------------------------------------------------------------------ */
+typedef struct sl__resolved {
+  sl_mesh_placement placements[SL_MAX_MESH_DIMS];
+  sl_dtype dtype; /* parameter dtype */
+} sl__resolved;
+int sl__plan_mesh(const sl_plan *plan, int world_size, int *dims); /* returns ndim */
+const sl_offload_policy *sl__plan_policy(const sl_plan *plan);
+/* Placement and dtype of tensor T (rules, entries, defaults applied; dims normalised). Fails
+ * with a message naming the tensor when a shard dim is out of range or a cast is not allowed. */
+sl_status sl__plan_resolve(sl_plan *plan, const sl_source_tensor *t, sl__resolved *out);
+/* Checks the plan against the source: missing entries (SL_ERR_MISSING), strictness; fills
+ * take[i] (1 = load tensor i). */
+sl_status sl__plan_check(sl_plan *plan, const sl_source *src, int world_size, unsigned char *take);
+/* A digest of everything in the plan that decides what moves (for cross-rank comparison) and
+ * a canonical text form (for naming the first difference). */
+uint64_t sl__plan_digest(const sl_plan *plan);
+char *sl__plan_canonical(const sl_plan *plan); /* malloc'd */
+sl_context *sl__plan_context(const sl_plan *plan);
+
+/* ---- plan internals shared by plan.c and plan_json.c (added by plan.c's author) ----------- */
+/* Mesh dims when set explicitly (returns ndim); 0 when the plan uses the default 1-D [world]. */
+int sl__plan_mesh_explicit(const sl_plan *plan, int *dims);
+/* Moves everything SRC set explicitly into DST (SRC's settings win; rules are appended, entries
+ * merged field by field). A mesh in SRC that DST's placements do not fit fails before DST
+ * changes. SRC is left for sl_plan_destroy. */
+sl_status sl__plan_merge(sl_plan *dst, sl_plan *src);
+
+/* ---- geometry (geometry.c) ---------------------------------------------------------------- */
+typedef struct sl__region {
+  int ndim;
+  int64_t shape[SL_MAX_DIMS]; /* global */
+  int64_t off[SL_MAX_DIMS];
+  int64_t len[SL_MAX_DIMS];
+} sl__region;
+
+/* Mesh coordinate of RANK (row-major). */
+void sl__mesh_coord(int rank, int mesh_ndim, const int *mesh, int *coord);
+/* DTensor local region of a tensor for the rank at COORD. */
+sl_status sl__region_compute(const int64_t *shape, int ndim, int mesh_ndim, const int *mesh,
+                             const sl_mesh_placement *pl, const int *coord, sl__region *out);
+uint64_t sl__region_elems(const sl__region *r);
+/* Number of region elements whose global flat index is < G. */
+uint64_t sl__region_rank_of(const sl__region *r, uint64_t g);
+/* Copies the region's elements with global flat index in [A, B) from CHUNK (which holds the
+ * global elements [A, B) contiguously) to DST, in local row-major order. Returns the count. */
+uint64_t sl__region_extract(const sl__region *r, size_t esize, const void *chunk, uint64_t a,
+                            uint64_t b, void *dst);
+/* Calls FN(user, global_start, local_start, count) for each maximal contiguous run of the
+ * region clipped to [A, B), in order. Returns the first non-OK status of FN. */
+typedef sl_status (*sl__run_fn)(void *user, uint64_t gstart, uint64_t lstart, uint64_t count);
+sl_status sl__region_runs(const sl__region *r, uint64_t a, uint64_t b, sl__run_fn fn, void *user);
+
+/* ---- utilities ---------------------------------------------------------------------------- */
+char *sl__strdup(const char *s);
+/* Checked multiply; returns false on overflow. */
+static inline bool sl__mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool sl__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
+  return !__builtin_add_overflow(a, b, out);
+}
+
+#endif
+
+/* ---- built-in modules (backends/, collectives/) ------------------------------------------- */
+const sl_backend_ops *sl__backend_cpu(void);
+const sl_backend_ops *sl__backend_sim(void);
+const sl_collective_ops *sl__collective_local(void);
+/* One plain SGD step x -= lr * g on host memory (F64/F32/F16/BF16), for backends whose
+ * memory the host can address. */
+sl_status sl__host_sgd_step(void *x, const void *g, sl_dtype dt, size_t count, float lr);
+
+/* sim backend introspection for tests: what kind of buffer PTR is (or lies inside). */
+typedef enum sl__sim_kind { SL__SIM_NONE = 0, SL__SIM_DEVICE = 1, SL__SIM_PINNED = 2 } sl__sim_kind;
+sl__sim_kind sl__sim_query(void *be, const void *ptr);
+
+/* ---- registry (registry.c) ---------------------------------------------------------------- */
+/* SPEC: "auto", "NAME" or "NAME:VARIANT". DL receives the dlopen handle of a loadable module. */
+sl_status sl__backend_select(sl_context *ctx, const char *spec, const sl_backend_ops **ops, void **dl,
+                             char *variant, size_t variant_len);
+sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_collective_ops **ops, void **dl);
+#ifdef SHARDLOAD_HAVE_GLOO
+const sl_collective_ops *sl__collective_gloo(void);
+#endif
+
+/* ---- context helpers (context.c) ---------------------------------------------------------- */
+bool sl__device_is_host(const sl_context *ctx);
+bool sl__has_pinned(const sl_context *ctx);
+
+/* ---- loader (loader.c) ---------------------------------------------------------------------- */
+/* Canonical text of everything that decides data movement: the plan plus the load options. */
+char *sl__load_canonical(const sl_plan *plan, const sl_load_options *o);
+
+/* ---- launcher environment and rendezvous URLs (launch.c) ----------------------------------- */
+#ifndef SL__LAUNCH_DECLS
+#define SL__LAUNCH_DECLS
+/* Where this process sits in the job, as the launcher said (torchrun, Slurm, Open MPI). */
+typedef struct sl__launch_info {
+  int rank, world_size, local_rank;
+  char *rendezvous;   /* malloc'd "tcp://HOST:PORT" / "file://DIR", or NULL; caller frees */
+  const char *source; /* static: "torchrun", "slurm", "openmpi" or "default" */
+} sl__launch_info;
+/* Reads the launcher variables (torchrun, then Slurm, then Open MPI; none: rank 0 of 1) and
+ * SHARDLOAD_RENDEZVOUS; every malformed value is SL_ERR_INVALID naming the variable. */
+sl_status sl__launch_env(sl_context *ctx, sl__launch_info *out);
+
+typedef enum sl__rdzv_kind { SL__RDZV_FILE = 1, SL__RDZV_TCP = 2 } sl__rdzv_kind;
+typedef struct sl__rendezvous {
+  sl__rdzv_kind kind;
+  char path[4096]; /* file: the directory */
+  char host[256];  /* tcp: host name or address, IPv6 brackets removed */
+  int port;        /* tcp: 1..65535 */
+} sl__rendezvous;
+/* Parses "file://DIR" or "tcp://HOST:PORT" ("tcp://[::1]:PORT" for IPv6). On failure returns
+ * SL_ERR_INVALID with a message in ERR saying what is wrong and the accepted forms. */
+sl_status sl__rendezvous_parse(const char *url, sl__rendezvous *out, char *err, size_t errlen);
+#endif

@@ -1,0 +1,396 @@
+/* World-size-1 loads through the public C API: the placement contract on every tensor, both
+ * receive modes, option-struct compatibility, casts, chunked streaming, and the guarantee
+ * that a failed phase 1 leaves caller buffers untouched. The sim backend proves device
+ * placement (its strict variant faults on any direct touch of device memory by the core). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "testutil.h"
+
+#include "internal.h"
+
+static char *ckpt;      /* mixed checkpoint */
+static char *dir;
+
+/* BF16 bits of small exact values, so F32 expectations are bf16 << 16 */
+static uint16_t bf16_data[10 * 6];
+static float f32_data[7] = {1.0f, -2.5f, 0.0f, 3.25f, 1e-3f, -0.0f, 42.0f};
+static float scalar_data[1] = {0.5f};
+static int64_t i64_data[5] = {1, -2, 3, 1LL << 40, 5};
+static uint8_t f8_data[16];
+
+static const sl_test_tensor tensors[] = {
+    {"model.embed.weight", "BF16", 2, {10, 6}, bf16_data},
+    {"model.norm.weight", "F32", 1, {7}, f32_data},
+    {"model.scale", "F32", 0, {0}, scalar_data},
+    {"model.position_ids", "I64", 1, {5}, i64_data},
+    {"model.q.weight_fp8", "F8_E4M3", 2, {4, 4}, f8_data},
+    {"model.empty", "F32", 2, {0, 3}, NULL},
+};
+#define NT (sizeof tensors / sizeof tensors[0])
+
+static int setup(void **state) {
+  for (size_t i = 0; i < 60; i++) bf16_data[i] = (uint16_t)(0x3F80 + (i % 40) - 20 + (i & 1 ? 0x8000 : 0));
+  for (size_t i = 0; i < 16; i++) f8_data[i] = (uint8_t)(i * 13 + 1);
+  dir = sl_test_dir("loader");
+  ckpt = sl_test_path(dir, "model.safetensors");
+  return sl_test_write_st(ckpt, tensors, NT, "{\"format\":\"pt\"}");
+}
+
+static int teardown(void **state) {
+  free(ckpt);
+  free(dir);
+  return 0;
+}
+
+typedef struct env {
+  sl_context *ctx;
+  sl_source *src;
+  sl_plan *plan;
+} env;
+
+static void open_env(env *e, const char *backend) {
+  sl_context_options co = {.size = sizeof co, .backend = backend, .world_size = 1};
+  assert_int_equal(sl_context_create(&co, &e->ctx), SL_OK);
+  assert_int_equal(sl_source_open(e->ctx, ckpt, &e->src), SL_OK);
+  assert_int_equal(sl_plan_create(e->ctx, &e->plan), SL_OK);
+}
+
+static void close_env(env *e) {
+  sl_plan_destroy(e->plan);
+  sl_source_destroy(e->src);
+  sl_context_destroy(e->ctx);
+}
+
+static const void *file_data(const char *name) {
+  for (size_t i = 0; i < NT; i++)
+    if (strcmp(tensors[i].name, name) == 0) return tensors[i].data;
+  return NULL;
+}
+
+/* reads a loaded tensor back to host memory through the backend */
+static void *read_back(env *e, const sl_tensor *t) {
+  void *h = malloc(t->nbytes ? t->nbytes : 1);
+  assert_int_equal(sl_copy_to_host(e->ctx, h, t->data, t->device, t->nbytes), SL_OK);
+  return h;
+}
+
+static void check_same_as_file(env *e, const sl_state *st) {
+  assert_int_equal(sl_state_count(st), NT);
+  for (size_t i = 0; i < NT; i++) {
+    const sl_tensor *t = sl_state_tensor(st, i);
+    assert_string_equal(t->name, tensors[i].name); /* file order */
+    assert_ptr_equal(sl_state_find(st, t->name), t);
+    assert_int_equal(t->ndim, tensors[i].ndim);
+    for (int d = 0; d < t->ndim; d++) {
+      assert_int_equal(t->global_shape[d], tensors[i].shape[d]);
+      assert_int_equal(t->local_shape[d], tensors[i].shape[d]);
+      assert_int_equal(t->global_offset[d], 0);
+    }
+    void *h = read_back(e, t);
+    const void *want = file_data(t->name);
+    if (want) assert_memory_equal(h, want, t->nbytes);
+    free(h);
+  }
+}
+
+static void check_placement(env *e, const sl_state *st, sl_device_kind dev, sl_placement_rule rule, int pinned) {
+  for (size_t i = 0; i < sl_state_count(st); i++) {
+    const sl_tensor *t = sl_state_tensor(st, i);
+    assert_int_equal(t->device, dev);
+    assert_int_equal(t->rule, rule);
+    assert_int_equal(t->pinned, pinned);
+    if (strcmp(sl_context_backend_name(e->ctx), "sim") == 0) {
+      sl__sim_kind k = sl__sim_query(e->ctx->be_ctx, t->data);
+      assert_int_equal(k, dev == SL_DEVICE_ACCELERATOR ? SL__SIM_DEVICE : pinned ? SL__SIM_PINNED : SL__SIM_NONE);
+    }
+  }
+}
+
+static void test_null_options_infer_no_policy(void **state) {
+  const char *backends[] = {"cpu", "sim", "sim:strict"};
+  for (size_t b = 0; b < 3; b++) {
+    env e;
+    open_env(&e, backends[b]);
+    sl_state *st = NULL;
+    assert_int_equal(sl_load(e.ctx, e.plan, e.src, NULL, &st), SL_OK);
+    check_placement(&e, st, SL_DEVICE_ACCELERATOR, SL_RULE_INFER_NO_POLICY, 0);
+    check_same_as_file(&e, st);
+    if (strcmp(sl_context_backend_name(e.ctx), "sim") == 0) {
+      uint64_t h2d, d2h, total = 0;
+      for (size_t i = 0; i < NT; i++) total += sl_state_tensor(st, i)->nbytes;
+      e.ctx->be->traffic(e.ctx->be_ctx, &h2d, &d2h);
+      assert_int_equal(h2d, total); /* every byte reached the device through the backend */
+    }
+    sl_state_destroy(st);
+    close_env(&e);
+  }
+}
+
+static void test_contract_rows_on_sim(void **state) {
+  struct {
+    sl_cpu_offload o;
+    sl_offload_policy p;
+    sl_device_kind dev;
+    sl_placement_rule rule;
+    int pinned;
+  } rows[] = {
+      {SL_CPU_OFFLOAD_ON, {SL_OFFLOAD_NONE, 0}, SL_DEVICE_CPU, SL_RULE_EXPLICIT_ON, 0},
+      {SL_CPU_OFFLOAD_ON, {SL_OFFLOAD_CPU, 1}, SL_DEVICE_CPU, SL_RULE_EXPLICIT_ON, 1},
+      {SL_CPU_OFFLOAD_OFF, {SL_OFFLOAD_CPU, 1}, SL_DEVICE_ACCELERATOR, SL_RULE_EXPLICIT_OFF, 0},
+      {SL_CPU_OFFLOAD_OFF, {SL_OFFLOAD_NONE, 0}, SL_DEVICE_ACCELERATOR, SL_RULE_EXPLICIT_OFF, 0},
+      {SL_CPU_OFFLOAD_INFER, {SL_OFFLOAD_CPU, 0}, SL_DEVICE_CPU, SL_RULE_INFER_POLICY_CPU, 0},
+      {SL_CPU_OFFLOAD_INFER, {SL_OFFLOAD_CPU, 1}, SL_DEVICE_CPU, SL_RULE_INFER_POLICY_CPU, 1},
+      {SL_CPU_OFFLOAD_INFER, {SL_OFFLOAD_NONE, 0}, SL_DEVICE_ACCELERATOR, SL_RULE_INFER_NO_POLICY, 0},
+  };
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    env e;
+    open_env(&e, "sim:strict");
+    assert_int_equal(sl_plan_set_offload_policy(e.plan, &rows[r].p), SL_OK);
+    sl_load_options o = {.size = sizeof o, .cpu_offload = rows[r].o};
+    sl_state *st = NULL;
+    assert_int_equal(sl_load(e.ctx, e.plan, e.src, &o, &st), SL_OK);
+    check_placement(&e, st, rows[r].dev, rows[r].rule, rows[r].pinned);
+    check_same_as_file(&e, st);
+    sl_state_destroy(st);
+    close_env(&e);
+  }
+}
+
+static void test_cpu_backend_has_no_pinned_memory(void **state) {
+  env e;
+  open_env(&e, "cpu");
+  sl_offload_policy p = {SL_OFFLOAD_CPU, 1};
+  assert_int_equal(sl_plan_set_offload_policy(e.plan, &p), SL_OK);
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(e.ctx, e.plan, e.src, NULL, &st), SL_OK);
+  check_placement(&e, st, SL_DEVICE_CPU, SL_RULE_INFER_POLICY_CPU, 0);
+  sl_state_destroy(st);
+  close_env(&e);
+}
+
+static void test_older_smaller_options_mean_infer(void **state) {
+  /* a caller compiled when the struct was just {size}: garbage after it must not be read */
+  union {
+    sl_load_options o;
+    unsigned char raw[sizeof(sl_load_options)];
+  } u;
+  memset(&u, 0x5A, sizeof u);
+  u.o.size = sizeof(size_t);
+  env e;
+  open_env(&e, "sim:strict");
+  sl_offload_policy p = {SL_OFFLOAD_CPU, 0};
+  assert_int_equal(sl_plan_set_offload_policy(e.plan, &p), SL_OK);
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(e.ctx, e.plan, e.src, &u.o, &st), SL_OK);
+  check_placement(&e, st, SL_DEVICE_CPU, SL_RULE_INFER_POLICY_CPU, 0);
+  sl_state_destroy(st);
+  /* size 0 is a caller bug, not "old": refused with a message */
+  u.o.size = 0;
+  assert_int_equal(sl_load(e.ctx, e.plan, e.src, &u.o, &st), SL_ERR_INVALID);
+  assert_non_null(strstr(sl_context_errmsg(e.ctx), "sizeof(sl_load_options)"));
+  close_env(&e);
+}
+
+static void test_cast_to_f32_and_tiny_staging(void **state) {
+  env e;
+  open_env(&e, "sim:strict");
+  assert_int_equal(sl_plan_set_param_dtype(e.plan, SL_DTYPE_F32), SL_OK);
+  /* 4 KiB staging forces many chunks per tensor */
+  sl_load_options o = {.size = sizeof o, .staging_bytes = 4096};
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(e.ctx, e.plan, e.src, &o, &st), SL_OK);
+  const sl_tensor *t = sl_state_find(st, "model.embed.weight");
+  assert_non_null(t);
+  assert_int_equal(t->dtype, SL_DTYPE_F32);
+  assert_int_equal(t->file_dtype, SL_DTYPE_BF16);
+  assert_int_equal(t->nbytes, 60 * 4);
+  uint32_t *h = read_back(&e, t);
+  for (int i = 0; i < 60; i++) assert_int_equal(h[i], (uint32_t)bf16_data[i] << 16);
+  free(h);
+  /* integers and float8 keep their dtype */
+  t = sl_state_find(st, "model.position_ids");
+  assert_int_equal(t->dtype, SL_DTYPE_I64);
+  h = read_back(&e, t);
+  assert_memory_equal(h, i64_data, sizeof i64_data);
+  free(h);
+  t = sl_state_find(st, "model.q.weight_fp8");
+  assert_int_equal(t->dtype, SL_DTYPE_F8_E4M3);
+  h = read_back(&e, t);
+  assert_memory_equal(h, f8_data, sizeof f8_data);
+  free(h);
+  sl_state_destroy(st);
+  close_env(&e);
+}
+
+static void test_cast_f32_to_bf16(void **state) {
+  env e;
+  open_env(&e, "cpu");
+  assert_int_equal(sl_plan_set_param_dtype(e.plan, SL_DTYPE_BF16), SL_OK);
+  sl_load_options o = {.size = sizeof o, .cpu_offload = SL_CPU_OFFLOAD_ON};
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(e.ctx, e.plan, e.src, &o, &st), SL_OK);
+  const sl_tensor *t = sl_state_find(st, "model.norm.weight");
+  assert_int_equal(t->dtype, SL_DTYPE_BF16);
+  /* these F32 values' low halves are zero except 1e-3: bf16 = top half, RNE for 1e-3 */
+  const uint16_t *b = t->data;
+  for (int i = 0; i < 7; i++) {
+    uint32_t u;
+    memcpy(&u, &f32_data[i], 4);
+    uint32_t rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16;
+    assert_int_equal(b[i], rounded);
+  }
+  sl_state_destroy(st);
+  close_env(&e);
+}
+
+typedef struct binder {
+  env *e;
+  int calls;
+  void *bufs[NT];
+  int wrong_kind; /* hand out host memory for device tensors */
+} binder;
+
+static void *bind_cb(void *user, const sl_tensor *t) {
+  binder *b = user;
+  size_t i = (size_t)b->calls++;
+  sl_device_kind where = b->wrong_kind ? SL_DEVICE_CPU : t->device;
+  assert_int_equal(sl_alloc(b->e->ctx, where, 0, t->nbytes, &b->bufs[i]), SL_OK);
+  if (where == SL_DEVICE_CPU) memset(b->bufs[i], 0xEE, t->nbytes);
+  return b->bufs[i];
+}
+
+static void test_caller_buffers_filled_in_place(void **state) {
+  const char *backends[] = {"cpu", "sim:strict"};
+  for (size_t k = 0; k < 2; k++) {
+    env e;
+    open_env(&e, backends[k]);
+    binder b = {.e = &e};
+    sl_load_options o = {.size = sizeof o, .bind = bind_cb, .bind_user = &b};
+    sl_state *st = NULL;
+    assert_int_equal(sl_load(e.ctx, e.plan, e.src, &o, &st), SL_OK);
+    assert_int_equal(b.calls, NT);
+    for (size_t i = 0; i < NT; i++) {
+      assert_ptr_equal(sl_state_tensor(st, i)->data, b.bufs[i]);
+      assert_true(sl_state_tensor(st, i)->caller_buffer);
+    }
+    check_same_as_file(&e, st);
+    sl_state_destroy(st); /* must not free caller buffers */
+    for (size_t i = 0; i < NT; i++) {
+      const sl_tensor fake = {.device = SL_DEVICE_ACCELERATOR};
+      sl_free(e.ctx, fake.device, 0, b.bufs[i]);
+    }
+    close_env(&e);
+  }
+}
+
+static void test_caller_buffer_wrong_memory_rejected(void **state) {
+  env e;
+  open_env(&e, "sim:strict");
+  binder b = {.e = &e, .wrong_kind = 1};
+  sl_load_options o = {.size = sizeof o, .bind = bind_cb, .bind_user = &b};
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(e.ctx, e.plan, e.src, &o, &st), SL_ERR_BUFFER);
+  assert_null(st);
+  assert_non_null(strstr(sl_context_errmsg(e.ctx), "model.embed.weight"));
+  /* nothing was written into the buffer before the load failed */
+  unsigned char *p = b.bufs[0];
+  for (size_t i = 0; i < 120; i++) assert_int_equal(p[i], 0xEE);
+  for (int i = 0; i < b.calls; i++) sl_free(e.ctx, SL_DEVICE_CPU, 0, b.bufs[i]);
+  close_env(&e);
+}
+
+static void test_phase1_failure_leaves_caller_buffers_untouched(void **state) {
+  env e;
+  open_env(&e, "cpu");
+  assert_int_equal(sl_plan_add_entry(e.plan, "model.embed.weight", NULL, SL_DTYPE_INVALID), SL_OK);
+  assert_int_equal(sl_plan_add_entry(e.plan, "model.layers.0.missing", NULL, SL_DTYPE_INVALID), SL_OK);
+  binder b = {.e = &e};
+  sl_load_options o = {.size = sizeof o, .bind = bind_cb, .bind_user = &b};
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(e.ctx, e.plan, e.src, &o, &st), SL_ERR_MISSING);
+  assert_null(st);
+  assert_int_equal(b.calls, 0); /* bind is only called once phase 1 agreed */
+  assert_non_null(strstr(sl_context_errmsg(e.ctx), "model.layers.0.missing"));
+  close_env(&e);
+}
+
+static void test_non_strict_plan_skips_and_reports(void **state) {
+  env e;
+  open_env(&e, "cpu");
+  assert_int_equal(sl_plan_add_entry(e.plan, "model.embed.weight", NULL, SL_DTYPE_INVALID), SL_OK);
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(e.ctx, e.plan, e.src, NULL, &st), SL_OK);
+  assert_int_equal(sl_state_count(st), 1);
+  assert_int_equal(sl_state_skipped_count(st), NT - 1);
+  assert_string_equal(sl_state_skipped_at(st, 0), "model.norm.weight");
+  sl_state_destroy(st);
+  assert_int_equal(sl_plan_set_strict(e.plan, 1), SL_OK);
+  assert_int_equal(sl_load(e.ctx, e.plan, e.src, NULL, &st), SL_ERR_UNEXPECTED);
+  close_env(&e);
+}
+
+static void test_sgd_step_through_backend(void **state) {
+  env e;
+  open_env(&e, "sim:strict");
+  assert_int_equal(sl_plan_set_param_dtype(e.plan, SL_DTYPE_F32), SL_OK);
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(e.ctx, e.plan, e.src, NULL, &st), SL_OK);
+  for (size_t i = 0; i < sl_state_count(st); i++) {
+    const sl_tensor *t = sl_state_tensor(st, i);
+    if (!sl_dtype_is_castable(t->dtype) || t->nbytes == 0) continue;
+    size_t n = t->nbytes / sl_dtype_size(t->dtype);
+    void *g = NULL;
+    assert_int_equal(sl_alloc(e.ctx, t->device, 0, t->nbytes, &g), SL_OK);
+    assert_int_equal(e.ctx->be->copy_d2d(e.ctx->be_ctx, g, t->data, t->nbytes), SL_OK); /* grad = x */
+    assert_int_equal(e.ctx->be->sgd_step(e.ctx->be_ctx, t->data, g, t->dtype, n, 0.5f), SL_OK);
+    float *h = read_back(&e, t), *x0 = NULL;
+    x0 = read_back(&e, &(sl_tensor){.data = g, .device = t->device, .nbytes = t->nbytes});
+    for (size_t k = 0; k < n; k++) {
+      assert_true(isfinite(h[k]));
+      assert_true(h[k] == x0[k] * 0.5f); /* x - 0.5 x, exact for these values */
+    }
+    free(h);
+    free(x0);
+    sl_free(e.ctx, t->device, 0, g);
+  }
+  sl_state_destroy(st);
+  close_env(&e);
+}
+
+static void test_context_errors(void **state) {
+  sl_context *ctx = NULL;
+  sl_context_options co = {.size = sizeof co, .backend = "simm", .world_size = 1};
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_INVALID);
+  assert_null(ctx);
+  co.backend = "cuda";
+  sl_status s = sl_context_create(&co, &ctx);
+  assert_true(s == SL_ERR_NO_DEVICE || s == SL_OK);
+  sl_context_destroy(ctx);
+  co.backend = "cpu";
+  co.rank = 3;
+  co.world_size = 2;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_INVALID);
+  sl_context_destroy(NULL);
+  sl_state_destroy(NULL);
+  sl_plan_destroy(NULL);
+  sl_source_destroy(NULL);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_null_options_infer_no_policy),
+      cmocka_unit_test(test_contract_rows_on_sim),
+      cmocka_unit_test(test_cpu_backend_has_no_pinned_memory),
+      cmocka_unit_test(test_older_smaller_options_mean_infer),
+      cmocka_unit_test(test_cast_to_f32_and_tiny_staging),
+      cmocka_unit_test(test_cast_f32_to_bf16),
+      cmocka_unit_test(test_caller_buffers_filled_in_place),
+      cmocka_unit_test(test_caller_buffer_wrong_memory_rejected),
+      cmocka_unit_test(test_phase1_failure_leaves_caller_buffers_untouched),
+      cmocka_unit_test(test_non_strict_plan_skips_and_reports),
+      cmocka_unit_test(test_sgd_step_through_backend),
+      cmocka_unit_test(test_context_errors),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

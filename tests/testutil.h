@@ -1,0 +1,43 @@
+/* Helpers shared by the tests: scratch directories, writing safetensors files byte by byte
+ * (independently of the library's reader), and running the command. */
+#ifndef SL_TESTUTIL_H
+#define SL_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "shardload/shardload.h"
+
+typedef struct sl_test_tensor {
+  const char *name;
+  const char *dtype; /* safetensors spelling */
+  int ndim;
+  int64_t shape[8];
+  const void *data; /* nbytes = prod(shape) * size(dtype); NULL: deterministic pattern */
+} sl_test_tensor;
+
+/* A fresh empty directory under $SHARDLOAD_TEST_TMP (or /tmp) named after SUB; returns a
+ * static-lifetime malloc'd path. */
+char *sl_test_dir(const char *sub);
+/* path joined: malloc'd */
+char *sl_test_path(const char *dir, const char *name);
+/* Writes a valid safetensors file; data of tensors with data == NULL is
+ * sl_test_pattern_byte(name, i). METADATA_JSON: NULL or an object literal. Returns 0 on success. */
+int sl_test_write_st(const char *path, const sl_test_tensor *ts, size_t n, const char *metadata_json);
+/* Writes an arbitrary file: header JSON text as given, then DATA_LEN bytes of data. */
+int sl_test_write_raw(const char *path, const char *header_json, size_t data_len);
+/* Writes BYTES verbatim. */
+int sl_test_write_bytes(const char *path, const void *bytes, size_t len);
+unsigned char sl_test_pattern_byte(const char *name, uint64_t i);
+/* Runs the command line (through /bin/sh), captures stdout+stderr into *out (malloc'd) and
+ * returns the exit status (or -1). */
+int sl_test_run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Path of the shardload command ($SHARDLOAD_BIN). */
+const char *sl_test_bin(void);
+
+#endif
