@@ -146,3 +146,64 @@ const char *sl_test_bin(void) {
   const char *b = getenv("SHARDLOAD_BIN");
   return b ? b : "shardload";
 }
+
+#include <signal.h>
+#include <time.h>
+
+int sl_test_spawn(int world, int (*fn)(int rank, int world, void *arg), void *arg, int deadline_ms, int *codes) {
+  pid_t pids[256];
+  if (world > 256) return -1;
+  fflush(stdout);
+  fflush(stderr);
+  for (int r = 0; r < world; r++) {
+    pid_t p = fork();
+    if (p == 0) {
+      int rc = fn(r, world, arg);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc);
+    }
+    pids[r] = p;
+    codes[r] = -1;
+  }
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int left = world, killed = 0;
+  while (left > 0) {
+    int st;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p > 0) {
+      for (int r = 0; r < world; r++) {
+        if (pids[r] != p) continue;
+        codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        pids[r] = 0;
+        left--;
+      }
+      continue;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long ms = (now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
+    if (ms > deadline_ms) {
+      for (int r = 0; r < world; r++) {
+        if (!pids[r]) continue;
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], NULL, 0);
+        codes[r] = -1;
+        pids[r] = 0;
+        killed++;
+        left--;
+      }
+      break;
+    }
+    usleep(2000);
+  }
+  return killed;
+}
+
+char *sl_test_rendezvous(const char *sub) {
+  char *d = sl_test_dir(sub), *url = NULL;
+  if (!d) return NULL;
+  if (asprintf(&url, "file://%s", d) < 0) url = NULL;
+  free(d);
+  return url;
+}

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -41,3 +42,23 @@ int sl_test_run(char **out, const char *fmt, ...) __attribute__((format(printf, 
 const char *sl_test_bin(void);
 
 #endif
+
+/* ---- multi-rank ---------------------------------------------------------------------------- */
+/* Forks WORLD processes; child r runs FN(r, WORLD, ARG) and exits with its return value.
+ * The parent waits up to DEADLINE_MS for all of them, SIGKILLs any still running (a hang),
+ * and fills codes[r] with the exit code (or 128 + signal; -1 for a child it had to kill).
+ * Returns the number of children it had to kill (0 when none hung). */
+int sl_test_spawn(int world, int (*fn)(int rank, int world, void *arg), void *arg, int deadline_ms, int *codes);
+/* A fresh file:// rendezvous URL in a new directory under the test's scratch directory. */
+char *sl_test_rendezvous(const char *sub);
+/* Child-side check that records the first failure in a buffer and makes the child fail;
+ * cmocka's asserts do not work across fork. */
+#define SL_CHILD_CHECK(cond, ...)                                                        \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      fprintf(stderr, "rank check failed at %s:%d: %s: ", __FILE__, __LINE__, #cond);   \
+      fprintf(stderr, __VA_ARGS__);                                                      \
+      fputc('\n', stderr);                                                               \
+      return 1;                                                                          \
+    }                                                                                    \
+  } while (0)

@@ -84,7 +84,12 @@ SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **
                   ctx->rank, ctx->world_size);
     goto out_close_collective;
   }
-  sl_collective_init ci = {&ctx->host, ctx->rank, ctx->world_size, ctx->rendezvous, "shardload/", ctx->timeout_ms};
+  /* Contexts created in the same order on every rank get the same store prefix, so one
+   * rendezvous serves several contexts of a process (as torch numbers its process groups). */
+  static unsigned generation;
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "shardload/%u/", __atomic_fetch_add(&generation, 1, __ATOMIC_RELAXED));
+  sl_collective_init ci = {&ctx->host, ctx->rank, ctx->world_size, ctx->rendezvous, prefix, ctx->timeout_ms};
   if ((st = ctx->coll->init(&ci, &ctx->comm)) != SL_OK) goto out_close_collective;
   sl__log(ctx, SL_LOG_INFO, "rank %d/%d: backend %s (%s), collective %s", ctx->rank, ctx->world_size,
           ctx->be->name, ctx->device_desc, ctx->coll->name);

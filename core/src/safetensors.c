@@ -1,0 +1,397 @@
+/* The safetensors header: 8-byte little-endian length N, N bytes of UTF-8 JSON, then the data
+ * section. Validation is at least as strict as the reference Rust crate (safetensors
+ * SafeTensors::read_metadata + Metadata::validate) and stricter where the crate is lax:
+ * duplicate keys, unknown keys in a tensor entry and a data section that is not consumed
+ * exactly are all rejected, because a loader that guesses moves the wrong bytes. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "internal.h"
+
+static sl_status st_err(char *err, size_t errlen, sl_status s, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static sl_status st_err(char *err, size_t errlen, sl_status s, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return s;
+}
+
+static uint64_t le64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+/* Returns the offset of the first byte that is not part of a well-formed UTF-8 sequence, or
+ * LEN when all is well. jansson checks UTF-8 too, but its message does not say where. */
+static size_t utf8_invalid_at(const uint8_t *s, size_t len) {
+  size_t i = 0;
+  while (i < len) {
+    uint8_t c = s[i];
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80) {
+      i++;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      n = 1, cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      n = 2, cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return i;
+    }
+    if (len - i <= n) return i;
+    for (size_t k = 1; k <= n; k++) {
+      if ((s[i + k] & 0xc0) != 0x80) return i;
+      cp = (cp << 6) | (s[i + k] & 0x3f);
+    }
+    /* overlong forms, surrogates and values past U+10FFFF are not UTF-8 */
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+      return i;
+    i += n + 1;
+  }
+  return len;
+}
+
+static const char *json_kind(const json_t *v) {
+  switch (json_typeof(v)) {
+  case JSON_OBJECT: return "object";
+  case JSON_ARRAY: return "array";
+  case JSON_STRING: return "string";
+  case JSON_INTEGER: return "integer";
+  case JSON_REAL: return "number";
+  case JSON_TRUE:
+  case JSON_FALSE: return "boolean";
+  case JSON_NULL: return "null";
+  }
+  return "value";
+}
+
+/* "[2,3]" into buf; truncated with "..." if it does not fit (messages only). */
+static const char *fmt_shape(char *buf, size_t len, const int64_t *shape, int ndim) {
+  size_t o = 0;
+  o += (size_t)snprintf(buf + o, len - o, "[");
+  for (int d = 0; d < ndim && o < len; d++)
+    o += (size_t)snprintf(buf + o, len - o, "%s%" PRId64, d ? "," : "", shape[d]);
+  if (o < len) snprintf(buf + o, len - o, "]");
+  return buf;
+}
+
+/* A JSON value as text for a message: short, never the whole header. */
+static const char *fmt_json(char *buf, size_t len, const json_t *v) {
+  char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+  if (!s) {
+    snprintf(buf, len, "(%s)", json_kind(v));
+    return buf;
+  }
+  if (strlen(s) >= len && len > 4)
+    snprintf(buf, len, "%.*s...", (int)(len - 4), s);
+  else
+    snprintf(buf, len, "%s", s);
+  free(s);
+  return buf;
+}
+
+static sl_status parse_metadata(const json_t *meta, sl__st_header *out, char *err, size_t errlen) {
+  char vbuf[64];
+  if (!json_is_object(meta))
+    return st_err(err, errlen, SL_ERR_FORMAT,
+                  "__metadata__ is a JSON %s; it must be an object of string values", json_kind(meta));
+  size_t n = json_object_size(meta);
+  if (n == 0) return SL_OK;
+  out->meta_keys = calloc(n, sizeof(char *));
+  out->meta_values = calloc(n, sizeof(char *));
+  if (!out->meta_keys || !out->meta_values) return st_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+  const char *key;
+  json_t *val;
+  json_object_foreach((json_t *)meta, key, val) {
+    if (!json_is_string(val))
+      return st_err(err, errlen, SL_ERR_FORMAT,
+                    "__metadata__ value of '%s' is %s (a JSON %s); metadata values must be strings", key,
+                    fmt_json(vbuf, sizeof vbuf, val), json_kind(val));
+    size_t i = out->meta_count;
+    out->meta_keys[i] = strdup(key);
+    out->meta_values[i] = strdup(json_string_value(val));
+    out->meta_count++;
+    if (!out->meta_keys[i] || !out->meta_values[i]) return st_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+  }
+  return SL_OK;
+}
+
+/* One non-negative integer of a JSON array (shape entry or data offset). */
+static bool get_uint(const json_t *v, uint64_t *out) {
+  if (!json_is_integer(v) || json_integer_value(v) < 0) return false;
+  *out = (uint64_t)json_integer_value(v);
+  return true;
+}
+
+static sl_status parse_tensor(const char *name, const json_t *obj, sl__st_tensor *t, char *err,
+                              size_t errlen) {
+  char vbuf[64], sbuf[128];
+  if (!json_is_object(obj))
+    return st_err(err, errlen, SL_ERR_FORMAT,
+                  "tensor '%s': entry is a JSON %s; it must be an object with dtype, shape and data_offsets",
+                  name, json_kind(obj));
+  const char *key;
+  json_t *val;
+  json_object_foreach((json_t *)obj, key, val) {
+    if (strcmp(key, "dtype") && strcmp(key, "shape") && strcmp(key, "data_offsets"))
+      return st_err(err, errlen, SL_ERR_FORMAT,
+                    "tensor '%s': unknown key '%s' (a tensor entry holds exactly dtype, shape and data_offsets)",
+                    name, key);
+  }
+  const json_t *dtype = json_object_get(obj, "dtype");
+  const json_t *shape = json_object_get(obj, "shape");
+  const json_t *offs = json_object_get(obj, "data_offsets");
+  const char *missing = !dtype ? "dtype" : !shape ? "shape" : !offs ? "data_offsets" : NULL;
+  if (missing) return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': no '%s'", name, missing);
+
+  if (!json_is_string(dtype))
+    return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': dtype is a JSON %s, not a string", name,
+                  json_kind(dtype));
+  t->dtype = sl__dtype_from_st(json_string_value(dtype));
+  if (t->dtype == SL_DTYPE_INVALID)
+    return st_err(err, errlen, SL_ERR_DTYPE,
+                  "tensor '%s': dtype '%s' is not supported (supported: F64 F32 F16 BF16 F8_E4M3 F8_E5M2 "
+                  "I64 I32 I16 I8 U8 BOOL U16 U32 U64)",
+                  name, json_string_value(dtype));
+
+  if (!json_is_array(shape))
+    return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': shape is a JSON %s, not an array", name,
+                  json_kind(shape));
+  size_t nd = json_array_size(shape);
+  if (nd > SL_MAX_DIMS)
+    return st_err(err, errlen, SL_ERR_UNSUPPORTED, "tensor '%s': shape has %zu dims; at most %d are supported",
+                  name, nd, SL_MAX_DIMS);
+  t->ndim = (int)nd;
+  /* The reference multiplies left to right with checked_mul, so a product that overflows
+   * before a later 0 is still an error; do the same. */
+  uint64_t elems = 1;
+  bool overflow = false;
+  for (size_t d = 0; d < nd; d++) {
+    const json_t *e = json_array_get(shape, d);
+    uint64_t v;
+    if (!get_uint(e, &v))
+      return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': shape entry %zu is %s, not a non-negative integer",
+                    name, d, fmt_json(vbuf, sizeof vbuf, e));
+    t->shape[d] = (int64_t)v;
+    if (!overflow && !sl__mul_u64(elems, v, &elems)) overflow = true;
+  }
+  uint64_t nbytes = 0;
+  if (overflow || !sl__mul_u64(elems, sl_dtype_size(t->dtype), &nbytes))
+    return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': shape %s x %s overflows 64-bit byte counts", name,
+                  fmt_shape(sbuf, sizeof sbuf, t->shape, t->ndim), sl_dtype_name(t->dtype));
+
+  if (!json_is_array(offs) || json_array_size(offs) != 2)
+    return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': data_offsets is %s; it must be [begin,end]", name,
+                  fmt_json(vbuf, sizeof vbuf, offs));
+  if (!get_uint(json_array_get(offs, 0), &t->begin) || !get_uint(json_array_get(offs, 1), &t->end))
+    return st_err(err, errlen, SL_ERR_FORMAT,
+                  "tensor '%s': data_offsets %s must be two non-negative integers", name,
+                  fmt_json(vbuf, sizeof vbuf, offs));
+  if (t->begin > t->end)
+    return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64 "] end before they begin",
+                  name, t->begin, t->end);
+  if (t->end - t->begin != nbytes)
+    return st_err(err, errlen, SL_ERR_FORMAT,
+                  "tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64 "] hold %" PRIu64 " bytes but shape %s x %s needs %" PRIu64,
+                  name, t->begin, t->end, t->end - t->begin, fmt_shape(sbuf, sizeof sbuf, t->shape, t->ndim),
+                  sl_dtype_name(t->dtype), nbytes);
+  return SL_OK;
+}
+
+/* File order; zero-length tensors share a begin with their neighbour, so ties go to the
+ * shorter range and then to the name, which makes the order independent of the JSON's. */
+static int tensor_cmp(const void *a, const void *b) {
+  const sl__st_tensor *x = a, *y = b;
+  if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+  if (x->end != y->end) return x->end < y->end ? -1 : 1;
+  return strcmp(x->name, y->name);
+}
+
+static sl_status check_layout(const sl__st_header *h, char *err, size_t errlen) {
+  uint64_t pos = 0;
+  const char *prev = NULL;
+  for (size_t i = 0; i < h->count; i++) {
+    const sl__st_tensor *t = &h->tensors[i];
+    if (t->begin > pos)
+      return st_err(err, errlen, SL_ERR_FORMAT,
+                    "data section: hole between byte %" PRIu64 " and %" PRIu64 " (before tensor '%s'); tensors "
+                    "must cover the data section contiguously from byte 0",
+                    pos, t->begin, t->name);
+    if (t->begin < pos)
+      return st_err(err, errlen, SL_ERR_FORMAT,
+                    "tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64 "] overlap tensor '%s', which ends at byte %" PRIu64,
+                    t->name, t->begin, t->end, prev, pos);
+    pos = t->end;
+    prev = t->name;
+  }
+  if (pos > h->data_size)
+    return st_err(err, errlen, SL_ERR_FORMAT,
+                  "tensor '%s' ends at byte %" PRIu64 " of the data section, but the file holds only %" PRIu64
+                  " data bytes (truncated file?)",
+                  prev, pos, h->data_size);
+  if (pos < h->data_size)
+    return st_err(err, errlen, SL_ERR_FORMAT,
+                  "data section has %" PRIu64 " trailing bytes after the last tensor (it holds %" PRIu64
+                  ", the tensors cover %" PRIu64 ")",
+                  h->data_size - pos, h->data_size, pos);
+  return SL_OK;
+}
+
+static sl_status parse_json(const char *text, size_t n, sl__st_header *out, char *err, size_t errlen) {
+  json_error_t jerr;
+  json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root)
+    return st_err(err, errlen, SL_ERR_FORMAT, "header is not valid JSON: %s (line %d, column %d)", jerr.text,
+                  jerr.line, jerr.column);
+  sl_status s = SL_OK;
+  if (!json_is_object(root)) {
+    s = st_err(err, errlen, SL_ERR_FORMAT, "header is a JSON %s; it must be an object", json_kind(root));
+    goto out_root;
+  }
+  const json_t *meta = json_object_get(root, "__metadata__");
+  if (meta && (s = parse_metadata(meta, out, err, errlen)) != SL_OK) goto out_root;
+
+  size_t n_tensors = json_object_size(root) - (meta ? 1 : 0);
+  if (n_tensors) {
+    out->tensors = calloc(n_tensors, sizeof *out->tensors);
+    if (!out->tensors) {
+      s = st_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+      goto out_root;
+    }
+  }
+  const char *key;
+  json_t *val;
+  json_object_foreach(root, key, val) {
+    if (!strcmp(key, "__metadata__")) continue;
+    sl__st_tensor *t = &out->tensors[out->count];
+    if (!(t->name = strdup(key))) {
+      s = st_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+      goto out_root;
+    }
+    out->count++;
+    if ((s = parse_tensor(key, val, t, err, errlen)) != SL_OK) goto out_root;
+  }
+  if (out->count > 1) qsort(out->tensors, out->count, sizeof *out->tensors, tensor_cmp);
+  s = check_layout(out, err, errlen);
+out_root:
+  json_decref(root);
+  return s;
+}
+
+sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__st_header *out, char *err,
+                       size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (err && errlen) err[0] = 0;
+  if (file_size < 8)
+    return st_err(err, errlen, SL_ERR_FORMAT,
+                  "file is %" PRIu64 " bytes, shorter than the 8-byte header length that starts a safetensors file",
+                  file_size);
+  if (len < 8 || len > file_size)
+    return st_err(err, errlen, SL_ERR_FORMAT, "header truncated: %zu bytes given of a %" PRIu64 "-byte file", len,
+                  file_size);
+  uint64_t n = le64(buf);
+  if (n > SL__ST_MAX_HEADER)
+    return st_err(err, errlen, SL_ERR_FORMAT, "header length %" PRIu64 " exceeds the %llu-byte limit (not a safetensors file?)",
+                  n, SL__ST_MAX_HEADER);
+  if (n > file_size - 8)
+    return st_err(err, errlen, SL_ERR_FORMAT,
+                  "header length %" PRIu64 " runs past the end of the %" PRIu64 "-byte file (truncated file?)", n,
+                  file_size);
+  if (len - 8 < n)
+    return st_err(err, errlen, SL_ERR_FORMAT, "header truncated: %zu of its %" PRIu64 " bytes given", len - 8, n);
+  if (n == 0) return st_err(err, errlen, SL_ERR_FORMAT, "header is empty (length 0); it must be a JSON object");
+  size_t bad = utf8_invalid_at(buf + 8, (size_t)n);
+  if (bad < n)
+    return st_err(err, errlen, SL_ERR_FORMAT, "header is not valid UTF-8 (byte %zu of the header, 0x%02x)", bad,
+                  buf[8 + bad]);
+
+  out->data_offset = 8 + n;
+  out->data_size = file_size - out->data_offset;
+  sl_status s = parse_json((const char *)buf + 8, (size_t)n, out, err, errlen);
+  if (s != SL_OK) {
+    sl__st_header_free(out);
+    return s;
+  }
+  return SL_OK;
+}
+
+/* pread until LEN bytes or EOF; returns bytes read or -1 (errno set). */
+static ssize_t pread_full(int fd, void *buf, size_t len, uint64_t off) {
+  size_t got = 0;
+  while (got < len) {
+    ssize_t r = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    if (r == 0) break;
+    got += (size_t)r;
+  }
+  return (ssize_t)got;
+}
+
+sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  struct stat st;
+  if (fstat(fd, &st) != 0) return st_err(err, errlen, SL_ERR_IO, "cannot stat: %s", strerror(errno));
+  uint64_t size = (uint64_t)st.st_size;
+  uint8_t head[8];
+  size_t first = size < 8 ? (size_t)size : 8;
+  ssize_t r = pread_full(fd, head, first, 0);
+  if (r < 0) return st_err(err, errlen, SL_ERR_IO, "cannot read: %s", strerror(errno));
+  if ((size_t)r < first) size = (uint64_t)r; /* shrank under us */
+  if (size < 8) return sl__st_parse(head, (size_t)size, size, out, err, errlen);
+
+  /* Check N against the limit and the file before allocating N bytes: a hostile length must
+   * not cost memory. sl__st_parse repeats the checks and words the message. */
+  uint64_t n = le64(head);
+  if (n > SL__ST_MAX_HEADER || n > size - 8) return sl__st_parse(head, 8, size, out, err, errlen);
+  size_t total = (size_t)(8 + n);
+  uint8_t *buf = malloc(total);
+  if (!buf) return st_err(err, errlen, SL_ERR_NOMEM, "out of memory for a %" PRIu64 "-byte header", n);
+  memcpy(buf, head, 8);
+  r = pread_full(fd, buf + 8, (size_t)n, 8);
+  sl_status s;
+  if (r < 0)
+    s = st_err(err, errlen, SL_ERR_IO, "cannot read the header: %s", strerror(errno));
+  else if ((size_t)r < n)
+    s = st_err(err, errlen, SL_ERR_FORMAT, "file truncated while reading the header (%zd of %" PRIu64 " bytes)", r, n);
+  else
+    s = sl__st_parse(buf, total, size, out, err, errlen);
+  free(buf);
+  return s;
+}
+
+void sl__st_header_free(sl__st_header *h) {
+  if (!h) return;
+  for (size_t i = 0; i < h->count; i++) free(h->tensors[i].name);
+  free(h->tensors);
+  for (size_t i = 0; i < h->meta_count; i++) {
+    free(h->meta_keys[i]);
+    free(h->meta_values[i]);
+  }
+  /* A failed parse may have filled only part of the arrays; entries past meta_count are NULL
+   * or counted (each pair is counted as soon as it is stored). */
+  free(h->meta_keys);
+  free(h->meta_values);
+  memset(h, 0, sizeof *h);
+}

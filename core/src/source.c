@@ -1,0 +1,971 @@
+/* The checkpoint source: one .safetensors file or a sharded model.safetensors.index.json,
+ * validated as a whole before any byte moves (phase 1), plus the manifest that carries the
+ * validated tensor table from rank 0 to the other ranks. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "internal.h"
+
+#define INDEX_NAME "model.safetensors.index.json"
+
+typedef struct src_file {
+  char *path;
+  int fd; /* -1 when not open */
+} src_file;
+
+struct sl_source {
+  sl_context *ctx;
+  sl_source_tensor *tensors; /* file order; names owned */
+  size_t *file_of;           /* tensors[i] lives in files[file_of[i]] */
+  size_t count;
+  src_file *files;
+  size_t file_count;
+  char **meta_keys, **meta_values;
+  size_t meta_count;
+  size_t *slots; /* name hash: tensor index + 1, 0 = empty; slot_mask + 1 slots */
+  size_t slot_mask;
+  uint64_t total_bytes;
+  bool has_files;
+};
+
+/* ---- the handle ----------------------------------------------------------------------- */
+
+static sl_source *source_new(sl_context *ctx) {
+  sl_source *src = calloc(1, sizeof *src);
+  if (src) src->ctx = ctx;
+  return src;
+}
+
+void sl_source_destroy(sl_source *src) {
+  if (!src) return;
+  for (size_t i = 0; i < src->count; i++) free((char *)src->tensors[i].name);
+  free(src->tensors);
+  free(src->file_of);
+  for (size_t i = 0; i < src->file_count; i++) {
+    if (src->files[i].fd >= 0) close(src->files[i].fd);
+    free(src->files[i].path);
+  }
+  free(src->files);
+  for (size_t i = 0; i < src->meta_count; i++) {
+    free(src->meta_keys[i]);
+    free(src->meta_values[i]);
+  }
+  free(src->meta_keys);
+  free(src->meta_values);
+  free(src->slots);
+  free(src);
+}
+
+static uint64_t name_hash(const char *name) { return XXH3_64bits(name, strlen(name)); }
+
+/* Builds the name index; a name seen twice is reported through *dup (index of the second). */
+static sl_status build_index(sl_source *src, size_t *dup) {
+  size_t cap = 8;
+  while (cap < 2 * src->count) cap <<= 1;
+  free(src->slots);
+  src->slots = calloc(cap, sizeof *src->slots);
+  if (!src->slots) return SL_ERR_NOMEM;
+  src->slot_mask = cap - 1;
+  for (size_t i = 0; i < src->count; i++) {
+    size_t h = (size_t)name_hash(src->tensors[i].name) & src->slot_mask;
+    while (src->slots[h]) {
+      if (!strcmp(src->tensors[src->slots[h] - 1].name, src->tensors[i].name)) {
+        *dup = i;
+        return SL_ERR_FORMAT;
+      }
+      h = (h + 1) & src->slot_mask;
+    }
+    src->slots[h] = i + 1;
+  }
+  return SL_OK;
+}
+
+static size_t find_index(const sl_source *src, const char *name) {
+  if (!src->slots) return SIZE_MAX;
+  size_t h = (size_t)name_hash(name) & src->slot_mask;
+  while (src->slots[h]) {
+    if (!strcmp(src->tensors[src->slots[h] - 1].name, name)) return src->slots[h] - 1;
+    h = (h + 1) & src->slot_mask;
+  }
+  return SIZE_MAX;
+}
+
+size_t sl_source_tensor_count(const sl_source *src) { return src ? src->count : 0; }
+
+const sl_source_tensor *sl_source_tensor_at(const sl_source *src, size_t i) {
+  return src && i < src->count ? &src->tensors[i] : NULL;
+}
+
+const sl_source_tensor *sl_source_find(const sl_source *src, const char *name) {
+  if (!src || !name) return NULL;
+  size_t i = find_index(src, name);
+  return i == SIZE_MAX ? NULL : &src->tensors[i];
+}
+
+size_t sl_source_file_count(const sl_source *src) { return src ? src->file_count : 0; }
+
+const char *sl_source_file_at(const sl_source *src, size_t i) {
+  return src && i < src->file_count ? src->files[i].path : NULL;
+}
+
+uint64_t sl_source_total_bytes(const sl_source *src) { return src ? src->total_bytes : 0; }
+
+size_t sl_source_metadata_count(const sl_source *src) { return src ? src->meta_count : 0; }
+
+sl_status sl_source_metadata_at(const sl_source *src, size_t i, const char **key, const char **value) {
+  if (key) *key = NULL;
+  if (value) *value = NULL;
+  if (!src || i >= src->meta_count) return SL_ERR_INVALID;
+  if (key) *key = src->meta_keys[i];
+  if (value) *value = src->meta_values[i];
+  return SL_OK;
+}
+
+bool sl__source_has_files(const sl_source *src) { return src && src->has_files; }
+
+/* ---- reading -------------------------------------------------------------------------- */
+
+/* pread until LEN bytes or EOF; returns bytes read or -1 (errno set). */
+static ssize_t pread_full(int fd, void *buf, size_t len, uint64_t off) {
+  size_t got = 0;
+  while (got < len) {
+    ssize_t r = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    if (r == 0) break;
+    got += (size_t)r;
+  }
+  return (ssize_t)got;
+}
+
+sl_status sl__source_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, void *dst, size_t bytes) {
+  if (!src || i >= src->count || (!dst && bytes))
+    return sl__fail(src ? src->ctx : NULL, SL_ERR_INVALID, "source read: invalid arguments");
+  const sl_source_tensor *t = &src->tensors[i];
+  uint64_t end;
+  if (!sl__add_u64(offset_in_tensor, bytes, &end) || end > t->nbytes)
+    return sl__fail(src->ctx, SL_ERR_INVALID,
+                    "source read of tensor '%s': bytes [%" PRIu64 ",%" PRIu64 ") are outside its %" PRIu64 " bytes",
+                    t->name, offset_in_tensor, end, t->nbytes);
+  const src_file *f = &src->files[src->file_of[i]];
+  if (!src->has_files || f->fd < 0)
+    return sl__fail(src->ctx, SL_ERR_INVALID, "source read of tensor '%s': file '%s' is not open on this rank",
+                    t->name, f->path);
+  uint64_t off = t->file_offset + offset_in_tensor;
+  ssize_t r = pread_full(f->fd, dst, bytes, off);
+  if (r < 0)
+    return sl__fail(src->ctx, SL_ERR_IO, "%s: read of tensor '%s' at byte %" PRIu64 " failed: %s", f->path,
+                    t->name, off, strerror(errno));
+  if ((size_t)r < bytes)
+    return sl__fail(src->ctx, SL_ERR_IO,
+                    "%s: file ends at byte %" PRIu64 ", inside tensor '%s' (bytes %" PRIu64 "..%" PRIu64
+                    "): the file was truncated after it was opened",
+                    f->path, off + (uint64_t)r, t->name, t->file_offset, t->file_offset + t->nbytes);
+  return SL_OK;
+}
+
+/* ---- building from headers ------------------------------------------------------------ */
+
+static sl_status add_file(sl_source *src, const char *path, int fd) {
+  src_file *nf = realloc(src->files, (src->file_count + 1) * sizeof *nf);
+  if (!nf) return SL_ERR_NOMEM;
+  src->files = nf;
+  nf[src->file_count].path = sl__strdup(path);
+  nf[src->file_count].fd = fd;
+  if (!nf[src->file_count].path) return SL_ERR_NOMEM;
+  src->file_count++;
+  return SL_OK;
+}
+
+/* Appends the tensors of header H (file FILE) in file order, taking their names. */
+static sl_status add_tensors(sl_source *src, size_t file, sl__st_header *h) {
+  if (!h->count) return SL_OK;
+  size_t n = src->count + h->count;
+  sl_source_tensor *nt = realloc(src->tensors, n * sizeof *nt);
+  if (!nt) return SL_ERR_NOMEM;
+  src->tensors = nt;
+  size_t *nf = realloc(src->file_of, n * sizeof *nf);
+  if (!nf) return SL_ERR_NOMEM;
+  src->file_of = nf;
+  for (size_t k = 0; k < h->count; k++) {
+    sl__st_tensor *st = &h->tensors[k];
+    sl_source_tensor *t = &src->tensors[src->count];
+    memset(t, 0, sizeof *t);
+    t->name = st->name;
+    st->name = NULL;
+    t->dtype = st->dtype;
+    t->ndim = st->ndim;
+    memcpy(t->shape, st->shape, sizeof t->shape);
+    t->nbytes = st->end - st->begin;
+    t->file = src->files[file].path;
+    t->file_offset = h->data_offset + st->begin;
+    src->file_of[src->count] = file;
+    src->total_bytes += t->nbytes;
+    src->count++;
+  }
+  return SL_OK;
+}
+
+/* Opens PATH, reads and validates its header; the fd stays open in the source. */
+static sl_status open_st(sl_source *src, const char *path, const char *why, sl__st_header *h, size_t *file) {
+  sl_context *ctx = src->ctx;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    return sl__fail(ctx, e == ENOENT ? SL_ERR_NOT_FOUND : SL_ERR_IO, "%s: cannot open%s: %s", path, why,
+                    strerror(e));
+  }
+  if (add_file(src, path, fd) != SL_OK) {
+    close(fd);
+    return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+  }
+  *file = src->file_count - 1;
+  char err[SL__ERRMSG_LEN - 128];
+  sl_status s = sl__st_read(fd, h, err, sizeof err);
+  if (s != SL_OK) return sl__fail(ctx, s, "%s: %s", path, err);
+  return SL_OK;
+}
+
+static sl_status finish(sl_source *src) {
+  size_t dup = 0;
+  sl_status s = build_index(src, &dup);
+  if (s == SL_ERR_NOMEM) return sl__fail(src->ctx, s, "out of memory");
+  if (s != SL_OK)
+    return sl__fail(src->ctx, s, "tensor '%s' appears twice in the checkpoint (second copy in %s)",
+                    src->tensors[dup].name, src->tensors[dup].file);
+  src->has_files = true;
+  return SL_OK;
+}
+
+static sl_status open_single(sl_source *src, const char *path) {
+  sl__st_header h;
+  size_t file;
+  sl_status s = open_st(src, path, "", &h, &file);
+  if (s != SL_OK) return s;
+  if ((s = add_tensors(src, file, &h)) != SL_OK) {
+    s = sl__fail(src->ctx, s, "out of memory");
+    goto out_header;
+  }
+  /* take the metadata as it is */
+  src->meta_keys = h.meta_keys;
+  src->meta_values = h.meta_values;
+  src->meta_count = h.meta_count;
+  h.meta_keys = h.meta_values = NULL;
+  h.meta_count = 0;
+  s = finish(src);
+out_header:
+  sl__st_header_free(&h);
+  return s;
+}
+
+/* ---- index.json ----------------------------------------------------------------------- */
+
+static sl_status ix_err(char *err, size_t errlen, sl_status s, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static sl_status ix_err(char *err, size_t errlen, sl_status s, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return s;
+}
+
+void sl__index_free(sl__index *ix) {
+  if (!ix) return;
+  for (size_t i = 0; i < ix->file_count; i++) free(ix->files[i]);
+  free(ix->files);
+  for (size_t i = 0; i < ix->count; i++) free(ix->names[i]);
+  free(ix->names);
+  free(ix->file_of);
+  for (size_t i = 0; i < ix->meta_count; i++) {
+    free(ix->meta_keys[i]);
+    free(ix->meta_values[i]);
+  }
+  free(ix->meta_keys);
+  free(ix->meta_values);
+  memset(ix, 0, sizeof *ix);
+}
+
+static int strp_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* "metadata" values become strings: strings as they are, anything else as compact JSON
+ * (transformers writes {"total_size": 123}, an integer). */
+static sl_status index_metadata(const json_t *meta, sl__index *out, char *err, size_t errlen) {
+  size_t n = json_object_size(meta);
+  if (!n) return SL_OK;
+  out->meta_keys = calloc(n, sizeof(char *));
+  out->meta_values = calloc(n, sizeof(char *));
+  if (!out->meta_keys || !out->meta_values) return ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+  const char *key;
+  json_t *val;
+  json_object_foreach((json_t *)meta, key, val) {
+    size_t i = out->meta_count++;
+    out->meta_keys[i] = strdup(key);
+    out->meta_values[i] = json_is_string(val) ? strdup(json_string_value(val))
+                                              : json_dumps(val, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!out->meta_keys[i] || !out->meta_values[i]) return ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+  }
+  return SL_OK;
+}
+
+static sl_status index_weight_map(const json_t *wm, sl__index *out, char *err, size_t errlen) {
+  size_t n = json_object_size(wm);
+  if (!n) return ix_err(err, errlen, SL_ERR_FORMAT, "weight_map is empty; it must map every tensor to its file");
+  out->names = calloc(n, sizeof(char *));
+  out->file_of = calloc(n, sizeof(size_t));
+  char **all = calloc(n, sizeof(char *)); /* borrowed file names, one per entry */
+  if (!out->names || !out->file_of || !all) {
+    free(all);
+    return ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+  }
+  sl_status s = SL_OK;
+  const char *key;
+  json_t *val;
+  json_object_foreach((json_t *)wm, key, val) {
+    if (!json_is_string(val) || !json_string_length(val)) {
+      s = ix_err(err, errlen, SL_ERR_FORMAT, "weight_map entry '%s' must be a non-empty file name string", key);
+      goto out_all;
+    }
+    if (!(out->names[out->count] = strdup(key))) {
+      s = ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+      goto out_all;
+    }
+    all[out->count++] = (char *)json_string_value(val);
+  }
+  /* distinct file names, sorted: they fix the file order */
+  char **sorted = malloc(n * sizeof(char *));
+  if (!sorted) {
+    s = ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+    goto out_all;
+  }
+  memcpy(sorted, all, n * sizeof(char *));
+  qsort(sorted, n, sizeof(char *), strp_cmp);
+  size_t distinct = 0;
+  for (size_t i = 0; i < n; i++)
+    if (!distinct || strcmp(sorted[distinct - 1], sorted[i])) sorted[distinct++] = sorted[i];
+  out->files = calloc(distinct, sizeof(char *));
+  if (!out->files) {
+    s = ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+    goto out_sorted;
+  }
+  for (size_t i = 0; i < distinct; i++) {
+    if (!(out->files[i] = strdup(sorted[i]))) {
+      s = ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+      goto out_sorted;
+    }
+    out->file_count++;
+  }
+  for (size_t i = 0; i < n; i++) {
+    char **hit = bsearch(&all[i], out->files, out->file_count, sizeof(char *), strp_cmp);
+    out->file_of[i] = (size_t)(hit - out->files);
+  }
+out_sorted:
+  free(sorted);
+out_all:
+  free(all);
+  return s;
+}
+
+sl_status sl__index_parse(const char *buf, size_t len, sl__index *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (err && errlen) err[0] = 0;
+  json_error_t jerr;
+  json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root)
+    return ix_err(err, errlen, SL_ERR_FORMAT, "not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                  jerr.column);
+  sl_status s = SL_OK;
+  if (!json_is_object(root)) {
+    s = ix_err(err, errlen, SL_ERR_FORMAT, "the index must be a JSON object with a weight_map");
+    goto out_root;
+  }
+  const json_t *wm = json_object_get(root, "weight_map");
+  if (!json_is_object(wm)) {
+    s = ix_err(err, errlen, SL_ERR_FORMAT, "%s", wm ? "weight_map must be an object of tensor name -> file name"
+                                                    : "no weight_map (is this a model.safetensors.index.json?)");
+    goto out_root;
+  }
+  const json_t *meta = json_object_get(root, "metadata");
+  if (meta && !json_is_null(meta) && !json_is_object(meta)) {
+    s = ix_err(err, errlen, SL_ERR_FORMAT, "metadata must be an object");
+    goto out_root;
+  }
+  if ((s = index_weight_map(wm, out, err, errlen)) != SL_OK) goto out_root;
+  if (json_is_object(meta)) s = index_metadata(meta, out, err, errlen);
+out_root:
+  json_decref(root);
+  if (s != SL_OK) sl__index_free(out);
+  return s;
+}
+
+static sl_status read_whole(sl_context *ctx, const char *path, char **buf, size_t *len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    return sl__fail(ctx, e == ENOENT ? SL_ERR_NOT_FOUND : SL_ERR_IO, "%s: cannot open: %s", path, strerror(e));
+  }
+  sl_status s = SL_OK;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    s = sl__fail(ctx, SL_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    goto out_fd;
+  }
+  if ((uint64_t)st.st_size > SL__ST_MAX_HEADER) {
+    s = sl__fail(ctx, SL_ERR_FORMAT, "%s: %" PRIu64 " bytes is too large for an index (limit %llu)", path,
+                 (uint64_t)st.st_size, SL__ST_MAX_HEADER);
+    goto out_fd;
+  }
+  *len = (size_t)st.st_size;
+  if (!(*buf = malloc(*len + 1))) {
+    s = sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+    goto out_fd;
+  }
+  ssize_t r = pread_full(fd, *buf, *len, 0);
+  if (r < 0 || (size_t)r != *len) {
+    s = sl__fail(ctx, SL_ERR_IO, "%s: cannot read: %s", path, r < 0 ? strerror(errno) : "file shrank");
+    free(*buf);
+    *buf = NULL;
+  }
+out_fd:
+  close(fd);
+  return s;
+}
+
+static char *dir_of(const char *path) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) return sl__strdup(".");
+  if (slash == path) return sl__strdup("/");
+  return strndup(path, (size_t)(slash - path));
+}
+
+static char *join(const char *dir, const char *name) {
+  char *p = NULL;
+  if (name[0] == '/') return sl__strdup(name);
+  size_t n = strlen(dir);
+  while (n > 1 && dir[n - 1] == '/') n--;
+  if (asprintf(&p, "%.*s/%s", (int)n, dir, name) < 0) return NULL;
+  return p;
+}
+
+/* The first weight_map tensor that maps to file F (for messages). */
+static const char *first_tensor_of(const sl__index *ix, size_t f) {
+  for (size_t i = 0; i < ix->count; i++)
+    if (ix->file_of[i] == f) return ix->names[i];
+  return "?";
+}
+
+/* Every weight_map entry must be in the file it names, and every tensor in the files must be
+ * in the weight_map: otherwise the checkpoint is inconsistent and we cannot tell which copy the
+ * trainer meant. */
+static sl_status check_against_index(sl_source *src, const sl__index *ix, const char *index_path) {
+  sl_context *ctx = src->ctx;
+  unsigned char *listed = calloc(src->count ? src->count : 1, 1);
+  if (!listed) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+  sl_status s = SL_OK;
+  for (size_t i = 0; i < ix->count; i++) {
+    size_t t = find_index(src, ix->names[i]);
+    const char *want = src->files[ix->file_of[i]].path;
+    if (t == SIZE_MAX) {
+      s = sl__fail(ctx, SL_ERR_FORMAT,
+                   "%s: weight_map puts tensor '%s' in %s, but that file does not hold it (the checkpoint is "
+                   "inconsistent; re-save it)",
+                   index_path, ix->names[i], want);
+      goto out_listed;
+    }
+    if (src->file_of[t] != ix->file_of[i]) {
+      s = sl__fail(ctx, SL_ERR_FORMAT,
+                   "%s: weight_map puts tensor '%s' in %s, but it is in %s (the checkpoint is inconsistent; re-save it)",
+                   index_path, ix->names[i], want, src->tensors[t].file);
+      goto out_listed;
+    }
+    listed[t] = 1;
+  }
+  for (size_t t = 0; t < src->count; t++) {
+    if (!listed[t]) {
+      s = sl__fail(ctx, SL_ERR_FORMAT,
+                   "%s: file %s holds tensor '%s', which weight_map does not list (the checkpoint is "
+                   "inconsistent; re-save it or fix the index)",
+                   index_path, src->tensors[t].file, src->tensors[t].name);
+      goto out_listed;
+    }
+  }
+out_listed:
+  free(listed);
+  return s;
+}
+
+static sl_status open_index(sl_source *src, const char *path) {
+  sl_context *ctx = src->ctx;
+  char *text = NULL;
+  size_t len = 0;
+  sl_status s = read_whole(ctx, path, &text, &len);
+  if (s != SL_OK) return s;
+  sl__index ix;
+  char err[SL__ERRMSG_LEN - 128];
+  s = sl__index_parse(text, len, &ix, err, sizeof err);
+  free(text);
+  if (s != SL_OK) return sl__fail(ctx, s, "%s: %s", path, err);
+
+  char *dir = dir_of(path);
+  if (!dir) {
+    s = sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+    goto out_index;
+  }
+  for (size_t f = 0; f < ix.file_count; f++) {
+    char *fp = join(dir, ix.files[f]);
+    if (!fp) {
+      s = sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+      goto out_dir;
+    }
+    struct stat st;
+    if (stat(fp, &st) != 0 && errno == ENOENT) {
+      s = sl__fail(ctx, SL_ERR_NOT_FOUND,
+                   "%s: weight_map puts tensor '%s' in %s, which does not exist (incomplete download?)", path,
+                   first_tensor_of(&ix, f), fp);
+      free(fp);
+      goto out_dir;
+    }
+    sl__st_header h;
+    size_t file;
+    s = open_st(src, fp, "", &h, &file);
+    free(fp);
+    if (s != SL_OK) goto out_dir;
+    s = add_tensors(src, file, &h);
+    sl__st_header_free(&h);
+    if (s != SL_OK) {
+      s = sl__fail(ctx, s, "out of memory");
+      goto out_dir;
+    }
+  }
+  src->meta_keys = ix.meta_keys;
+  src->meta_values = ix.meta_values;
+  src->meta_count = ix.meta_count;
+  ix.meta_keys = ix.meta_values = NULL;
+  ix.meta_count = 0;
+  if ((s = finish(src)) != SL_OK) goto out_dir;
+  s = check_against_index(src, &ix, path);
+out_dir:
+  free(dir);
+out_index:
+  sl__index_free(&ix);
+  return s;
+}
+
+/* ---- opening by path ------------------------------------------------------------------ */
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t a = strlen(s), b = strlen(suffix);
+  return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/* A directory: its model.safetensors.index.json, else its only *.safetensors.index.json, else
+ * its only *.safetensors. Several candidates and no index is ambiguous: say so. */
+static sl_status open_dir(sl_source *src, const char *path) {
+  sl_context *ctx = src->ctx;
+  char *ixp = join(path, INDEX_NAME);
+  if (!ixp) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+  struct stat st;
+  if (stat(ixp, &st) == 0) {
+    sl_status s = open_index(src, ixp);
+    free(ixp);
+    return s;
+  }
+  free(ixp);
+
+  DIR *d = opendir(path);
+  if (!d) return sl__fail(ctx, SL_ERR_IO, "%s: cannot list the directory: %s", path, strerror(errno));
+  char **st_names = NULL, **ix_names = NULL;
+  size_t n_st = 0, n_ix = 0;
+  sl_status s = SL_OK;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    bool is_ix = !fnmatch("*.safetensors.index.json", e->d_name, 0);
+    bool is_st = !fnmatch("*.safetensors", e->d_name, 0);
+    if (!is_ix && !is_st) continue;
+    char ***list = is_ix ? &ix_names : &st_names;
+    size_t *n = is_ix ? &n_ix : &n_st;
+    char **nl = realloc(*list, (*n + 1) * sizeof(char *));
+    if (!nl || !(nl[*n] = sl__strdup(e->d_name))) {
+      if (nl) *list = nl;
+      s = sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+      goto out_lists;
+    }
+    *list = nl;
+    (*n)++;
+  }
+  if (n_st > 1) qsort(st_names, n_st, sizeof(char *), strp_cmp);
+  if (n_ix == 1 || (n_ix == 0 && n_st == 1)) {
+    char *p = join(path, n_ix ? ix_names[0] : st_names[0]);
+    if (!p) {
+      s = sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+      goto out_lists;
+    }
+    s = n_ix ? open_index(src, p) : open_single(src, p);
+    free(p);
+  } else if (n_ix > 1) {
+    s = sl__fail(ctx, SL_ERR_INVALID, "%s holds %zu *.safetensors.index.json files and no %s: pass the index to use",
+                 path, n_ix, INDEX_NAME);
+  } else if (n_st == 0) {
+    s = sl__fail(ctx, SL_ERR_NOT_FOUND, "%s holds no .safetensors file and no %s", path, INDEX_NAME);
+  } else {
+    s = sl__fail(ctx, SL_ERR_INVALID,
+                 "%s holds %zu .safetensors files (%s, %s%s) and no %s: pass one file, or the index that joins them",
+                 path, n_st, st_names[0], st_names[1], n_st > 2 ? ", ..." : "", INDEX_NAME);
+  }
+out_lists:
+  for (size_t i = 0; i < n_st; i++) free(st_names[i]);
+  for (size_t i = 0; i < n_ix; i++) free(ix_names[i]);
+  free(st_names);
+  free(ix_names);
+  closedir(d);
+  return s;
+}
+
+sl_status sl__source_open_local(sl_context *ctx, const char *path, sl_source **out) {
+  if (!out) return sl__fail(ctx, SL_ERR_INVALID, "sl_source_open: out is NULL");
+  *out = NULL;
+  if (!path || !*path) return sl__fail(ctx, SL_ERR_INVALID, "sl_source_open: no path given");
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    int e = errno;
+    return sl__fail(ctx, e == ENOENT ? SL_ERR_NOT_FOUND : SL_ERR_IO, "%s: %s", path, strerror(e));
+  }
+  /* File names go into the manifest, and other ranks may run elsewhere: make them absolute
+   * (without resolving symlinks, so hub-cache names stay readable). */
+  char *abs = NULL;
+  if (path[0] == '/') {
+    abs = sl__strdup(path);
+  } else {
+    char *cwd = getcwd(NULL, 0);
+    if (cwd) abs = join(cwd, path);
+    free(cwd);
+  }
+  if (!abs) return sl__fail(ctx, SL_ERR_NOMEM, "%s: cannot make the path absolute", path);
+  sl_status s = SL_ERR_NOMEM;
+  sl_source *src = source_new(ctx);
+  if (!src) {
+    s = sl__fail(ctx, s, "out of memory");
+    goto out_abs;
+  }
+  if (S_ISDIR(st.st_mode))
+    s = open_dir(src, abs);
+  else if (ends_with(abs, ".json"))
+    s = open_index(src, abs);
+  else
+    s = open_single(src, abs);
+  if (s != SL_OK) {
+    sl_source_destroy(src);
+    goto out_abs;
+  }
+  *out = src;
+out_abs:
+  free(abs);
+  return s;
+}
+
+
+/* ---- manifest ------------------------------------------------------------------------- */
+/* Layout, all integers little-endian:
+ *   "SLMF" u32 version
+ *   u64 tensor_count  u64 file_count  u64 meta_count
+ *   tensor_count x { str name, u32 dtype, u32 ndim, ndim x i64 shape, u64 nbytes,
+ *                    u32 file_index, u64 file_offset }
+ *   file_count x str path
+ *   meta_count x { str key, str value }
+ * where str = u32 length + bytes (no NUL). It crosses the network: the reader checks every
+ * length against what is left and every value against what it must be. */
+#define MANIFEST_MAGIC "SLMF"
+#define MANIFEST_VERSION 1u
+#define MIN_TENSOR_BYTES (4 + 4 + 4 + 8 + 4 + 8)
+
+typedef struct wbuf {
+  uint8_t *p;
+  size_t len, cap;
+  bool oom;
+} wbuf;
+
+static void put(wbuf *w, const void *b, size_t n) {
+  if (w->oom) return;
+  if (w->cap - w->len < n) {
+    size_t cap = w->cap ? w->cap : 256;
+    while (cap - w->len < n) cap *= 2;
+    uint8_t *np = realloc(w->p, cap);
+    if (!np) {
+      w->oom = true;
+      return;
+    }
+    w->p = np;
+    w->cap = cap;
+  }
+  memcpy(w->p + w->len, b, n);
+  w->len += n;
+}
+
+static void put_u32(wbuf *w, uint32_t v) {
+  uint8_t b[4];
+  for (int i = 0; i < 4; i++) b[i] = (uint8_t)(v >> (8 * i));
+  put(w, b, 4);
+}
+
+static void put_u64(wbuf *w, uint64_t v) {
+  uint8_t b[8];
+  for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+  put(w, b, 8);
+}
+
+static void put_str(wbuf *w, const char *s) {
+  size_t n = strlen(s);
+  if (n > UINT32_MAX) {
+    w->oom = true;
+    return;
+  }
+  put_u32(w, (uint32_t)n);
+  put(w, s, n);
+}
+
+sl_status sl__source_serialize(const sl_source *src, void **buf, size_t *len) {
+  if (!src || !buf || !len) return SL_ERR_INVALID;
+  *buf = NULL;
+  *len = 0;
+  wbuf w = {0};
+  put(&w, MANIFEST_MAGIC, 4);
+  put_u32(&w, MANIFEST_VERSION);
+  put_u64(&w, src->count);
+  put_u64(&w, src->file_count);
+  put_u64(&w, src->meta_count);
+  for (size_t i = 0; i < src->count; i++) {
+    const sl_source_tensor *t = &src->tensors[i];
+    put_str(&w, t->name);
+    put_u32(&w, (uint32_t)t->dtype);
+    put_u32(&w, (uint32_t)t->ndim);
+    for (int d = 0; d < t->ndim; d++) put_u64(&w, (uint64_t)t->shape[d]);
+    put_u64(&w, t->nbytes);
+    put_u32(&w, (uint32_t)src->file_of[i]);
+    put_u64(&w, t->file_offset);
+  }
+  for (size_t i = 0; i < src->file_count; i++) put_str(&w, src->files[i].path);
+  for (size_t i = 0; i < src->meta_count; i++) {
+    put_str(&w, src->meta_keys[i]);
+    put_str(&w, src->meta_values[i]);
+  }
+  if (w.oom) {
+    free(w.p);
+    return sl__fail(src->ctx, SL_ERR_NOMEM, "out of memory serializing the manifest");
+  }
+  *buf = w.p;
+  *len = w.len;
+  return SL_OK;
+}
+
+typedef struct rbuf {
+  const uint8_t *p;
+  size_t left;
+} rbuf;
+
+static bool get(rbuf *r, void *b, size_t n) {
+  if (r->left < n) return false;
+  memcpy(b, r->p, n);
+  r->p += n;
+  r->left -= n;
+  return true;
+}
+
+static bool get_u32(rbuf *r, uint32_t *v) {
+  uint8_t b[4];
+  if (!get(r, b, 4)) return false;
+  *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+  return true;
+}
+
+static bool get_u64(rbuf *r, uint64_t *v) {
+  uint8_t b[8];
+  if (!get(r, b, 8)) return false;
+  *v = 0;
+  for (int i = 7; i >= 0; i--) *v = (*v << 8) | b[i];
+  return true;
+}
+
+/* A malloc'd C string; fails on truncation or an embedded NUL. */
+static bool get_str(rbuf *r, char **s) {
+  uint32_t n;
+  if (!get_u32(r, &n) || r->left < n || memchr(r->p, 0, n)) return false;
+  if (!(*s = malloc((size_t)n + 1))) return false;
+  memcpy(*s, r->p, n);
+  (*s)[n] = 0;
+  r->p += n;
+  r->left -= n;
+  return true;
+}
+
+#define BAD(...) \
+  do { s = sl__fail(ctx, SL_ERR_FORMAT, "manifest: " __VA_ARGS__); goto out_src; } while (0)
+
+static sl_status read_tensor(sl_context *ctx, rbuf *r, sl_source *src, uint64_t file_count) {
+  sl_status s = SL_OK;
+  size_t i = src->count;
+  sl_source_tensor *t = &src->tensors[i];
+  char *name = NULL;
+  uint32_t dt, nd, fi;
+  if (!get_str(r, &name)) BAD("truncated or malformed name of tensor %zu", i);
+  t->name = name;
+  src->count++; /* owned from here on */
+  if (!get_u32(r, &dt) || !get_u32(r, &nd)) BAD("truncated at tensor '%s'", name);
+  if (dt == SL_DTYPE_INVALID || dt >= SL_DTYPE_COUNT_) BAD("tensor '%s' has dtype code %" PRIu32, name, dt);
+  if (nd > SL_MAX_DIMS) BAD("tensor '%s' has %" PRIu32 " dims", name, nd);
+  t->dtype = (sl_dtype)dt;
+  t->ndim = (int)nd;
+  uint64_t elems = 1, nbytes;
+  bool overflow = false;
+  for (uint32_t d = 0; d < nd; d++) {
+    uint64_t v;
+    if (!get_u64(r, &v)) BAD("truncated at tensor '%s'", name);
+    if (v > INT64_MAX) BAD("tensor '%s' has a negative extent", name);
+    t->shape[d] = (int64_t)v;
+    if (!overflow && !sl__mul_u64(elems, v, &elems)) overflow = true;
+  }
+  if (!get_u64(r, &t->nbytes) || !get_u32(r, &fi) || !get_u64(r, &t->file_offset))
+    BAD("truncated at tensor '%s'", name);
+  if (overflow || !sl__mul_u64(elems, sl_dtype_size(t->dtype), &nbytes) || nbytes != t->nbytes)
+    BAD("tensor '%s' has %" PRIu64 " bytes, which does not match its shape and dtype", name, t->nbytes);
+  uint64_t end;
+  if (fi >= file_count || !sl__add_u64(t->file_offset, t->nbytes, &end))
+    BAD("tensor '%s' has an invalid file index or offset", name);
+  src->file_of[i] = fi;
+  if (!sl__add_u64(src->total_bytes, t->nbytes, &src->total_bytes)) BAD("total size overflows");
+out_src:
+  return s;
+}
+
+sl_status sl__source_deserialize(sl_context *ctx, const void *buf, size_t len, sl_source **out) {
+  if (!out || (!buf && len)) return sl__fail(ctx, SL_ERR_INVALID, "manifest: invalid arguments");
+  *out = NULL;
+  rbuf r = {buf, len};
+  sl_status s = SL_OK;
+  sl_source *src = source_new(ctx);
+  if (!src) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+  char magic[4];
+  uint32_t version;
+  uint64_t nt, nf, nm;
+  if (!get(&r, magic, 4) || memcmp(magic, MANIFEST_MAGIC, 4)) BAD("bad magic (not a shardload manifest)");
+  if (!get_u32(&r, &version)) BAD("truncated header");
+  if (version != MANIFEST_VERSION)
+    BAD("version %" PRIu32 ", this build reads %u (mixed shardload versions across ranks?)", version,
+        MANIFEST_VERSION);
+  if (!get_u64(&r, &nt) || !get_u64(&r, &nf) || !get_u64(&r, &nm)) BAD("truncated header");
+  /* Every entry takes some bytes, so the counts are bounded by what is left: a short, hostile
+   * manifest cannot make us allocate much. */
+  if (nt > r.left / MIN_TENSOR_BYTES || nf > r.left / 4 || nm > r.left / 8 ||
+      nt * MIN_TENSOR_BYTES + nf * 4 + nm * 8 > r.left)
+    BAD("counts (%" PRIu64 " tensors, %" PRIu64 " files, %" PRIu64 " metadata) exceed its %zu bytes", nt, nf, nm,
+        len);
+  if (nt) {
+    src->tensors = calloc(nt, sizeof *src->tensors);
+    src->file_of = calloc(nt, sizeof *src->file_of);
+  }
+  if (nf) src->files = calloc(nf, sizeof *src->files);
+  if (nm) {
+    src->meta_keys = calloc(nm, sizeof(char *));
+    src->meta_values = calloc(nm, sizeof(char *));
+  }
+  if ((nt && (!src->tensors || !src->file_of)) || (nf && !src->files) ||
+      (nm && (!src->meta_keys || !src->meta_values))) {
+    s = sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+    goto out_src;
+  }
+  for (uint64_t i = 0; i < nt; i++)
+    if ((s = read_tensor(ctx, &r, src, nf)) != SL_OK) goto out_src;
+  for (uint64_t i = 0; i < nf; i++) {
+    src_file *f = &src->files[i];
+    f->fd = -1;
+    if (!get_str(&r, &f->path)) BAD("truncated or malformed file name %" PRIu64, i);
+    src->file_count++;
+    if (!f->path[0]) BAD("file %" PRIu64 " has an empty name", i);
+  }
+  for (size_t i = 0; i < src->count; i++) src->tensors[i].file = src->files[src->file_of[i]].path;
+  for (uint64_t i = 0; i < nm; i++) {
+    size_t k = src->meta_count++;
+    if (!get_str(&r, &src->meta_keys[k]) || !get_str(&r, &src->meta_values[k]))
+      BAD("truncated or malformed metadata entry %zu", k);
+  }
+  if (r.left) BAD("%zu trailing bytes", r.left);
+  size_t dup = 0;
+  s = build_index(src, &dup);
+  if (s == SL_ERR_NOMEM) {
+    s = sl__fail(ctx, s, "out of memory");
+    goto out_src;
+  }
+  if (s != SL_OK) BAD("tensor '%s' appears twice", src->tensors[dup].name);
+  *out = src;
+  return SL_OK;
+out_src:
+  sl_source_destroy(src);
+  return s;
+}
+
+sl_status sl__source_open_files(sl_source *src) {
+  if (!src) return SL_ERR_INVALID;
+  if (src->has_files) return SL_OK;
+  sl_context *ctx = src->ctx;
+  sl_status s = SL_OK;
+  size_t f;
+  for (f = 0; f < src->file_count; f++) {
+    src_file *sf = &src->files[f];
+    uint64_t need = 0;
+    const char *last = NULL;
+    for (size_t i = 0; i < src->count; i++) {
+      if (src->file_of[i] != f) continue;
+      uint64_t end = src->tensors[i].file_offset + src->tensors[i].nbytes;
+      if (end > need) need = end, last = src->tensors[i].name;
+    }
+    int fd = open(sf->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      int e = errno;
+      s = sl__fail(ctx, e == ENOENT ? SL_ERR_NOT_FOUND : SL_ERR_IO,
+                   "%s: cannot open on this rank (every-rank reading needs the checkpoint on a filesystem every "
+                   "rank sees): %s",
+                   sf->path, strerror(e));
+      goto out_close;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+      s = sl__fail(ctx, SL_ERR_IO, "%s: cannot stat: %s", sf->path, strerror(errno));
+      close(fd);
+      goto out_close;
+    }
+    if ((uint64_t)st.st_size < need) {
+      s = sl__fail(ctx, SL_ERR_FORMAT,
+                   "%s: %" PRIu64 " bytes on this rank, but tensor '%s' ends at byte %" PRIu64
+                   " in the file rank 0 validated (a different or truncated copy?)",
+                   sf->path, (uint64_t)st.st_size, last, need);
+      close(fd);
+      goto out_close;
+    }
+    sf->fd = fd;
+  }
+  src->has_files = true;
+  return SL_OK;
+out_close:
+  for (size_t k = 0; k < f; k++) {
+    close(src->files[k].fd);
+    src->files[k].fd = -1;
+  }
+  return s;
+}

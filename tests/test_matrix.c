@@ -1,0 +1,352 @@
+/* The placement contract across real ranks: real processes, real Gloo over loopback.
+ *
+ * World 2 and 4 (1-D FSDP mesh) and a 2x2 HSDP mesh [replicate, shard(0)], over source
+ * rank0/every-rank x strategy scatter/broadcast x cpu_offload on/off/infer x offload policy
+ * none/cpu/cpu-pinned x backend sim/cpu, on a checkpoint that mixes sharded and replicated
+ * tensors, uneven rows, empty shards, a dim-1 shard, a 0-d tensor, BF16->F32 and F32->BF16
+ * casts, an F8 tensor and an integer tensor. For every rank and tensor the data is compared
+ * bit for bit with the slice this file computes on its own from the data it wrote, the
+ * placement with the contract's table, the rule, and the pinned-ness; then one SGD step runs
+ * through the backend on every floating shard. Owned and caller buffers alternate. */
+#include <math.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#include "internal.h"
+
+typedef struct spec {
+  const char *name;
+  const char *dtype;
+  int ndim;
+  int64_t shape[2];
+  const char *param; /* expected parameter dtype */
+} spec;
+
+static const spec specs[] = {
+    {"layers.0.attn.q.weight", "BF16", 2, {10, 8}, "F32"},   /* BF16 -> F32, 10 rows: 3,3,3,1 */
+    {"layers.0.mlp.up.weight", "F32", 2, {9, 5}, "BF16"},    /* F32 -> BF16, 9 rows: empty shard */
+    {"layers.0.mlp.tiny.bias", "F32", 1, {3}, "BF16"},       /* 3 over 4 */
+    {"layers.0.colwise.weight", "F32", 2, {4, 7}, "F32"},    /* shard(1) */
+    {"layers.0.input_layernorm.weight", "F32", 1, {6}, "F32"}, /* replicated by rule */
+    {"scale", "F32", 0, {0}, "F32"},                           /* 0-d: replicated */
+    {"position_ids", "I64", 1, {5}, "I64"},
+    {"q.fp8", "F8_E4M3", 2, {6, 2}, "F8_E4M3"},
+    {"big.weight", "BF16", 2, {257, 33}, "BF16"}, /* many chunks with the small staging */
+};
+#define NS (sizeof specs / sizeof specs[0])
+
+static unsigned char *data[NS];
+static char *ckpt;
+
+static size_t esize(const char *dt) {
+  if (!strcmp(dt, "F64") || !strcmp(dt, "I64")) return 8;
+  if (!strcmp(dt, "F32")) return 4;
+  if (!strcmp(dt, "BF16")) return 2;
+  return 1;
+}
+
+static uint64_t elems(const spec *s) {
+  uint64_t n = 1;
+  for (int d = 0; d < s->ndim; d++) n *= (uint64_t)s->shape[d];
+  return n;
+}
+
+static int setup(void **state) {
+  uint64_t x = 0x12345678;
+  for (size_t i = 0; i < NS; i++) {
+    uint64_t n = elems(&specs[i]);
+    size_t es = esize(specs[i].dtype);
+    data[i] = malloc(n * es + 1);
+    for (uint64_t k = 0; k < n; k++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      if (!strcmp(specs[i].dtype, "BF16")) {
+        uint16_t v = (uint16_t)(0x3C00 + (x % 0x0600)) | (uint16_t)(x & 0x10000 ? 0x8000 : 0); /* finite */
+        memcpy(data[i] + k * 2, &v, 2);
+      } else if (!strcmp(specs[i].dtype, "F32")) {
+        float f = (float)((int64_t)(x % 2000001) - 1000000) / 4096.0f + (float)(x % 7) * 1e-7f;
+        memcpy(data[i] + k * 4, &f, 4);
+      } else if (!strcmp(specs[i].dtype, "I64")) {
+        int64_t v = (int64_t)x;
+        memcpy(data[i] + k * 8, &v, 8);
+      } else {
+        data[i][k] = (unsigned char)(x & 0x7E); /* E4M3 without NaN */
+      }
+    }
+  }
+  sl_test_tensor ts[NS];
+  for (size_t i = 0; i < NS; i++) {
+    ts[i] = (sl_test_tensor){specs[i].name, specs[i].dtype, specs[i].ndim, {0}, data[i]};
+    for (int d = 0; d < specs[i].ndim; d++) ts[i].shape[d] = specs[i].shape[d];
+  }
+  char *dir = sl_test_dir("matrix");
+  ckpt = sl_test_path(dir, "model.safetensors");
+  free(dir);
+  return sl_test_write_st(ckpt, ts, NS, NULL);
+}
+
+static int teardown(void **state) {
+  for (size_t i = 0; i < NS; i++) free(data[i]);
+  free(ckpt);
+  return 0;
+}
+
+/* ---- the expectation, computed here independently of the library ------------------------ */
+typedef struct expect {
+  int64_t off[2], len[2];
+} expect;
+
+/* torch.chunk's rule on one extent: chunk = ceil(n/k), empty trailing shards at offset n */
+static void chunk_rule(int64_t n, int k, int i, int64_t *off, int64_t *len) {
+  int64_t c = (n + k - 1) / k, s = c * i, e = c * (i + 1);
+  if (s > n) s = n;
+  if (e > n) e = n;
+  *off = s;
+  *len = e - s;
+}
+
+/* placement per tensor as the test's plan says: hsdp = mesh [2,2] with [R, S(d)] */
+static int shard_dim(const spec *s) {
+  if (s->ndim == 0 || strstr(s->name, "norm")) return -1; /* replicated */
+  if (strstr(s->name, "colwise")) return 1;
+  return 0;
+}
+
+static expect expected_region(const spec *s, int rank, int world, int hsdp) {
+  expect e = {{0, 0}, {s->shape[0], s->shape[1]}};
+  int d = shard_dim(s);
+  if (d < 0) return e;
+  int k = hsdp ? 2 : world, i = hsdp ? rank % 2 : rank; /* HSDP shards over the inner mesh dim */
+  int64_t off, len;
+  chunk_rule(s->shape[d], k, i, &off, &len);
+  e.off[d] = off;
+  e.len[d] = len;
+  return e;
+}
+
+static uint16_t f32_to_bf16_rne(uint32_t u) { return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16); }
+
+/* expected element bytes at global index g of tensor i in parameter dtype */
+static void expected_elem(size_t i, uint64_t g, unsigned char *out) {
+  const spec *s = &specs[i];
+  size_t es = esize(s->dtype);
+  const unsigned char *p = data[i] + g * es;
+  if (!strcmp(s->dtype, "BF16") && !strcmp(s->param, "F32")) {
+    uint16_t b;
+    memcpy(&b, p, 2);
+    uint32_t u = (uint32_t)b << 16;
+    memcpy(out, &u, 4);
+  } else if (!strcmp(s->dtype, "F32") && !strcmp(s->param, "BF16")) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    uint16_t b = f32_to_bf16_rne(u);
+    memcpy(out, &b, 2);
+  } else {
+    memcpy(out, p, es);
+  }
+}
+
+/* ---- one rank's run of the whole matrix ------------------------------------------------- */
+typedef struct job {
+  const char *backend;
+  int hsdp;
+  char *rdzv;
+  int64_t caller_mode;
+} job;
+
+typedef struct bind_ctx {
+  sl_context *ctx;
+  void *bufs[NS];
+  sl_device_kind where[NS];
+  int pinned[NS];
+  int n;
+} bind_ctx;
+
+static void *bind_cb(void *user, const sl_tensor *t) {
+  bind_ctx *b = user;
+  void *p = NULL;
+  if (sl_alloc(b->ctx, t->device, t->pinned, t->nbytes, &p) != SL_OK) return NULL;
+  b->bufs[b->n] = p;
+  b->where[b->n] = t->device;
+  b->pinned[b->n] = t->pinned;
+  b->n++;
+  return p;
+}
+
+static int check_state(job *jb, sl_context *ctx, const sl_state *st, int rank, int world, sl_cpu_offload o,
+                       sl_offload_policy pol, const char *combo) {
+  sl_placement_decision want;
+  sl_resolve_placement(o, &pol, &want);
+  /* the table, written out again here so a wrong resolver cannot pass by agreeing with itself */
+  sl_device_kind dev = o == SL_CPU_OFFLOAD_ON    ? SL_DEVICE_CPU
+                       : o == SL_CPU_OFFLOAD_OFF ? SL_DEVICE_ACCELERATOR
+                       : pol.kind == SL_OFFLOAD_CPU ? SL_DEVICE_CPU
+                                                    : SL_DEVICE_ACCELERATOR;
+  sl_placement_rule rule = o == SL_CPU_OFFLOAD_ON    ? SL_RULE_EXPLICIT_ON
+                           : o == SL_CPU_OFFLOAD_OFF ? SL_RULE_EXPLICIT_OFF
+                           : pol.kind == SL_OFFLOAD_CPU ? SL_RULE_INFER_POLICY_CPU
+                                                        : SL_RULE_INFER_NO_POLICY;
+  int is_sim = strcmp(jb->backend, "sim") == 0;
+  int pinned = dev == SL_DEVICE_CPU && pol.kind == SL_OFFLOAD_CPU && pol.pin_memory && is_sim;
+  SL_CHILD_CHECK(sl_state_count(st) == NS, "%s: %zu tensors", combo, sl_state_count(st));
+  for (size_t i = 0; i < NS; i++) {
+    const sl_tensor *t = sl_state_tensor(st, i);
+    const spec *s = &specs[i];
+    SL_CHILD_CHECK(strcmp(t->name, s->name) == 0, "%s: order %s", combo, t->name);
+    SL_CHILD_CHECK(t->device == dev, "%s: %s on %s", combo, t->name, sl_device_kind_name(t->device));
+    SL_CHILD_CHECK(t->rule == rule, "%s: %s rule %d", combo, t->name, t->rule);
+    SL_CHILD_CHECK(t->pinned == pinned, "%s: %s pinned %d", combo, t->name, t->pinned);
+    if (is_sim) {
+      sl__sim_kind k = sl__sim_query(ctx->be_ctx, t->data);
+      SL_CHILD_CHECK(k == (dev == SL_DEVICE_ACCELERATOR ? SL__SIM_DEVICE : pinned ? SL__SIM_PINNED : SL__SIM_NONE),
+                     "%s: %s memory kind %d", combo, t->name, (int)k);
+    }
+    SL_CHILD_CHECK(t->dtype == sl_dtype_from_name(s->param), "%s: %s dtype %s", combo, t->name, sl_dtype_name(t->dtype));
+    expect e = expected_region(s, rank, world, jb->hsdp);
+    uint64_t n = 1;
+    for (int d = 0; d < s->ndim; d++) {
+      SL_CHILD_CHECK(t->local_shape[d] == e.len[d] && t->global_offset[d] == e.off[d],
+                     "%s: %s dim %d local %lld@%lld, expected %lld@%lld", combo, t->name, d,
+                     (long long)t->local_shape[d], (long long)t->global_offset[d], (long long)e.len[d],
+                     (long long)e.off[d]);
+      n *= (uint64_t)e.len[d];
+    }
+    size_t ep = esize(s->param);
+    SL_CHILD_CHECK(t->nbytes == n * ep, "%s: %s nbytes %llu", combo, t->name, (unsigned long long)t->nbytes);
+    unsigned char *h = malloc(t->nbytes + 1), want_b[8];
+    SL_CHILD_CHECK(sl_copy_to_host(ctx, h, t->data, t->device, t->nbytes) == SL_OK, "%s: read back", combo);
+    uint64_t k = 0;
+    int64_t rows = s->ndim >= 1 ? e.len[0] : 1, cols = s->ndim == 2 ? e.len[1] : 1;
+    for (int64_t r = 0; r < rows; r++) {
+      for (int64_t c = 0; c < cols; c++, k++) {
+        uint64_t g = s->ndim == 2 ? (uint64_t)((e.off[0] + r) * s->shape[1] + e.off[1] + c)
+                     : s->ndim == 1 ? (uint64_t)(e.off[0] + r)
+                                    : 0;
+        expected_elem(i, g, want_b);
+        if (memcmp(h + k * ep, want_b, ep) != 0) {
+          free(h);
+          SL_CHILD_CHECK(0, "%s: %s local element %llu (global %llu) differs", combo, t->name,
+                         (unsigned long long)k, (unsigned long long)g);
+        }
+      }
+    }
+    free(h);
+    /* one SGD step through the backend: x -= 0.01 * x, values stay finite */
+    if (sl_dtype_is_castable(t->dtype) && n) {
+      void *g = NULL;
+      SL_CHILD_CHECK(sl_alloc(ctx, t->device, 0, t->nbytes, &g) == SL_OK, "%s: grad alloc", combo);
+      if (t->device == SL_DEVICE_ACCELERATOR) ctx->be->copy_d2d(ctx->be_ctx, g, t->data, t->nbytes);
+      else memcpy(g, t->data, t->nbytes);
+      sl_status ss;
+      if (t->device == SL_DEVICE_ACCELERATOR) {
+        ss = ctx->be->sgd_step(ctx->be_ctx, t->data, g, t->dtype, n, 0.01f);
+      } else {
+        ss = sl__host_sgd_step(t->data, g, t->dtype, n, 0.01f);
+      }
+      SL_CHILD_CHECK(ss == SL_OK, "%s: sgd on %s", combo, t->name);
+      float *f = malloc(n * 4);
+      unsigned char *raw = malloc(t->nbytes);
+      sl_copy_to_host(ctx, raw, t->data, t->device, t->nbytes);
+      sl_convert(f, SL_DTYPE_F32, raw, t->dtype, n);
+      for (uint64_t q = 0; q < n; q++) SL_CHILD_CHECK(isfinite(f[q]), "%s: %s not finite after sgd", combo, t->name);
+      free(f);
+      free(raw);
+      sl_free(ctx, t->device, 0, g);
+    }
+  }
+  return 0;
+}
+
+static int rank_main(int rank, int world, void *arg) {
+  job *jb = arg;
+  sl_context_options co = {.size = sizeof co, .backend = jb->backend, .world_size = world, .rank = rank,
+                           .local_rank = rank, .rendezvous = jb->rdzv, .timeout_ms = 60000};
+  sl_context *ctx = NULL;
+  sl_status s = sl_context_create(&co, &ctx);
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: context: %s", rank, sl_status_name(s));
+  sl_source *src = NULL;
+  s = sl_source_open(ctx, ckpt, &src);
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: source: %s %s", rank, sl_status_name(s), sl_context_errmsg(ctx));
+  static const sl_offload_policy policies[] = {{SL_OFFLOAD_NONE, 0}, {SL_OFFLOAD_CPU, 0}, {SL_OFFLOAD_CPU, 1}};
+  static const char *pnames[] = {"none", "cpu", "cpu-pinned"};
+  static const char *onames[] = {"infer", "on", "off"};
+  int combo_no = 0;
+  for (int mode = 0; mode < 2; mode++) {
+    for (int strat = 0; strat < 2; strat++) {
+      for (int o = 0; o < 3; o++) {
+        for (int p = 0; p < 3; p++, combo_no++) {
+          char combo[160];
+          snprintf(combo, sizeof combo, "world %d%s %s %s %s cpu_offload=%s policy=%s %s", world,
+                   jb->hsdp ? " hsdp" : "", jb->backend, mode ? "every-rank" : "rank0",
+                   strat ? "broadcast" : "scatter", onames[o], pnames[p], combo_no % 2 ? "caller" : "owned");
+          sl_plan *plan = NULL;
+          SL_CHILD_CHECK(sl_plan_create(ctx, &plan) == SL_OK, "plan");
+          if (jb->hsdp) {
+            int mesh[2] = {2, 2};
+            SL_CHILD_CHECK(sl_plan_set_mesh(plan, 2, mesh) == SL_OK, "mesh");
+            sl_plan_add_rule(plan, "*colwise*", "[replicate, shard(1)]", SL_DTYPE_INVALID);
+          } else {
+            sl_plan_add_rule(plan, "*colwise*", "shard(1)", SL_DTYPE_INVALID);
+          }
+          sl_plan_add_rule(plan, "*norm*", "replicate", SL_DTYPE_INVALID);
+          sl_plan_add_rule(plan, "*.attn.*", NULL, SL_DTYPE_F32);
+          sl_plan_add_rule(plan, "*.mlp.*", NULL, SL_DTYPE_BF16);
+          sl_plan_set_offload_policy(plan, &policies[p]);
+          bind_ctx b = {.ctx = ctx};
+          sl_load_options lo = {.size = sizeof lo,
+                                .cpu_offload = (sl_cpu_offload)o,
+                                .strategy = (sl_strategy)strat,
+                                .read_mode = (sl_read_mode)mode,
+                                .staging_bytes = 4096,
+                                .bind = combo_no % 2 ? bind_cb : NULL,
+                                .bind_user = &b};
+          sl_state *st = NULL;
+          s = sl_load(ctx, plan, src, &lo, &st);
+          SL_CHILD_CHECK(s == SL_OK, "%s: rank %d: load: %s %s", combo, rank, sl_status_name(s), sl_context_errmsg(ctx));
+          if (combo_no % 2) {
+            for (size_t i = 0; i < NS; i++)
+              SL_CHILD_CHECK(sl_state_tensor(st, i)->data == b.bufs[i] && sl_state_tensor(st, i)->caller_buffer,
+                             "%s: caller buffer %zu not used", combo, i);
+          }
+          int rc = check_state(jb, ctx, st, rank, world, (sl_cpu_offload)o, policies[p], combo);
+          sl_state_destroy(st);
+          for (int i = 0; i < b.n; i++) sl_free(ctx, b.where[i], b.pinned[i], b.bufs[i]);
+          sl_plan_destroy(plan);
+          if (rc) return rc;
+        }
+      }
+    }
+  }
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void run_world(const char *backend, int world, int hsdp) {
+  char sub[64];
+  snprintf(sub, sizeof sub, "matrix-rdzv-%s-%d-%d", backend, world, hsdp);
+  job jb = {backend, hsdp, sl_test_rendezvous(sub), 0};
+  int codes[8];
+  int killed = sl_test_spawn(world, rank_main, &jb, 240000, codes);
+  free(jb.rdzv);
+  assert_int_equal(killed, 0);
+  for (int r = 0; r < world; r++) assert_int_equal(codes[r], 0);
+}
+
+static void test_world2_sim(void **state) { run_world("sim", 2, 0); }
+static void test_world2_cpu(void **state) { run_world("cpu", 2, 0); }
+static void test_world4_sim(void **state) { run_world("sim", 4, 0); }
+static void test_world4_cpu(void **state) { run_world("cpu", 4, 0); }
+static void test_hsdp_2x2_sim(void **state) { run_world("sim", 4, 1); }
+static void test_hsdp_2x2_cpu(void **state) { run_world("cpu", 4, 1); }
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_world2_sim),  cmocka_unit_test(test_world2_cpu),
+      cmocka_unit_test(test_world4_sim),  cmocka_unit_test(test_world4_cpu),
+      cmocka_unit_test(test_hsdp_2x2_sim), cmocka_unit_test(test_hsdp_2x2_cpu),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

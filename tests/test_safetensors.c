@@ -1,0 +1,417 @@
+/* The safetensors header reader, case by case from the format's rules: every malformed file is
+ * rejected with the right status and a message that says what is wrong. Files are written byte
+ * by byte by the test helpers, independently of the reader. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "testutil.h"
+
+static char *g_dir;
+static char g_err[1024];
+
+static int setup(void **state) {
+  g_dir = sl_test_dir("safetensors");
+  return g_dir ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  free(g_dir);
+  return 0;
+}
+
+static sl_status read_path(const char *path, sl__st_header *h) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  assert_true(fd >= 0);
+  g_err[0] = 0;
+  sl_status s = sl__st_read(fd, h, g_err, sizeof g_err);
+  close(fd);
+  return s;
+}
+
+/* Writes HEADER followed by DATA_LEN data bytes and reads it back. */
+static sl_status read_raw(const char *header, size_t data_len, sl__st_header *h) {
+  char *p = sl_test_path(g_dir, "raw.safetensors");
+  assert_int_equal(sl_test_write_raw(p, header, data_len), 0);
+  sl_status s = read_path(p, h);
+  free(p);
+  return s;
+}
+
+static sl_status read_bytes(const void *b, size_t len, sl__st_header *h) {
+  char *p = sl_test_path(g_dir, "bytes.safetensors");
+  assert_int_equal(sl_test_write_bytes(p, b, len), 0);
+  sl_status s = read_path(p, h);
+  free(p);
+  return s;
+}
+
+/* Expects HEADER + DATA_LEN to fail with STATUS and a message holding NEEDLE. */
+static void expect_fail(const char *header, size_t data_len, sl_status status, const char *needle) {
+  sl__st_header h;
+  sl_status s = read_raw(header, data_len, &h);
+  if (s != status || (needle && !strstr(g_err, needle)))
+    print_error("header %s\n  got %s: '%s'\n  want %s with '%s'\n", header, sl_status_name(s), g_err,
+                sl_status_name(status), needle ? needle : "");
+  assert_int_equal(s, status);
+  if (needle) assert_non_null(strstr(g_err, needle));
+  /* a failed parse leaves nothing behind */
+  assert_int_equal(h.count, 0);
+  assert_null(h.tensors);
+  assert_null(h.meta_keys);
+}
+
+#define T_A "\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]}"
+
+static void valid_minimal(void **state) {
+  sl__st_header h;
+  const char *hdr = "{" T_A "}";
+  assert_int_equal(read_raw(hdr, 12, &h), SL_OK);
+  assert_int_equal(h.count, 1);
+  assert_string_equal(h.tensors[0].name, "a");
+  assert_int_equal(h.tensors[0].dtype, SL_DTYPE_F32);
+  assert_int_equal(h.tensors[0].ndim, 1);
+  assert_int_equal(h.tensors[0].shape[0], 3);
+  assert_int_equal(h.tensors[0].begin, 0);
+  assert_int_equal(h.tensors[0].end, 12);
+  assert_int_equal(h.data_offset, 8 + strlen(hdr));
+  assert_int_equal(h.data_size, 12);
+  assert_int_equal(h.meta_count, 0);
+  sl__st_header_free(&h);
+  assert_null(h.tensors);
+  sl__st_header_free(&h); /* twice is harmless */
+}
+
+static void empty_header(void **state) {
+  sl__st_header h;
+  assert_int_equal(read_raw("{}", 0, &h), SL_OK);
+  assert_int_equal(h.count, 0);
+  assert_int_equal(h.data_size, 0);
+  sl__st_header_free(&h);
+  expect_fail("{}", 1, SL_ERR_FORMAT, "data section has 1 trailing bytes");
+  expect_fail("", 0, SL_ERR_FORMAT, "empty");
+}
+
+static void zero_dim(void **state) {
+  sl__st_header h;
+  assert_int_equal(read_raw("{\"s\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]}}", 8, &h), SL_OK);
+  assert_int_equal(h.count, 1);
+  assert_int_equal(h.tensors[0].ndim, 0);
+  assert_int_equal(h.tensors[0].dtype, SL_DTYPE_F64);
+  assert_int_equal(h.tensors[0].end, 8);
+  sl__st_header_free(&h);
+  expect_fail("{\"s\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,4]}}", 4, SL_ERR_FORMAT,
+              "hold 4 bytes but shape [] x F64 needs 8");
+}
+
+static void empty_tensors_and_order(void **state) {
+  sl__st_header h;
+  /* listed out of order; two zero-length tensors tie at byte 0 and one at the end */
+  const char *hdr = "{\"m\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                    "\"z\":{\"dtype\":\"F32\",\"shape\":[0,4],\"data_offsets\":[0,0]},"
+                    "\"q\":{\"dtype\":\"I8\",\"shape\":[2],\"data_offsets\":[4,6]},"
+                    "\"y\":{\"dtype\":\"BF16\",\"shape\":[3,0],\"data_offsets\":[6,6]},"
+                    "\"b\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}";
+  assert_int_equal(read_raw(hdr, 6, &h), SL_OK);
+  assert_int_equal(h.count, 5);
+  const char *want[] = {"b", "z", "m", "q", "y"};
+  for (size_t i = 0; i < 5; i++) assert_string_equal(h.tensors[i].name, want[i]);
+  assert_int_equal(h.tensors[1].ndim, 2);
+  assert_int_equal(h.tensors[1].shape[0], 0);
+  assert_int_equal(h.tensors[1].shape[1], 4);
+  assert_int_equal(h.tensors[4].begin, 6);
+  sl__st_header_free(&h);
+  /* an empty tensor must still have begin == end */
+  expect_fail("{\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,4]}}", 4, SL_ERR_FORMAT,
+              "hold 4 bytes but shape [0] x F32 needs 0");
+}
+
+static void padding(void **state) {
+  sl__st_header h;
+  assert_int_equal(read_raw("{" T_A "}       ", 12, &h), SL_OK);
+  assert_int_equal(h.count, 1);
+  sl__st_header_free(&h);
+  assert_int_equal(read_raw("  \n{" T_A "}\t ", 12, &h), SL_OK);
+  assert_int_equal(h.count, 1);
+  sl__st_header_free(&h);
+  /* padding is whitespace, not anything else */
+  const char *hdr = "{" T_A "}";
+  size_t n = strlen(hdr) + 3, len = 8 + n + 12;
+  unsigned char *b = calloc(1, len);
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)n >> (8 * i));
+  memcpy(b + 8, hdr, strlen(hdr)); /* then 3 NUL bytes of "padding" */
+  assert_int_equal(read_bytes(b, len, &h), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "not valid JSON"));
+  free(b);
+  expect_fail("{" T_A "}xx", 12, SL_ERR_FORMAT, "not valid JSON");
+}
+
+static void header_length_limits(void **state) {
+  sl__st_header h;
+  unsigned char b[16] = {0};
+  uint64_t n = 123456789012ull;
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)(n >> (8 * i));
+  memcpy(b + 8, "{}      ", 8);
+  assert_int_equal(read_bytes(b, sizeof b, &h), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "header length 123456789012 exceeds the 100000000-byte limit"));
+
+  /* just over the limit is refused even when the file is long enough to hold it (only the
+   * length is checked: sparse file) */
+  n = SL__ST_MAX_HEADER + 1;
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)(n >> (8 * i));
+  assert_int_equal(sl__st_parse(b, 16, 8 + n, &h, g_err, sizeof g_err), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "exceeds the 100000000-byte limit"));
+
+  /* within the limit but past the end of the file */
+  n = 100;
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)(n >> (8 * i));
+  assert_int_equal(read_bytes(b, sizeof b, &h), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "header length 100 runs past the end of the 16-byte file"));
+  n = SL__ST_MAX_HEADER;
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)(n >> (8 * i));
+  assert_int_equal(read_bytes(b, sizeof b, &h), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "runs past the end"));
+
+  /* length exactly the rest of the file is fine */
+  n = 8;
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)(n >> (8 * i));
+  assert_int_equal(read_bytes(b, sizeof b, &h), SL_OK);
+  sl__st_header_free(&h);
+
+  /* the parser is told of a header it was not given in full */
+  assert_int_equal(sl__st_parse(b, 12, 16, &h, g_err, sizeof g_err), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "truncated"));
+}
+
+static void short_file(void **state) {
+  sl__st_header h;
+  const unsigned char b[5] = {2, 0, 0, 0, 0};
+  assert_int_equal(read_bytes(b, sizeof b, &h), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "file is 5 bytes, shorter than the 8-byte header length"));
+  assert_int_equal(read_bytes(b, 0, &h), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "file is 0 bytes"));
+  unsigned char z[8] = {0};
+  assert_int_equal(read_bytes(z, 8, &h), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "empty"));
+}
+
+static void not_json(void **state) {
+  expect_fail("{not json}", 0, SL_ERR_FORMAT, "header is not valid JSON");
+  expect_fail("{\"a\":", 0, SL_ERR_FORMAT, "not valid JSON");
+  expect_fail("[]", 0, SL_ERR_FORMAT, "header is a JSON array; it must be an object");
+  expect_fail("[" T_A "]", 12, SL_ERR_FORMAT, "not valid JSON");
+  expect_fail("\"str\"", 0, SL_ERR_FORMAT, NULL);
+  expect_fail("{}{}", 0, SL_ERR_FORMAT, "not valid JSON");
+}
+
+static void invalid_utf8(void **state) {
+  expect_fail("{\"a\xff\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0, SL_ERR_FORMAT,
+              "not valid UTF-8 (byte 3");
+  /* overlong '/' and a UTF-16 surrogate are not UTF-8 either */
+  expect_fail("{\"\xc0\xaf\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0, SL_ERR_FORMAT, "UTF-8");
+  expect_fail("{\"\xed\xa0\x80\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0, SL_ERR_FORMAT,
+              "UTF-8");
+  expect_fail("{\"\xe2\x82\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0, SL_ERR_FORMAT, "UTF-8");
+  /* valid multi-byte names pass */
+  sl__st_header h;
+  assert_int_equal(read_raw("{\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\":{\"dtype\":\"F32\",\"shape\":[0],"
+                            "\"data_offsets\":[0,0]}}",
+                            0, &h),
+                   SL_OK);
+  assert_string_equal(h.tensors[0].name, "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80");
+  sl__st_header_free(&h);
+}
+
+static void duplicates(void **state) {
+  expect_fail("{" T_A "," T_A "}", 12, SL_ERR_FORMAT, "duplicate");
+  expect_fail("{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]}}", 12, SL_ERR_FORMAT,
+              "duplicate");
+  expect_fail("{\"__metadata__\":{},\"__metadata__\":{}}", 0, SL_ERR_FORMAT, "duplicate");
+}
+
+static void metadata(void **state) {
+  sl__st_header h;
+  assert_int_equal(read_raw("{\"__metadata__\":{\"format\":\"pt\",\"k\":\"v\"}," T_A "}", 12, &h), SL_OK);
+  assert_int_equal(h.count, 1);
+  assert_int_equal(h.meta_count, 2);
+  assert_string_equal(h.meta_keys[0], "format");
+  assert_string_equal(h.meta_values[0], "pt");
+  assert_string_equal(h.meta_keys[1], "k");
+  assert_string_equal(h.meta_values[1], "v");
+  sl__st_header_free(&h);
+  assert_int_equal(read_raw("{\"__metadata__\":{}}", 0, &h), SL_OK);
+  assert_int_equal(h.meta_count, 0);
+  assert_int_equal(h.count, 0);
+  sl__st_header_free(&h);
+
+  expect_fail("{\"__metadata__\":{\"format\":\"pt\",\"n\":1}}", 0, SL_ERR_FORMAT,
+              "__metadata__ value of 'n' is 1");
+  expect_fail("{\"__metadata__\":{\"o\":{}}}", 0, SL_ERR_FORMAT, "must be strings");
+  expect_fail("{\"__metadata__\":{\"z\":null}}", 0, SL_ERR_FORMAT, "must be strings");
+  expect_fail("{\"__metadata__\":[\"x\"]}", 0, SL_ERR_FORMAT, "__metadata__ is a JSON array");
+  expect_fail("{\"__metadata__\":\"pt\"}", 0, SL_ERR_FORMAT, "__metadata__ is a JSON string");
+}
+
+static void dtypes(void **state) {
+  static const struct {
+    const char *name;
+    sl_dtype dt;
+    int size;
+  } all[] = {{"F64", SL_DTYPE_F64, 8},     {"F32", SL_DTYPE_F32, 4},         {"F16", SL_DTYPE_F16, 2},
+             {"BF16", SL_DTYPE_BF16, 2},   {"F8_E4M3", SL_DTYPE_F8_E4M3, 1}, {"F8_E5M2", SL_DTYPE_F8_E5M2, 1},
+             {"I64", SL_DTYPE_I64, 8},     {"I32", SL_DTYPE_I32, 4},         {"I16", SL_DTYPE_I16, 2},
+             {"I8", SL_DTYPE_I8, 1},       {"U8", SL_DTYPE_U8, 1},           {"BOOL", SL_DTYPE_BOOL, 1},
+             {"U16", SL_DTYPE_U16, 2},     {"U32", SL_DTYPE_U32, 4},         {"U64", SL_DTYPE_U64, 8}};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    char hdr[256];
+    snprintf(hdr, sizeof hdr, "{\"t\":{\"dtype\":\"%s\",\"shape\":[2,3],\"data_offsets\":[0,%d]}}", all[i].name,
+             6 * all[i].size);
+    sl__st_header h;
+    assert_int_equal(read_raw(hdr, (size_t)(6 * all[i].size), &h), SL_OK);
+    assert_int_equal(h.tensors[0].dtype, all[i].dt);
+    sl__st_header_free(&h);
+    /* one byte short is a size mismatch for every dtype */
+    snprintf(hdr, sizeof hdr, "{\"t\":{\"dtype\":\"%s\",\"shape\":[2,3],\"data_offsets\":[0,%d]}}", all[i].name,
+             6 * all[i].size - 1);
+    expect_fail(hdr, (size_t)(6 * all[i].size - 1), SL_ERR_FORMAT, "needs");
+  }
+}
+
+static void unknown_dtype(void **state) {
+  expect_fail("{\"x\":{\"dtype\":\"F4\",\"shape\":[2],\"data_offsets\":[0,1]}}", 1, SL_ERR_DTYPE,
+              "tensor 'x': dtype 'F4' is not supported");
+  expect_fail("{\"x\":{\"dtype\":\"C64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, SL_ERR_DTYPE, "'C64'");
+  expect_fail("{\"x\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, SL_ERR_DTYPE, "'f32'");
+  expect_fail("{\"x\":{\"dtype\":\"\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, SL_ERR_DTYPE, "not supported");
+  expect_fail("{\"x\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, SL_ERR_FORMAT,
+              "dtype is a JSON integer");
+}
+
+static void bad_shapes(void **state) {
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, SL_ERR_FORMAT,
+              "shape entry 0 is -1, not a non-negative integer");
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[1,2.0],\"data_offsets\":[0,8]}}", 8, SL_ERR_FORMAT,
+              "shape entry 1 is 2.0");
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", 4, SL_ERR_FORMAT,
+              "shape entry 0");
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":3,\"data_offsets\":[0,12]}}", 12, SL_ERR_FORMAT,
+              "shape is a JSON integer");
+  expect_fail("{\"x\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1,
+              SL_ERR_UNSUPPORTED, "9 dims");
+  sl__st_header h;
+  assert_int_equal(read_raw("{\"x\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1, &h),
+                   SL_OK);
+  assert_int_equal(h.tensors[0].ndim, SL_MAX_DIMS);
+  sl__st_header_free(&h);
+}
+
+static void bad_offsets(void **state) {
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4]}}", 4, SL_ERR_FORMAT,
+              "data_offsets is [4]; it must be [begin,end]");
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 8, SL_ERR_FORMAT, "[begin,end]");
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":{}}}", 4, SL_ERR_FORMAT, "[begin,end]");
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, SL_ERR_FORMAT,
+              "data_offsets [4,0] end before they begin");
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 4, SL_ERR_FORMAT,
+              "two non-negative integers");
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4.0]}}", 4, SL_ERR_FORMAT,
+              "two non-negative integers");
+}
+
+static void size_mismatch(void **state) {
+  expect_fail("{\"a.weight\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,10]}}", 10, SL_ERR_FORMAT,
+              "tensor 'a.weight': data_offsets [0,10] hold 10 bytes but shape [3] x F32 needs 12");
+  expect_fail("{\"b\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,14]}}", 14, SL_ERR_FORMAT,
+              "shape [2,3] x BF16 needs 12");
+}
+
+static void layout(void **state) {
+  /* hole */
+  expect_fail("{" T_A ",\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[16,20]}}", 20, SL_ERR_FORMAT,
+              "hole between byte 12 and 16");
+  /* overlap */
+  expect_fail("{" T_A ",\"b\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[8,20]}}", 20, SL_ERR_FORMAT,
+              "tensor 'b': data_offsets [8,20] overlap tensor 'a'");
+  /* same range twice */
+  expect_fail("{" T_A ",\"b\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]}}", 12, SL_ERR_FORMAT,
+              "overlap");
+  /* trailing data */
+  expect_fail("{" T_A "}", 16, SL_ERR_FORMAT, "data section has 4 trailing bytes");
+  /* not starting at 0 */
+  expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[4,16]}}", 16, SL_ERR_FORMAT,
+              "hole between byte 0 and 4");
+  /* data section shorter than the tensors */
+  expect_fail("{" T_A "}", 8, SL_ERR_FORMAT, "tensor 'a' ends at byte 12 of the data section, but the file holds only 8");
+  /* a zero-length tensor beyond the end is a hole, not a free pass */
+  expect_fail("{" T_A ",\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[20,20]}}", 12, SL_ERR_FORMAT,
+              "hole between byte 12 and 20");
+}
+
+static void overflow(void **state) {
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],\"data_offsets\":[0,0]}}", 0,
+              SL_ERR_FORMAT, "tensor 'x': shape [4294967296,4294967296,16] x F32 overflows");
+  /* the reference multiplies left to right: overflow before a 0 is still overflow */
+  expect_fail("{\"x\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,0],\"data_offsets\":[0,0]}}", 0,
+              SL_ERR_FORMAT, "overflows");
+  /* elements fit but bytes do not */
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904],\"data_offsets\":[0,0]}}", 0,
+              SL_ERR_FORMAT, "overflows");
+  /* an integer JSON cannot hold in 64 signed bits */
+  expect_fail("{\"x\":{\"dtype\":\"U8\",\"shape\":[18446744073709551615],\"data_offsets\":[0,0]}}", 0,
+              SL_ERR_FORMAT, NULL);
+}
+
+static void tensor_entry_keys(void **state) {
+  expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12],\"extra\":1}}", 12, SL_ERR_FORMAT,
+              "tensor 'a': unknown key 'extra'");
+  expect_fail("{\"a\":{\"shape\":[3],\"data_offsets\":[0,12]}}", 12, SL_ERR_FORMAT, "tensor 'a': no 'dtype'");
+  expect_fail("{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,12]}}", 12, SL_ERR_FORMAT, "no 'shape'");
+  expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[3]}}", 12, SL_ERR_FORMAT, "no 'data_offsets'");
+  expect_fail("{\"a\":[1,2]}", 0, SL_ERR_FORMAT, "tensor 'a': entry is a JSON array");
+  expect_fail("{\"a\":null}", 0, SL_ERR_FORMAT, "entry is a JSON null");
+  /* a failure after earlier good tensors and metadata frees them (checked under ASan) */
+  expect_fail("{\"__metadata__\":{\"k\":\"v\"}," T_A ",\"b\":{\"dtype\":\"X\",\"shape\":[],\"data_offsets\":[12,12]}}",
+              12, SL_ERR_DTYPE, "'X'");
+}
+
+static void parse_buffer(void **state) {
+  /* sl__st_parse on a memory image, as the fuzzer drives it */
+  const char *hdr = "{" T_A "}";
+  size_t n = strlen(hdr), len = 8 + n + 12;
+  unsigned char *b = calloc(1, len);
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)n >> (8 * i));
+  memcpy(b + 8, hdr, n);
+  sl__st_header h;
+  assert_int_equal(sl__st_parse(b, len, len, &h, g_err, sizeof g_err), SL_OK);
+  assert_int_equal(h.count, 1);
+  sl__st_header_free(&h);
+  /* only the header is needed in memory */
+  assert_int_equal(sl__st_parse(b, 8 + n, len, &h, g_err, sizeof g_err), SL_OK);
+  sl__st_header_free(&h);
+  /* the file size decides the data section */
+  assert_int_equal(sl__st_parse(b, 8 + n, len + 1, &h, g_err, sizeof g_err), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "1 trailing bytes"));
+  /* no error buffer is fine */
+  assert_int_equal(sl__st_parse(b, 8 + n, len + 1, &h, NULL, 0), SL_ERR_FORMAT);
+  free(b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(valid_minimal),   cmocka_unit_test(empty_header),
+      cmocka_unit_test(zero_dim),        cmocka_unit_test(empty_tensors_and_order),
+      cmocka_unit_test(padding),         cmocka_unit_test(header_length_limits),
+      cmocka_unit_test(short_file),      cmocka_unit_test(not_json),
+      cmocka_unit_test(invalid_utf8),    cmocka_unit_test(duplicates),
+      cmocka_unit_test(metadata),        cmocka_unit_test(dtypes),
+      cmocka_unit_test(unknown_dtype),   cmocka_unit_test(bad_shapes),
+      cmocka_unit_test(bad_offsets),     cmocka_unit_test(size_mismatch),
+      cmocka_unit_test(layout),          cmocka_unit_test(overflow),
+      cmocka_unit_test(tensor_entry_keys), cmocka_unit_test(parse_buffer),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
