@@ -77,19 +77,19 @@ typedef struct agree_rec {
 } agree_rec;
 
 /* Finds the first line where A and B differ and writes it (from B) into OUT. */
-static void first_difference(const char *a, const char *b, char *out, size_t len) {
+static void first_difference(const char *a, const char *b, int rank_b, char *out, size_t len) {
   while (*a && *b) {
     const char *ea = strchr(a, '\n'), *eb = strchr(b, '\n');
     size_t la = ea ? (size_t)(ea - a) : strlen(a), lb = eb ? (size_t)(eb - b) : strlen(b);
     if (la != lb || memcmp(a, b, la) != 0) {
-      snprintf(out, len, "rank 0 has '%.*s', this rank '%.*s'", (int)(la > 200 ? 200 : la), a,
+      snprintf(out, len, "rank 0 has '%.*s', rank %d '%.*s'", (int)(la > 200 ? 200 : la), a, rank_b,
                (int)(lb > 200 ? 200 : lb), b);
       return;
     }
     a += la + (ea != NULL);
     b += lb + (eb != NULL);
   }
-  snprintf(out, len, "%s", *a ? "this rank's plan is shorter" : "this rank's plan is longer");
+  snprintf(out, len, "rank %d's plan is %s", rank_b, *a ? "shorter" : "longer");
 }
 
 static sl_status bcast_text(loader *L, char **text, int root) {
@@ -144,7 +144,7 @@ static sl_status agree(loader *L, sl_status local, uint64_t digest, const char *
   if (st == SL_OK && L->rank == bad) {
     char *own = sl__load_canonical(L->plan, &L->o);
     diff = malloc(512);
-    if (own && diff) first_difference(ref, own, diff, 512);
+    if (own && diff) first_difference(ref, own, bad, diff, 512);
     else if (diff) snprintf(diff, 512, "(out of memory describing it)");
     free(own);
   }
@@ -209,18 +209,31 @@ static sl_status place_part(loader *L, tensor_job *j, const void *buf, uint64_t 
 }
 
 /* ---- rank 0 reads a chunk ----------------------------------------------------------------- */
-static sl_status read_chunk(loader *L, tensor_job *j, uint64_t a, uint64_t n, const unsigned char **out) {
+/* Reads global elements [a, a+n) and converts them to the wire dtype. INTO, when set, is
+ * where the bytes should land if no conversion is needed (a world of one reading straight
+ * into its shard). */
+static sl_status read_chunk(loader *L, tensor_job *j, uint64_t a, uint64_t n, unsigned char *into,
+                            const unsigned char **out) {
   size_t ef = sl_dtype_size(j->src->dtype);
-  sl_status st = sl__source_pread(L->src, j->src_index, a * ef, L->R, n * ef);
+  bool convert = j->wire != j->src->dtype;
+  unsigned char *dst = into && !convert ? into : L->R;
+  sl_status st = sl__source_pread(L->src, j->src_index, a * ef, dst, n * ef);
   if (st != SL_OK) return st;
   L->st->stats.bytes_read += n * ef;
-  if (j->wire != j->src->dtype) {
+  if (convert) {
     if ((st = sl_convert(L->W, j->wire, L->R, j->src->dtype, n)) != SL_OK) return st;
     *out = L->W;
   } else {
-    *out = L->R;
+    *out = dst;
   }
   return SL_OK;
+}
+
+/* A world of one holds the whole tensor: with host placement and no cast, rank 0 can read
+ * straight into its shard and every later copy degenerates to a no-op. */
+static unsigned char *solo_target(loader *L, tensor_job *j, uint64_t a) {
+  if (L->world != 1 || !host_direct(L, j)) return NULL;
+  return (unsigned char *)j->out->data + a * sl_dtype_size(j->res.dtype);
 }
 
 /* ---- run bookkeeping ---------------------------------------------------------------------- */
@@ -248,7 +261,8 @@ static sl_status scatter_chunk(loader *L, tensor_job *j, uint64_t a, uint64_t b)
   const uint64_t n = b - a;
   const size_t ew = sl_dtype_size(j->wire), ep = sl_dtype_size(j->res.dtype);
   const unsigned char *S = NULL;
-  sl_status st = L->rank == 0 ? read_chunk(L, j, a, n, &S) : SL_OK;
+  unsigned char *solo = solo_target(L, j, a);
+  sl_status st = L->rank == 0 ? read_chunk(L, j, a, n, solo, &S) : SL_OK;
   if ((st = share_root_status(L, st)) != SL_OK) return st;
 
   if (j->replicated) {
@@ -257,7 +271,7 @@ static sl_status scatter_chunk(loader *L, tensor_job *j, uint64_t a, uint64_t b)
     if ((st = ctx->coll->broadcast(ctx->comm, buf, n * ew, 0)) != SL_OK) return st;
     if (L->rank == 0) L->st->stats.bytes_sent += n * ew * (uint64_t)(L->world - 1);
     else L->st->stats.bytes_received += n * ew;
-    if (L->rank != 0 && host_direct(L, j)) return SL_OK;
+    if ((L->rank != 0 && host_direct(L, j)) || buf == solo) return SL_OK;
     return place_part(L, j, buf, a, n);
   }
 
@@ -290,7 +304,10 @@ static sl_status scatter_chunk(loader *L, tensor_job *j, uint64_t a, uint64_t b)
   uint64_t la = sl__region_rank_of(&j->mine, a), lb = sl__region_rank_of(&j->mine, b);
   uint64_t count = lb - la;
   bool direct = host_direct(L, j);
-  void *recv = direct ? (unsigned char *)j->out->data + la * ep : L->V;
+  /* a world of one receives in place: the local collective then copies nothing */
+  void *recv = direct ? (unsigned char *)j->out->data + la * ep
+               : L->world == 1 ? (void *)((const unsigned char *)sendbuf + L->displs[0])
+                               : L->V;
   st = ctx->coll->scatterv(ctx->comm, sendbuf, L->counts, L->displs, recv, (size_t)(count * ew), 0);
   if (st != SL_OK) return st;
   if (L->rank != 0) L->st->stats.bytes_received += count * ew;
@@ -304,7 +321,7 @@ static sl_status broadcast_chunk(loader *L, tensor_job *j, uint64_t a, uint64_t 
   const uint64_t n = b - a;
   const size_t ew = sl_dtype_size(j->wire);
   const unsigned char *S = NULL;
-  sl_status st = L->rank == 0 ? read_chunk(L, j, a, n, &S) : SL_OK;
+  sl_status st = L->rank == 0 ? read_chunk(L, j, a, n, NULL, &S) : SL_OK;
   if ((st = share_root_status(L, st)) != SL_OK) return st;
   unsigned char *buf = L->rank == 0 ? (unsigned char *)S : L->V;
   if ((st = ctx->coll->broadcast(ctx->comm, buf, n * ew, 0)) != SL_OK) return st;

@@ -1,0 +1,157 @@
+/* Failures across real ranks over Gloo: every rank must end with a clear error, quickly, and
+ * no process may hang. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#include "internal.h"
+
+static char *dir;
+static char *good;    /* a 16 MiB checkpoint: long enough to die in the middle of */
+static char *corrupt; /* valid length prefix, broken JSON */
+
+static int setup(void **state) {
+  dir = sl_test_dir("failure");
+  good = sl_test_path(dir, "good.safetensors");
+  corrupt = sl_test_path(dir, "corrupt.safetensors");
+  sl_test_tensor ts[] = {
+      {"a.weight", "F32", 2, {2048, 1024}, NULL},
+      {"b.weight", "F32", 2, {2048, 1024}, NULL},
+  };
+  if (sl_test_write_st(good, ts, 2, NULL)) return -1;
+  return sl_test_write_raw(corrupt, "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]", 4);
+}
+
+static int teardown(void **state) {
+  free(good);
+  free(corrupt);
+  free(dir);
+  return 0;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct fjob {
+  char *rdzv;
+  const char *path;
+  int timeout_ms;
+  int die_rank;       /* rank that _exits during phase 2, or -1 */
+  int differ_rank;    /* rank whose plan asks another dtype, or -1 */
+  sl_status want;     /* expected status on every surviving rank */
+  const char *want_in_msg; /* substring each surviving rank's message must hold (rank 0's for deaths) */
+  double max_seconds; /* each surviving rank must be done within this */
+} fjob;
+
+static void *die_soon(void *arg) {
+  usleep(150 * 1000);
+  _exit(7);
+  return NULL;
+}
+
+typedef struct bind_probe {
+  int rank, die;
+  int calls;
+} bind_probe;
+
+static void *bind_cb(void *user, const sl_tensor *t) {
+  bind_probe *b = user;
+  if (b->calls++ == 0 && b->rank == b->die) {
+    pthread_t th;
+    pthread_create(&th, NULL, die_soon, NULL);
+  }
+  return NULL;
+}
+
+static int rank_main(int rank, int world, void *arg) {
+  fjob *j = arg;
+  double t0 = now_s();
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .world_size = world, .rank = rank,
+                           .rendezvous = j->rdzv, .timeout_ms = j->timeout_ms};
+  sl_context *ctx = NULL;
+  sl_status s = sl_context_create(&co, &ctx);
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: context %s", rank, sl_status_name(s));
+  sl_source *src = NULL;
+  s = sl_source_open(ctx, j->path, &src);
+  if (s == SL_OK) {
+    sl_plan *plan = NULL;
+    sl_plan_create(ctx, &plan);
+    if (rank == j->differ_rank) sl_plan_set_param_dtype(plan, SL_DTYPE_BF16);
+    bind_probe bp = {rank, j->die_rank, 0};
+    sl_load_options lo = {.size = sizeof lo, .staging_bytes = 4096, .bind = bind_cb, .bind_user = &bp};
+    sl_state *st = NULL;
+    s = sl_load(ctx, plan, src, &lo, &st);
+    if (j->differ_rank >= 0) SL_CHILD_CHECK(bp.calls == 0, "rank %d: bind called %d times before agreement", rank, bp.calls);
+    sl_state_destroy(st);
+    sl_plan_destroy(plan);
+    sl_source_destroy(src);
+  }
+  double dt = now_s() - t0;
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s: %s (%.2f s)\n", rank, sl_status_name(s), msg, dt);
+  SL_CHILD_CHECK(dt < j->max_seconds, "rank %d took %.1f s", rank, dt);
+  if (j->die_rank >= 0) {
+    SL_CHILD_CHECK(s == SL_ERR_PEER || s == SL_ERR_TIMEOUT || s == SL_ERR_COMM, "rank %d: %s", rank, sl_status_name(s));
+    if (rank == 0) SL_CHILD_CHECK(strstr(msg, j->want_in_msg) != NULL, "rank 0 message '%s' lacks '%s'", msg, j->want_in_msg);
+    else SL_CHILD_CHECK(strstr(msg, "rank ") != NULL, "rank %d message '%s' names no rank", rank, msg);
+  } else {
+    SL_CHILD_CHECK(s == j->want, "rank %d: got %s, want %s", rank, sl_status_name(s), sl_status_name(j->want));
+    SL_CHILD_CHECK(strstr(msg, j->want_in_msg) != NULL, "rank %d message '%s' lacks '%s'", rank, msg, j->want_in_msg);
+  }
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void run(fjob *j, int world, const char *sub) {
+  j->rdzv = sl_test_rendezvous(sub);
+  int codes[8];
+  int killed = sl_test_spawn(world, rank_main, j, (int)(j->max_seconds * 1000) + 20000, codes);
+  free(j->rdzv);
+  assert_int_equal(killed, 0); /* nothing hung */
+  for (int r = 0; r < world; r++) {
+    if (r == j->die_rank) assert_int_equal(codes[r], 7);
+    else assert_int_equal(codes[r], 0);
+  }
+}
+
+static void test_rank0_cannot_open(void **state) {
+  char *missing = sl_test_path(dir, "nope.safetensors");
+  fjob j = {.path = missing, .timeout_ms = 60000, .die_rank = -1, .differ_rank = -1, .want = SL_ERR_NOT_FOUND,
+            .want_in_msg = "nope.safetensors", .max_seconds = 10};
+  run(&j, 3, "fail-open");
+  free(missing);
+}
+
+static void test_rank0_cannot_parse(void **state) {
+  fjob j = {.path = corrupt, .timeout_ms = 60000, .die_rank = -1, .differ_rank = -1, .want = SL_ERR_FORMAT,
+            .want_in_msg = "corrupt.safetensors", .max_seconds = 10};
+  run(&j, 3, "fail-parse");
+}
+
+static void test_plans_differ(void **state) {
+  fjob j = {.path = good, .timeout_ms = 60000, .die_rank = -1, .differ_rank = 1, .want = SL_ERR_MISMATCH,
+            .want_in_msg = "rank 1", .max_seconds = 10};
+  run(&j, 3, "fail-differ");
+}
+
+static void test_rank_dies_mid_load(void **state) {
+  fjob j = {.path = good, .timeout_ms = 3000, .die_rank = 2, .differ_rank = -1, .want_in_msg = "rank 2",
+            .max_seconds = 3 + 5};
+  run(&j, 3, "fail-die");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rank0_cannot_open),
+      cmocka_unit_test(test_rank0_cannot_parse),
+      cmocka_unit_test(test_plans_differ),
+      cmocka_unit_test(test_rank_dies_mid_load),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
