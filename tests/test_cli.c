@@ -1,0 +1,975 @@
+/* The `shardload` command end to end: synth, inspect, plan and load (with --dump) run as real
+ * processes. Everything they write is checked independently of the library: safetensors files
+ * are parsed here with jansson + fread, shard slices and torch.chunk geometry are computed
+ * here, and placements are checked against the table of DESIGN.md. */
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* World size 1 whatever launcher environment the test runs under. */
+#define ENV1 "env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0"
+
+static char *g_dir;     /* scratch directory of this test */
+static char *g_single;  /* synth --size 2MiB --seed 7, one file */
+static char *g_sharded; /* the same, --shards 3 */
+
+/* ---- an independent safetensors reader ---------------------------------------------------- */
+
+typedef struct st_file {
+  char *path;
+  json_t *hdr;
+  uint64_t data_off, file_size;
+} st_file;
+
+static size_t dt_size(const char *dt) {
+  if (!strcmp(dt, "F64") || !strcmp(dt, "I64") || !strcmp(dt, "U64")) return 8;
+  if (!strcmp(dt, "F32") || !strcmp(dt, "I32") || !strcmp(dt, "U32")) return 4;
+  if (!strcmp(dt, "F16") || !strcmp(dt, "BF16") || !strcmp(dt, "I16") || !strcmp(dt, "U16")) return 2;
+  return 1;
+}
+
+static void st_open(const char *path, st_file *f) {
+  memset(f, 0, sizeof *f);
+  f->path = strdup(path);
+  FILE *fp = fopen(path, "rb");
+  assert_non_null(fp);
+  unsigned char le[8];
+  assert_int_equal(fread(le, 1, 8, fp), 8);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; i++) n |= (uint64_t)le[i] << (8 * i);
+  assert_true(n > 0 && n < (1u << 26));
+  assert_int_equal(n % 8, 0); /* both writers pad the header to 8 bytes */
+  char *text = malloc(n);
+  assert_non_null(text);
+  assert_int_equal(fread(text, 1, n, fp), n);
+  json_error_t err;
+  f->hdr = json_loadb(text, n, 0, &err);
+  if (!f->hdr) fail_msg("%s: header is not JSON: %s", path, err.text);
+  free(text);
+  fseek(fp, 0, SEEK_END);
+  f->file_size = (uint64_t)ftell(fp);
+  fclose(fp);
+  f->data_off = 8 + n;
+}
+
+static void st_close(st_file *f) {
+  json_decref(f->hdr);
+  free(f->path);
+}
+
+/* The safetensors rules: every entry well formed, nbytes = prod(shape) * dtype size, offsets
+ * contiguous from 0 and covering the whole data section. Returns the tensor count. */
+typedef struct range {
+  uint64_t b, e;
+} range;
+
+static int range_cmp(const void *a, const void *b) {
+  const range *x = a, *y = b;
+  if (x->b != y->b) return x->b < y->b ? -1 : 1;
+  return x->e < y->e ? -1 : x->e > y->e;
+}
+
+static size_t st_check_valid(const st_file *f) {
+  const char *key;
+  json_t *v;
+  size_t n = 0;
+  range *r = calloc(json_object_size(f->hdr) + 1, sizeof *r);
+  assert_non_null(r);
+  json_object_foreach(f->hdr, key, v) {
+    if (!strcmp(key, "__metadata__")) {
+      const char *k2;
+      json_t *v2;
+      json_object_foreach(v, k2, v2) assert_true(json_is_string(v2));
+      continue;
+    }
+    json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"),
+           *off = json_object_get(v, "data_offsets");
+    assert_true(json_is_string(dt) && json_is_array(sh) && json_is_array(off));
+    assert_int_equal(json_array_size(off), 2);
+    uint64_t elems = 1;
+    for (size_t d = 0; d < json_array_size(sh); d++) elems *= (uint64_t)json_integer_value(json_array_get(sh, d));
+    r[n].b = (uint64_t)json_integer_value(json_array_get(off, 0));
+    r[n].e = (uint64_t)json_integer_value(json_array_get(off, 1));
+    assert_true(r[n].e >= r[n].b);
+    assert_int_equal(r[n].e - r[n].b, elems * dt_size(json_string_value(dt)));
+    n++;
+  }
+  /* contiguity: the sorted [begin, end) ranges tile the data section */
+  qsort(r, n, sizeof *r, range_cmp);
+  uint64_t pos = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].b != pos) fail_msg("%s: data_offsets not contiguous at %llu", f->path, (unsigned long long)pos);
+    pos = r[i].e;
+  }
+  free(r);
+  assert_int_equal(f->file_size - f->data_off, pos);
+  return n;
+}
+
+typedef struct st_tensor {
+  const char *dtype;
+  int ndim;
+  int64_t shape[8];
+  uint64_t begin, end;
+} st_tensor;
+
+static int st_find(const st_file *f, const char *name, st_tensor *t) {
+  json_t *v = json_object_get(f->hdr, name);
+  if (!v || !strcmp(name, "__metadata__")) return -1;
+  t->dtype = json_string_value(json_object_get(v, "dtype"));
+  json_t *sh = json_object_get(v, "shape");
+  t->ndim = (int)json_array_size(sh);
+  for (int d = 0; d < t->ndim; d++) t->shape[d] = json_integer_value(json_array_get(sh, (size_t)d));
+  json_t *off = json_object_get(v, "data_offsets");
+  t->begin = (uint64_t)json_integer_value(json_array_get(off, 0));
+  t->end = (uint64_t)json_integer_value(json_array_get(off, 1));
+  return 0;
+}
+
+static unsigned char *st_bytes(const st_file *f, const st_tensor *t) {
+  size_t n = (size_t)(t->end - t->begin);
+  unsigned char *buf = malloc(n ? n : 1);
+  assert_non_null(buf);
+  FILE *fp = fopen(f->path, "rb");
+  assert_non_null(fp);
+  assert_int_equal(fseek(fp, (long)(f->data_off + t->begin), SEEK_SET), 0);
+  assert_int_equal(fread(buf, 1, n, fp), n);
+  fclose(fp);
+  return buf;
+}
+
+static const char *st_meta(const st_file *f, const char *key) {
+  return json_string_value(json_object_get(json_object_get(f->hdr, "__metadata__"), key));
+}
+
+/* Tensor names of a header, in no particular order; NULL-terminated, free the array only. */
+static const char **st_names(const st_file *f, size_t *count) {
+  size_t n = json_object_size(f->hdr), k = 0;
+  const char **names = calloc(n + 1, sizeof *names);
+  const char *key;
+  json_t *v;
+  json_object_foreach(f->hdr, key, v) if (strcmp(key, "__metadata__")) names[k++] = key;
+  *count = k;
+  return names;
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static json_t *load_json_file(const char *path) {
+  json_error_t err;
+  json_t *j = json_load_file(path, 0, &err);
+  if (!j) fail_msg("%s: not JSON: %s (line %d)", path, err.text, err.line);
+  return j;
+}
+
+/* Runs a command whose stdout goes to OUT_PATH; returns the exit status and asserts that
+ * nothing was printed on stderr when it succeeded. */
+static int run_to_file(const char *out_path, const char *cmdline) {
+  char *err = NULL;
+  int rc = sl_test_run(&err, "%s > '%s'", cmdline, out_path);
+  if (rc == 0 && err && *err) fail_msg("stderr not empty: %s", err);
+  free(err);
+  return rc;
+}
+
+/* The one-line error format: "shardload: SUBJECT: SL_ERR_...: message\n". */
+static void assert_one_error_line(const char *out, const char *subject) {
+  assert_non_null(out);
+  size_t len = strlen(out);
+  assert_true(len > 0 && out[len - 1] == '\n');
+  assert_ptr_equal(strchr(out, '\n'), out + len - 1);
+  char prefix[1024];
+  snprintf(prefix, sizeof prefix, "shardload: %s: SL_", subject);
+  if (strncmp(out, prefix, strlen(prefix)) != 0) fail_msg("expected '%s...', got '%s'", prefix, out);
+  /* "SL_NAME: message" with a non-empty message */
+  const char *colon = strstr(out + strlen(prefix), ": ");
+  assert_non_null(colon);
+  assert_true(colon[2] != '\n');
+}
+
+/* torch.chunk of length N over K for index R: [off, off+len). */
+static void chunk(int64_t n, int64_t k, int64_t r, int64_t *off, int64_t *len) {
+  int64_t c = (n + k - 1) / k, s = r * c;
+  if (s > n) s = n;
+  int64_t e = s + c < n ? s + c : n;
+  *off = s;
+  *len = e - s;
+}
+
+/* The local slice [OFF, OFF+LSHAPE) of a row-major tensor of GSHAPE, gathered here. */
+static unsigned char *slice_of(const unsigned char *src, size_t esize, int ndim, const int64_t *gshape,
+                               const int64_t *lshape, const int64_t *off, size_t *out_len) {
+  uint64_t elems = 1;
+  for (int d = 0; d < ndim; d++) elems *= (uint64_t)lshape[d];
+  unsigned char *dst = malloc(elems * esize + 1);
+  assert_non_null(dst);
+  *out_len = (size_t)(elems * esize);
+  if (elems == 0) return dst;
+  int64_t idx[8] = {0};
+  for (uint64_t i = 0; i < elems; i++) {
+    uint64_t g = 0;
+    for (int d = 0; d < ndim; d++) g = g * (uint64_t)gshape[d] + (uint64_t)(off[d] + idx[d]);
+    memcpy(dst + i * esize, src + g * esize, esize);
+    for (int d = ndim - 1; d >= 0; d--) {
+      if (++idx[d] < lshape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return dst;
+}
+
+static void parse_dims_text(const char *s, int64_t *dims, int *ndim) {
+  assert_non_null(s);
+  assert_int_equal(s[0], '[');
+  *ndim = 0;
+  const char *p = s + 1;
+  while (*p && *p != ']') {
+    char *end;
+    dims[(*ndim)++] = strtoll(p, &end, 10);
+    assert_true(end != p);
+    p = *end == ',' ? end + 1 : end;
+  }
+  assert_int_equal(*p, ']');
+}
+
+/* A source tensor by name across one file or the files of an index directory. */
+static int source_find(const char *path, const char *name, st_file *f, st_tensor *t) {
+  char *idx = sl_test_path(path, "model.safetensors.index.json");
+  FILE *probe = fopen(idx, "rb");
+  if (probe) {
+    fclose(probe);
+    json_t *j = load_json_file(idx);
+    const char *file = json_string_value(json_object_get(json_object_get(j, "weight_map"), name));
+    int rc = -1;
+    if (file) {
+      char *p = sl_test_path(path, file);
+      st_open(p, f);
+      free(p);
+      rc = st_find(f, name, t);
+    }
+    json_decref(j);
+    free(idx);
+    return rc;
+  }
+  free(idx);
+  st_open(path, f);
+  return st_find(f, name, t);
+}
+
+/* Checks every tensor of a rank's dump against the slice of the source that its recorded
+ * geometry names, and that geometry against torch.chunk of dim 0 (the default FSDP2 plan;
+ * 0-d tensors replicated) for RANK of WORLD. CAST_F32: the load cast floating BF16 tensors to
+ * F32. Returns the tensor count. */
+static size_t check_dump(const char *dump, const char *source, int cast_f32, int rank, int world) {
+  st_file d;
+  st_open(dump, &d);
+  size_t n = st_check_valid(&d);
+  char num[32];
+  snprintf(num, sizeof num, "%d", rank);
+  assert_string_equal(st_meta(&d, "rank"), num);
+  snprintf(num, sizeof num, "%d", world);
+  assert_string_equal(st_meta(&d, "world_size"), num);
+  size_t count;
+  const char **names = st_names(&d, &count);
+  assert_int_equal(count, n);
+  for (size_t i = 0; i < count; i++) {
+    const char *name = names[i];
+    st_tensor lt, gt;
+    st_file s;
+    assert_int_equal(st_find(&d, name, &lt), 0);
+    if (source_find(source, name, &s, &gt) != 0) fail_msg("%s: not in the source", name);
+
+    char key[512];
+    int64_t gshape[8], goff[8];
+    int gnd, ond;
+    snprintf(key, sizeof key, "%s.global_shape", name);
+    parse_dims_text(st_meta(&d, key), gshape, &gnd);
+    snprintf(key, sizeof key, "%s.global_offset", name);
+    parse_dims_text(st_meta(&d, key), goff, &ond);
+    assert_int_equal(gnd, gt.ndim);
+    assert_int_equal(ond, gt.ndim);
+    assert_int_equal(lt.ndim, gt.ndim);
+    for (int k = 0; k < gt.ndim; k++) {
+      int64_t off = 0, len = gt.shape[k];
+      if (k == 0) chunk(gt.shape[0], world, rank, &off, &len);
+      assert_int_equal(gshape[k], gt.shape[k]);
+      if (goff[k] != off || lt.shape[k] != len)
+        fail_msg("%s dim %d on rank %d of %d: [%lld, +%lld), want [%lld, +%lld)", name, k, rank, world,
+                 (long long)goff[k], (long long)lt.shape[k], (long long)off, (long long)len);
+    }
+
+    unsigned char *src = st_bytes(&s, &gt), *got = st_bytes(&d, &lt);
+    size_t esize = dt_size(gt.dtype), elen;
+    unsigned char *want = slice_of(src, esize, gt.ndim, gt.shape, lt.shape, goff, &elen);
+    if (cast_f32 && !strcmp(gt.dtype, "BF16")) {
+      assert_string_equal(lt.dtype, "F32");
+      assert_int_equal(lt.end - lt.begin, elen * 2);
+      for (size_t e = 0; e < elen / 2; e++) {
+        uint16_t b;
+        uint32_t f32;
+        memcpy(&b, want + 2 * e, 2);
+        memcpy(&f32, got + 4 * e, 4);
+        if (f32 != (uint32_t)b << 16) fail_msg("%s[%zu]: F32 bits %08x, want %04x<<16", name, e, f32, b);
+      }
+    } else {
+      assert_string_equal(lt.dtype, gt.dtype);
+      assert_int_equal(lt.end - lt.begin, elen);
+      if (memcmp(want, got, elen) != 0) fail_msg("%s: dumped shard differs from the source slice", name);
+    }
+    free(src);
+    free(got);
+    free(want);
+    st_close(&s);
+  }
+  free(names);
+  st_close(&d);
+  return n;
+}
+
+/* ---- fixtures --------------------------------------------------------------------------------- */
+
+static int setup(void **state) {
+  g_dir = sl_test_dir("cli");
+  if (!g_dir) return -1;
+  g_single = sl_test_path(g_dir, "single.safetensors");
+  g_sharded = sl_test_path(g_dir, "sharded");
+  char *out = NULL;
+  int rc = sl_test_run(&out, "%s synth '%s' --size 2MiB --seed 7", sl_test_bin(), g_single);
+  if (rc != 0) fprintf(stderr, "synth failed (%d): %s\n", rc, out ? out : "");
+  free(out);
+  if (rc != 0) return -1;
+  rc = sl_test_run(&out, "%s synth '%s' --size 2MiB --seed 7 --shards 3", sl_test_bin(), g_sharded);
+  if (rc != 0) fprintf(stderr, "synth --shards failed (%d): %s\n", rc, out ? out : "");
+  free(out);
+  return rc == 0 ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  free(g_single);
+  free(g_sharded);
+  free(g_dir);
+  return 0;
+}
+
+/* ---- tests -------------------------------------------------------------------------------------- */
+
+static void test_help_and_version(void **state) {
+  char *out = NULL;
+  assert_int_equal(sl_test_run(&out, "%s --help", sl_test_bin()), 0);
+  assert_non_null(strstr(out, "usage: shardload"));
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s --version", sl_test_bin()), 0);
+  assert_non_null(strstr(out, sl_version_string()));
+  free(out);
+  static const char *cmds[] = {"inspect", "plan", "load", "synth"};
+  for (size_t i = 0; i < 4; i++) {
+    assert_int_equal(sl_test_run(&out, "%s %s --help", sl_test_bin(), cmds[i]), 0);
+    char want[64];
+    snprintf(want, sizeof want, "usage: shardload %s", cmds[i]);
+    assert_non_null(strstr(out, want));
+    free(out);
+  }
+  assert_int_equal(sl_test_run(&out, "%s", sl_test_bin()), 2);
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s frobnicate", sl_test_bin()), 2);
+  assert_one_error_line(out, "frobnicate");
+  free(out);
+}
+
+static int is_awkward(int64_t n) {
+  for (int k = 2; k <= 8; k++)
+    if (n % k == 0) return 0;
+  return 1;
+}
+
+static void test_synth_single(void **state) {
+  st_file f;
+  st_open(g_single, &f);
+  size_t n = st_check_valid(&f);
+  uint64_t total = f.file_size - f.data_off;
+  assert_true(total <= 2u << 20);
+  assert_true(total >= (2u << 20) * 9 / 10);
+
+  st_tensor emb, head, gate, down, norm, scale, pos, qb;
+  assert_int_equal(st_find(&f, "model.embed_tokens.weight", &emb), 0);
+  assert_int_equal(st_find(&f, "lm_head.weight", &head), 0);
+  assert_int_equal(st_find(&f, "model.norm.weight", &norm), 0);
+  assert_int_equal(st_find(&f, "model.layers.0.mlp.gate_proj.weight", &gate), 0);
+  assert_int_equal(st_find(&f, "model.layers.0.mlp.down_proj.weight", &down), 0);
+  assert_int_equal(st_find(&f, "model.layers.0.self_attn.q_proj.bias", &qb), 0);
+  assert_int_equal(st_find(&f, "model.layers.0.input_layernorm.weight", &norm), 0);
+  assert_int_equal(st_find(&f, "model.layers.0.post_attention_layernorm.weight", &norm), 0);
+  assert_int_equal(st_find(&f, "model.rotary_emb.scale", &scale), 0);
+  assert_int_equal(st_find(&f, "model.position_ids", &pos), 0);
+  assert_string_equal(emb.dtype, "BF16");
+  assert_int_equal(emb.ndim, 2);
+  assert_int_equal(head.shape[0], emb.shape[0]);
+  assert_true(is_awkward(emb.shape[0])); /* vocab: no world size 2..8 divides it */
+  assert_true(is_awkward(gate.shape[0])); /* intermediate */
+  assert_int_equal(down.shape[1], gate.shape[0]);
+  assert_int_equal(norm.ndim, 1);
+  assert_int_equal(qb.ndim, 1);
+  assert_string_equal(scale.dtype, "F32");
+  assert_int_equal(scale.ndim, 0);
+  assert_int_equal(scale.end - scale.begin, 4);
+  assert_string_equal(pos.dtype, "I64");
+  assert_int_equal(pos.ndim, 1);
+  unsigned char *b = st_bytes(&f, &pos);
+  for (int64_t i = 0; i < pos.shape[0]; i++) {
+    int64_t v;
+    memcpy(&v, b + 8 * i, 8);
+    assert_int_equal(v, i);
+  }
+  free(b);
+  assert_true(n > 10);
+
+  /* every BF16 value finite and small; not all equal */
+  size_t count;
+  const char **names = st_names(&f, &count);
+  for (size_t i = 0; i < count; i++) {
+    st_tensor t;
+    st_find(&f, names[i], &t);
+    if (strcmp(t.dtype, "BF16")) continue;
+    unsigned char *d = st_bytes(&f, &t);
+    size_t ne = (size_t)(t.end - t.begin) / 2, distinct = 0;
+    for (size_t e = 0; e < ne; e++) {
+      uint16_t v;
+      memcpy(&v, d + 2 * e, 2);
+      unsigned ex = (v >> 7) & 0xff;
+      if (ex == 0xff || ex >= 127 + 2) fail_msg("%s[%zu] = 0x%04x: not finite and small", names[i], e, v);
+      if (e && memcmp(d + 2 * e, d, 2)) distinct++;
+    }
+    assert_true(ne < 2 || distinct > 0);
+    free(d);
+  }
+  free(names);
+  st_close(&f);
+
+  /* deterministic: the same seed gives the same bytes, another seed other bytes */
+  char *again = sl_test_path(g_dir, "again.safetensors"), *other = sl_test_path(g_dir, "other.safetensors");
+  char *out = NULL;
+  assert_int_equal(sl_test_run(&out, "%s synth '%s' --size 2MiB --seed 7 && cmp '%s' '%s'", sl_test_bin(),
+                               again, again, g_single), 0);
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s synth '%s' --size 2MiB --seed 8", sl_test_bin(), other), 0);
+  free(out);
+  assert_int_not_equal(sl_test_run(&out, "cmp -s '%s' '%s'", other, g_single), 0);
+  free(out);
+  /* an existing directory receives model.safetensors; other dtypes stay within their size */
+  char *d = sl_test_path(g_dir, "into-dir");
+  assert_int_equal(sl_test_run(&out, "mkdir -p '%s' && %s synth '%s' --size 300K --dtype F32 && "
+                               "test -s '%s/model.safetensors'", d, sl_test_bin(), d, d), 0);
+  free(out);
+  char *p = sl_test_path(d, "model.safetensors");
+  st_open(p, &f);
+  st_check_valid(&f);
+  assert_int_equal(st_find(&f, "lm_head.weight", &head), 0);
+  assert_string_equal(head.dtype, "F32");
+  assert_true(f.file_size - f.data_off <= 300u * 1024);
+  st_close(&f);
+  free(p);
+  free(d);
+  free(again);
+  free(other);
+}
+
+static void test_synth_sharded(void **state) {
+  char *idx = sl_test_path(g_sharded, "model.safetensors.index.json");
+  json_t *j = load_json_file(idx);
+  json_t *map = json_object_get(j, "weight_map");
+  st_file single;
+  st_open(g_single, &single);
+  size_t n = st_check_valid(&single);
+  assert_int_equal(json_object_size(map), n);
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "metadata"), "total_size")),
+                   single.file_size - single.data_off);
+  size_t in_files = 0;
+  for (int k = 1; k <= 3; k++) {
+    char name[64];
+    snprintf(name, sizeof name, "model-%05d-of-00003.safetensors", k);
+    char *p = sl_test_path(g_sharded, name);
+    st_file f;
+    st_open(p, &f);
+    size_t m = st_check_valid(&f);
+    assert_true(m > 0);
+    in_files += m;
+    size_t count;
+    const char **names = st_names(&f, &count);
+    for (size_t i = 0; i < count; i++) {
+      assert_string_equal(json_string_value(json_object_get(map, names[i])), name);
+      /* the same values as the single file: data depends on seed and name only */
+      st_tensor a, b;
+      assert_int_equal(st_find(&f, names[i], &a), 0);
+      assert_int_equal(st_find(&single, names[i], &b), 0);
+      unsigned char *x = st_bytes(&f, &a), *y = st_bytes(&single, &b);
+      assert_int_equal(a.end - a.begin, b.end - b.begin);
+      assert_memory_equal(x, y, a.end - a.begin);
+      free(x);
+      free(y);
+    }
+    free(names);
+    st_close(&f);
+    free(p);
+  }
+  assert_int_equal(in_files, n);
+  st_close(&single);
+  json_decref(j);
+  free(idx);
+}
+
+static void check_inspect_json(const char *path, const char *json_path) {
+  json_t *j = load_json_file(json_path);
+  json_t *ts = json_object_get(j, "tensors");
+  uint64_t sum = 0;
+  for (size_t i = 0; i < json_array_size(ts); i++) {
+    json_t *t = json_array_get(ts, i);
+    const char *name = json_string_value(json_object_get(t, "name"));
+    st_file f;
+    st_tensor want;
+    assert_non_null(name);
+    if (source_find(path, name, &f, &want) != 0) fail_msg("%s: listed but not in the files", name);
+    assert_string_equal(json_string_value(json_object_get(t, "dtype")), want.dtype);
+    json_t *shape = json_object_get(t, "shape");
+    assert_int_equal(json_array_size(shape), want.ndim);
+    for (int d = 0; d < want.ndim; d++)
+      assert_int_equal(json_integer_value(json_array_get(shape, (size_t)d)), want.shape[d]);
+    assert_int_equal(json_integer_value(json_object_get(t, "bytes")), want.end - want.begin);
+    assert_int_equal(json_integer_value(json_object_get(t, "offset")), f.data_off + want.begin);
+    const char *file = json_string_value(json_object_get(t, "file"));
+    const char *base = strrchr(f.path, '/');
+    assert_non_null(file);
+    assert_non_null(strstr(file, base + 1));
+    sum += want.end - want.begin;
+    st_close(&f);
+  }
+  assert_int_equal(json_integer_value(json_object_get(j, "tensor_count")), json_array_size(ts));
+  assert_int_equal(json_integer_value(json_object_get(j, "total_bytes")), sum);
+  st_file single;
+  st_open(g_single, &single);
+  assert_int_equal(json_array_size(ts), st_check_valid(&single));
+  assert_int_equal(sum, single.file_size - single.data_off);
+  st_close(&single);
+  json_decref(j);
+}
+
+static void test_inspect(void **state) {
+  char *out = NULL, *jp = sl_test_path(g_dir, "inspect.json"), cmd[2048];
+  assert_int_equal(sl_test_run(&out, "%s inspect '%s'", sl_test_bin(), g_single), 0);
+  assert_non_null(strstr(out, "model.embed_tokens.weight"));
+  assert_non_null(strstr(out, "model.position_ids"));
+  assert_non_null(strstr(out, "generator: shardload synth")); /* metadata */
+  free(out);
+
+  snprintf(cmd, sizeof cmd, "%s inspect '%s' --json", sl_test_bin(), g_single);
+  assert_int_equal(run_to_file(jp, cmd), 0);
+  check_inspect_json(g_single, jp);
+  /* a directory with an index, and the index itself */
+  snprintf(cmd, sizeof cmd, "%s inspect --json '%s'", sl_test_bin(), g_sharded);
+  assert_int_equal(run_to_file(jp, cmd), 0);
+  check_inspect_json(g_sharded, jp);
+  json_t *j = load_json_file(jp);
+  assert_int_equal(json_integer_value(json_object_get(j, "file_count")), 3);
+  json_decref(j);
+  snprintf(cmd, sizeof cmd, "%s inspect --json '%s/model.safetensors.index.json'", sl_test_bin(), g_sharded);
+  assert_int_equal(run_to_file(jp, cmd), 0);
+  check_inspect_json(g_sharded, jp);
+  free(jp);
+}
+
+/* A hand-made checkpoint with uneven row counts. */
+static char *write_uneven(void) {
+  char *p = sl_test_path(g_dir, "uneven.safetensors");
+  sl_test_tensor ts[] = {
+      {"rows10", "F32", 2, {10, 3}, NULL},
+      {"rows9", "BF16", 1, {9}, NULL},
+      {"rows3", "F32", 2, {3, 2}, NULL},
+      {"scalar", "F32", 0, {0}, NULL},
+      {"ids", "I64", 1, {4}, NULL},
+  };
+  assert_int_equal(sl_test_write_st(p, ts, 5, "{\"format\":\"pt\"}"), 0);
+  return p;
+}
+
+static json_t *plan_json(const char *path, const char *extra) {
+  char *jp = sl_test_path(g_dir, "plan.json"), cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s plan '%s' --json %s", sl_test_bin(), path, extra);
+  assert_int_equal(run_to_file(jp, cmd), 0);
+  json_t *j = load_json_file(jp);
+  free(jp);
+  return j;
+}
+
+static json_t *plan_tensor(json_t *j, int rank, const char *name) {
+  json_t *r = json_array_get(json_object_get(j, "ranks"), (size_t)rank);
+  assert_int_equal(json_integer_value(json_object_get(r, "rank")), rank);
+  json_t *ts = json_object_get(r, "tensors");
+  for (size_t i = 0; i < json_array_size(ts); i++)
+    if (!strcmp(json_string_value(json_object_get(json_array_get(ts, i), "name")), name))
+      return json_array_get(ts, i);
+  fail_msg("rank %d: %s not in the plan", rank, name);
+  return NULL;
+}
+
+static void assert_dims(json_t *a, int n, const int64_t *want) {
+  assert_int_equal(json_array_size(a), n);
+  for (int d = 0; d < n; d++) assert_int_equal(json_integer_value(json_array_get(a, (size_t)d)), want[d]);
+}
+
+static void test_plan_chunk(void **state) {
+  char *p = write_uneven();
+  static const struct {
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+    size_t esize;
+  } T[] = {{"rows10", 2, {10, 3}, 4}, {"rows9", 1, {9}, 2}, {"rows3", 2, {3, 2}, 4},
+           {"scalar", 0, {0}, 4}, {"ids", 1, {4}, 8}};
+
+  json_t *j = plan_json(p, "--world 4");
+  assert_int_equal(json_integer_value(json_object_get(j, "world_size")), 4);
+  assert_int_equal(json_array_size(json_object_get(j, "ranks")), 4);
+  for (int r = 0; r < 4; r++) {
+    uint64_t total = 0;
+    for (size_t i = 0; i < 5; i++) {
+      json_t *t = plan_tensor(j, r, T[i].name);
+      int64_t ls[2] = {T[i].shape[0], T[i].shape[1]}, off[2] = {0, 0};
+      if (T[i].ndim) chunk(T[i].shape[0], 4, r, &off[0], &ls[0]); /* FSDP2: shard(0) */
+      assert_dims(json_object_get(t, "local_shape"), T[i].ndim, ls);
+      assert_dims(json_object_get(t, "global_offset"), T[i].ndim, off);
+      uint64_t bytes = T[i].esize;
+      for (int d = 0; d < T[i].ndim; d++) bytes *= (uint64_t)ls[d];
+      assert_int_equal(json_integer_value(json_object_get(t, "bytes")), bytes);
+      assert_int_equal(json_is_true(json_object_get(t, "replicated")), T[i].ndim == 0);
+      total += bytes;
+    }
+    json_t *rank = json_array_get(json_object_get(j, "ranks"), (size_t)r);
+    assert_int_equal(json_integer_value(json_object_get(rank, "total_bytes")), total);
+  }
+  /* the DESIGN.md examples, spelled out: 10 -> 3,3,3,1; 9 -> 3,3,3,0 (offset 9); 3 -> 1,1,1,0 */
+  static const int64_t r10[] = {3, 3, 3, 1}, r9[] = {3, 3, 3, 0}, r3[] = {1, 1, 1, 0};
+  for (int r = 0; r < 4; r++) {
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(plan_tensor(j, r, "rows10"), "local_shape"), 0)), r10[r]);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(plan_tensor(j, r, "rows9"), "local_shape"), 0)), r9[r]);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(plan_tensor(j, r, "rows3"), "local_shape"), 0)), r3[r]);
+  }
+  assert_int_equal(json_integer_value(json_array_get(json_object_get(plan_tensor(j, 3, "rows9"), "global_offset"), 0)), 9);
+  json_decref(j);
+
+  /* --replicate: whole tensors everywhere */
+  j = plan_json(p, "--world 4 --replicate 'rows*'");
+  for (int r = 0; r < 4; r++) {
+    static const int64_t full[] = {10, 3}, zero[] = {0, 0};
+    assert_dims(json_object_get(plan_tensor(j, r, "rows10"), "local_shape"), 2, full);
+    assert_dims(json_object_get(plan_tensor(j, r, "rows10"), "global_offset"), 2, zero);
+    assert_true(json_is_true(json_object_get(plan_tensor(j, r, "rows10"), "replicated")));
+    int64_t off, len;
+    chunk(4, 4, r, &off, &len);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(plan_tensor(j, r, "ids"), "local_shape"), 0)), len);
+  }
+  json_decref(j);
+
+  /* 2-D mesh, [shard(0), shard(0)]: 10 rows -> 3,2,3,2 (each shard re-chunks) */
+  j = plan_json(p, "--world 4 --mesh 2x2 --placement '[shard(0), shard(0)]'");
+  for (int r = 0; r < 4; r++) {
+    int64_t o1, l1, o2, l2;
+    chunk(10, 2, r / 2, &o1, &l1);
+    chunk(l1, 2, r % 2, &o2, &l2);
+    int64_t ls[2] = {l2, 3}, off[2] = {o1 + o2, 0};
+    assert_dims(json_object_get(plan_tensor(j, r, "rows10"), "local_shape"), 2, ls);
+    assert_dims(json_object_get(plan_tensor(j, r, "rows10"), "global_offset"), 2, off);
+  }
+  static const int64_t r10_2d[] = {3, 2, 3, 2};
+  for (int r = 0; r < 4; r++)
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(plan_tensor(j, r, "rows10"), "local_shape"), 0)), r10_2d[r]);
+  json_decref(j);
+
+  /* --param-dtype: floating tensors cast, bytes follow */
+  j = plan_json(p, "--world 4 --param-dtype F32");
+  json_t *t = plan_tensor(j, 0, "rows9");
+  assert_string_equal(json_string_value(json_object_get(t, "file_dtype")), "BF16");
+  assert_string_equal(json_string_value(json_object_get(t, "dtype")), "F32");
+  assert_int_equal(json_integer_value(json_object_get(t, "bytes")), 3 * 4);
+  json_decref(j);
+
+  /* human output, one rank */
+  char *out = NULL;
+  assert_int_equal(sl_test_run(&out, "%s plan '%s' --world 4 --rank 1", sl_test_bin(), p), 0);
+  assert_non_null(strstr(out, "rank 1 of 4"));
+  assert_null(strstr(out, "rank 0 of 4"));
+  assert_non_null(strstr(out, "rows10"));
+  free(out);
+  /* usage errors */
+  assert_int_equal(sl_test_run(&out, "%s plan '%s' --world 4 --mesh 2x3", sl_test_bin(), p), 2);
+  assert_one_error_line(out, "--mesh");
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s plan '%s'", sl_test_bin(), p), 2);
+  assert_one_error_line(out, "plan");
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s plan '%s' --world 4 --rank 4", sl_test_bin(), p), 2);
+  assert_one_error_line(out, "--rank");
+  free(out);
+  free(p);
+}
+
+/* The placement contract of DESIGN.md, written out here. */
+static void expected_placement(const char *co, const char *pol, const char **placement, sl_placement_rule *rule) {
+  if (!strcmp(co, "on")) {
+    *placement = "cpu";
+    *rule = SL_RULE_EXPLICIT_ON;
+  } else if (!strcmp(co, "off")) {
+    *placement = "device";
+    *rule = SL_RULE_EXPLICIT_OFF;
+  } else if (strcmp(pol, "none") != 0) {
+    *placement = "cpu";
+    *rule = SL_RULE_INFER_POLICY_CPU;
+  } else {
+    *placement = "device";
+    *rule = SL_RULE_INFER_NO_POLICY;
+  }
+}
+
+static void run_load_and_check(const char *backend, const char *co, const char *pol, const char *source,
+                               const char *extra, int cast_f32) {
+  char *jp = sl_test_path(g_dir, "load.json"), *dump = sl_test_path(g_dir, "dump"), cmd[4096];
+  char *rm = NULL;
+  assert_int_equal(sl_test_run(&rm, "rm -rf '%s'", dump), 0);
+  free(rm);
+  snprintf(cmd, sizeof cmd, ENV1 " %s load '%s' --backend %s --cpu-offload %s --offload-policy %s "
+           "--dump '%s' --json %s", sl_test_bin(), source, backend, co, pol, dump, extra);
+  int rc = run_to_file(jp, cmd);
+  if (rc != 0) {
+    char *out = NULL;
+    sl_test_run(&out, "%s", cmd);
+    fail_msg("load %s/%s/%s exited %d: %s", backend, co, pol, rc, out ? out : "");
+  }
+  json_t *j = load_json_file(jp);
+  assert_int_equal(json_integer_value(json_object_get(j, "rank")), 0);
+  assert_int_equal(json_integer_value(json_object_get(j, "world_size")), 1);
+  const char *want_pl;
+  sl_placement_rule want_rule;
+  expected_placement(co, pol, &want_pl, &want_rule);
+  json_t *ts = json_object_get(j, "tensors");
+  assert_true(json_array_size(ts) > 0);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < json_array_size(ts); i++) {
+    json_t *t = json_array_get(ts, i);
+    const char *name = json_string_value(json_object_get(t, "name"));
+    const char *pl = json_string_value(json_object_get(t, "placement"));
+    const char *rule = json_string_value(json_object_get(t, "rule"));
+    if (!pl || strcmp(pl, want_pl))
+      fail_msg("%s %s/%s/%s: placement %s, want %s", name, backend, co, pol, pl ? pl : "(none)", want_pl);
+    if (!rule || strcmp(rule, sl_placement_rule_describe(want_rule)))
+      fail_msg("%s %s/%s/%s: rule %s, want %s", name, backend, co, pol, rule ? rule : "(none)",
+               sl_placement_rule_describe(want_rule));
+    /* pinned only for CPU placement under the pinned policy */
+    if (json_is_true(json_object_get(t, "pinned")))
+      assert_true(!strcmp(want_pl, "cpu") && !strcmp(pol, "cpu-pinned"));
+    assert_non_null(json_string_value(json_object_get(t, "device")));
+    sum += (uint64_t)json_integer_value(json_object_get(t, "bytes"));
+  }
+  json_t *tot = json_object_get(j, "totals");
+  assert_int_equal(json_integer_value(json_object_get(tot, "tensors")), json_array_size(ts));
+  assert_int_equal(json_integer_value(json_object_get(tot, "bytes")), sum);
+  assert_int_equal(json_integer_value(json_object_get(tot, "skipped")), 0);
+  assert_true(json_is_number(json_object_get(tot, "seconds")));
+
+  char *dp = sl_test_path(dump, "rank-0.safetensors");
+  assert_string_equal(json_string_value(json_object_get(j, "dump")), dp);
+  size_t n = check_dump(dp, source, cast_f32, 0, 1);
+  assert_int_equal(n, json_array_size(ts));
+  json_decref(j);
+  free(dp);
+  free(jp);
+  free(dump);
+}
+
+static void test_load_matrix(void **state) {
+  static const char *backends[] = {"cpu", "sim", "sim:strict"};
+  static const char *cos[] = {"on", "off", "infer"};
+  static const char *pols[] = {"none", "cpu", "cpu-pinned"};
+  for (size_t b = 0; b < 3; b++)
+    for (size_t c = 0; c < 3; c++)
+      for (size_t p = 0; p < 3; p++) run_load_and_check(backends[b], cos[c], pols[p], g_single, "", 0);
+}
+
+static void test_load_cast_and_sharded(void **state) {
+  /* BF16 -> F32: the F32 bits are bf16 << 16; I64 and F32 tensors unchanged */
+  run_load_and_check("sim:strict", "infer", "none", g_single, "--param-dtype F32", 1);
+  run_load_and_check("cpu", "on", "cpu", g_single, "--param-dtype float32", 1);
+  /* many files through a small staging budget */
+  run_load_and_check("sim:strict", "off", "none", g_sharded, "--staging 64K", 0);
+  run_load_and_check("cpu", "infer", "cpu-pinned", g_sharded, "--staging 512K", 0);
+}
+
+static void test_load_human(void **state) {
+  char *out = NULL;
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --backend sim --cpu-offload on", sl_test_bin(), g_single), 0);
+  assert_non_null(strstr(out, "rank 0 of 1"));
+  assert_non_null(strstr(out, "model.embed_tokens.weight"));
+  assert_non_null(strstr(out, sl_placement_rule_describe(SL_RULE_EXPLICIT_ON)));
+  assert_non_null(strstr(out, "total: "));
+  assert_non_null(strstr(out, "GB/s"));
+  free(out);
+}
+
+/* A plan file that names two tensors: the rest are skipped and reported, or, with --strict,
+ * the load fails naming the status. */
+static void test_load_plan_file(void **state) {
+  char *plan = sl_test_path(g_dir, "two.plan.json"), *jp = sl_test_path(g_dir, "skip.json"), cmd[4096];
+  const char *text = "{\"tensors\": {\"lm_head.weight\": {}, \"model.norm.weight\": {\"placement\": \"replicate\"}}}";
+  assert_int_equal(sl_test_write_bytes(plan, text, strlen(text)), 0);
+  snprintf(cmd, sizeof cmd, ENV1 " %s load '%s' --backend sim --plan '%s' --json", sl_test_bin(), g_single, plan);
+  assert_int_equal(run_to_file(jp, cmd), 0);
+  json_t *j = load_json_file(jp);
+  st_file f;
+  st_open(g_single, &f);
+  size_t n = st_check_valid(&f);
+  st_close(&f);
+  assert_int_equal(json_array_size(json_object_get(j, "tensors")), 2);
+  assert_int_equal(json_array_size(json_object_get(j, "skipped")), n - 2);
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "totals"), "skipped")), n - 2);
+  json_t *skipped = json_object_get(j, "skipped");
+  for (size_t i = 0; i < json_array_size(skipped); i++) {
+    const char *name = json_string_value(json_array_get(skipped, i));
+    assert_true(strcmp(name, "lm_head.weight") && strcmp(name, "model.norm.weight"));
+  }
+  json_decref(j);
+
+  char *out = NULL;
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --backend sim --plan '%s' --strict", sl_test_bin(),
+                               g_single, plan), 1);
+  assert_one_error_line(out, g_single);
+  assert_non_null(strstr(out, sl_status_name(SL_ERR_UNEXPECTED)));
+  free(out);
+  /* a plan file that does not exist: named in the error */
+  char *none = sl_test_path(g_dir, "none.plan.json");
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --plan '%s'", sl_test_bin(), g_single, none), 1);
+  assert_one_error_line(out, none);
+  free(out);
+  free(none);
+  free(plan);
+  free(jp);
+}
+
+/* Two ranks through the launcher environment (torchrun variables, a file:// rendezvous): each
+ * rank's dump holds exactly its torch.chunk slice, whatever backend each rank runs. */
+static void test_load_two_ranks(void **state) {
+  char *rdv = sl_test_dir("cli-rdv"), *dump = sl_test_path(g_dir, "dump2");
+  char *j0 = sl_test_path(g_dir, "rank0.json"), *j1 = sl_test_path(g_dir, "rank1.json");
+  char *out = NULL;
+  /* timeout: a rank whose peer died must not hang the test until the collective timeout */
+  int rc = sl_test_run(&out,
+                       "(rm -rf '%s'; export WORLD_SIZE=2 SHARDLOAD_RENDEZVOUS=file://%s; "
+                       "RANK=1 LOCAL_RANK=1 timeout 120 %s load '%s' --backend sim:strict --cpu-offload off "
+                       "--dump '%s' --json > '%s' & "
+                       "RANK=0 LOCAL_RANK=0 timeout 120 %s load '%s' --backend cpu --cpu-offload off "
+                       "--dump '%s' --json > '%s'; "
+                       "r0=$?; wait $!; r1=$?; exit $((r0 | r1)))",
+                       dump, rdv, sl_test_bin(), g_sharded, dump, j1, sl_test_bin(), g_sharded, dump, j0);
+  if (rc != 0 && out && strstr(out, "has no Gloo")) {
+    free(out);
+    skip(); /* a build without the Gloo collective cannot run two ranks */
+  }
+  if (rc != 0) fail_msg("two ranks exited %d: %s", rc, out ? out : "");
+  assert_string_equal(out, "");
+  free(out);
+  for (int r = 0; r < 2; r++) {
+    json_t *j = load_json_file(r ? j1 : j0);
+    assert_int_equal(json_integer_value(json_object_get(j, "rank")), r);
+    assert_int_equal(json_integer_value(json_object_get(j, "world_size")), 2);
+    json_t *t0 = json_array_get(json_object_get(j, "tensors"), 0);
+    assert_string_equal(json_string_value(json_object_get(t0, "placement")), "device");
+    assert_string_equal(json_string_value(json_object_get(j, "backend")), r ? "sim" : "cpu");
+    json_decref(j);
+    char name[32];
+    snprintf(name, sizeof name, "rank-%d.safetensors", r);
+    char *p = sl_test_path(dump, name);
+    check_dump(p, g_sharded, 0, r, 2);
+    free(p);
+  }
+  free(rdv);
+  free(dump);
+  free(j0);
+  free(j1);
+}
+
+static void test_errors(void **state) {
+  char *out = NULL, *missing = sl_test_path(g_dir, "missing.safetensors");
+  assert_int_equal(sl_test_run(&out, "%s inspect '%s'", sl_test_bin(), missing), 1);
+  assert_one_error_line(out, missing);
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --backend cpu", sl_test_bin(), missing), 1);
+  assert_one_error_line(out, missing);
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s plan '%s' --world 2", sl_test_bin(), missing), 1);
+  assert_one_error_line(out, missing);
+  free(out);
+
+  /* usage: bad flag, bad dtype, bad values */
+  assert_int_equal(sl_test_run(&out, "%s inspect --bogus '%s'", sl_test_bin(), g_single), 2);
+  assert_one_error_line(out, "--bogus");
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --param-dtype F33", sl_test_bin(), g_single), 2);
+  assert_one_error_line(out, "--param-dtype");
+  assert_non_null(strstr(out, "F33"));
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s plan '%s' --world 2 --param-dtype nope", sl_test_bin(), g_single), 2);
+  assert_one_error_line(out, "--param-dtype");
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --cpu-offload maybe", sl_test_bin(), g_single), 2);
+  assert_one_error_line(out, "--cpu-offload");
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --staging lots", sl_test_bin(), g_single), 2);
+  assert_one_error_line(out, "--staging");
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --dump", sl_test_bin(), g_single), 2);
+  assert_one_error_line(out, "--dump");
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s synth '%s/x' --size 12", sl_test_bin(), g_dir), 2);
+  assert_one_error_line(out, "--size");
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s synth '%s/x' --dtype I32", sl_test_bin(), g_dir), 2);
+  assert_one_error_line(out, "--dtype");
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s inspect", sl_test_bin()), 2);
+  assert_one_error_line(out, "inspect");
+  free(out);
+
+  /* corrupt files: exit 1 naming the file */
+  char *bad = sl_test_path(g_dir, "corrupt.safetensors");
+  assert_int_equal(sl_test_write_raw(bad, "{\"a\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 16]", 16), 0);
+  assert_int_equal(sl_test_run(&out, "%s inspect '%s'", sl_test_bin(), bad), 1);
+  assert_one_error_line(out, bad);
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --backend cpu", sl_test_bin(), bad), 1);
+  assert_one_error_line(out, bad);
+  free(out);
+  /* data shorter than the header promises */
+  assert_int_equal(sl_test_write_raw(bad, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8), 0);
+  assert_int_equal(sl_test_run(&out, "%s inspect '%s'", sl_test_bin(), bad), 1);
+  assert_one_error_line(out, bad);
+  free(out);
+  free(bad);
+  free(missing);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_help_and_version),
+      cmocka_unit_test(test_synth_single),
+      cmocka_unit_test(test_synth_sharded),
+      cmocka_unit_test(test_inspect),
+      cmocka_unit_test(test_plan_chunk),
+      cmocka_unit_test(test_load_matrix),
+      cmocka_unit_test(test_load_cast_and_sharded),
+      cmocka_unit_test(test_load_human),
+      cmocka_unit_test(test_load_plan_file),
+      cmocka_unit_test(test_load_two_ranks),
+      cmocka_unit_test(test_errors),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

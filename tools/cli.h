@@ -1,0 +1,128 @@
+/* Declarations shared by the files of the `shardload` command. The command codes only against
+ * the public API (shardload.h); `synth` needs no library at all. */
+#ifndef SL_CLI_H
+#define SL_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+#include "shardload/shardload.h"
+
+/* Exit statuses of every subcommand. */
+enum { CLI_EXIT_OK = 0, CLI_EXIT_ERROR = 1, CLI_EXIT_USAGE = 2 };
+
+/* The one error line: "shardload: SUBJECT: STATUS_NAME: message". Newlines in the message are
+ * folded into spaces so an error is always exactly one line. */
+void cli_error(const char *subject, sl_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A library failure on CTX: the context's specific message, or the generic one when empty.
+ * Returns CLI_EXIT_ERROR. */
+int cli_fail(const char *subject, sl_status s, const sl_context *ctx);
+/* sl_context_create frees the context it fails to create, so its message only reaches the
+ * log: pass cli_log_capture as the context's log with a cli_captured as its user, and
+ * cli_fail_captured prints the captured message (or the generic one). */
+typedef struct cli_captured {
+  char msg[1024];
+} cli_captured;
+void cli_log_capture(void *user, sl_log_level level, const char *msg);
+int cli_fail_captured(const char *subject, sl_status s, const cli_captured *cap);
+/* A usage problem: prints the line with SL_ERR_INVALID and returns CLI_EXIT_USAGE. */
+int cli_usage_error(const char *subject, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* "64MiB", "1GiB", "512K", "1.5G", "4096": 0 on success, -1 when not a size. */
+int cli_parse_size(const char *s, uint64_t *out);
+/* A positive int in [lo, hi]: 0 on success. */
+int cli_parse_int(const char *s, long lo, long hi, long *out);
+/* "2x4" or "8": up to SL_MAX_MESH_DIMS positive dims. Returns ndim, or -1. */
+int cli_parse_mesh(const char *s, int *dims);
+/* The usage line for a getopt_long result C of '?' or ':' (optstring starting with ':') in
+ * subcommand CMD; returns CLI_EXIT_USAGE. */
+int cli_bad_option(const char *cmd, int c, char **argv);
+/* A dtype name (sl_dtype_from_name); on failure prints the usage line for OPTION and returns
+ * SL_DTYPE_INVALID. */
+sl_dtype cli_parse_dtype(const char *option, const char *name);
+
+/* Text helpers for tables: "[a,b]" into BUF (also the dump metadata format). */
+const char *cli_dims_str(char *buf, size_t len, int ndim, const int64_t *dims);
+/* "1.50 GiB" style. */
+const char *cli_human_bytes(char *buf, size_t len, uint64_t bytes);
+/* A JSON array of dims. */
+json_t *cli_json_dims(int ndim, const int64_t *dims);
+/* Writes ROOT as indented JSON plus a newline to OUT; 0 on success. */
+int cli_json_print(FILE *out, json_t *root);
+double cli_now(void); /* monotonic seconds */
+/* A world-size-1 context on the cpu backend that ignores the launcher environment, for the
+ * commands that only read metadata. Prints the error line on failure. */
+int cli_local_context(sl_context **out);
+
+/* ---- plan options shared by `plan` and `load` (cmd_plan.c) --------------------------- */
+#define CLI_MAX_RULES 256
+
+typedef struct cli_plan_args {
+  const char *plan_file;                 /* --plan FILE */
+  const char *placement;                 /* --placement SPEC: default placement */
+  const char *replicate[CLI_MAX_RULES];  /* --replicate PATTERN, in order */
+  int replicate_count;
+  sl_dtype param_dtype;                  /* --param-dtype; INVALID: the file's */
+  int mesh_ndim;                         /* --mesh; 0: default 1-D [world] */
+  int mesh[SL_MAX_MESH_DIMS];
+  int strict;                            /* --strict */
+  int has_policy;                        /* --offload-policy given */
+  sl_offload_policy policy;
+} cli_plan_args;
+
+/* getopt_long codes of the plan options both commands take. */
+enum {
+  CLI_OPT_PLAN = 256,
+  CLI_OPT_PLACEMENT,
+  CLI_OPT_REPLICATE,
+  CLI_OPT_PARAM_DTYPE,
+  CLI_OPT_MESH,
+};
+#define CLI_PLAN_LONGOPTS                                              \
+  {"plan", required_argument, NULL, CLI_OPT_PLAN},                     \
+  {"placement", required_argument, NULL, CLI_OPT_PLACEMENT},           \
+  {"replicate", required_argument, NULL, CLI_OPT_REPLICATE},           \
+  {"param-dtype", required_argument, NULL, CLI_OPT_PARAM_DTYPE},       \
+  {"mesh", required_argument, NULL, CLI_OPT_MESH}
+
+/* Takes getopt_long code C with value ARG when it is a plan option: returns 1 when taken, 0
+ * when C is not a plan option, or CLI_EXIT_USAGE (negated: -2) after printing the line. */
+int cli_plan_option(cli_plan_args *args, int c, const char *arg);
+/* Checks what only the whole set can tell (placement spec against the mesh rank). Returns
+ * CLI_EXIT_OK or CLI_EXIT_USAGE after printing the line. */
+int cli_plan_args_check(const cli_plan_args *args);
+
+/* Builds a plan from ARGS on CTX. On failure prints the error line (naming the plan file or
+ * the option) and returns CLI_EXIT_ERROR; on success CLI_EXIT_OK with *out set. */
+int cli_plan_build(sl_context *ctx, const cli_plan_args *args, sl_plan **out);
+
+/* ---- subcommands: argc/argv start at the subcommand name --------------------------- */
+int cli_cmd_inspect(int argc, char **argv);
+int cli_cmd_plan(int argc, char **argv);
+int cli_cmd_load(int argc, char **argv);
+int cli_cmd_synth(int argc, char **argv);
+
+/* ---- load: one rank's work (cmd_load.c), so a multi-rank launcher can call it per rank -- */
+typedef struct cli_load_args {
+  const char *path;
+  const char *backend;    /* NULL: auto */
+  const char *rendezvous; /* NULL: from the environment */
+  int rank;               /* -1 with world_size 0: from the environment */
+  int world_size;
+  int local_rank;         /* -1: from the environment */
+  sl_cpu_offload cpu_offload;
+  uint64_t staging_bytes; /* 0: the library default */
+  const char *dump_dir;   /* NULL: no dump */
+  int json;
+  int progress;           /* draw a progress line on stderr (a terminal) */
+  cli_plan_args plan;
+} cli_load_args;
+
+/* Runs one rank's load and writes its report to OUT. Returns an exit status; errors are
+ * printed as the one-line format on stderr. */
+int cli_load_rank(const cli_load_args *args, FILE *out);
+
+#endif

@@ -1,0 +1,487 @@
+/* shardload load: load this rank's shards the way a trainer would (world from the launcher
+ * environment), report where every tensor went and by which rule, and optionally dump the
+ * rank's shards as a safetensors file that independent tools can check.
+ *
+ * The work of one rank is cli_load_rank(), so a launcher of local ranks can run it once per
+ * rank with an explicit rank/world/rendezvous. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static const char HELP[] =
+    "usage: shardload load PATH [options]\n"
+    "\n"
+    "Load this rank's shards of a checkpoint, as every rank of a job does. Rank and world\n"
+    "size come from the launcher environment (torchrun RANK/WORLD_SIZE/LOCAL_RANK and\n"
+    "MASTER_ADDR/MASTER_PORT, Slurm, Open MPI); without one the world size is 1. Prints,\n"
+    "per tensor: dtype (file->param), local shape, global offset, placement and device, the\n"
+    "rule of the placement contract that chose it, pinned-ness and bytes; then the totals\n"
+    "(GB/s is checkpoint bytes per second of the load).\n"
+    "\n"
+    "options:\n"
+    "  --backend NAME          cpu, sim, sim:strict, cuda, ... or auto (default: auto)\n"
+    "  --cpu-offload MODE      on, off or infer (default: infer: follow the offload policy)\n"
+    "  --offload-policy P      none, cpu or cpu-pinned (default: none, or the plan file's)\n"
+    "  --param-dtype DT        cast floating tensors to DT (F32, BF16, F16, F64, torch names)\n"
+    "  --plan FILE             read a JSON plan file first; the options override it\n"
+    "  --placement SPEC        default placement, e.g. 'shard(0)' or '[replicate, shard(0)]'\n"
+    "  --replicate PATTERN     replicate tensors whose whole name matches the glob (repeatable)\n"
+    "  --mesh AxB              device mesh, row-major; its product must be the world size\n"
+    "  --staging SIZE          staging budget per rank, e.g. 64MiB, 512K (default 64MiB)\n"
+    "  --strict                checkpoint tensors the plan does not name are an error\n"
+    "  --dump DIR              write this rank's shards to DIR/rank-<r>.safetensors\n"
+    "  --json                  one JSON object on stdout instead of the table\n"
+    "  -h, --help              show this help\n";
+
+/* Bytes copied back from the backend at a time while dumping: bounded so a dump never holds
+ * a second copy of the rank's state. */
+#define DUMP_CHUNK (16u << 20)
+
+/* ---- progress line --------------------------------------------------------------------- */
+
+typedef struct progress_line {
+  double start, last;
+  int drawn;
+} progress_line;
+
+/* Drawn only once a load has run for a while, and at most ten times a second. */
+static void on_progress(void *user, uint64_t done, uint64_t total) {
+  progress_line *p = user;
+  double now = cli_now();
+  if (now - p->start < 0.5 || (now - p->last < 0.1 && done < total)) return;
+  p->last = now;
+  char a[32], b[32];
+  double pct = total ? 100.0 * (double)done / (double)total : 100.0;
+  double rate = (double)done / (now - p->start) / 1e9;
+  fprintf(stderr, "\rloading: %5.1f%%  %s of %s  %.2f GB/s", pct, cli_human_bytes(a, sizeof a, done),
+          cli_human_bytes(b, sizeof b, total), rate);
+  fflush(stderr);
+  p->drawn = 1;
+}
+
+static void progress_clear(progress_line *p) {
+  if (!p->drawn) return;
+  fputs("\r\033[K", stderr);
+  fflush(stderr);
+  p->drawn = 0;
+}
+
+/* ---- dump: the rank's shards as safetensors -------------------------------------------- */
+
+static int make_dirs(const char *dir) {
+  char *p = strdup(dir);
+  if (!p) return -1;
+  for (char *c = p + 1; *c; c++) {
+    if (*c != '/') continue;
+    *c = 0;
+    if (mkdir(p, 0777) != 0 && errno != EEXIST) goto out_fail;
+    *c = '/';
+  }
+  if (mkdir(p, 0777) != 0 && errno != EEXIST) goto out_fail;
+  free(p);
+  return 0;
+out_fail:
+  free(p);
+  return -1;
+}
+
+/* The safetensors header of the dump: tensors in state order with contiguous offsets, and the
+ * global geometry in __metadata__ (whose values must be strings). */
+static json_t *dump_header(const sl_state *st, int rank, int world) {
+  json_t *hdr = json_object(), *meta = json_object();
+  char key[1024], val[256];
+  size_t n = sl_state_count(st);
+  json_object_set_new(hdr, "__metadata__", meta);
+  for (size_t i = 0; i < n; i++) {
+    const sl_tensor *t = sl_state_tensor(st, i);
+    snprintf(key, sizeof key, "%s.global_shape", t->name);
+    json_object_set_new(meta, key, json_string(cli_dims_str(val, sizeof val, t->ndim, t->global_shape)));
+    snprintf(key, sizeof key, "%s.global_offset", t->name);
+    json_object_set_new(meta, key, json_string(cli_dims_str(val, sizeof val, t->ndim, t->global_offset)));
+  }
+  snprintf(val, sizeof val, "%d", rank);
+  json_object_set_new(meta, "rank", json_string(val));
+  snprintf(val, sizeof val, "%d", world);
+  json_object_set_new(meta, "world_size", json_string(val));
+
+  uint64_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    const sl_tensor *t = sl_state_tensor(st, i);
+    json_t *o = json_object();
+    json_object_set_new(o, "dtype", json_string(sl_dtype_name(t->dtype)));
+    json_object_set_new(o, "shape", cli_json_dims(t->ndim, t->local_shape));
+    json_t *offs = json_array();
+    json_array_append_new(offs, json_integer((json_int_t)off));
+    json_array_append_new(offs, json_integer((json_int_t)(off + t->nbytes)));
+    json_object_set_new(o, "data_offsets", offs);
+    json_object_set_new(hdr, t->name, o);
+    off += t->nbytes;
+  }
+  return hdr;
+}
+
+/* Writes DIR/rank-<r>.safetensors. Device memory is read back only through the backend, one
+ * bounded chunk at a time. Prints the error line itself. */
+static int dump_rank(sl_context *ctx, const sl_state *st, const char *dir, int rank, int world,
+                     char *path, size_t path_len) {
+  int rc = CLI_EXIT_ERROR;
+  snprintf(path, path_len, "%s/rank-%d.safetensors", dir, rank);
+  if (make_dirs(dir) != 0) {
+    cli_error(dir, SL_ERR_IO, "cannot create the dump directory: %s; give a writable --dump DIR",
+              strerror(errno));
+    return CLI_EXIT_ERROR;
+  }
+  json_t *hdr = dump_header(st, rank, world);
+  char *text = hdr ? json_dumps(hdr, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+  json_decref(hdr);
+  if (!text) {
+    cli_error(path, SL_ERR_NOMEM, "cannot build the dump header");
+    return CLI_EXIT_ERROR;
+  }
+  size_t hlen = strlen(text);
+  size_t padded = (hlen + 7) & ~(size_t)7; /* the data section starts 8-byte aligned */
+  char *buf = NULL;
+  FILE *f = fopen(path, "wb");
+  if (!f) {
+    cli_error(path, SL_ERR_IO, "cannot create the dump file: %s; give a writable --dump DIR",
+              strerror(errno));
+    goto out_text;
+  }
+  unsigned char le[8];
+  for (int i = 0; i < 8; i++) le[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+  int ok = fwrite(le, 1, 8, f) == 8 && fwrite(text, 1, hlen, f) == hlen;
+  for (size_t i = hlen; ok && i < padded; i++) ok = fputc(' ', f) != EOF;
+
+  buf = malloc(DUMP_CHUNK);
+  if (!buf) {
+    cli_error(path, SL_ERR_NOMEM, "cannot allocate the %u-byte dump buffer", DUMP_CHUNK);
+    goto out_file;
+  }
+  for (size_t i = 0; ok && i < sl_state_count(st); i++) {
+    const sl_tensor *t = sl_state_tensor(st, i);
+    for (uint64_t done = 0; ok && done < t->nbytes;) {
+      size_t n = t->nbytes - done < DUMP_CHUNK ? (size_t)(t->nbytes - done) : DUMP_CHUNK;
+      sl_status s = sl_copy_to_host(ctx, buf, (const char *)t->data + done, t->device, n);
+      if (s != SL_OK) {
+        cli_fail(t->name, s, ctx);
+        goto out_file;
+      }
+      ok = fwrite(buf, 1, n, f) == n;
+      done += n;
+    }
+  }
+  if (!ok) {
+    cli_error(path, SL_ERR_IO, "cannot write the dump: %s; check the space in the --dump DIR",
+              strerror(errno));
+    goto out_file;
+  }
+  rc = CLI_EXIT_OK;
+out_file:
+  if (fclose(f) != 0 && rc == CLI_EXIT_OK) {
+    cli_error(path, SL_ERR_IO, "cannot write the dump: %s; check the space in the --dump DIR",
+              strerror(errno));
+    rc = CLI_EXIT_ERROR;
+  }
+  free(buf);
+out_text:
+  free(text);
+  return rc;
+}
+
+/* ---- the report ------------------------------------------------------------------------- */
+
+typedef struct load_totals {
+  uint64_t bytes, checkpoint_bytes;
+  double seconds;
+  sl_load_stats stats;
+  int have_stats;
+} load_totals;
+
+static const char *where_desc(const sl_context *ctx, const sl_tensor *t) {
+  return t->device == SL_DEVICE_ACCELERATOR ? sl_context_device_description(ctx) : "host memory";
+}
+
+static double gbps(const load_totals *tot) {
+  return tot->seconds > 0 ? (double)tot->checkpoint_bytes / tot->seconds / 1e9 : 0.0;
+}
+
+static int report_json(FILE *out, const sl_context *ctx, const cli_load_args *a, const sl_state *st,
+                       const load_totals *tot, const char *dump_path) {
+  json_t *root = json_object();
+  json_object_set_new(root, "rank", json_integer(sl_context_rank(ctx)));
+  json_object_set_new(root, "world_size", json_integer(sl_context_world_size(ctx)));
+  json_object_set_new(root, "path", json_string(a->path));
+  json_object_set_new(root, "backend", json_string(sl_context_backend_name(ctx)));
+  json_object_set_new(root, "collective", json_string(sl_context_collective_name(ctx)));
+  json_object_set_new(root, "device", json_string(sl_context_device_description(ctx)));
+
+  json_t *ts = json_array();
+  for (size_t i = 0; i < sl_state_count(st); i++) {
+    const sl_tensor *t = sl_state_tensor(st, i);
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(t->name));
+    json_object_set_new(o, "file_dtype", json_string(sl_dtype_name(t->file_dtype)));
+    json_object_set_new(o, "dtype", json_string(sl_dtype_name(t->dtype)));
+    json_object_set_new(o, "global_shape", cli_json_dims(t->ndim, t->global_shape));
+    json_object_set_new(o, "local_shape", cli_json_dims(t->ndim, t->local_shape));
+    json_object_set_new(o, "global_offset", cli_json_dims(t->ndim, t->global_offset));
+    json_object_set_new(o, "placement", json_string(sl_device_kind_name(t->device)));
+    json_object_set_new(o, "device", json_string(where_desc(ctx, t)));
+    json_object_set_new(o, "rule", json_string(sl_placement_rule_describe(t->rule)));
+    json_object_set_new(o, "pinned", json_boolean(t->pinned));
+    json_object_set_new(o, "caller_buffer", json_boolean(t->caller_buffer));
+    json_object_set_new(o, "bytes", json_integer((json_int_t)t->nbytes));
+    json_array_append_new(ts, o);
+  }
+  json_object_set_new(root, "tensors", ts);
+
+  json_t *sk = json_array();
+  for (size_t i = 0; i < sl_state_skipped_count(st); i++)
+    json_array_append_new(sk, json_string(sl_state_skipped_at(st, i)));
+  json_object_set_new(root, "skipped", sk);
+
+  json_t *to = json_object();
+  json_object_set_new(to, "tensors", json_integer((json_int_t)sl_state_count(st)));
+  json_object_set_new(to, "bytes", json_integer((json_int_t)tot->bytes));
+  json_object_set_new(to, "checkpoint_bytes", json_integer((json_int_t)tot->checkpoint_bytes));
+  json_object_set_new(to, "seconds", json_real(tot->seconds));
+  json_object_set_new(to, "gb_per_s", json_real(gbps(tot)));
+  json_object_set_new(to, "skipped", json_integer((json_int_t)sl_state_skipped_count(st)));
+  if (tot->have_stats) {
+    json_object_set_new(to, "bytes_read", json_integer((json_int_t)tot->stats.bytes_read));
+    json_object_set_new(to, "bytes_sent", json_integer((json_int_t)tot->stats.bytes_sent));
+    json_object_set_new(to, "bytes_received", json_integer((json_int_t)tot->stats.bytes_received));
+    json_object_set_new(to, "bytes_h2d", json_integer((json_int_t)tot->stats.bytes_h2d));
+    json_object_set_new(to, "staging_bytes", json_integer((json_int_t)tot->stats.staging_bytes));
+  }
+  json_object_set_new(root, "totals", to);
+  json_object_set_new(root, "dump", dump_path ? json_string(dump_path) : json_null());
+
+  int rc = cli_json_print(out, root);
+  json_decref(root);
+  return rc;
+}
+
+static void report_table(FILE *out, const sl_context *ctx, const sl_state *st, const load_totals *tot,
+                         const char *dump_path) {
+  size_t n = sl_state_count(st);
+  char a[160], b[160], dt[32], h1[32], h2[32];
+  int wname = 4, wdt = 5, wls = 11, wgo = 13, wdev = 6, wrule = 4;
+  for (size_t i = 0; i < n; i++) {
+    const sl_tensor *t = sl_state_tensor(st, i);
+    int l = (int)strlen(t->name);
+    if (l > wname) wname = l;
+    l = t->dtype == t->file_dtype
+            ? snprintf(dt, sizeof dt, "%s", sl_dtype_name(t->dtype))
+            : snprintf(dt, sizeof dt, "%s->%s", sl_dtype_name(t->file_dtype), sl_dtype_name(t->dtype));
+    if (l > wdt) wdt = l;
+    l = (int)strlen(cli_dims_str(a, sizeof a, t->ndim, t->local_shape));
+    if (l > wls) wls = l;
+    l = (int)strlen(cli_dims_str(a, sizeof a, t->ndim, t->global_offset));
+    if (l > wgo) wgo = l;
+    l = (int)strlen(where_desc(ctx, t));
+    if (l > wdev) wdev = l;
+    l = (int)strlen(sl_placement_rule_describe(t->rule));
+    if (l > wrule) wrule = l;
+  }
+  fprintf(out, "rank %d of %d: backend %s, collective %s, device %s\n", sl_context_rank(ctx),
+          sl_context_world_size(ctx), sl_context_backend_name(ctx), sl_context_collective_name(ctx),
+          sl_context_device_description(ctx));
+  fprintf(out, "%-*s  %-*s  %-*s  %-*s  %-9s  %-*s  %-*s  %-6s  %12s\n", wname, "NAME", wdt, "DTYPE",
+          wls, "LOCAL SHAPE", wgo, "GLOBAL OFFSET", "PLACEMENT", wdev, "DEVICE", wrule, "RULE",
+          "PINNED", "BYTES");
+  for (size_t i = 0; i < n; i++) {
+    const sl_tensor *t = sl_state_tensor(st, i);
+    if (t->dtype == t->file_dtype)
+      snprintf(dt, sizeof dt, "%s", sl_dtype_name(t->dtype));
+    else
+      snprintf(dt, sizeof dt, "%s->%s", sl_dtype_name(t->file_dtype), sl_dtype_name(t->dtype));
+    fprintf(out, "%-*s  %-*s  %-*s  %-*s  %-9s  %-*s  %-*s  %-6s  %12llu\n", wname, t->name, wdt, dt,
+            wls, cli_dims_str(a, sizeof a, t->ndim, t->local_shape), wgo,
+            cli_dims_str(b, sizeof b, t->ndim, t->global_offset), sl_device_kind_name(t->device), wdev,
+            where_desc(ctx, t), wrule, sl_placement_rule_describe(t->rule), t->pinned ? "yes" : "no",
+            (unsigned long long)t->nbytes);
+  }
+  size_t nskip = sl_state_skipped_count(st);
+  fprintf(out, "total: %zu tensors, %llu bytes (%s) on this rank; checkpoint %s loaded in %.3f s "
+          "(%.2f GB/s); %zu skipped\n",
+          n, (unsigned long long)tot->bytes, cli_human_bytes(h1, sizeof h1, tot->bytes),
+          cli_human_bytes(h2, sizeof h2, tot->checkpoint_bytes), tot->seconds, gbps(tot), nskip);
+  /* One line: a plan that names few tensors can skip thousands; --json lists them all. */
+  if (nskip) {
+    fprintf(out, "skipped:");
+    for (size_t i = 0; i < nskip && i < 8; i++) fprintf(out, "%s %s", i ? "," : "", sl_state_skipped_at(st, i));
+    if (nskip > 8) fprintf(out, ", ... (%zu more; --json lists them all)", nskip - 8);
+    fputc('\n', out);
+  }
+  if (dump_path) fprintf(out, "dump: %s\n", dump_path);
+}
+
+/* ---- one rank ----------------------------------------------------------------------------- */
+
+int cli_load_rank(const cli_load_args *a, FILE *out) {
+  sl_context_options co;
+  memset(&co, 0, sizeof co);
+  co.size = sizeof co;
+  co.backend = a->backend && strcmp(a->backend, "auto") != 0 ? a->backend : NULL;
+  co.rank = a->rank;
+  co.world_size = a->world_size;
+  co.local_rank = a->local_rank;
+  co.rendezvous = a->rendezvous;
+  cli_captured cap = {""};
+  co.log = cli_log_capture;
+  co.log_user = &cap;
+  co.log_level = SL_LOG_ERROR;
+
+  int rc = CLI_EXIT_ERROR;
+  sl_context *ctx = NULL;
+  sl_source *src = NULL;
+  sl_plan *plan = NULL;
+  sl_state *st = NULL;
+  sl_status s = sl_context_create(&co, &ctx);
+  if (s != SL_OK) {
+    cli_fail_captured(a->path, s, &cap);
+    goto out_ctx;
+  }
+  if ((s = sl_source_open(ctx, a->path, &src)) != SL_OK) {
+    cli_fail(a->path, s, ctx);
+    goto out_ctx;
+  }
+  if (cli_plan_build(ctx, &a->plan, &plan) != CLI_EXIT_OK) goto out_source;
+
+  progress_line pl = {0};
+  sl_load_options lo;
+  memset(&lo, 0, sizeof lo);
+  lo.size = sizeof lo;
+  lo.cpu_offload = a->cpu_offload;
+  lo.staging_bytes = (size_t)a->staging_bytes;
+  if (a->progress) {
+    lo.progress = on_progress;
+    lo.progress_user = &pl;
+  }
+  double t0 = cli_now();
+  pl.start = pl.last = t0;
+  s = sl_load(ctx, plan, src, &lo, &st);
+  double t1 = cli_now();
+  progress_clear(&pl);
+  if (s != SL_OK) {
+    cli_fail(a->path, s, ctx);
+    goto out_plan;
+  }
+
+  load_totals tot;
+  memset(&tot, 0, sizeof tot);
+  tot.checkpoint_bytes = sl_source_total_bytes(src);
+  tot.seconds = t1 - t0;
+  if (sl_state_stats(st, &tot.stats) == SL_OK) {
+    tot.have_stats = 1;
+    if (tot.stats.seconds > 0) tot.seconds = tot.stats.seconds;
+  }
+  for (size_t i = 0; i < sl_state_count(st); i++) tot.bytes += sl_state_tensor(st, i)->nbytes;
+
+  char dump_path[4096];
+  if (a->dump_dir &&
+      dump_rank(ctx, st, a->dump_dir, sl_context_rank(ctx), sl_context_world_size(ctx), dump_path,
+                sizeof dump_path) != CLI_EXIT_OK)
+    goto out_state;
+
+  if (a->json) {
+    if (report_json(out, ctx, a, st, &tot, a->dump_dir ? dump_path : NULL) != 0) {
+      cli_error(a->path, SL_ERR_IO, "cannot write the JSON report; check the output stream");
+      goto out_state;
+    }
+  } else {
+    report_table(out, ctx, st, &tot, a->dump_dir ? dump_path : NULL);
+    fflush(out);
+  }
+  rc = CLI_EXIT_OK;
+
+out_state:
+  sl_state_destroy(st);
+out_plan:
+  sl_plan_destroy(plan);
+out_source:
+  sl_source_destroy(src);
+out_ctx:
+  sl_context_destroy(ctx);
+  return rc;
+}
+
+/* ---- arguments ---------------------------------------------------------------------------- */
+
+enum { OPT_BACKEND = 512, OPT_CPU_OFFLOAD, OPT_POLICY, OPT_STAGING, OPT_STRICT, OPT_DUMP, OPT_JSON };
+
+int cli_cmd_load(int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"backend", required_argument, NULL, OPT_BACKEND},
+      {"cpu-offload", required_argument, NULL, OPT_CPU_OFFLOAD},
+      {"offload-policy", required_argument, NULL, OPT_POLICY},
+      {"staging", required_argument, NULL, OPT_STAGING},
+      {"strict", no_argument, NULL, OPT_STRICT},
+      {"dump", required_argument, NULL, OPT_DUMP},
+      {"json", no_argument, NULL, OPT_JSON},
+      {"help", no_argument, NULL, 'h'},
+      CLI_PLAN_LONGOPTS,
+      {0, 0, 0, 0},
+  };
+  cli_load_args a;
+  memset(&a, 0, sizeof a);
+  a.rank = -1;
+  a.world_size = 0;
+  a.local_rank = -1;
+  a.cpu_offload = SL_CPU_OFFLOAD_INFER;
+  int c, r;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    if ((r = cli_plan_option(&a.plan, c, optarg)) != 0) {
+      if (r < 0) return -r;
+      continue;
+    }
+    switch (c) {
+    case OPT_BACKEND:
+      if (!*optarg) return cli_usage_error("--backend", "empty name; use cpu, sim, sim:strict or auto");
+      a.backend = optarg;
+      break;
+    case OPT_CPU_OFFLOAD:
+      if (!strcmp(optarg, "on")) a.cpu_offload = SL_CPU_OFFLOAD_ON;
+      else if (!strcmp(optarg, "off")) a.cpu_offload = SL_CPU_OFFLOAD_OFF;
+      else if (!strcmp(optarg, "infer")) a.cpu_offload = SL_CPU_OFFLOAD_INFER;
+      else return cli_usage_error("--cpu-offload", "'%s' is not a mode; use on, off or infer", optarg);
+      break;
+    case OPT_POLICY:
+      a.plan.has_policy = 1;
+      if (!strcmp(optarg, "none")) a.plan.policy = (sl_offload_policy){SL_OFFLOAD_NONE, 0};
+      else if (!strcmp(optarg, "cpu")) a.plan.policy = (sl_offload_policy){SL_OFFLOAD_CPU, 0};
+      else if (!strcmp(optarg, "cpu-pinned")) a.plan.policy = (sl_offload_policy){SL_OFFLOAD_CPU, 1};
+      else return cli_usage_error("--offload-policy", "'%s' is not a policy; use none, cpu or cpu-pinned", optarg);
+      break;
+    case OPT_STAGING:
+      if (cli_parse_size(optarg, &a.staging_bytes) || a.staging_bytes == 0)
+        return cli_usage_error("--staging", "'%s' is not a size; give bytes or e.g. 64MiB, 512K, 1GiB",
+                               optarg);
+      break;
+    case OPT_STRICT: a.plan.strict = 1; break;
+    case OPT_DUMP:
+      if (!*optarg) return cli_usage_error("--dump", "empty directory name");
+      a.dump_dir = optarg;
+      break;
+    case OPT_JSON: a.json = 1; break;
+    case 'h': fputs(HELP, stdout); return CLI_EXIT_OK;
+    default: return cli_bad_option("load", c, argv);
+    }
+  }
+  if (argc - optind != 1)
+    return cli_usage_error("load", "%s; run 'shardload load --help'",
+                           argc - optind ? "takes exactly one PATH" : "needs a PATH");
+  a.path = argv[optind];
+  if ((r = cli_plan_args_check(&a.plan)) != CLI_EXIT_OK) return r;
+  a.progress = isatty(STDERR_FILENO);
+  return cli_load_rank(&a, stdout);
+}

@@ -1,0 +1,314 @@
+/* shardload plan: a dry run of the shard geometry (every rank's local shape and global offset
+ * of every tensor, and its bytes), plus the plan options `plan` and `load` share. */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char HELP[] =
+    "usage: shardload plan PATH --world N [options]\n"
+    "\n"
+    "Dry run: resolve the plan for every rank of a world of N ranks and print each tensor's\n"
+    "placement, local shape, global offset and bytes, and the bytes each rank holds. Nothing\n"
+    "is read but the headers.\n"
+    "\n"
+    "options:\n"
+    "  --world N             world size (default: the product of --mesh)\n"
+    "  --mesh AxB            device mesh, row-major (default: 1-D [N])\n"
+    "  --placement SPEC      default placement, e.g. 'shard(0)', 'replicate',\n"
+    "                        '[replicate, shard(0)]' (default: FSDP2, shard(0); 0-d replicated)\n"
+    "  --replicate PATTERN   replicate tensors whose whole name matches the glob (repeatable;\n"
+    "                        later rules win)\n"
+    "  --param-dtype DT      cast floating tensors to DT (F32, BF16, F16, F64, torch names)\n"
+    "  --plan FILE           read a JSON plan file first; the options above override it\n"
+    "  --rank R              show only rank R\n"
+    "  --json                one JSON object on stdout instead of the tables\n"
+    "  -h, --help            show this help\n";
+
+/* ---- plan options shared with `load` ---------------------------------------------------- */
+
+int cli_plan_option(cli_plan_args *a, int c, const char *arg) {
+  switch (c) {
+  case CLI_OPT_PLAN: a->plan_file = arg; return 1;
+  case CLI_OPT_PLACEMENT: a->placement = arg; return 1;
+  case CLI_OPT_REPLICATE:
+    if (a->replicate_count == CLI_MAX_RULES) {
+      cli_usage_error("--replicate", "more than %d patterns; put the rules in a --plan file",
+                      CLI_MAX_RULES);
+      return -CLI_EXIT_USAGE;
+    }
+    if (!*arg) {
+      cli_usage_error("--replicate", "empty pattern; give a glob such as '*.bias'");
+      return -CLI_EXIT_USAGE;
+    }
+    a->replicate[a->replicate_count++] = arg;
+    return 1;
+  case CLI_OPT_PARAM_DTYPE:
+    a->param_dtype = cli_parse_dtype("--param-dtype", arg);
+    return a->param_dtype == SL_DTYPE_INVALID ? -CLI_EXIT_USAGE : 1;
+  case CLI_OPT_MESH:
+    a->mesh_ndim = cli_parse_mesh(arg, a->mesh);
+    if (a->mesh_ndim < 0) {
+      a->mesh_ndim = 0;
+      cli_usage_error("--mesh", "cannot parse '%s'; give up to %d positive sizes such as 8 or 2x4",
+                      arg, SL_MAX_MESH_DIMS);
+      return -CLI_EXIT_USAGE;
+    }
+    return 1;
+  default: return 0;
+  }
+}
+
+int cli_plan_args_check(const cli_plan_args *a) {
+  if (a->placement) {
+    sl_mesh_placement pl[SL_MAX_MESH_DIMS];
+    int nd = a->mesh_ndim ? a->mesh_ndim : 1;
+    if (sl_placement_parse(a->placement, nd, pl) != SL_OK)
+      return cli_usage_error("--placement",
+                             "cannot parse '%s' for a %d-D mesh; give one placement per mesh dim "
+                             "such as 'shard(0)', 'replicate' or '[replicate, shard(0)]'",
+                             a->placement, nd);
+  }
+  return CLI_EXIT_OK;
+}
+
+int cli_plan_build(sl_context *ctx, const cli_plan_args *a, sl_plan **out) {
+  sl_plan *plan = NULL;
+  const char *subject = "plan";
+  sl_status s = sl_plan_create(ctx, &plan);
+  if (s != SL_OK) goto out_fail;
+  /* The file first, so options given on the command line override it. */
+  if (a->plan_file) {
+    subject = a->plan_file;
+    if ((s = sl_plan_load_json(plan, a->plan_file)) != SL_OK) goto out_fail;
+  }
+  if (a->mesh_ndim) {
+    subject = "--mesh";
+    if ((s = sl_plan_set_mesh(plan, a->mesh_ndim, a->mesh)) != SL_OK) goto out_fail;
+  }
+  if (a->has_policy) {
+    subject = "--offload-policy";
+    if ((s = sl_plan_set_offload_policy(plan, &a->policy)) != SL_OK) goto out_fail;
+  }
+  if (a->param_dtype != SL_DTYPE_INVALID) {
+    subject = "--param-dtype";
+    if ((s = sl_plan_set_param_dtype(plan, a->param_dtype)) != SL_OK) goto out_fail;
+  }
+  if (a->placement) {
+    subject = "--placement";
+    if ((s = sl_plan_set_default_placement(plan, a->placement)) != SL_OK) goto out_fail;
+  }
+  for (int i = 0; i < a->replicate_count; i++) {
+    subject = a->replicate[i];
+    if ((s = sl_plan_add_rule(plan, a->replicate[i], "replicate", SL_DTYPE_INVALID)) != SL_OK)
+      goto out_fail;
+  }
+  if (a->strict) {
+    subject = "--strict";
+    if ((s = sl_plan_set_strict(plan, 1)) != SL_OK) goto out_fail;
+  }
+  *out = plan;
+  return CLI_EXIT_OK;
+
+out_fail:
+  cli_fail(subject, s, ctx);
+  sl_plan_destroy(plan);
+  return CLI_EXIT_ERROR;
+}
+
+/* ---- the dry run ------------------------------------------------------------------------- */
+
+typedef struct plan_row {
+  const sl_source_tensor *t;
+  sl_shard_geometry g;
+  char placement[96];
+} plan_row;
+
+/* Resolves every tensor for RANK. On failure prints the line naming the tensor. */
+static int resolve_rank(sl_context *ctx, sl_plan *plan, const sl_source *src, int rank, int world,
+                        plan_row *rows, uint64_t *total) {
+  size_t n = sl_source_tensor_count(src);
+  *total = 0;
+  for (size_t i = 0; i < n; i++) {
+    rows[i].t = sl_source_tensor_at(src, i);
+    sl_status s = sl_plan_geometry(plan, rows[i].t, rank, world, &rows[i].g);
+    if (s == SL_OK) s = sl_plan_describe(plan, rows[i].t, rows[i].placement, sizeof rows[i].placement);
+    if (s != SL_OK) return cli_fail(rows[i].t->name, s, ctx);
+    *total += rows[i].g.nbytes;
+  }
+  return CLI_EXIT_OK;
+}
+
+static json_t *rank_json(int rank, const plan_row *rows, size_t n, uint64_t total) {
+  json_t *r = json_object();
+  json_object_set_new(r, "rank", json_integer(rank));
+  json_t *ts = json_array();
+  for (size_t i = 0; i < n; i++) {
+    const plan_row *w = &rows[i];
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(w->t->name));
+    json_object_set_new(o, "file_dtype", json_string(sl_dtype_name(w->t->dtype)));
+    json_object_set_new(o, "dtype", json_string(sl_dtype_name(w->g.dtype)));
+    json_object_set_new(o, "placement", json_string(w->placement));
+    json_object_set_new(o, "replicated", json_boolean(w->g.replicated));
+    json_object_set_new(o, "global_shape", cli_json_dims(w->t->ndim, w->t->shape));
+    json_object_set_new(o, "local_shape", cli_json_dims(w->g.ndim, w->g.local_shape));
+    json_object_set_new(o, "global_offset", cli_json_dims(w->g.ndim, w->g.global_offset));
+    json_object_set_new(o, "bytes", json_integer((json_int_t)w->g.nbytes));
+    json_array_append_new(ts, o);
+  }
+  json_object_set_new(r, "tensors", ts);
+  json_object_set_new(r, "tensor_count", json_integer((json_int_t)n));
+  json_object_set_new(r, "total_bytes", json_integer((json_int_t)total));
+  return r;
+}
+
+static void rank_table(int rank, int world, const plan_row *rows, size_t n, uint64_t total) {
+  char hb[32], a[160], b[160], dt[32];
+  int wname = 4, wdt = 5, wpl = 9, wls = 11;
+  for (size_t i = 0; i < n; i++) {
+    const plan_row *w = &rows[i];
+    int l = (int)strlen(w->t->name);
+    if (l > wname) wname = l;
+    l = w->t->dtype == w->g.dtype
+            ? snprintf(dt, sizeof dt, "%s", sl_dtype_name(w->g.dtype))
+            : snprintf(dt, sizeof dt, "%s->%s", sl_dtype_name(w->t->dtype), sl_dtype_name(w->g.dtype));
+    if (l > wdt) wdt = l;
+    l = (int)strlen(w->placement);
+    if (l > wpl) wpl = l;
+    l = (int)strlen(cli_dims_str(a, sizeof a, w->g.ndim, w->g.local_shape));
+    if (l > wls) wls = l;
+  }
+  printf("rank %d of %d: %zu tensors, %llu bytes (%s)\n", rank, world, n, (unsigned long long)total,
+         cli_human_bytes(hb, sizeof hb, total));
+  printf("  %-*s  %-*s  %-*s  %-*s  %-13s  %12s\n", wname, "NAME", wdt, "DTYPE", wpl, "PLACEMENT",
+         wls, "LOCAL SHAPE", "GLOBAL OFFSET", "BYTES");
+  for (size_t i = 0; i < n; i++) {
+    const plan_row *w = &rows[i];
+    if (w->t->dtype == w->g.dtype)
+      snprintf(dt, sizeof dt, "%s", sl_dtype_name(w->g.dtype));
+    else
+      snprintf(dt, sizeof dt, "%s->%s", sl_dtype_name(w->t->dtype), sl_dtype_name(w->g.dtype));
+    printf("  %-*s  %-*s  %-*s  %-*s  %-13s  %12llu\n", wname, w->t->name, wdt, dt, wpl, w->placement,
+           wls, cli_dims_str(a, sizeof a, w->g.ndim, w->g.local_shape),
+           cli_dims_str(b, sizeof b, w->g.ndim, w->g.global_offset), (unsigned long long)w->g.nbytes);
+  }
+}
+
+int cli_cmd_plan(int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"world", required_argument, NULL, 'w'},
+      {"rank", required_argument, NULL, 'r'},
+      {"json", no_argument, NULL, 'j'},
+      {"help", no_argument, NULL, 'h'},
+      CLI_PLAN_LONGOPTS,
+      {0, 0, 0, 0},
+  };
+  cli_plan_args pa;
+  memset(&pa, 0, sizeof pa);
+  long world = 0, only_rank = -1;
+  int json = 0, c, r;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    if ((r = cli_plan_option(&pa, c, optarg)) != 0) {
+      if (r < 0) return -r;
+      continue;
+    }
+    switch (c) {
+    case 'w':
+      if (cli_parse_int(optarg, 1, 1 << 20, &world))
+        return cli_usage_error("--world", "'%s' is not a world size; give a positive integer", optarg);
+      break;
+    case 'r':
+      if (cli_parse_int(optarg, 0, 1 << 20, &only_rank))
+        return cli_usage_error("--rank", "'%s' is not a rank; give an integer from 0", optarg);
+      break;
+    case 'j': json = 1; break;
+    case 'h': fputs(HELP, stdout); return CLI_EXIT_OK;
+    default: return cli_bad_option("plan", c, argv);
+    }
+  }
+  if (argc - optind != 1)
+    return cli_usage_error("plan", "%s; run 'shardload plan --help'",
+                           argc - optind ? "takes exactly one PATH" : "needs a PATH");
+  const char *path = argv[optind];
+
+  long mesh_product = 1;
+  for (int d = 0; d < pa.mesh_ndim; d++) mesh_product *= pa.mesh[d];
+  if (!world && !pa.mesh_ndim)
+    return cli_usage_error("plan", "needs --world N (the number of ranks) or --mesh");
+  if (!world) world = mesh_product;
+  if (pa.mesh_ndim && mesh_product != world)
+    return cli_usage_error("--mesh", "mesh holds %ld ranks but --world is %ld; make them agree",
+                           mesh_product, world);
+  if (only_rank >= world)
+    return cli_usage_error("--rank", "rank %ld is outside a world of %ld; give 0..%ld", only_rank,
+                           world, world - 1);
+  if ((r = cli_plan_args_check(&pa)) != CLI_EXIT_OK) return r;
+
+  sl_context *ctx = NULL;
+  if (cli_local_context(&ctx) != CLI_EXIT_OK) return CLI_EXIT_ERROR;
+  int rc = CLI_EXIT_OK;
+  sl_source *src = NULL;
+  sl_plan *plan = NULL;
+  plan_row *rows = NULL;
+  json_t *root = NULL, *ranks = NULL;
+  sl_status s = sl_source_open(ctx, path, &src);
+  if (s != SL_OK) {
+    rc = cli_fail(path, s, ctx);
+    goto out_ctx;
+  }
+  if ((rc = cli_plan_build(ctx, &pa, &plan)) != CLI_EXIT_OK) goto out_source;
+
+  size_t n = sl_source_tensor_count(src);
+  rows = calloc(n ? n : 1, sizeof *rows);
+  if (!rows) {
+    cli_error(path, SL_ERR_NOMEM, "out of memory for %zu tensors", n);
+    rc = CLI_EXIT_ERROR;
+    goto out_plan;
+  }
+
+  int mesh_ndim = pa.mesh_ndim ? pa.mesh_ndim : 1;
+  int64_t mesh[SL_MAX_MESH_DIMS];
+  for (int d = 0; d < mesh_ndim; d++) mesh[d] = pa.mesh_ndim ? pa.mesh[d] : world;
+  if (json) {
+    root = json_object();
+    json_object_set_new(root, "path", json_string(path));
+    json_object_set_new(root, "world_size", json_integer(world));
+    json_object_set_new(root, "mesh", cli_json_dims(mesh_ndim, mesh));
+    ranks = json_array();
+    json_object_set_new(root, "ranks", ranks);
+  } else {
+    char m[160];
+    printf("plan for %s: world %ld, mesh %s, %zu tensors\n", path, world,
+           cli_dims_str(m, sizeof m, mesh_ndim, mesh), n);
+  }
+  for (long rank = 0; rank < world; rank++) {
+    if (only_rank >= 0 && rank != only_rank) continue;
+    uint64_t total = 0;
+    if ((rc = resolve_rank(ctx, plan, src, (int)rank, (int)world, rows, &total)) != CLI_EXIT_OK)
+      goto out_rows;
+    if (json)
+      json_array_append_new(ranks, rank_json((int)rank, rows, n, total));
+    else
+      rank_table((int)rank, (int)world, rows, n, total);
+  }
+  if (json && cli_json_print(stdout, root) != 0) {
+    cli_error(path, SL_ERR_IO, "cannot write the JSON report to stdout; check the output stream");
+    rc = CLI_EXIT_ERROR;
+  }
+
+out_rows:
+  json_decref(root);
+  free(rows);
+out_plan:
+  sl_plan_destroy(plan);
+out_source:
+  sl_source_destroy(src);
+out_ctx:
+  sl_context_destroy(ctx);
+  return rc;
+}
