@@ -29,15 +29,14 @@ static void cpu_describe(void *be, char *buf, size_t len) {
 
 static sl_status cpu_alloc(void *be, size_t bytes, void **ptr) {
   cpu_backend *c = be;
-  /* 64-byte alignment: vector loads in the cast loops, and what allocators on devices give */
-  void *p = NULL;
-  if (posix_memalign(&p, 64, bytes ? bytes : 1) != 0)
-    return c->host->fail(c->host->core, SL_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
+  /* the core's host allocator: 64-byte aligned, large blocks pre-faulted */
+  void *p = sl__host_alloc(bytes);
+  if (!p) return c->host->fail(c->host->core, SL_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
   *ptr = p;
   return SL_OK;
 }
 
-static void cpu_free(void *be, void *ptr) { free(ptr); }
+static void cpu_free(void *be, void *ptr) { sl__host_free(ptr); }
 
 static sl_status cpu_copy(void *be, void *dst, const void *src, size_t bytes) {
   if (bytes) memmove(dst, src, bytes);

@@ -143,10 +143,8 @@ SL_API sl_status sl_alloc(sl_context *ctx, sl_device_kind where, int pinned, siz
       return sl__fail(ctx, SL_ERR_UNSUPPORTED, "backend %s has no pinned host memory", ctx->be->name);
     return ctx->be->alloc_pinned(ctx->be_ctx, bytes, out);
   }
-  if (posix_memalign(out, 64, bytes ? bytes : 1) != 0) {
-    *out = NULL;
+  if (!(*out = sl__host_alloc(bytes)))
     return sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate %zu bytes of host memory", bytes);
-  }
   return SL_OK;
 }
 
@@ -154,7 +152,7 @@ SL_API void sl_free(sl_context *ctx, sl_device_kind where, int pinned, void *ptr
   if (!ctx || !ptr) return;
   if (where == SL_DEVICE_ACCELERATOR) ctx->be->free_device(ctx->be_ctx, ptr);
   else if (pinned && sl__has_pinned(ctx)) ctx->be->free_pinned(ctx->be_ctx, ptr);
-  else free(ptr);
+  else sl__host_free(ptr);
 }
 
 SL_API sl_status sl_copy_to_host(sl_context *ctx, void *dst, const void *src, sl_device_kind src_where,

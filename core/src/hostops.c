@@ -1,6 +1,7 @@
 /* Host-memory kernels shared by backends whose memory the host addresses (cpu, sim). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -36,4 +37,50 @@ sl_status sl__host_sgd_step(void *x, const void *g, sl_dtype dt, size_t count, f
     default:
       return SL_ERR_DTYPE;
   }
+}
+
+/* ---- host memory ---------------------------------------------------------------------------
+ * Shards are written once, right after allocation, so the cost of a load on a fresh process is
+ * dominated by page faults (measured here: ~0.7 GB/s faulting on first write vs ~1.3 GB/s when
+ * the kernel populates the mapping up front, warm memcpy ~15 GB/s). Large blocks are therefore
+ * mapped with MAP_POPULATE; a 64-byte header records how to release the block. */
+#include <sys/mman.h>
+
+#define HOST_HDR 64u
+#define HOST_MAGIC_MMAP 0x534C4D4D41500001ull
+#define HOST_MAGIC_HEAP 0x534C484541500001ull
+#define HOST_POPULATE_MIN (1u << 20)
+
+typedef struct host_hdr {
+  uint64_t magic;
+  uint64_t mapped; /* bytes mapped (mmap) or 0 */
+} host_hdr;
+
+void *sl__host_alloc(size_t bytes) {
+  size_t total;
+  if (__builtin_add_overflow(bytes, (size_t)HOST_HDR, &total)) return NULL;
+  unsigned char *base;
+  host_hdr h;
+  if (total >= HOST_POPULATE_MIN) {
+    base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (base == MAP_FAILED) return NULL;
+    h = (host_hdr){HOST_MAGIC_MMAP, total};
+  } else {
+    void *p = NULL;
+    if (posix_memalign(&p, HOST_HDR, total) != 0) return NULL;
+    base = p;
+    h = (host_hdr){HOST_MAGIC_HEAP, 0};
+  }
+  memcpy(base, &h, sizeof h);
+  return base + HOST_HDR;
+}
+
+void sl__host_free(void *ptr) {
+  if (!ptr) return;
+  unsigned char *base = (unsigned char *)ptr - HOST_HDR;
+  host_hdr h;
+  memcpy(&h, base, sizeof h);
+  if (h.magic == HOST_MAGIC_MMAP) munmap(base, h.mapped);
+  else if (h.magic == HOST_MAGIC_HEAP) free(base);
+  else abort(); /* not ours: freeing it would corrupt the heap; fail loudly */
 }

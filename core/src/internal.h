@@ -219,3 +219,8 @@ typedef struct sl__rendezvous {
  * SL_ERR_INVALID with a message in ERR saying what is wrong and the accepted forms. */
 sl_status sl__rendezvous_parse(const char *url, sl__rendezvous *out, char *err, size_t errlen);
 #endif
+
+/* ---- host memory (hostops.c) ------------------------------------------------------------- */
+/* 64-byte aligned host memory; blocks of 1 MiB and more are mapped pre-faulted. */
+void *sl__host_alloc(size_t bytes);
+void sl__host_free(void *ptr);
