@@ -41,8 +41,6 @@ int sl_test_run(char **out, const char *fmt, ...) __attribute__((format(printf, 
 /* Path of the shardload command ($SHARDLOAD_BIN). */
 const char *sl_test_bin(void);
 
-#endif
-
 /* ---- multi-rank ---------------------------------------------------------------------------- */
 /* Forks WORLD processes; child r runs FN(r, WORLD, ARG) and exits with its return value.
  * The parent waits up to DEADLINE_MS for all of them, SIGKILLs any still running (a hang),
@@ -62,3 +60,5 @@ char *sl_test_rendezvous(const char *sub);
       return 1;                                                                          \
     }                                                                                    \
   } while (0)
+
+#endif

@@ -17,6 +17,10 @@ enum { CLI_EXIT_OK = 0, CLI_EXIT_ERROR = 1, CLI_EXIT_USAGE = 2 };
  * folded into spaces so an error is always exactly one line. */
 void cli_error(const char *subject, sl_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* A tag put in front of the message part of every error line of this process, e.g.
+ * "rank 2: " in a rank started by `load --nproc` (so the launcher can relay the line as it
+ * is). NULL or "": none. The string must outlive every later error. */
+void cli_set_error_tag(const char *tag);
 /* A library failure on CTX: the context's specific message, or the generic one when empty.
  * Returns CLI_EXIT_ERROR. */
 int cli_fail(const char *subject, sl_status s, const sl_context *ctx);
@@ -116,13 +120,29 @@ typedef struct cli_load_args {
   sl_cpu_offload cpu_offload;
   uint64_t staging_bytes; /* 0: the library default */
   const char *dump_dir;   /* NULL: no dump */
+  sl_strategy strategy;   /* --strategy */
+  sl_read_mode read_mode; /* --source */
+  int timeout_ms;         /* --timeout; 0: the library default */
   int json;
   int progress;           /* draw a progress line on stderr (a terminal) */
+  int nproc;              /* --nproc N: launch N local ranks (launch.c); 0: this process is one */
+  int verbose;            /* --verbose: with --nproc, launcher detail and per-tensor tables */
+  FILE *table_out;        /* also write the human table here (a rank of --nproc --verbose) */
+  int test_hooks;         /* honour SHARDLOAD_TEST_FAIL_RANK (only in a rank of --nproc) */
   cli_plan_args plan;
 } cli_load_args;
 
 /* Runs one rank's load and writes its report to OUT. Returns an exit status; errors are
  * printed as the one-line format on stderr. */
 int cli_load_rank(const cli_load_args *args, FILE *out);
+/* Peak resident set of this process so far (getrusage ru_maxrss), in bytes. */
+uint64_t cli_peak_rss_bytes(void);
+
+/* ---- load --nproc: N local ranks (launch.c) ----------------------------------------- */
+/* Forks ARGS->nproc ranks that meet through a private file:// rendezvous and Gloo over
+ * loopback, each running cli_load_rank; stops them all when one fails; prints the merged
+ * report (or the first failed rank's error line). Must run before this process creates any
+ * thread or library context. Returns the exit status. */
+int cli_launch(const cli_load_args *args);
 
 #endif

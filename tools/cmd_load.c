@@ -2,14 +2,16 @@
  * environment), report where every tensor went and by which rule, and optionally dump the
  * rank's shards as a safetensors file that independent tools can check.
  *
- * The work of one rank is cli_load_rank(), so a launcher of local ranks can run it once per
- * rank with an explicit rank/world/rendezvous. */
+ * The work of one rank is cli_load_rank(), so the launcher of local ranks (`--nproc`,
+ * launch.c) runs it once per rank with an explicit rank/world/rendezvous. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,13 +19,22 @@
 
 static const char HELP[] =
     "usage: shardload load PATH [options]\n"
+    "       shardload load PATH --nproc N [options]\n"
     "\n"
     "Load this rank's shards of a checkpoint, as every rank of a job does. Rank and world\n"
     "size come from the launcher environment (torchrun RANK/WORLD_SIZE/LOCAL_RANK and\n"
     "MASTER_ADDR/MASTER_PORT, Slurm, Open MPI); without one the world size is 1. Prints,\n"
     "per tensor: dtype (file->param), local shape, global offset, placement and device, the\n"
     "rule of the placement contract that chose it, pinned-ness and bytes; then the totals\n"
-    "(GB/s is checkpoint bytes per second of the load).\n"
+    "(GB/s is checkpoint bytes per second of the load) and the transfer statistics.\n"
+    "\n"
+    "With --nproc N, starts N ranks on this host instead (local rank r = rank r), which meet\n"
+    "through a private rendezvous directory and Gloo over loopback; when one rank fails the\n"
+    "others are stopped and its error is printed. Prints one summary line per rank (tensors,\n"
+    "local bytes, placement and rule, bytes sent and received, seconds, peak RSS) and the\n"
+    "totals (wall time, GB/s = checkpoint bytes / wall time, bytes rank 0 sent per\n"
+    "checkpoint byte); --json prints {world_size, wall_seconds, checkpoint_bytes, ranks: [each\n"
+    "rank's report]}.\n"
     "\n"
     "options:\n"
     "  --backend NAME          cpu, sim, sim:strict, cuda, ... or auto (default: auto)\n"
@@ -36,8 +47,17 @@ static const char HELP[] =
     "  --mesh AxB              device mesh, row-major; its product must be the world size\n"
     "  --staging SIZE          staging budget per rank, e.g. 64MiB, 512K (default 64MiB)\n"
     "  --strict                checkpoint tensors the plan does not name are an error\n"
+    "  --strategy S            scatter (each rank receives only its shard; default) or\n"
+    "                          broadcast (every rank receives whole tensors: Accelerate's\n"
+    "                          algorithm, the baseline)\n"
+    "  --source S              rank0 (only rank 0 reads the checkpoint; default) or every-rank\n"
+    "                          (each rank reads its own byte ranges; nothing is sent)\n"
+    "  --timeout SECONDS       rendezvous and collective timeout (default 300)\n"
     "  --dump DIR              write this rank's shards to DIR/rank-<r>.safetensors\n"
     "  --json                  one JSON object on stdout instead of the table\n"
+    "  --nproc N               start N local ranks and load on all of them\n"
+    "  -v, --verbose           with --nproc: print the ranks' pids (stderr) and every rank's\n"
+    "                          per-tensor table\n"
     "  -h, --help              show this help\n";
 
 /* Bytes copied back from the backend at a time while dumping: bounded so a dump never holds
@@ -202,7 +222,17 @@ typedef struct load_totals {
   double seconds;
   sl_load_stats stats;
   int have_stats;
+  uint64_t peak_rss;
 } load_totals;
+
+uint64_t cli_peak_rss_bytes(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return (uint64_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
+}
+
+static const char *strategy_name(sl_strategy s) { return s == SL_STRATEGY_BROADCAST ? "broadcast" : "scatter"; }
+static const char *source_name(sl_read_mode m) { return m == SL_READ_EVERY_RANK ? "every-rank" : "rank0"; }
 
 static const char *where_desc(const sl_context *ctx, const sl_tensor *t) {
   return t->device == SL_DEVICE_ACCELERATOR ? sl_context_device_description(ctx) : "host memory";
@@ -221,6 +251,8 @@ static int report_json(FILE *out, const sl_context *ctx, const cli_load_args *a,
   json_object_set_new(root, "backend", json_string(sl_context_backend_name(ctx)));
   json_object_set_new(root, "collective", json_string(sl_context_collective_name(ctx)));
   json_object_set_new(root, "device", json_string(sl_context_device_description(ctx)));
+  json_object_set_new(root, "strategy", json_string(strategy_name(a->strategy)));
+  json_object_set_new(root, "source", json_string(source_name(a->read_mode)));
 
   json_t *ts = json_array();
   for (size_t i = 0; i < sl_state_count(st); i++) {
@@ -254,14 +286,21 @@ static int report_json(FILE *out, const sl_context *ctx, const cli_load_args *a,
   json_object_set_new(to, "seconds", json_real(tot->seconds));
   json_object_set_new(to, "gb_per_s", json_real(gbps(tot)));
   json_object_set_new(to, "skipped", json_integer((json_int_t)sl_state_skipped_count(st)));
-  if (tot->have_stats) {
-    json_object_set_new(to, "bytes_read", json_integer((json_int_t)tot->stats.bytes_read));
-    json_object_set_new(to, "bytes_sent", json_integer((json_int_t)tot->stats.bytes_sent));
-    json_object_set_new(to, "bytes_received", json_integer((json_int_t)tot->stats.bytes_received));
-    json_object_set_new(to, "bytes_h2d", json_integer((json_int_t)tot->stats.bytes_h2d));
-    json_object_set_new(to, "staging_bytes", json_integer((json_int_t)tot->stats.staging_bytes));
-  }
   json_object_set_new(root, "totals", to);
+
+  /* what moved: from storage, through the collective, host to device; the staging held; and
+   * this process's peak resident set at the end of the load (and dump) */
+  json_t *sj = json_object();
+  if (tot->have_stats) {
+    json_object_set_new(sj, "bytes_read", json_integer((json_int_t)tot->stats.bytes_read));
+    json_object_set_new(sj, "bytes_sent", json_integer((json_int_t)tot->stats.bytes_sent));
+    json_object_set_new(sj, "bytes_received", json_integer((json_int_t)tot->stats.bytes_received));
+    json_object_set_new(sj, "bytes_h2d", json_integer((json_int_t)tot->stats.bytes_h2d));
+    json_object_set_new(sj, "staging_bytes", json_integer((json_int_t)tot->stats.staging_bytes));
+    json_object_set_new(sj, "seconds", json_real(tot->stats.seconds));
+  }
+  json_object_set_new(sj, "peak_rss_bytes", json_integer((json_int_t)tot->peak_rss));
+  json_object_set_new(root, "stats", sj);
   json_object_set_new(root, "dump", dump_path ? json_string(dump_path) : json_null());
 
   int rc = cli_json_print(out, root);
@@ -321,7 +360,50 @@ static void report_table(FILE *out, const sl_context *ctx, const sl_state *st, c
     if (nskip > 8) fprintf(out, ", ... (%zu more; --json lists them all)", nskip - 8);
     fputc('\n', out);
   }
+  if (tot->have_stats) {
+    char h3[32], h4[32], h5[32], h6[32];
+    fprintf(out, "stats: read %s, sent %s, received %s, host to device %s, staging %s, peak RSS %s\n",
+            cli_human_bytes(h1, sizeof h1, tot->stats.bytes_read),
+            cli_human_bytes(h2, sizeof h2, tot->stats.bytes_sent),
+            cli_human_bytes(h3, sizeof h3, tot->stats.bytes_received),
+            cli_human_bytes(h4, sizeof h4, tot->stats.bytes_h2d),
+            cli_human_bytes(h5, sizeof h5, tot->stats.staging_bytes),
+            cli_human_bytes(h6, sizeof h6, tot->peak_rss));
+  }
   if (dump_path) fprintf(out, "dump: %s\n", dump_path);
+}
+
+/* ---- test hook ---------------------------------------------------------------------------- */
+
+/* SHARDLOAD_TEST_FAIL_RANK=R[:exit|signal|hang] makes rank R of a `load --nproc` die (exit
+ * status 9, or SIGKILL) or hang when phase 1 has succeeded on every rank and the data phase
+ * begins (the first bind call), so the tests can check that the launcher stops the other
+ * ranks and reports the failed one. Honoured only in a rank started by --nproc (test_hooks),
+ * never in a rank of a real job. */
+typedef struct test_hook {
+  int armed;
+  char mode; /* 'e' exit, 's' signal, 'h' hang */
+} test_hook;
+
+static void test_hook_arm(test_hook *h, int rank) {
+  const char *v = getenv("SHARDLOAD_TEST_FAIL_RANK");
+  memset(h, 0, sizeof *h);
+  if (!v || !*v) return;
+  char *end = NULL;
+  long r = strtol(v, &end, 10);
+  if (end == v || r != rank) return;
+  h->armed = 1;
+  h->mode = !strcmp(end, ":signal") ? 's' : !strcmp(end, ":hang") ? 'h' : 'e';
+}
+
+static void *test_hook_bind(void *user, const sl_tensor *t) {
+  test_hook *h = user;
+  fflush(NULL);
+  if (h->mode == 's') kill(getpid(), SIGKILL);
+  if (h->mode == 'h')
+    for (;;) pause();
+  _exit(9);
+  return NULL;
 }
 
 /* ---- one rank ----------------------------------------------------------------------------- */
@@ -335,6 +417,7 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
   co.world_size = a->world_size;
   co.local_rank = a->local_rank;
   co.rendezvous = a->rendezvous;
+  co.timeout_ms = a->timeout_ms;
   cli_captured cap = {""};
   co.log = cli_log_capture;
   co.log_user = &cap;
@@ -362,6 +445,14 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
   lo.size = sizeof lo;
   lo.cpu_offload = a->cpu_offload;
   lo.staging_bytes = (size_t)a->staging_bytes;
+  lo.strategy = a->strategy;
+  lo.read_mode = a->read_mode;
+  test_hook hook = {0, 0};
+  if (a->test_hooks) test_hook_arm(&hook, sl_context_rank(ctx));
+  if (hook.armed) {
+    lo.bind = test_hook_bind;
+    lo.bind_user = &hook;
+  }
   if (a->progress) {
     lo.progress = on_progress;
     lo.progress_user = &pl;
@@ -392,6 +483,7 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
                 sizeof dump_path) != CLI_EXIT_OK)
     goto out_state;
 
+  tot.peak_rss = cli_peak_rss_bytes();
   if (a->json) {
     if (report_json(out, ctx, a, st, &tot, a->dump_dir ? dump_path : NULL) != 0) {
       cli_error(a->path, SL_ERR_IO, "cannot write the JSON report; check the output stream");
@@ -400,6 +492,13 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
   } else {
     report_table(out, ctx, st, &tot, a->dump_dir ? dump_path : NULL);
     fflush(out);
+  }
+  if (a->table_out) {
+    report_table(a->table_out, ctx, st, &tot, a->dump_dir ? dump_path : NULL);
+    if (fflush(a->table_out) != 0) {
+      cli_error(a->path, SL_ERR_IO, "cannot write the per-tensor table");
+      goto out_state;
+    }
   }
   rc = CLI_EXIT_OK;
 
@@ -416,7 +515,29 @@ out_ctx:
 
 /* ---- arguments ---------------------------------------------------------------------------- */
 
-enum { OPT_BACKEND = 512, OPT_CPU_OFFLOAD, OPT_POLICY, OPT_STAGING, OPT_STRICT, OPT_DUMP, OPT_JSON };
+enum {
+  OPT_BACKEND = 512,
+  OPT_CPU_OFFLOAD,
+  OPT_POLICY,
+  OPT_STAGING,
+  OPT_STRICT,
+  OPT_DUMP,
+  OPT_JSON,
+  OPT_STRATEGY,
+  OPT_SOURCE,
+  OPT_TIMEOUT,
+  OPT_NPROC,
+};
+
+/* Seconds, possibly fractional, as milliseconds in [1, INT_MAX]: 0 on success. */
+static int parse_timeout(const char *s, int *ms) {
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !(v > 0) || v * 1000.0 > 2147483647.0) return -1;
+  *ms = v * 1000.0 < 1.0 ? 1 : (int)(v * 1000.0);
+  return 0;
+}
 
 int cli_cmd_load(int argc, char **argv) {
   static const struct option longopts[] = {
@@ -427,6 +548,11 @@ int cli_cmd_load(int argc, char **argv) {
       {"strict", no_argument, NULL, OPT_STRICT},
       {"dump", required_argument, NULL, OPT_DUMP},
       {"json", no_argument, NULL, OPT_JSON},
+      {"strategy", required_argument, NULL, OPT_STRATEGY},
+      {"source", required_argument, NULL, OPT_SOURCE},
+      {"timeout", required_argument, NULL, OPT_TIMEOUT},
+      {"nproc", required_argument, NULL, OPT_NPROC},
+      {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       CLI_PLAN_LONGOPTS,
       {0, 0, 0, 0},
@@ -439,11 +565,12 @@ int cli_cmd_load(int argc, char **argv) {
   a.cpu_offload = SL_CPU_OFFLOAD_INFER;
   int c, r;
   opterr = 0;
-  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":hv", longopts, NULL)) != -1) {
     if ((r = cli_plan_option(&a.plan, c, optarg)) != 0) {
       if (r < 0) return -r;
       continue;
     }
+    long n;
     switch (c) {
     case OPT_BACKEND:
       if (!*optarg) return cli_usage_error("--backend", "empty name; use cpu, sim, sim:strict or auto");
@@ -473,6 +600,27 @@ int cli_cmd_load(int argc, char **argv) {
       a.dump_dir = optarg;
       break;
     case OPT_JSON: a.json = 1; break;
+    case OPT_STRATEGY:
+      if (!strcmp(optarg, "scatter")) a.strategy = SL_STRATEGY_SCATTER;
+      else if (!strcmp(optarg, "broadcast")) a.strategy = SL_STRATEGY_BROADCAST;
+      else return cli_usage_error("--strategy", "'%s' is not a strategy; use scatter or broadcast", optarg);
+      break;
+    case OPT_SOURCE:
+      if (!strcmp(optarg, "rank0")) a.read_mode = SL_READ_RANK0;
+      else if (!strcmp(optarg, "every-rank")) a.read_mode = SL_READ_EVERY_RANK;
+      else return cli_usage_error("--source", "'%s' is not a source; use rank0 or every-rank", optarg);
+      break;
+    case OPT_TIMEOUT:
+      if (parse_timeout(optarg, &a.timeout_ms))
+        return cli_usage_error("--timeout", "'%s' is not a timeout; give positive seconds such as 30 or 2.5",
+                               optarg);
+      break;
+    case OPT_NPROC:
+      if (cli_parse_int(optarg, 1, 1024, &n))
+        return cli_usage_error("--nproc", "'%s' is not a rank count; give an integer from 1 to 1024", optarg);
+      a.nproc = (int)n;
+      break;
+    case 'v': a.verbose = 1; break;
     case 'h': fputs(HELP, stdout); return CLI_EXIT_OK;
     default: return cli_bad_option("load", c, argv);
     }
@@ -482,6 +630,7 @@ int cli_cmd_load(int argc, char **argv) {
                            argc - optind ? "takes exactly one PATH" : "needs a PATH");
   a.path = argv[optind];
   if ((r = cli_plan_args_check(&a.plan)) != CLI_EXIT_OK) return r;
+  if (a.nproc) return cli_launch(&a);
   a.progress = isatty(STDERR_FILENO);
   return cli_load_rank(&a, stdout);
 }

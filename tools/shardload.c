@@ -22,7 +22,8 @@ static const char MAIN_HELP[] =
     "  inspect PATH       list tensors, dtypes, shapes, bytes, files and metadata\n"
     "  plan PATH --world N\n"
     "                     dry run: every rank's local shape and global offset\n"
-    "  load PATH          load this rank's shards (world from the launcher environment)\n"
+    "  load PATH          load this rank's shards (world from the launcher environment),\n"
+    "                     or, with --nproc N, start N local ranks and load on all of them\n"
     "  synth OUT          write a deterministic synthetic transformer checkpoint\n"
     "\n"
     "PATH is a .safetensors file, a model.safetensors.index.json, or a directory holding one.\n"
@@ -36,13 +37,17 @@ static const char MAIN_HELP[] =
 
 /* ---- the one error line ------------------------------------------------------------------ */
 
+static const char *g_error_tag = "";
+
+void cli_set_error_tag(const char *tag) { g_error_tag = tag ? tag : ""; }
+
 static void vprint_error(const char *subject, sl_status s, const char *fmt, va_list ap) {
   char msg[2048];
   vsnprintf(msg, sizeof msg, fmt, ap);
   for (char *c = msg; *c; c++)
     if (*c == '\n' || *c == '\r') *c = ' ';
-  fprintf(stderr, "shardload: %s: %s: %s\n", subject && *subject ? subject : "shardload",
-          sl_status_name(s), msg);
+  fprintf(stderr, "shardload: %s: %s: %s%s\n", subject && *subject ? subject : "shardload",
+          sl_status_name(s), g_error_tag, msg);
 }
 
 void cli_error(const char *subject, sl_status s, const char *fmt, ...) {

@@ -442,7 +442,7 @@ sl_status sl__plan_merge(sl_plan *dst, sl_plan *src) {
   if (src->dtype_set) dst->param_dtype = src->param_dtype, dst->dtype_set = true;
   if (src->default_set) dst->default_pl = src->default_pl, dst->default_set = true;
   if (src->strict_set) dst->strict = src->strict, dst->strict_set = true;
-  memcpy(dst->rules + dst->nrules, src->rules, src->nrules * sizeof(rule));
+  if (src->nrules) memcpy(dst->rules + dst->nrules, src->rules, src->nrules * sizeof(rule));
   dst->nrules += src->nrules;
   src->nrules = 0; /* the patterns now belong to dst */
   for (size_t i = 0; i < src->nentries; i++) {

@@ -1,0 +1,800 @@
+// The Gloo collective: host-memory collectives between ranks over TCP, for any mix of nodes
+// and vendors (CPU ranks, or GPU ranks staging through host memory). A C ABI (module.h) over
+// the C++ library; no exception may cross into C, so every entry point catches everything.
+//
+// Failure contract: every call is bounded by the init timeout; a lost or stuck peer makes the
+// call fail with SL_ERR_PEER / SL_ERR_TIMEOUT and a message naming the rank, and the
+// communicator is then poisoned (Gloo closes its connections on a timeout), so later calls
+// fail at once with the same error.
+//
+// Environment:
+//   SHARDLOAD_GLOO_IFACE_ADDR   address (or host name) this rank's Gloo device listens on.
+//                               Default: 127.0.0.1 when the tcp:// rendezvous host is loopback;
+//                               otherwise the local address the kernel routes toward the
+//                               rendezvous host (so it is reachable from rank 0's network);
+//                               for file:// this host's name if it resolves, else 127.0.0.1.
+//   SHARDLOAD_GLOO_IFNAME       network interface to use instead (Gloo picks its address).
+//   SHARDLOAD_GLOO_CHUNK_BYTES  largest single Gloo transfer (default 256 MiB); bigger calls
+//                               are split, so each piece has the whole timeout to progress.
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gloo/allgather.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+extern "C" {
+#include "internal.h"
+}
+#include "tcp_store.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr size_t kDefaultChunk = size_t(256) << 20;
+constexpr int kDefaultTimeoutMs = 300000;
+// After a failed init rank 0 serves the store only until the ranks already connected let go
+// of it, and at most this long: none of them can succeed any more.
+constexpr std::chrono::milliseconds kFailedInitGrace(2000);
+// Slot prefixes of our own point-to-point traffic, apart from Gloo's (0x01..0x0d).
+constexpr uint8_t kScattervSlotPrefix = 0x53;
+constexpr uint8_t kProbeSlotPrefix = 0x54;
+
+// Writes to a socket whose peer died raise SIGPIPE, which kills a process that keeps the
+// default disposition, and Gloo writes with writev. Block it on the calling thread for the
+// duration of a call and swallow any SIGPIPE the call raised (the error itself arrives as
+// EPIPE); Gloo's event-loop thread inherits the blocked mask from device creation.
+class SigpipeBlock {
+ public:
+  SigpipeBlock() {
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, nullptr, &old_);
+  }
+  ~SigpipeBlock() {
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigpending(&pending);
+    if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+      struct timespec zero = {0, 0};
+      sigtimedwait(&pipe, nullptr, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeBlock(const SigpipeBlock &) = delete;
+  SigpipeBlock &operator=(const SigpipeBlock &) = delete;
+
+ private:
+  sigset_t old_;
+  bool was_pending_ = false;
+};
+
+// FileStore with its (protected) non-blocking presence test exposed.
+class ProbingFileStore : public gloo::rendezvous::FileStore {
+ public:
+  explicit ProbingFileStore(const std::string &path) : FileStore(path) {}
+  bool has(const std::vector<std::string> &keys) { return check(keys); }
+};
+
+// PrefixStore that can also ask, without waiting, whether a key is present.
+class ProbingPrefixStore : public gloo::rendezvous::PrefixStore {
+ public:
+  ProbingPrefixStore(const std::string &prefix, gloo::rendezvous::Store &base,
+                     std::function<bool(const std::vector<std::string> &)> has)
+      : PrefixStore(prefix, base), has_(std::move(has)) {}
+  bool has(const std::string &key) { return has_({joinKey(key)}); }
+
+ private:
+  std::function<bool(const std::vector<std::string> &)> has_;
+};
+
+struct Comm {
+  const sl_module_host *host = nullptr;
+  int rank = 0, world = 1, timeout_ms = kDefaultTimeoutMs;
+  size_t chunk = kDefaultChunk;
+  std::string url;
+  std::unique_ptr<shardload::TcpStoreServer> server; // rank 0 of a tcp:// rendezvous
+  std::unique_ptr<gloo::rendezvous::Store> base;     // FileStore or TcpStore
+  shardload::TcpStore *tcp = nullptr;                 // BASE when it is a TcpStore
+  std::unique_ptr<ProbingPrefixStore> store;
+  std::shared_ptr<gloo::transport::Device> dev;
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  uint32_t tag = 0;     // the same sequence on every rank: one per Gloo call
+  int waiting_for = -1; // the peer a point-to-point wait is on, for timeout messages
+  sl_status failed = SL_OK;
+  std::string failmsg;
+
+  milliseconds timeout() const { return milliseconds(timeout_ms); }
+};
+
+bool contains(const std::string &s, const char *what) { return s.find(what) != std::string::npos; }
+
+// Gloo prefixes messages with "[file:line] "; users need the rest.
+std::string gloo_text(const char *what) {
+  std::string m = what ? what : "unknown error";
+  while (m.size() > 1 && m[0] == '[') {
+    size_t end = m.find("] ");
+    if (end == std::string::npos) break;
+    m.erase(0, end + 2);
+  }
+  return m;
+}
+
+sl_status classify(const std::string &m) {
+  if (contains(m, "Timed out") || contains(m, "timed out") || contains(m, "imeout")) return SL_ERR_TIMEOUT;
+  if (contains(m, "closed") || contains(m, "reset") || contains(m, "Read error") || contains(m, "Write error") ||
+      contains(m, "Broken pipe") || contains(m, "refused") || contains(m, "unreachable"))
+    return SL_ERR_PEER;
+  return SL_ERR_COMM;
+}
+
+std::string rank_list(const std::vector<int> &ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size() && i < 8; i++) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > 8) s += " and " + std::to_string(ranks.size() - 8) + " more";
+  return s;
+}
+
+sl_status report(Comm &c, sl_status s, const std::string &msg) {
+  c.failed = s;
+  c.failmsg = msg;
+  return c.host->fail(c.host->core, s, "%s", msg.c_str());
+}
+
+std::string report_key(int rank) { return "sl_fail/" + std::to_string(rank); }
+
+// Peers whose connection failed under us (closed, reset), as opposed to connections our own
+// timeout closed. A zero-byte send throws the pair's recorded error if it has one; on a
+// healthy pair it only queues a notice nobody matches, harmless on a poisoned communicator.
+std::vector<int> broken_pairs(Comm &c) {
+  std::vector<int> out;
+  if (!c.ctx) return out;
+  char dummy = 0;
+  for (int r = 0; r < c.world; r++) {
+    if (r == c.rank) continue;
+    try {
+      auto buf = c.ctx->createUnboundBuffer(&dummy, 0);
+      buf->send(r, gloo::Slot::build(kProbeSlotPrefix, 0), 0, 0);
+    } catch (const std::exception &e) {
+      if (!contains(e.what(), "Application timeout")) out.push_back(r);
+    } catch (...) {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+bool store_has(Comm &c, const std::string &key) {
+  try {
+    return c.store->has(key);
+  } catch (...) {
+    return false;
+  }
+}
+
+struct Lost {
+  std::vector<int> ranks;
+  bool closed = false; // their connections failed (the process is gone), not just silence
+};
+
+// Polls the store until each of RANKS has filed a failure report or DEADLINE passes;
+// returns those that did not.
+std::vector<int> unreported(Comm &c, const std::vector<int> &ranks, std::set<int> *reported,
+                            Clock::time_point deadline) {
+  for (;;) {
+    size_t waiting = 0;
+    for (int r : ranks)
+      if (!reported->count(r)) {
+        if (store_has(c, report_key(r))) reported->insert(r);
+        else waiting++;
+      }
+    if (!waiting || Clock::now() >= deadline || (c.tcp && c.tcp->broken())) break;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  std::vector<int> out;
+  for (int r : ranks)
+    if (!reported->count(r)) out.push_back(r);
+  return out;
+}
+
+// The ranks named in the reports of REPORTERS, less the ranks known to be alive.
+std::vector<int> named_by(Comm &c, const std::set<int> &reporters) {
+  std::set<int> theirs;
+  for (int r : reporters) {
+    try {
+      auto v = c.store->get(report_key(r));
+      std::string s(v.begin(), v.end());
+      for (size_t p = 0; p < s.size();) {
+        size_t q = s.find(',', p);
+        if (q == std::string::npos) q = s.size();
+        int x = atoi(s.substr(p, q - p).c_str());
+        if (x >= 0 && x < c.world && x != c.rank && !reporters.count(x) && !store_has(c, report_key(x)))
+          theirs.insert(x);
+        p = q + 1;
+      }
+    } catch (...) {
+    }
+  }
+  return std::vector<int>(theirs.begin(), theirs.end());
+}
+
+// Which ranks this failure is about. Connection failures alone can mislead: a rank that
+// failed a moment before us, because of the real culprit, closes its connections too. So
+// every failing rank files a report (the peers whose connections broke under it) in the
+// store, and a peer that filed one is alive. The lost are, in order of evidence:
+//   1. peers whose connection broke and that never report (dead);
+//   2. the dead named in the reports of the failing peers we lost contact with;
+//   3. with no broken connection left to blame (a timeout, or a cascade of timeouts), the
+//      ranks that never report at all: stuck, not dead.
+Lost find_lost(Comm &c, sl_status kind) {
+  Lost lost;
+  // How long to wait for reports: a rank that failed a moment before us reports in moments.
+  Clock::time_point deadline = Clock::now() + milliseconds(std::clamp(c.timeout_ms / 4, 50, 500));
+  std::vector<int> pairs = broken_pairs(c);
+  std::string mine;
+  for (int r : pairs) mine += (mine.empty() ? "" : ",") + std::to_string(r);
+  try {
+    c.store->set(report_key(c.rank), std::vector<char>(mine.begin(), mine.end()));
+  } catch (...) {
+  }
+  // A tcp:// store lives in rank 0's process: an unreachable store and a broken connection
+  // to rank 0 mean rank 0 is gone.
+  auto store_gone = [&] { return c.tcp && c.tcp->broken(); };
+  std::set<int> reported;
+  if (!store_gone()) {
+    lost.ranks = unreported(c, pairs, &reported, deadline);
+    if (lost.ranks.empty() && !pairs.empty()) lost.ranks = named_by(c, reported);
+    lost.closed = !lost.ranks.empty();
+  }
+  if (store_gone()) {
+    bool zero = pairs.empty() || std::count(pairs.begin(), pairs.end(), 0);
+    lost.ranks = zero ? std::vector<int>{0} : pairs;
+    lost.closed = true;
+    return lost;
+  }
+  if (lost.ranks.empty() && (kind == SL_ERR_TIMEOUT || !pairs.empty())) {
+    std::vector<int> others;
+    for (int r = 0; r < c.world; r++)
+      if (r != c.rank) others.push_back(r);
+    lost.ranks = unreported(c, others, &reported, deadline);
+    lost.closed = false;
+  }
+  return lost;
+}
+
+// Turns a Gloo exception into a status and a message naming the rank, and poisons C.
+sl_status diagnose(Comm &c, const std::string &what, const char *exc) {
+  std::string detail = gloo_text(exc);
+  sl_status kind = classify(detail);
+  Lost lost = find_lost(c, kind);
+  std::string msg = what + ": ";
+  std::string t = std::to_string(c.timeout_ms) + " ms";
+  const char *advice = " (stuck, or slower than the timeout: check it, or raise timeout_ms)";
+  sl_status s = kind;
+  if (!lost.ranks.empty() && lost.closed) {
+    s = SL_ERR_PEER;
+    msg += "lost " + rank_list(lost.ranks) + ": connection closed (the process exited or was killed; see its log)";
+  } else if (!lost.ranks.empty()) {
+    s = SL_ERR_TIMEOUT;
+    if (kind == SL_ERR_TIMEOUT) msg += "timed out after " + t + " waiting for " + rank_list(lost.ranks) + advice;
+    else msg += rank_list(lost.ranks) + " stopped responding and the others gave up after " + t + advice;
+  } else if (kind == SL_ERR_TIMEOUT && c.waiting_for >= 0) {
+    msg += "timed out after " + t + " waiting for " + rank_list({c.waiting_for}) + advice;
+  } else if (kind == SL_ERR_TIMEOUT) {
+    msg += "timed out after " + t + " (" + detail + ")";
+  } else {
+    msg += detail;
+  }
+  return report(c, s, msg);
+}
+
+std::string describe(const Comm &c, const char *op) {
+  return std::string("gloo ") + op + " on rank " + std::to_string(c.rank) + " of " + std::to_string(c.world);
+}
+
+// Runs BODY with the communicator's failure handling: fail fast once poisoned, never let an
+// exception out, name the lost rank on failure.
+template <typename F>
+sl_status guarded(Comm &c, const std::string &what, F &&body) {
+  if (c.failed != SL_OK)
+    return c.host->fail(c.host->core, c.failed, "%s: the communicator failed earlier and cannot be used: %s",
+                        what.c_str(), c.failmsg.c_str());
+  SigpipeBlock block;
+  c.waiting_for = -1;
+  try {
+    body();
+    return SL_OK;
+  } catch (const std::exception &e) {
+    try {
+      return diagnose(c, what, e.what());
+    } catch (...) {
+      return report(c, SL_ERR_COMM, what + ": " + gloo_text(e.what()));
+    }
+  } catch (...) {
+    return report(c, SL_ERR_COMM, what + ": unknown error");
+  }
+}
+
+// ---- init ------------------------------------------------------------------------------------
+
+bool resolves(const std::string &host, int family, std::string *addr, bool *loopback) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = family;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  *loopback = true;
+  for (addrinfo *ai = res; ai; ai = ai->ai_next) {
+    char buf[INET6_ADDRSTRLEN] = "";
+    if (ai->ai_family == AF_INET) {
+      auto *a = reinterpret_cast<sockaddr_in *>(ai->ai_addr);
+      if ((ntohl(a->sin_addr.s_addr) >> 24) != 127) *loopback = false;
+      inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf);
+    } else if (ai->ai_family == AF_INET6) {
+      auto *a = reinterpret_cast<sockaddr_in6 *>(ai->ai_addr);
+      if (!IN6_IS_ADDR_LOOPBACK(&a->sin6_addr)) *loopback = false;
+      inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof buf);
+    }
+    if (ai == res && addr) *addr = buf;
+  }
+  freeaddrinfo(res);
+  return true;
+}
+
+// The local address the kernel would use to reach HOST:PORT (no packet is sent).
+bool route_to(const std::string &host, int port, std::string *addr) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  bool ok = false;
+  for (addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr *>(&local), &len) == 0) {
+      char buf[INET6_ADDRSTRLEN] = "";
+      const void *src = local.ss_family == AF_INET
+                            ? static_cast<const void *>(&reinterpret_cast<sockaddr_in *>(&local)->sin_addr)
+                            : static_cast<const void *>(&reinterpret_cast<sockaddr_in6 *>(&local)->sin6_addr);
+      ok = inet_ntop(local.ss_family, src, buf, sizeof buf) != nullptr;
+      if (ok) *addr = buf;
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return ok;
+}
+
+// Where this rank's Gloo device listens, and why (for messages). See the head of the file.
+gloo::transport::tcp::attr device_attr(const sl__rendezvous &r, std::string *why) {
+  gloo::transport::tcp::attr a;
+  const char *env = getenv("SHARDLOAD_GLOO_IFACE_ADDR");
+  const char *ifname = getenv("SHARDLOAD_GLOO_IFNAME");
+  if (ifname && *ifname) {
+    a.iface = ifname;
+    *why = std::string("interface ") + ifname + " (SHARDLOAD_GLOO_IFNAME)";
+    return a;
+  }
+  if (env && *env) {
+    a.hostname = env;
+    *why = std::string(env) + " (SHARDLOAD_GLOO_IFACE_ADDR)";
+    return a;
+  }
+  std::string addr;
+  bool loop = false;
+  if (r.kind == SL__RDZV_TCP) {
+    if (resolves(r.host, AF_UNSPEC, &addr, &loop) && loop) {
+      a.hostname = addr.find(':') != std::string::npos ? "::1" : "127.0.0.1";
+      *why = a.hostname + " (the rendezvous host is loopback)";
+      return a;
+    }
+    if (route_to(r.host, r.port, &addr)) {
+      a.hostname = addr;
+      *why = addr + " (this host's address toward the rendezvous host " + r.host + ")";
+      return a;
+    }
+  }
+  char name[256] = "";
+  if (gethostname(name, sizeof name - 1) == 0 && name[0] && resolves(name, AF_UNSPEC, &addr, &loop)) {
+    a.hostname = name;
+    *why = std::string(name) + " (this host's name)";
+    return a;
+  }
+  a.hostname = "127.0.0.1";
+  *why = "127.0.0.1 (this host's name does not resolve; set SHARDLOAD_GLOO_IFACE_ADDR for a multi-node job)";
+  return a;
+}
+
+// mkdir -p, so a launcher may name a directory it has not created.
+bool make_dirs(const std::string &path, int *err) {
+  std::string p;
+  for (size_t i = 0; i <= path.size(); i++) {
+    if (i == path.size() || (path[i] == '/' && i > 0)) {
+      p = path.substr(0, i);
+      if (mkdir(p.c_str(), 0777) != 0 && errno != EEXIST) {
+        *err = errno;
+        return false;
+      }
+    }
+  }
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    *err = ENOTDIR;
+    return false;
+  }
+  return true;
+}
+
+sl_status init_fail(Comm &c, sl_status s, const std::string &msg) {
+  return c.host->fail(c.host->core, s, "%s", msg.c_str());
+}
+
+// Every rank announces itself and waits for all others, so a missing rank is named instead
+// of surfacing as an anonymous timeout inside Gloo's own rendezvous.
+sl_status join(Comm &c, const std::string &where, Clock::time_point deadline) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < c.world; r++) keys.push_back("sl_join/" + std::to_string(r));
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  std::string me = std::string(host) + " pid " + std::to_string(getpid());
+  try {
+    c.store->set(keys[size_t(c.rank)], std::vector<char>(me.begin(), me.end()));
+  } catch (const std::exception &e) {
+    // Gloo's FileStore never overwrites a key: this directory served an earlier job.
+    if (!c.tcp && contains(e.what(), "already exists"))
+      return init_fail(c, SL_ERR_INVALID,
+                       where + ": the directory holds the keys of an earlier job; empty it, or give each job a "
+                               "fresh directory");
+    throw;
+  }
+  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  try {
+    c.store->wait(keys, std::max(left, milliseconds(1)));
+    return SL_OK;
+  } catch (const std::exception &e) {
+    std::vector<int> missing;
+    for (int r = 0; r < c.world; r++)
+      if (!store_has(c, keys[size_t(r)])) missing.push_back(r);
+    if (missing.empty()) throw;
+    return init_fail(c, SL_ERR_TIMEOUT,
+                     where + ": timed out after " + std::to_string(c.timeout_ms) + " ms waiting for " +
+                         rank_list(missing) +
+                         " to join; check that every rank started with the same world size and rendezvous");
+  }
+}
+
+sl_status parse_chunk(Comm &c) {
+  const char *v = getenv("SHARDLOAD_GLOO_CHUNK_BYTES");
+  if (!v) return SL_OK;
+  char *end = nullptr;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (!*v || *end || x == 0 || v[0] == '-')
+    return init_fail(c, SL_ERR_INVALID,
+                     std::string("SHARDLOAD_GLOO_CHUNK_BYTES='") + v + "' is not a positive byte count; fix or unset it");
+  c.chunk = size_t(x);
+  return SL_OK;
+}
+
+sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
+  Clock::time_point deadline = Clock::now() + c.timeout();
+  std::string where = describe(c, "rendezvous") + " at " + c.url;
+  std::function<bool(const std::vector<std::string> &)> has;
+  if (r.kind == SL__RDZV_FILE) {
+    int err = 0;
+    if (!make_dirs(r.path, &err))
+      return init_fail(c, SL_ERR_IO,
+                       where + ": cannot create the rendezvous directory: " + strerror(err) +
+                           "; give a directory every rank can write (on a filesystem they share)");
+    auto fs = std::make_unique<ProbingFileStore>(r.path);
+    ProbingFileStore *raw = fs.get();
+    has = [raw](const std::vector<std::string> &k) { return raw->has(k); };
+    c.base = std::move(fs);
+  } else {
+    if (c.rank == 0) {
+      try {
+        c.server = std::make_unique<shardload::TcpStoreServer>(r.port, c.world);
+      } catch (const std::exception &e) {
+        return init_fail(c, SL_ERR_COMM,
+                         where + ": rank 0 cannot serve the rendezvous store: " + e.what() +
+                             "; choose another port (MASTER_PORT) or stop whatever holds it");
+      }
+    }
+    try {
+      auto ts = std::make_unique<shardload::TcpStore>(r.host, r.port, c.rank, c.timeout());
+      c.tcp = ts.get();
+      c.base = std::move(ts);
+    } catch (const std::exception &e) {
+      if (c.rank == 0)
+        return init_fail(c, SL_ERR_COMM,
+                         where + ": rank 0 serves the store on port " + std::to_string(r.port) +
+                             " but cannot reach it as " + r.host + ": " + gloo_text(e.what()) +
+                             "; the rendezvous host (MASTER_ADDR) must name the host rank 0 runs on");
+      return init_fail(c, SL_ERR_TIMEOUT, where + ": waiting for rank 0 to serve the store: " + gloo_text(e.what()));
+    }
+    shardload::TcpStore *raw = c.tcp;
+    has = [raw](const std::vector<std::string> &k) { return raw->check(k); };
+  }
+  c.store = std::make_unique<ProbingPrefixStore>(prefix, *c.base, has);
+
+  sl_status st = join(c, where, deadline);
+  if (st != SL_OK) return st;
+
+  std::string why;
+  auto attr = device_attr(r, &why);
+  try {
+    c.dev = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception &e) {
+    return init_fail(c, SL_ERR_COMM,
+                     where + ": cannot open a Gloo device on " + why + ": " + gloo_text(e.what()) +
+                         "; set SHARDLOAD_GLOO_IFACE_ADDR to this host's address on the network the ranks share");
+  }
+  if (c.host->log)
+    c.host->log(c.host->core, SL_LOG_DEBUG, "%s: Gloo device on %s", where.c_str(), why.c_str());
+  c.ctx = std::make_shared<gloo::rendezvous::Context>(c.rank, c.world);
+  c.ctx->setTimeout(c.timeout());
+  try {
+    c.ctx->connectFullMesh(*c.store, c.dev);
+  } catch (const std::exception &e) {
+    std::string detail = gloo_text(e.what());
+    c.ctx.reset();
+    std::string hint = r.kind == SL__RDZV_FILE ? "; if the directory was used by an earlier job, empty it" : "";
+    return init_fail(c, classify(detail) == SL_ERR_TIMEOUT ? SL_ERR_TIMEOUT : SL_ERR_COMM,
+                     where + ": connecting to the other ranks from " + why + " failed: " + detail +
+                         "; check that they can reach this address (SHARDLOAD_GLOO_IFACE_ADDR)" + hint);
+  }
+  // Every rank must split transfers the same way; rank 0's setting rules, so one node's
+  // environment differing from another's cannot make pieces mismatch.
+  uint64_t chunk = c.chunk;
+  try {
+    gloo::BroadcastOptions o(c.ctx);
+    o.setOutput<uint64_t>(&chunk, 1);
+    o.setRoot(0);
+    o.setTag(c.tag++);
+    o.setTimeout(c.timeout());
+    gloo::broadcast(o);
+  } catch (const std::exception &e) {
+    std::string detail = gloo_text(e.what());
+    return init_fail(c, classify(detail), where + ": first exchange with the other ranks failed: " + detail);
+  }
+  c.chunk = size_t(chunk);
+  return SL_OK;
+}
+
+// Tears down in dependency order: connections, then the device (joins its event loop), then
+// this rank's store client, and last the server, which waits up to GRACE for the other ranks
+// to finish with it.
+void destroy(Comm *c, milliseconds grace, bool failed_init = false) {
+  try {
+    SigpipeBlock block;
+    c->ctx.reset();
+    c->dev.reset();
+    c->store.reset();
+    c->tcp = nullptr;
+    c->base.reset();
+    if (c->server) c->server->shutdown(grace, failed_init);
+    c->server.reset();
+  } catch (...) {
+  }
+  delete c;
+}
+
+// ---- the ops table ---------------------------------------------------------------------------
+
+int gloo_score(void) { return 2; }
+
+sl_status gloo_init(const sl_collective_init *in, void **out) {
+  if (!in || !out || !in->host) return SL_ERR_INVALID;
+  *out = nullptr;
+  const sl_module_host *h = in->host;
+  if (in->world_size < 1 || in->rank < 0 || in->rank >= in->world_size)
+    return h->fail(h->core, SL_ERR_INVALID, "gloo: rank %d is not in a job of %d ranks", in->rank, in->world_size);
+  Comm *c = nullptr;
+  try {
+    c = new Comm;
+    c->host = h;
+    c->rank = in->rank;
+    c->world = in->world_size;
+    c->timeout_ms = in->timeout_ms > 0 ? in->timeout_ms : kDefaultTimeoutMs;
+    sl_status st = parse_chunk(*c);
+    if (st == SL_OK && c->world > 1) {
+      if (!in->rendezvous) {
+        st = init_fail(*c, SL_ERR_INVALID,
+                       describe(*c, "init") +
+                           ": no rendezvous; set MASTER_ADDR and MASTER_PORT, or SHARDLOAD_RENDEZVOUS "
+                           "(tcp://HOST:PORT or file://DIR)");
+      } else {
+        c->url = in->rendezvous;
+        sl__rendezvous r;
+        char err[512];
+        if ((st = sl__rendezvous_parse(in->rendezvous, &r, err, sizeof err)) != SL_OK) {
+          st = init_fail(*c, st, describe(*c, "init") + ": " + err);
+        } else {
+          SigpipeBlock block; // the device's event-loop thread inherits the blocked SIGPIPE
+          st = open_comm(*c, r, in->prefix ? in->prefix : "shardload");
+        }
+      }
+    }
+    if (st != SL_OK) {
+      destroy(c, kFailedInitGrace, true);
+      return st;
+    }
+    *out = c;
+    return SL_OK;
+  } catch (const std::exception &e) {
+    sl_status st = h->fail(h->core, SL_ERR_COMM, "gloo init on rank %d of %d: %s", in->rank, in->world_size,
+                           gloo_text(e.what()).c_str());
+    if (c) destroy(c, kFailedInitGrace, true);
+    return st;
+  } catch (...) {
+    if (c) destroy(c, kFailedInitGrace, true);
+    return h->fail(h->core, SL_ERR_COMM, "gloo init on rank %d of %d failed", in->rank, in->world_size);
+  }
+}
+
+void gloo_fini(void *comm) {
+  if (comm) destroy(static_cast<Comm *>(comm), static_cast<Comm *>(comm)->timeout());
+}
+
+sl_status bad_root(Comm &c, const char *op, int root) {
+  return c.host->fail(c.host->core, SL_ERR_INVALID, "%s: root %d is not a rank of %d", describe(c, op).c_str(), root,
+                      c.world);
+}
+
+sl_status gloo_broadcast(void *comm, void *buf, size_t bytes, int root) {
+  Comm &c = *static_cast<Comm *>(comm);
+  if (root < 0 || root >= c.world) return bad_root(c, "broadcast", root);
+  if (c.world == 1 || bytes == 0) return c.failed ? guarded(c, describe(c, "broadcast"), [] {}) : SL_OK;
+  std::string what = describe(c, "broadcast") + " (" + std::to_string(bytes) + " bytes from rank " +
+                     std::to_string(root) + ")";
+  return guarded(c, what, [&] {
+    auto *p = static_cast<uint8_t *>(buf);
+    for (size_t off = 0; off < bytes; off += c.chunk) {
+      size_t n = std::min(c.chunk, bytes - off);
+      gloo::BroadcastOptions o(c.ctx);
+      o.setOutput<uint8_t>(p + off, n);
+      o.setRoot(root);
+      o.setTag(c.tag++);
+      o.setTimeout(c.timeout());
+      gloo::broadcast(o);
+    }
+  });
+}
+
+// Gloo's scatter sends one size to every rank; shards differ (and may be empty), so the root
+// sends each rank its own bytes point to point, in chunks on one slot (ordered per peer).
+sl_status gloo_scatterv(void *comm, const void *sendbuf, const size_t *counts, const size_t *displs, void *recvbuf,
+                        size_t recvbytes, int root) {
+  Comm &c = *static_cast<Comm *>(comm);
+  if (root < 0 || root >= c.world) return bad_root(c, "scatterv", root);
+  if (c.rank == root && counts[root] != recvbytes)
+    return c.host->fail(c.host->core, SL_ERR_INVALID, "%s: root sends itself %zu bytes but receives %zu",
+                        describe(c, "scatterv").c_str(), counts[root], recvbytes);
+  std::string what = describe(c, "scatterv") + " (" + std::to_string(recvbytes) + " bytes from rank " +
+                     std::to_string(root) + ")";
+  if (c.failed) return guarded(c, what, [] {});
+  if (c.rank == root) {
+    const char *own = static_cast<const char *>(sendbuf) + displs[root];
+    if (recvbytes && own != recvbuf) memmove(recvbuf, own, recvbytes);
+  }
+  if (c.world == 1) return SL_OK;
+  uint64_t slot = gloo::Slot::build(kScattervSlotPrefix, c.tag++);
+  return guarded(c, what, [&] {
+    if (c.rank == root) {
+      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs(size_t(c.world));
+      auto *base = const_cast<char *>(static_cast<const char *>(sendbuf));
+      for (int r = 0; r < c.world; r++) {
+        if (r == root || counts[r] == 0) continue;
+        bufs[size_t(r)] = c.ctx->createUnboundBuffer(base + displs[r], counts[r]);
+        for (size_t off = 0; off < counts[r]; off += c.chunk)
+          bufs[size_t(r)]->send(r, slot, off, std::min(c.chunk, counts[r] - off));
+      }
+      for (int r = 0; r < c.world; r++) {
+        if (!bufs[size_t(r)]) continue;
+        c.waiting_for = r;
+        for (size_t off = 0; off < counts[r]; off += c.chunk) bufs[size_t(r)]->waitSend(c.timeout());
+      }
+    } else if (recvbytes > 0) {
+      auto buf = c.ctx->createUnboundBuffer(recvbuf, recvbytes);
+      for (size_t off = 0; off < recvbytes; off += c.chunk)
+        buf->recv(root, slot, off, std::min(c.chunk, recvbytes - off));
+      c.waiting_for = root;
+      for (size_t off = 0; off < recvbytes; off += c.chunk) buf->waitRecv(c.timeout());
+    }
+    c.waiting_for = -1;
+  });
+}
+
+sl_status gloo_allgather(void *comm, const void *sendbuf, void *recvbuf, size_t bytes) {
+  Comm &c = *static_cast<Comm *>(comm);
+  std::string what = describe(c, "allgather") + " (" + std::to_string(bytes) + " bytes per rank)";
+  if (c.failed) return guarded(c, what, [] {});
+  uint64_t total;
+  if (!sl__mul_u64(bytes, uint64_t(c.world), &total) || total > SIZE_MAX)
+    return c.host->fail(c.host->core, SL_ERR_INVALID, "%s: %zu bytes x %d ranks overflows", what.c_str(), bytes,
+                        c.world);
+  auto *out = static_cast<uint8_t *>(recvbuf);
+  const auto *in = static_cast<const uint8_t *>(sendbuf);
+  if (bytes == 0) return SL_OK;
+  if (c.world == 1) {
+    if (in != out) memmove(out, in, bytes);
+    return SL_OK;
+  }
+  return guarded(c, what, [&] {
+    // Gloo gathers into one contiguous buffer per call; past the chunk size, gather pieces
+    // into a bounce buffer and spread them to their places.
+    size_t piece = std::max<size_t>(c.chunk / size_t(c.world), 1);
+    if (bytes <= piece) {
+      gloo::AllgatherOptions o(c.ctx);
+      if (in != out + size_t(c.rank) * bytes) o.setInput<uint8_t>(const_cast<uint8_t *>(in), bytes);
+      o.setOutput<uint8_t>(out, bytes * size_t(c.world));
+      o.setTag(c.tag++);
+      o.setTimeout(c.timeout());
+      gloo::allgather(o);
+      return;
+    }
+    std::vector<uint8_t> bounce(piece * size_t(c.world));
+    for (size_t off = 0; off < bytes; off += piece) {
+      size_t n = std::min(piece, bytes - off);
+      gloo::AllgatherOptions o(c.ctx);
+      o.setInput<uint8_t>(const_cast<uint8_t *>(in + off), n);
+      o.setOutput<uint8_t>(bounce.data(), n * size_t(c.world));
+      o.setTag(c.tag++);
+      o.setTimeout(c.timeout());
+      gloo::allgather(o);
+      for (int r = 0; r < c.world; r++) memcpy(out + size_t(r) * bytes + off, bounce.data() + size_t(r) * n, n);
+    }
+  });
+}
+
+sl_status gloo_barrier(void *comm) {
+  Comm &c = *static_cast<Comm *>(comm);
+  std::string what = describe(c, "barrier");
+  if (c.world == 1) return c.failed ? guarded(c, what, [] {}) : SL_OK;
+  return guarded(c, what, [&] {
+    gloo::BarrierOptions o(c.ctx);
+    o.setTag(c.tag++);
+    o.setTimeout(c.timeout());
+    gloo::barrier(o);
+  });
+}
+
+const sl_collective_ops kGlooOps = {
+    SL_COLLECTIVE_ABI_VERSION, sizeof(sl_collective_ops), "gloo", nullptr, gloo_score, gloo_init, gloo_fini,
+    gloo_broadcast,            gloo_scatterv,             gloo_allgather, gloo_barrier,
+};
+
+} // namespace
+
+extern "C" const sl_collective_ops *sl__collective_gloo(void) { return &kGlooOps; }

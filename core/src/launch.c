@@ -1,0 +1,221 @@
+/* Launcher environment: which rank this process is, of how many, and where the ranks meet.
+ *
+ * Launchers announce ranks through environment variables. torchrun (and anything imitating it:
+ * Accelerate, DeepSpeed, Lightning) sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT;
+ * srun sets SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; mpirun (Open MPI) sets
+ * OMPI_COMM_WORLD_*. A torchrun job started under Slurm has both sets, and torchrun's are the
+ * truth there (one srun task may host several torchrun ranks), hence torchrun, then Slurm,
+ * then Open MPI. Every value is validated, because a wrong rank makes the job hang at
+ * rendezvous instead of failing: the message names the variable so the user knows whom to
+ * blame. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Slurm has no MASTER_PORT of its own; torch's conventional default. */
+#define SLURM_DEFAULT_PORT 29500
+
+/* Reads integer variable NAME in [MIN, MAX]. Absent: *present = false, OK. */
+static sl_status env_int(sl_context *ctx, const char *name, long min, long max, bool *present,
+                         int *out) {
+  const char *v = getenv(name);
+  *present = v != NULL;
+  if (!v) return SL_OK;
+  char *end = NULL;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  /* strtol accepts leading blanks and "+"; a launcher never writes those, a typo might */
+  if (!*v || end == v || *end || v[0] == ' ' || v[0] == '\t' || v[0] == '+')
+    return sl__fail(ctx, SL_ERR_INVALID, "%s='%s' is not an integer; fix or unset it", name, v);
+  if (errno == ERANGE)
+    return sl__fail(ctx, SL_ERR_INVALID, "%s='%s' is out of range (%ld..%ld); fix or unset it", name, v, min, max);
+  if (x < min || x > max)
+    return sl__fail(ctx, SL_ERR_INVALID, "%s=%ld is out of range (%ld..%ld); fix or unset it", name, x,
+                    min, max);
+  *out = (int)x;
+  return SL_OK;
+}
+
+/* Reads a rank/size/local-rank triple; SIZE_VAR is required once RANK_VAR is set. */
+static sl_status env_triple(sl_context *ctx, const char *rank_var, const char *size_var,
+                            const char *local_var, sl__launch_info *out) {
+  bool has_rank, has_size, has_local;
+  sl_status st;
+  if ((st = env_int(ctx, rank_var, 0, INT_MAX - 1, &has_rank, &out->rank)) != SL_OK) return st;
+  if ((st = env_int(ctx, size_var, 1, INT_MAX, &has_size, &out->world_size)) != SL_OK) return st;
+  if ((st = env_int(ctx, local_var, 0, INT_MAX - 1, &has_local, &out->local_rank)) != SL_OK) return st;
+  if (!has_rank || !has_size)
+    return sl__fail(ctx, SL_ERR_INVALID, "%s is set but %s is not (%s launchers set both); set it or unset %s",
+                    has_rank ? rank_var : size_var, has_rank ? size_var : rank_var, out->source,
+                    has_rank ? rank_var : size_var);
+  /* Without a local rank, ranks on one node spread over its devices (local_rank % devices). */
+  if (!has_local) out->local_rank = out->rank;
+  if (out->rank >= out->world_size)
+    return sl__fail(ctx, SL_ERR_INVALID, "%s=%d is not less than %s=%d; ranks count from 0", rank_var,
+                    out->rank, size_var, out->world_size);
+  if (has_local && out->local_rank >= out->world_size)
+    return sl__fail(ctx, SL_ERR_INVALID, "%s=%d is not less than %s=%d", local_var, out->local_rank, size_var,
+                    out->world_size);
+  return SL_OK;
+}
+
+/* tcp://HOST:PORT, with IPv6 literals bracketed. */
+static sl_status make_tcp_url(sl_context *ctx, const char *host, int port, char **url) {
+  const char *fmt = strchr(host, ':') && host[0] != '[' ? "tcp://[%s]:%d" : "tcp://%s:%d";
+  if (asprintf(url, fmt, host, port) < 0) {
+    *url = NULL;
+    return sl__fail(ctx, SL_ERR_NOMEM, "out of memory building the rendezvous address");
+  }
+  return SL_OK;
+}
+
+/* The rendezvous from MASTER_ADDR/MASTER_PORT; under Slurm the launch node and port 29500
+ * stand in for whichever is missing. NULL when there is no address at all. */
+static sl_status master_rendezvous(sl_context *ctx, bool slurm, char **url) {
+  *url = NULL;
+  const char *addr = getenv("MASTER_ADDR");
+  bool has_port;
+  int port = 0;
+  sl_status st = env_int(ctx, "MASTER_PORT", 1, 65535, &has_port, &port);
+  if (st != SL_OK) return st;
+  if (addr && !*addr)
+    return sl__fail(ctx, SL_ERR_INVALID, "MASTER_ADDR is set but empty; give rank 0's host name or address");
+  if (slurm) {
+    /* srun's launch node is the batch host, where task 0 runs under the default block
+     * distribution; an srun from a login node needs MASTER_ADDR. */
+    const char *launch = getenv("SLURM_LAUNCH_NODE_IPADDR");
+    if (!addr && launch && *launch) addr = launch;
+    if (!addr) return SL_OK; /* the caller says what to set */
+    if (!has_port) port = SLURM_DEFAULT_PORT;
+    has_port = true;
+  }
+  if (!addr && !has_port) return SL_OK;
+  if (!addr)
+    return sl__fail(ctx, SL_ERR_INVALID, "MASTER_PORT is set but MASTER_ADDR is not; set both (or SHARDLOAD_RENDEZVOUS)");
+  if (!has_port)
+    return sl__fail(ctx, SL_ERR_INVALID, "MASTER_ADDR is set but MASTER_PORT is not; set both (or SHARDLOAD_RENDEZVOUS)");
+  return make_tcp_url(ctx, addr, port, url);
+}
+
+sl_status sl__launch_env(sl_context *ctx, sl__launch_info *out) {
+  memset(out, 0, sizeof *out);
+  out->world_size = 1;
+  out->source = "default";
+  sl_status st;
+  bool slurm = false;
+
+  if (getenv("RANK") || getenv("WORLD_SIZE")) {
+    out->source = "torchrun";
+    st = env_triple(ctx, "RANK", "WORLD_SIZE", "LOCAL_RANK", out);
+  } else if (getenv("SLURM_PROCID")) {
+    out->source = "slurm";
+    slurm = true;
+    st = env_triple(ctx, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", out);
+  } else if (getenv("OMPI_COMM_WORLD_RANK") || getenv("OMPI_COMM_WORLD_SIZE")) {
+    out->source = "openmpi";
+    st = env_triple(ctx, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", out);
+  } else {
+    st = SL_OK;
+  }
+  if (st != SL_OK) goto out_fail;
+
+  const char *override = getenv("SHARDLOAD_RENDEZVOUS");
+  const char *from = "SHARDLOAD_RENDEZVOUS";
+  if (override) {
+    if (!*override) {
+      st = sl__fail(ctx, SL_ERR_INVALID,
+                    "SHARDLOAD_RENDEZVOUS is set but empty; give file://DIR or tcp://HOST:PORT, or unset it");
+      goto out_fail;
+    }
+    if (!(out->rendezvous = sl__strdup(override))) {
+      st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory copying SHARDLOAD_RENDEZVOUS");
+      goto out_fail;
+    }
+  } else {
+    from = slurm ? "MASTER_ADDR/MASTER_PORT (or SLURM_LAUNCH_NODE_IPADDR)" : "MASTER_ADDR/MASTER_PORT";
+    if ((st = master_rendezvous(ctx, slurm, &out->rendezvous)) != SL_OK) goto out_fail;
+  }
+
+  if (out->rendezvous) {
+    sl__rendezvous r;
+    char err[512];
+    if ((st = sl__rendezvous_parse(out->rendezvous, &r, err, sizeof err)) != SL_OK) {
+      st = sl__fail(ctx, st, "%s gives rendezvous '%s': %s", from, out->rendezvous, err);
+      goto out_fail;
+    }
+  } else if (out->world_size > 1) {
+    st = sl__fail(ctx, SL_ERR_INVALID,
+                  "%s says rank %d of %d but gives no rendezvous: set MASTER_ADDR and MASTER_PORT (rank 0's "
+                  "host and a free port), or SHARDLOAD_RENDEZVOUS=tcp://HOST:PORT or file://DIR",
+                  out->source, out->rank, out->world_size);
+    goto out_fail;
+  }
+  return SL_OK;
+
+out_fail:
+  free(out->rendezvous);
+  out->rendezvous = NULL;
+  return st;
+}
+
+/* Fails with a message in ERR; always SL_ERR_INVALID. */
+static sl_status bad_url(char *err, size_t errlen, const char *url, const char *why) {
+  /* echo at most 200 characters of the URL, so the reason always fits */
+  snprintf(err, errlen, "rendezvous '%.200s%s': %s; expected file://DIR (a directory every rank shares) or "
+           "tcp://HOST:PORT (rank 0's host and a free port)", url, strlen(url) > 200 ? "..." : "", why);
+  return SL_ERR_INVALID;
+}
+
+sl_status sl__rendezvous_parse(const char *url, sl__rendezvous *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (!url || !*url) return bad_url(err, errlen, url ? url : "", "empty");
+  if (strncmp(url, "file://", 7) == 0) {
+    const char *dir = url + 7;
+    if (!*dir) return bad_url(err, errlen, url, "no directory after file://");
+    if (strlen(dir) >= sizeof out->path) return bad_url(err, errlen, url, "directory path too long");
+    out->kind = SL__RDZV_FILE;
+    strcpy(out->path, dir);
+    return SL_OK;
+  }
+  if (strncmp(url, "tcp://", 6) != 0) return bad_url(err, errlen, url, "unknown scheme");
+
+  const char *h = url + 6, *hend, *colon;
+  if (*h == '[') { /* [v6]:port */
+    h++;
+    hend = strchr(h, ']');
+    if (!hend) return bad_url(err, errlen, url, "'[' without ']'");
+    colon = hend + 1;
+    if (*colon != ':') return bad_url(err, errlen, url, "no ':PORT' after ']'");
+  } else {
+    colon = strrchr(h, ':');
+    if (!colon) return bad_url(err, errlen, url, "no ':PORT'");
+    hend = colon;
+    if (memchr(h, ':', (size_t)(hend - h)))
+      return bad_url(err, errlen, url, "an IPv6 address needs brackets, as in tcp://[::1]:29500");
+  }
+  size_t hlen = (size_t)(hend - h);
+  if (hlen == 0) return bad_url(err, errlen, url, "no host");
+  if (hlen >= sizeof out->host) return bad_url(err, errlen, url, "host name too long");
+  if (memchr(h, '/', hlen)) return bad_url(err, errlen, url, "'/' in the host");
+
+  const char *p = colon + 1;
+  long port = 0;
+  if (!*p) return bad_url(err, errlen, url, "no port after ':'");
+  for (const char *c = p; *c; c++) {
+    if (*c < '0' || *c > '9') return bad_url(err, errlen, url, "the port is not a number");
+    port = port * 10 + (*c - '0');
+    if (port > 65535) break;
+  }
+  if (port < 1 || port > 65535) return bad_url(err, errlen, url, "the port is not in 1..65535");
+
+  out->kind = SL__RDZV_TCP;
+  memcpy(out->host, h, hlen);
+  out->host[hlen] = 0;
+  out->port = (int)port;
+  return SL_OK;
+}

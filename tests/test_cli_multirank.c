@@ -1,0 +1,414 @@
+/* `shardload load --nproc N`: the command's own launcher of local ranks, end to end.
+ *
+ * World 2 and 4 over strategy scatter/broadcast x source rank0/every-rank, on a synthetic
+ * checkpoint and on a hand-made one with uneven rows (10 over 4: 3,3,3,1; an empty shard) and
+ * norms replicated by --replicate '*norm*': every rank's --dump is compared byte for byte with
+ * the slice computed here from the source (cli_testlib.h reads safetensors on its own), and
+ * the merged JSON report's transfer statistics with what each strategy must move.
+ *
+ * Failures: a missing file, a rank that dies or hangs in the middle of the load (the
+ * SHARDLOAD_TEST_FAIL_RANK hook of cmd_load.c), a rank whose dump cannot be written, and a
+ * SIGTERM to the launcher itself: the launcher must stop the other ranks, exit quickly with
+ * the failed rank's one error line, and leave no process behind. The test process makes
+ * itself a child subreaper, so any rank the launcher did not wait for becomes the test's
+ * child and is caught. */
+#define _GNU_SOURCE
+#include "cli_testlib.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char *g_dir;
+static char *g_synth;  /* synth --size 1MiB --shards 2 */
+static char *g_uneven; /* hand-made */
+
+#define UNEVEN_REPLICATE "*norm*"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* No process is left over from a launcher: every rank it forked was reaped by it (one it did
+ * not reap would have been re-parented to this subreaper). */
+static void assert_no_children(void) {
+  int st;
+  pid_t p = waitpid(-1, &st, WNOHANG);
+  if (p != -1 || errno != ECHILD) fail_msg("a process outlived the launcher (waitpid: %ld)", (long)p);
+}
+
+/* The pids a --verbose launcher printed ("launch: rank R pid P"); returns how many. */
+static int launched_pids(const char *out, pid_t *pids, int max) {
+  int n = 0;
+  for (const char *p = out; (p = strstr(p, "launch: rank ")) != NULL && n < max; p++) {
+    int r;
+    long pid;
+    if (sscanf(p, "launch: rank %d pid %ld", &r, &pid) == 2) pids[n++] = (pid_t)pid;
+  }
+  return n;
+}
+
+static void assert_gone(const pid_t *pids, int n) {
+  for (int i = 0; i < n; i++)
+    if (kill(pids[i], 0) == 0 || errno != ESRCH) fail_msg("rank pid %ld still exists", (long)pids[i]);
+}
+
+/* The only "shardload: " line of OUT (other lines are --verbose launcher lines). */
+static const char *the_error_line(const char *out, char *buf, size_t len) {
+  const char *found = NULL;
+  for (const char *p = out; p && *p;) {
+    if (!strncmp(p, "shardload: ", 11)) {
+      if (found) fail_msg("more than one error line: %s", out);
+      found = p;
+    }
+    p = strchr(p, '\n');
+    if (p) p++;
+  }
+  if (!found) fail_msg("no error line: %s", out);
+  const char *nl = strchr(found, '\n');
+  assert_non_null(nl);
+  snprintf(buf, len, "%.*s\n", (int)(nl - found), found);
+  return buf;
+}
+
+/* ---- fixtures ---------------------------------------------------------------------------------- */
+
+static int setup(void **state) {
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) return -1;
+  g_dir = sl_test_dir("cli-multirank");
+  if (!g_dir) return -1;
+  g_synth = sl_test_path(g_dir, "synth");
+  g_uneven = sl_test_path(g_dir, "uneven.safetensors");
+  char *out = NULL;
+  int rc = sl_test_run(&out, "%s synth '%s' --size 1MiB --seed 11 --shards 2", sl_test_bin(), g_synth);
+  if (rc != 0) fprintf(stderr, "synth failed (%d): %s\n", rc, out ? out : "");
+  free(out);
+  if (rc != 0) return -1;
+  sl_test_tensor ts[] = {
+      {"rows10", "F32", 2, {10, 3}, NULL},                /* 3,3,3,1 over 4 */
+      {"layers.0.input_layernorm.weight", "F32", 1, {6}, NULL}, /* replicated by the rule */
+      {"rows9", "BF16", 2, {9, 2}, NULL},                 /* 3,3,3,0: an empty shard */
+      {"rows3", "F32", 2, {3, 2}, NULL},                  /* 1,1,1,0 */
+      {"final_norm.weight", "BF16", 1, {5}, NULL},        /* replicated by the rule */
+      {"scalar", "F32", 0, {0}, NULL},                    /* 0-d: replicated */
+      {"ids", "I64", 1, {4}, NULL},
+  };
+  return sl_test_write_st(g_uneven, ts, sizeof ts / sizeof ts[0], "{\"format\":\"pt\"}");
+}
+
+static int teardown(void **state) {
+  free(g_synth);
+  free(g_uneven);
+  free(g_dir);
+  return 0;
+}
+
+/* ---- loads that succeed ----------------------------------------------------------------------- */
+
+typedef struct load_case {
+  const char *path;
+  int world;
+  const char *strategy, *source, *backend, *cpu_offload;
+  const char *replicate; /* glob, or NULL */
+  int cast_f32;
+} load_case;
+
+static uint64_t jint(json_t *o, const char *a, const char *b) {
+  json_t *v = json_object_get(o, a);
+  if (b) v = json_object_get(v, b);
+  if (!json_is_integer(v)) fail_msg("%s.%s is not an integer", a, b ? b : "");
+  return (uint64_t)json_integer_value(v);
+}
+
+static uint64_t checkpoint_bytes(const char *path) {
+  char *jp = sl_test_path(g_dir, "inspect.json"), cmd[4096];
+  snprintf(cmd, sizeof cmd, "%s inspect --json '%s'", sl_test_bin(), path);
+  assert_int_equal(run_to_file(jp, cmd), 0);
+  json_t *j = load_json_file(jp);
+  uint64_t n = jint(j, "total_bytes", NULL);
+  json_decref(j);
+  free(jp);
+  return n;
+}
+
+static void run_case(const load_case *c) {
+  char *jp = sl_test_path(g_dir, "merged.json"), *dump = sl_test_path(g_dir, "dump"), cmd[4096];
+  char *out = NULL;
+  assert_int_equal(sl_test_run(&out, "rm -rf '%s'", dump), 0);
+  free(out);
+  snprintf(cmd, sizeof cmd,
+           "%s load '%s' --nproc %d --strategy %s --source %s --backend %s --cpu-offload %s --staging 64K "
+           "--timeout 60 --dump '%s' --json %s%s%s %s",
+           sl_test_bin(), c->path, c->world, c->strategy, c->source, c->backend, c->cpu_offload, dump,
+           c->replicate ? "--replicate '" : "", c->replicate ? c->replicate : "", c->replicate ? "'" : "",
+           c->cast_f32 ? "--param-dtype F32" : "");
+  double t0 = now_s();
+  int rc = run_to_file(jp, cmd);
+  if (rc != 0) {
+    sl_test_run(&out, "%s", cmd);
+    fail_msg("%s exited %d: %s", cmd, rc, out ? out : "");
+  }
+  double wall = now_s() - t0;
+  assert_no_children();
+
+  json_t *j = load_json_file(jp);
+  uint64_t ckpt = checkpoint_bytes(c->path);
+  assert_int_equal(jint(j, "world_size", NULL), c->world);
+  assert_int_equal(jint(j, "checkpoint_bytes", NULL), ckpt);
+  double ws = json_number_value(json_object_get(j, "wall_seconds"));
+  assert_true(ws > 0 && ws <= wall + 0.5);
+  assert_string_equal(json_string_value(json_object_get(j, "strategy")), c->strategy);
+  assert_string_equal(json_string_value(json_object_get(j, "source")), c->source);
+  json_t *ranks = json_object_get(j, "ranks");
+  assert_int_equal(json_array_size(ranks), c->world);
+
+  uint64_t others = 0; /* bytes held by ranks 1.. */
+  for (int r = 0; r < c->world; r++) {
+    json_t *rj = json_array_get(ranks, (size_t)r);
+    assert_int_equal(jint(rj, "rank", NULL), r);
+    assert_int_equal(jint(rj, "world_size", NULL), c->world);
+    assert_string_equal(json_string_value(json_object_get(rj, "collective")), c->world > 1 ? "gloo" : "local");
+    uint64_t held = jint(rj, "totals", "bytes");
+    if (r) others += held;
+    assert_true(jint(rj, "stats", "peak_rss_bytes") > 0);
+    assert_true(jint(rj, "stats", "staging_bytes") > 0);
+    /* what each way of loading moves (no cast: wire bytes are file bytes) */
+    uint64_t read = jint(rj, "stats", "bytes_read"), sent = jint(rj, "stats", "bytes_sent"),
+             recv = jint(rj, "stats", "bytes_received");
+    if (!strcmp(c->source, "every-rank")) {
+      if (!c->cast_f32) assert_int_equal(read, held); /* only its own bytes, nothing on the wire */
+      assert_int_equal(sent, 0);
+      assert_int_equal(recv, 0);
+    } else if (r > 0) {
+      assert_int_equal(read, 0);
+      assert_int_equal(sent, 0);
+      if (!strcmp(c->strategy, "broadcast")) assert_int_equal(recv, ckpt);
+      else if (!c->cast_f32) assert_int_equal(recv, held);
+    } else {
+      assert_int_equal(read, ckpt);
+      assert_int_equal(recv, 0);
+    }
+    char name[32];
+    snprintf(name, sizeof name, "rank-%d.safetensors", r);
+    char *dp = sl_test_path(dump, name);
+    assert_string_equal(json_string_value(json_object_get(rj, "dump")), dp);
+    size_t n = check_dump(dp, c->path, c->cast_f32, r, c->world, c->replicate);
+    assert_int_equal(n, json_array_size(json_object_get(rj, "tensors")));
+    free(dp);
+  }
+  json_t *r0 = json_array_get(ranks, 0);
+  uint64_t sent0 = jint(r0, "stats", "bytes_sent");
+  assert_int_equal(jint(j, "rank0_bytes_sent", NULL), sent0);
+  if (!strcmp(c->source, "rank0") && !strcmp(c->strategy, "broadcast"))
+    assert_int_equal(sent0, (uint64_t)(c->world - 1) * ckpt); /* Accelerate: everything to everyone */
+  else if (!strcmp(c->source, "rank0") && !c->cast_f32)
+    assert_int_equal(sent0, others); /* scatter: each rank exactly its shards */
+  json_decref(j);
+  free(jp);
+  free(dump);
+}
+
+static void test_matrix(void **state) {
+  static const int worlds[] = {2, 4};
+  static const char *strategies[] = {"scatter", "broadcast"};
+  static const char *sources[] = {"rank0", "every-rank"};
+  for (int w = 0; w < 2; w++)
+    for (int s = 0; s < 2; s++)
+      for (int o = 0; o < 2; o++) {
+        /* the strict simulated accelerator proves device memory is touched only through the
+         * backend; the cpu backend places in host memory */
+        load_case a = {g_synth, worlds[w], strategies[s], sources[o], s ? "sim:strict" : "cpu",
+                       s ? "off" : "on", NULL, 0};
+        run_case(&a);
+        load_case b = {g_uneven, worlds[w], strategies[s], sources[o], o ? "sim:strict" : "cpu",
+                       o ? "infer" : "on", UNEVEN_REPLICATE, 0};
+        run_case(&b);
+      }
+}
+
+static void test_cast_and_one_rank(void **state) {
+  load_case a = {g_synth, 2, "scatter", "rank0", "sim:strict", "off", NULL, 1};
+  run_case(&a);
+  load_case b = {g_synth, 4, "broadcast", "every-rank", "cpu", "on", "*norm*", 1};
+  run_case(&b);
+  load_case c = {g_uneven, 1, "scatter", "rank0", "cpu", "on", NULL, 0}; /* --nproc 1 */
+  run_case(&c);
+}
+
+static void test_human_output(void **state) {
+  char *out = NULL;
+  assert_int_equal(sl_test_run(&out, "%s load '%s' --nproc 2 --backend cpu", sl_test_bin(), g_synth), 0);
+  assert_no_children();
+  assert_non_null(strstr(out, "load "));
+  assert_non_null(strstr(out, "2 local ranks"));
+  assert_non_null(strstr(out, "rank 0: "));
+  assert_non_null(strstr(out, "rank 1: "));
+  assert_null(strstr(out, "rank 2: "));
+  assert_non_null(strstr(out, "peak RSS"));
+  assert_non_null(strstr(out, "total: "));
+  assert_non_null(strstr(out, "GB/s"));
+  assert_non_null(strstr(out, "inferred: no offload policy"));
+  assert_null(strstr(out, "model.embed_tokens.weight")); /* short: no per-tensor lines */
+  assert_null(strstr(out, "launch: "));
+  free(out);
+
+  /* --verbose: every rank's table, and the pids, all gone afterwards */
+  assert_int_equal(sl_test_run(&out, "%s load '%s' --nproc 3 --backend sim --verbose", sl_test_bin(), g_synth), 0);
+  assert_no_children();
+  for (int r = 0; r < 3; r++) {
+    char want[64];
+    snprintf(want, sizeof want, "rank %d of 3: backend sim", r);
+    assert_non_null(strstr(out, want));
+  }
+  assert_non_null(strstr(out, "model.embed_tokens.weight"));
+  pid_t pids[8];
+  assert_int_equal(launched_pids(out, pids, 8), 3);
+  assert_gone(pids, 3);
+  free(out);
+}
+
+/* ---- failures --------------------------------------------------------------------------------- */
+
+static void test_missing_file(void **state) {
+  char *missing = sl_test_path(g_dir, "missing.safetensors"), *out = NULL, line[4096];
+  double t0 = now_s();
+  assert_int_equal(sl_test_run(&out, "%s load '%s' --nproc 3 --backend cpu", sl_test_bin(), missing), 1);
+  assert_true(now_s() - t0 < 10.0);
+  assert_no_children();
+  assert_one_error_line(out, missing);
+  assert_non_null(strstr(out, ": rank "));
+  free(out);
+
+  /* --verbose: launcher lines besides, still one error line, and every rank gone */
+  assert_int_equal(sl_test_run(&out, "%s load '%s' --nproc 3 --backend cpu -v", sl_test_bin(), missing), 1);
+  assert_no_children();
+  the_error_line(out, line, sizeof line);
+  assert_one_error_line(line, missing);
+  pid_t pids[8];
+  assert_int_equal(launched_pids(out, pids, 8), 3);
+  assert_gone(pids, 3);
+  free(out);
+  free(missing);
+}
+
+/* Rank 1 dies (exit 9, or SIGKILL) or hangs once the data phase begins, while the others
+ * wait in a collective: the launcher must stop them and exit 1 quickly naming rank 1 (for a
+ * death) or a rank that timed out waiting (for a hang). */
+static void run_dying_rank(const char *mode, const char *extra, double max_s, const char *want_in_line) {
+  char *out = NULL, line[4096];
+  double t0 = now_s();
+  int rc = sl_test_run(&out, "SHARDLOAD_TEST_FAIL_RANK=1%s %s load '%s' --nproc 3 --backend cpu %s -v",
+                       mode, sl_test_bin(), g_synth, extra);
+  double took = now_s() - t0;
+  if (rc != 1) fail_msg("mode '%s': exit %d, want 1: %s", mode, rc, out ? out : "");
+  if (took > max_s) fail_msg("mode '%s': took %.1f s, want < %.1f s", mode, took, max_s);
+  assert_no_children();
+  the_error_line(out, line, sizeof line);
+  assert_one_error_line(line, g_synth);
+  if (!strstr(line, want_in_line)) fail_msg("mode '%s': '%s' not in: %s", mode, want_in_line, line);
+  pid_t pids[8];
+  assert_int_equal(launched_pids(out, pids, 8), 3);
+  assert_gone(pids, 3);
+  free(out);
+}
+
+static void test_rank_dies(void **state) {
+  run_dying_rank("", "", 10.0, ": rank 1: exited with status 9");
+  run_dying_rank(":exit", "", 10.0, ": rank 1: exited with status 9");
+  run_dying_rank(":signal", "", 10.0, ": rank 1: killed by signal 9");
+  /* a hung rank: the others time out (--timeout 2), then the launcher stops the hung one */
+  run_dying_rank(":hang", "--timeout 2", 15.0, sl_status_name(SL_ERR_TIMEOUT));
+}
+
+/* Rank 1 alone cannot write its dump (its file name is taken by a directory): the load
+ * succeeded everywhere, the launcher still exits 1 with rank 1's line naming the file. */
+static void test_dump_fails_on_one_rank(void **state) {
+  char *dump = sl_test_path(g_dir, "dump-blocked"), *blocked = sl_test_path(dump, "rank-1.safetensors");
+  char *out = NULL, line[4096];
+  assert_int_equal(sl_test_run(&out, "rm -rf '%s' && mkdir -p '%s'", dump, blocked), 0);
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s load '%s' --nproc 2 --backend cpu --dump '%s'", sl_test_bin(),
+                               g_uneven, dump), 1);
+  assert_no_children();
+  assert_one_error_line(the_error_line(out, line, sizeof line), blocked);
+  assert_non_null(strstr(line, ": rank 1: "));
+  free(out);
+  free(blocked);
+  free(dump);
+}
+
+/* SIGTERM to the launcher while its ranks hang: it stops them, removes its private directory
+ * and dies of the same signal. */
+static void test_launcher_terminated(void **state) {
+  char *errp = sl_test_path(g_dir, "term.err");
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    FILE *e = freopen(errp, "w", stderr);
+    if (!e || !freopen("/dev/null", "w", stdout)) _exit(100);
+    setenv("SHARDLOAD_TEST_FAIL_RANK", "2:hang", 1);
+    execl(sl_test_bin(), "shardload", "load", g_synth, "--nproc", "3", "--backend", "cpu", "--timeout", "60",
+          "-v", (char *)NULL);
+    _exit(101);
+  }
+  /* wait for the pids, then for the data phase to start (rank 2 hangs there) */
+  pid_t pids[8];
+  int n = 0;
+  char rdv[4096] = "";
+  for (double t0 = now_s(); now_s() - t0 < 10.0 && (n < 3 || !rdv[0]);) {
+    usleep(20 * 1000);
+    char text[8192] = "";
+    FILE *f = fopen(errp, "r");
+    if (f) {
+      text[fread(text, 1, sizeof text - 1, f)] = 0;
+      fclose(f);
+    }
+    n = launched_pids(text, pids, 8);
+    const char *r = strstr(text, "launch: rendezvous file://");
+    if (r) sscanf(r, "launch: rendezvous file://%4095s", rdv);
+  }
+  assert_int_equal(n, 3);
+  assert_true(rdv[0] != 0);
+  usleep(500 * 1000);
+  double t0 = now_s();
+  assert_int_equal(kill(pid, SIGTERM), 0);
+  int st = 0;
+  pid_t w;
+  while ((w = waitpid(pid, &st, WNOHANG)) == 0 && now_s() - t0 < 10.0) usleep(10 * 1000);
+  if (w != pid) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    fail_msg("the launcher did not end within 10 s of SIGTERM");
+  }
+  assert_true(WIFSIGNALED(st));
+  assert_int_equal(WTERMSIG(st), SIGTERM);
+  assert_no_children();
+  assert_gone(pids, 3);
+  /* the private directory (holding the rendezvous) is gone */
+  char *parent = strdup(rdv);
+  *strrchr(parent, '/') = 0;
+  struct stat sb;
+  assert_int_not_equal(stat(parent, &sb), 0);
+  free(parent);
+  free(errp);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_matrix),
+      cmocka_unit_test(test_cast_and_one_rank),
+      cmocka_unit_test(test_human_output),
+      cmocka_unit_test(test_missing_file),
+      cmocka_unit_test(test_rank_dies),
+      cmocka_unit_test(test_dump_fails_on_one_rank),
+      cmocka_unit_test(test_launcher_terminated),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,665 @@
+/* The Gloo collective, driven through its ops table by real processes (2 and 4 ranks) over
+ * loopback, with file:// and tcp:// rendezvous: data must arrive bit-exact, and a rank that
+ * dies or hangs must make the others fail within the timeout, naming it.
+ *
+ * Ranks are forked children; they check with CHECK (print, _exit(1)) rather than cmocka,
+ * whose longjmp state belongs to the parent. The parent waits for every child with a
+ * deadline and kills stragglers, failing the test, so no process outlives it. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "testutil.h"
+
+#define MAX_RANKS 8
+#define LARGE (64u << 20)
+
+/* ---- the host a module gets from the core: here it records the last failure ------------ */
+static char g_msg[SL__ERRMSG_LEN];
+static int g_rank = -1;
+
+static void t_log(void *core, sl_log_level level, const char *fmt, ...) {}
+static sl_status t_fail(void *core, sl_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_msg, sizeof g_msg, fmt, ap);
+  va_end(ap);
+  return s;
+}
+static const sl_module_host g_host = {NULL, t_log, t_fail};
+
+/* The table, found the way the core finds it; NULL in a build without Gloo. */
+static const sl_collective_ops *gloo_ops(void) {
+  static sl_context ctx;
+  const sl_collective_ops *ops = NULL;
+  void *dl = NULL;
+  if (sl__collective_select(&ctx, "gloo", &ops, &dl) != SL_OK) return NULL;
+  return ops;
+}
+
+#define NEED_GLOO()                                                                            \
+  do {                                                                                         \
+    if (!gloo_ops()) skip();                                                                   \
+  } while (0)
+
+#define CHECK(cond, ...)                                                                       \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      fprintf(stderr, "rank %d: line %d: check failed: %s: ", g_rank, __LINE__, #cond);        \
+      fprintf(stderr, __VA_ARGS__);                                                            \
+      fprintf(stderr, " [last message: %s]\n", g_msg);                                         \
+      _exit(1);                                                                                \
+    }                                                                                          \
+  } while (0)
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Deterministic bytes: word i of stream SEED. */
+static uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+static void fill(void *buf, size_t n, uint64_t seed, size_t start) {
+  unsigned char *p = buf;
+  for (size_t i = 0; i < n; i++) {
+    size_t g = start + i;
+    p[i] = (unsigned char)(mix(seed * 0x100000001ull + g / 8) >> (8 * (g % 8)));
+  }
+}
+/* Index of the first byte that differs from the pattern, or -1. */
+static long mismatch(const void *buf, size_t n, uint64_t seed, size_t start) {
+  const unsigned char *p = buf;
+  for (size_t i = 0; i < n; i++) {
+    size_t g = start + i;
+    if (p[i] != (unsigned char)(mix(seed * 0x100000001ull + g / 8) >> (8 * (g % 8)))) return (long)i;
+  }
+  return -1;
+}
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+typedef enum rdzv { FILE_RDZV, TCP_RDZV } rdzv;
+
+static char *make_url(rdzv kind, const char *name) {
+  char *url = NULL;
+  if (kind == FILE_RDZV) {
+    char *dir = sl_test_dir(name);
+    assert_non_null(dir);
+    assert_true(asprintf(&url, "file://%s/store", dir) > 0); /* a directory gloo must create */
+    free(dir);
+  } else {
+    assert_true(asprintf(&url, "tcp://127.0.0.1:%d", free_port()) > 0);
+  }
+  return url;
+}
+
+/* ---- running ranks ------------------------------------------------------------------------- */
+
+typedef struct job {
+  int world;
+  const char *url;
+  int timeout_ms;
+  unsigned start_mask; /* ranks to start (0: all) */
+  /* Runs as rank RANK with an initialised communicator; returns the exit code. */
+  int (*body)(const sl_collective_ops *ops, void *comm, const struct job *job, int rank);
+  /* Instead of init: runs as rank RANK and returns the exit code (init-failure tests). */
+  int (*raw)(const sl_collective_ops *ops, const struct job *job, int rank);
+  int victim; /* for failure bodies */
+  int delay_ms[MAX_RANKS]; /* how late each rank starts */
+  const char *chunk_env[MAX_RANKS]; /* SHARDLOAD_GLOO_CHUNK_BYTES of each rank, or NULL */
+  int expect_exit[MAX_RANKS];
+  double deadline_s;
+} job;
+
+static int thread_count(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  int n = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "Threads: %d", &n) == 1) break;
+  if (f) fclose(f);
+  return n;
+}
+
+static int child(const job *j, int rank) {
+  g_rank = rank;
+  const sl_collective_ops *ops = gloo_ops();
+  if (j->delay_ms[rank]) usleep((useconds_t)j->delay_ms[rank] * 1000);
+  if (j->chunk_env[rank]) setenv("SHARDLOAD_GLOO_CHUNK_BYTES", j->chunk_env[rank], 1);
+  if (j->raw) return j->raw(ops, j, rank);
+  int threads = thread_count();
+  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms};
+  void *comm = NULL;
+  sl_status st = ops->init(&in, &comm);
+  CHECK(st == SL_OK, "init: %s", sl_status_name(st));
+  CHECK(thread_count() > threads, "Gloo runs an event loop thread");
+  int rc = j->body(ops, comm, j, rank);
+  ops->fini(comm);
+  /* fini leaves no thread behind: not Gloo's event loop, not rank 0's store server (a joined
+   * thread may linger in the count for a moment while the kernel reaps it) */
+  int after = thread_count();
+  for (int i = 0; i < 100 && after != threads; i++) {
+    usleep(10000);
+    after = thread_count();
+  }
+  CHECK(after == threads, "%d threads after fini, %d before init", after, threads);
+  return rc;
+}
+
+/* Forks the ranks, waits for all of them (killing stragglers at the deadline) and checks
+ * every exit code. */
+static void run(const job *j) {
+  NEED_GLOO();
+  pid_t pids[MAX_RANKS] = {0};
+  int status[MAX_RANKS];
+  fflush(NULL);
+  for (int r = 0; r < j->world; r++) {
+    if (j->start_mask && !(j->start_mask & (1u << r))) continue;
+    pids[r] = fork();
+    assert_true(pids[r] >= 0);
+    if (pids[r] == 0) {
+      alarm((unsigned)j->deadline_s + 30); /* belt and braces: never outlive the parent long */
+      _exit(child(j, r));
+    }
+  }
+  double end = now_ms() + j->deadline_s * 1e3;
+  int left = 0;
+  for (int r = 0; r < j->world; r++) left += pids[r] > 0;
+  while (left > 0 && now_ms() < end) {
+    for (int r = 0; r < j->world; r++) {
+      if (pids[r] <= 0) continue;
+      pid_t w = waitpid(pids[r], &status[r], WNOHANG);
+      if (w == pids[r]) {
+        pids[r] = -pids[r];
+        left--;
+      }
+    }
+    usleep(5000);
+  }
+  int stragglers = 0;
+  for (int r = 0; r < j->world; r++) {
+    if (pids[r] > 0) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], &status[r], 0);
+      fprintf(stderr, "rank %d still running after %.0f s: killed\n", r, j->deadline_s);
+      stragglers++;
+    }
+  }
+  assert_int_equal(stragglers, 0);
+  for (int r = 0; r < j->world; r++) {
+    if (j->start_mask && !(j->start_mask & (1u << r))) continue;
+    if (!WIFEXITED(status[r])) fail_msg("rank %d died of signal %d", r, WTERMSIG(status[r]));
+    if (WEXITSTATUS(status[r]) != j->expect_exit[r])
+      fail_msg("rank %d exited %d, expected %d", r, WEXITSTATUS(status[r]), j->expect_exit[r]);
+  }
+}
+
+/* ---- data movement ------------------------------------------------------------------------ */
+
+static void check_broadcast(const sl_collective_ops *ops, void *comm, int rank, size_t n, int root, uint64_t seed) {
+  unsigned char *buf = malloc(n + 1);
+  CHECK(buf, "malloc");
+  if (rank == root) fill(buf, n, seed, 0);
+  else memset(buf, 0xA5, n);
+  buf[n] = 0x5A;
+  sl_status st = ops->broadcast(comm, buf, n, root);
+  CHECK(st == SL_OK, "broadcast %zu from %d: %s", n, root, sl_status_name(st));
+  long at = mismatch(buf, n, seed, 0);
+  CHECK(at < 0, "broadcast %zu bytes from %d differs at byte %ld", n, root, at);
+  CHECK(buf[n] == 0x5A, "broadcast wrote past the buffer");
+  free(buf);
+}
+
+/* Rank r's share: deliberately uneven, with empty ranks, and one share larger than the
+ * chunk size the 4-rank jobs use. */
+static size_t share(int r, int world) {
+  if (r == 1 || (world > 2 && r == world - 1)) return 0;
+  if (r == 0) return (9u << 20) + 3;
+  return (size_t)r * 1000 + 7;
+}
+
+static void check_scatterv(const sl_collective_ops *ops, void *comm, int rank, int world, int root, uint64_t seed) {
+  size_t counts[MAX_RANKS], displs[MAX_RANKS], total = 0;
+  for (int r = 0; r < world; r++) {
+    counts[r] = share(r, world);
+    displs[r] = total + 16; /* gaps: displacements must be honoured */
+    total += counts[r] + 16;
+  }
+  unsigned char *send = NULL;
+  if (rank == root) {
+    send = malloc(total);
+    CHECK(send, "malloc");
+    fill(send, total, seed, 0);
+  }
+  size_t mine = counts[rank];
+  unsigned char *recv = malloc(mine + 1);
+  CHECK(recv, "malloc");
+  memset(recv, 0xA5, mine + 1);
+  /* non-root ranks read only their own size: hand them no send arguments at all */
+  sl_status st = ops->scatterv(comm, send, rank == root ? counts : NULL, rank == root ? displs : NULL, recv, mine, root);
+  CHECK(st == SL_OK, "scatterv from %d: %s", root, sl_status_name(st));
+  long at = mismatch(recv, mine, seed, displs[rank]);
+  CHECK(at < 0, "scatterv share of %zu bytes from %d differs at byte %ld", mine, root, at);
+  CHECK(recv[mine] == 0xA5, "scatterv wrote past the share");
+  free(recv);
+  free(send);
+}
+
+static void check_allgather(const sl_collective_ops *ops, void *comm, int rank, int world, size_t n, bool in_place) {
+  unsigned char *out = malloc(n * (size_t)world + 1), *in = NULL;
+  CHECK(out, "malloc");
+  memset(out, 0xA5, n * (size_t)world + 1);
+  if (in_place) {
+    in = out + (size_t)rank * n;
+  } else {
+    in = malloc(n ? n : 1);
+    CHECK(in, "malloc");
+  }
+  fill(in, n, 1000 + (uint64_t)rank, 0);
+  sl_status st = ops->allgather(comm, in, out, n);
+  CHECK(st == SL_OK, "allgather %zu: %s", n, sl_status_name(st));
+  for (int r = 0; r < world; r++) {
+    long at = mismatch(out + (size_t)r * n, n, 1000 + (uint64_t)r, 0);
+    CHECK(at < 0, "allgather of %zu bytes: rank %d's part differs at byte %ld", n, r, at);
+  }
+  CHECK(out[n * (size_t)world] == 0xA5, "allgather wrote past the buffer");
+  if (!in_place) free(in);
+  free(out);
+}
+
+static int collectives_body(const sl_collective_ops *ops, void *comm, const job *j, int rank) {
+  int world = j->world;
+  CHECK(ops->barrier(comm) == SL_OK, "barrier");
+  for (int root = 0; root < world; root++) check_broadcast(ops, comm, rank, 13, root, 7 + (uint64_t)root);
+  check_broadcast(ops, comm, rank, 0, 0, 1);
+  check_broadcast(ops, comm, rank, LARGE, world - 1, 99);
+  check_scatterv(ops, comm, rank, world, 0, 5);
+  check_scatterv(ops, comm, rank, world, 1, 6); /* a non-zero root whose own share is empty */
+  check_allgather(ops, comm, rank, world, 5, false);
+  check_allgather(ops, comm, rank, world, 0, false);
+  check_allgather(ops, comm, rank, world, (3u << 20) + 5, false); /* past the 4-rank jobs' chunk */
+  check_allgather(ops, comm, rank, world, 4099, true);
+  CHECK(ops->barrier(comm) == SL_OK, "final barrier");
+  return 0;
+}
+
+static void run_collectives(rdzv kind, int world, const char *name, const char *chunk, int late_rank0_ms) {
+  char *url = make_url(kind, name);
+  if (chunk) setenv("SHARDLOAD_GLOO_CHUNK_BYTES", chunk, 1);
+  job j = {.world = world, .url = url, .timeout_ms = 30000, .body = collectives_body, .deadline_s = 120};
+  j.delay_ms[0] = late_rank0_ms;
+  run(&j);
+  unsetenv("SHARDLOAD_GLOO_CHUNK_BYTES");
+  free(url);
+}
+
+static void test_file_2_ranks(void **state) { run_collectives(FILE_RDZV, 2, "file2", NULL, 0); }
+static void test_file_4_ranks_chunked(void **state) { run_collectives(FILE_RDZV, 4, "file4", "1048583", 0); }
+/* rank 0, which serves the store, starts late: the others keep trying to reach it */
+static void test_tcp_2_ranks_late_server(void **state) { run_collectives(TCP_RDZV, 2, "tcp2", NULL, 800); }
+static void test_tcp_4_ranks_chunked(void **state) { run_collectives(TCP_RDZV, 4, "tcp4", "1048583", 0); }
+
+/* Nodes may disagree on the chunk size; rank 0's must rule, or pieces would mismatch. */
+static void test_chunk_size_disagreement(void **state) {
+  char *url = make_url(TCP_RDZV, "chunks");
+  job j = {.world = 3, .url = url, .timeout_ms = 30000, .body = collectives_body, .deadline_s = 120};
+  j.chunk_env[0] = "2097169";
+  j.chunk_env[2] = "65537";
+  run(&j);
+  free(url);
+}
+
+/* ---- failures ----------------------------------------------------------------------------- */
+
+/* Whether the diagnosis part of MSG (after the "gloo OP on rank R of N (...): " prefix)
+ * names rank V in a "rank V" or "ranks A, B, V" list. */
+static bool names_rank(const char *msg, int v) {
+  const char *p = strstr(msg, ": ");
+  if (!p) return false;
+  while ((p = strstr(p, "rank"))) {
+    p += 4;
+    if (*p == 's') p++;
+    if (*p != ' ') continue;
+    for (;;) {
+      char *end;
+      long x = strtol(p, &end, 10);
+      if (end == p) break;
+      if (x == v) return true;
+      if (strncmp(end, ", ", 2) != 0) break;
+      p = end + 2;
+    }
+  }
+  return false;
+}
+
+/* The victim leaves (dies, or hangs) while the others are inside a broadcast; they must fail
+ * within the timeout, name it, and then fail fast on every later call. */
+static int lost_rank_body(const sl_collective_ops *ops, void *comm, const job *j, int rank) {
+  CHECK(ops->barrier(comm) == SL_OK, "barrier before the failure");
+  if (rank == j->victim) {
+    usleep(300 * 1000);
+    if (j->expect_exit[rank] == 42) _exit(42); /* dies without a word */
+    usleep((useconds_t)(3 * j->timeout_ms) * 1000); /* hangs, then leaves */
+    _exit(43);
+  }
+  int root = j->victim == 0 ? 1 : 0;
+  unsigned char *buf = malloc(LARGE);
+  CHECK(buf, "malloc");
+  if (rank == root) fill(buf, LARGE, 3, 0);
+  double t0 = now_ms();
+  sl_status st = ops->broadcast(comm, buf, LARGE, root);
+  if (st == SL_OK) { /* the tree may not pass through the victim; the barrier does */
+    t0 = now_ms();
+    st = ops->barrier(comm);
+  }
+  double took = now_ms() - t0;
+  free(buf);
+  char first[SL__ERRMSG_LEN];
+  snprintf(first, sizeof first, "%s", g_msg);
+  fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", rank, sl_status_name(st), took, first);
+  CHECK(st == SL_ERR_PEER || st == SL_ERR_TIMEOUT, "status %s", sl_status_name(st));
+  CHECK(names_rank(first, j->victim), "message does not name rank %d", j->victim);
+  CHECK(took < j->timeout_ms + 2500, "took %.0f ms with a timeout of %d ms", took, j->timeout_ms);
+
+  /* poisoned: the same error at once */
+  t0 = now_ms();
+  sl_status again = ops->barrier(comm);
+  took = now_ms() - t0;
+  CHECK(again == st, "later call: %s, first: %s", sl_status_name(again), sl_status_name(st));
+  CHECK(strstr(g_msg, "failed earlier") && strstr(g_msg, first), "later call's message: %s", g_msg);
+  CHECK(took < 200, "later call took %.0f ms", took);
+  unsigned char small[8] = {0};
+  CHECK(ops->broadcast(comm, small, sizeof small, 0) == st, "later broadcast");
+  CHECK(ops->allgather(comm, small, small, 0) == st, "later allgather");
+  return 0;
+}
+
+/* The victim dies in the middle of receiving its share, so the root writes into a closed
+ * connection: that must be an error naming it, not a SIGPIPE that kills the root. */
+static void *die_soon(void *arg) {
+  usleep(20 * 1000);
+  _exit(42);
+}
+
+static int mid_transfer_body(const sl_collective_ops *ops, void *comm, const job *j, int rank) {
+  CHECK(ops->barrier(comm) == SL_OK, "barrier before the failure");
+  size_t big = (size_t)128 << 20;
+  size_t counts[2] = {0, big}, displs[2] = {0, 0};
+  unsigned char *buf = malloc(big);
+  CHECK(buf, "malloc");
+  memset(buf, 1, big);
+  if (rank == j->victim) {
+    pthread_t t;
+    pthread_create(&t, NULL, die_soon, NULL);
+    ops->scatterv(comm, NULL, NULL, NULL, buf, big, 0);
+    _exit(42);
+  }
+  sl_status st = ops->scatterv(comm, buf, counts, displs, NULL, 0, 0);
+  if (st == SL_OK) st = ops->barrier(comm); /* the data may all have left before the death */
+  fprintf(stderr, "rank %d: %s: %s\n", rank, sl_status_name(st), g_msg);
+  CHECK(st == SL_ERR_PEER || st == SL_ERR_TIMEOUT, "status %s", sl_status_name(st));
+  CHECK(names_rank(g_msg, j->victim), "message does not name rank %d", j->victim);
+  free(buf);
+  return 0;
+}
+
+static void test_peer_dies_mid_transfer(void **state) {
+  char *url = make_url(TCP_RDZV, "mid");
+  job j = {.world = 2, .url = url, .timeout_ms = 3000, .body = mid_transfer_body, .victim = 1, .deadline_s = 60};
+  j.expect_exit[1] = 42;
+  run(&j);
+  free(url);
+}
+
+static void run_lost(rdzv kind, const char *name, int victim, bool hang) {
+  char *url = make_url(kind, name);
+  job j = {.world = 4, .url = url, .timeout_ms = 2000, .body = lost_rank_body, .victim = victim, .deadline_s = 60};
+  j.expect_exit[victim] = hang ? 43 : 42;
+  run(&j);
+  free(url);
+}
+
+static void test_lost_rank_file(void **state) { run_lost(FILE_RDZV, "lost_file", 3, false); }
+static void test_lost_rank_tcp(void **state) { run_lost(TCP_RDZV, "lost_tcp", 3, false); }
+/* rank 0 also serves the tcp:// store: its death takes the store with it */
+static void test_lost_rank0_tcp(void **state) { run_lost(TCP_RDZV, "lost0_tcp", 0, false); }
+static void test_lost_rank0_file(void **state) { run_lost(FILE_RDZV, "lost0_file", 0, false); }
+static void test_stuck_rank_tcp(void **state) { run_lost(TCP_RDZV, "stuck_tcp", 2, true); }
+static void test_stuck_rank_file(void **state) { run_lost(FILE_RDZV, "stuck_file", 3, true); }
+
+static int junk_body(const sl_collective_ops *ops, void *comm, const job *j, int rank);
+
+/* Init with a rank missing must time out naming it. */
+static int init_alone(const sl_collective_ops *ops, const job *j, int rank) {
+  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms};
+  void *comm = NULL;
+  double t0 = now_ms();
+  sl_status st = ops->init(&in, &comm);
+  double took = now_ms() - t0;
+  fprintf(stderr, "rank %d: init %s after %.0f ms: %s\n", rank, sl_status_name(st), took, g_msg);
+  CHECK(st == SL_ERR_TIMEOUT, "init: %s", sl_status_name(st));
+  CHECK(comm == NULL, "comm set on failure");
+  char want[64];
+  snprintf(want, sizeof want, "waiting for rank %d", j->victim);
+  CHECK(strstr(g_msg, want), "message does not say '%s'", want);
+  CHECK(took < j->timeout_ms + 4000, "took %.0f ms", took);
+  return 0;
+}
+
+static void run_alone(rdzv kind, const char *name, int present, int missing) {
+  char *url = make_url(kind, name);
+  job j = {.world = 2, .url = url, .timeout_ms = 1500, .raw = init_alone, .victim = missing,
+           .start_mask = 1u << present, .deadline_s = 30};
+  run(&j);
+  free(url);
+}
+
+static void test_init_missing_rank_file(void **state) { run_alone(FILE_RDZV, "alone_file", 0, 1); }
+static void test_init_missing_rank1_tcp(void **state) { run_alone(TCP_RDZV, "alone1_tcp", 0, 1); }
+static void test_init_missing_rank0_tcp(void **state) { run_alone(TCP_RDZV, "alone0_tcp", 1, 0); }
+
+/* A file:// directory left by an earlier job must be refused, not half-used. */
+static int init_stale(const sl_collective_ops *ops, const job *j, int rank) {
+  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms};
+  void *comm = NULL;
+  double t0 = now_ms();
+  sl_status st = ops->init(&in, &comm);
+  CHECK(st == SL_ERR_INVALID, "init: %s", sl_status_name(st));
+  CHECK(strstr(g_msg, "earlier job"), "message");
+  CHECK(now_ms() - t0 < 1000, "took %.0f ms", now_ms() - t0);
+  return 0;
+}
+
+static void test_stale_file_rendezvous(void **state) {
+  char *url = make_url(FILE_RDZV, "stale");
+  job j = {.world = 2, .url = url, .timeout_ms = 10000, .body = junk_body, .deadline_s = 60};
+  run(&j);
+  j.body = NULL;
+  j.raw = init_stale;
+  run(&j);
+  free(url);
+}
+
+/* Rank 0 cannot serve the store on a port that is taken. */
+static int init_port_taken(const sl_collective_ops *ops, const job *j, int rank) {
+  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms};
+  void *comm = NULL;
+  sl_status st = ops->init(&in, &comm);
+  CHECK(st == SL_ERR_COMM, "init: %s", sl_status_name(st));
+  CHECK(strstr(g_msg, "cannot serve the rendezvous store") && strstr(g_msg, "in use"), "message");
+  return 0;
+}
+
+static void test_port_in_use(void **state) {
+  int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = in6addr_any};
+  socklen_t len = sizeof a;
+  if (fd < 0) {
+    skip();
+  }
+  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(fd, 1), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  char url[64];
+  snprintf(url, sizeof url, "tcp://127.0.0.1:%d", ntohs(a.sin6_port));
+  job j = {.world = 2, .url = url, .timeout_ms = 1500, .raw = init_port_taken, .start_mask = 1, .deadline_s = 30};
+  run(&j);
+  close(fd);
+}
+
+/* A stranger speaking garbage to the store must not disturb the job. */
+static int junk_body(const sl_collective_ops *ops, void *comm, const job *j, int rank) {
+  CHECK(ops->barrier(comm) == SL_OK, "barrier");
+  check_broadcast(ops, comm, rank, 1000, 0, 17);
+  return 0;
+}
+
+static void test_tcp_store_survives_garbage(void **state) {
+  NEED_GLOO();
+  char *url = make_url(TCP_RDZV, "junk");
+  int port = atoi(strrchr(url, ':') + 1);
+  fflush(NULL);
+  pid_t junk = fork();
+  assert_true(junk >= 0);
+  if (junk == 0) {
+    /* connect as soon as rank 0 listens, then: a frame claiming 4 GiB, a frame with a
+     * bogus op, a truncated frame, and hang-ups */
+    static const unsigned char frames[][12] = {
+        {0xff, 0xff, 0xff, 0xff, 1},
+        {0, 0, 0, 5, 99, 0, 0, 0, 0},
+        {0, 0, 0, 9, 2, 0, 0, 0, 2, 0, 0},
+    };
+    double end = now_ms() + 10000;
+    int sent = 0;
+    while (sent < 3 && now_ms() < end) {
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+      if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+        ssize_t w = send(fd, frames[sent], sizeof frames[sent], MSG_NOSIGNAL);
+        (void)w;
+        sent++;
+      }
+      close(fd);
+      usleep(2000);
+    }
+    _exit(sent == 3 ? 0 : 1);
+  }
+  job j = {.world = 2, .url = url, .timeout_ms = 10000, .body = junk_body, .deadline_s = 60};
+  run(&j);
+  int st;
+  assert_int_equal(waitpid(junk, &st, 0), junk);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  free(url);
+}
+
+/* ---- in-process: argument checks and the single-rank case -------------------------------- */
+
+static void test_init_arguments(void **state) {
+  NEED_GLOO();
+  const sl_collective_ops *ops = gloo_ops();
+  assert_int_equal(ops->abi_version, SL_COLLECTIVE_ABI_VERSION);
+  assert_int_equal(ops->size, sizeof(sl_collective_ops));
+  assert_string_equal(ops->name, "gloo");
+  assert_null(ops->device_backend);
+  assert_true(ops->score() > 0);
+  void *comm = (void *)1;
+
+  sl_collective_init in = {&g_host, 0, 2, NULL, "t/", 1000};
+  assert_int_equal(ops->init(&in, &comm), SL_ERR_INVALID);
+  assert_null(comm);
+  assert_non_null(strstr(g_msg, "no rendezvous"));
+
+  in.rendezvous = "nfs://server/dir";
+  assert_int_equal(ops->init(&in, &comm), SL_ERR_INVALID);
+  assert_non_null(strstr(g_msg, "nfs://server/dir"));
+
+  in.rendezvous = "tcp://127.0.0.1:1";
+  in.rank = 2;
+  assert_int_equal(ops->init(&in, &comm), SL_ERR_INVALID);
+  assert_non_null(strstr(g_msg, "rank 2 is not in a job of 2"));
+
+  in.rank = 0;
+  in.world_size = 1;
+  setenv("SHARDLOAD_GLOO_CHUNK_BYTES", "-5", 1);
+  assert_int_equal(ops->init(&in, &comm), SL_ERR_INVALID);
+  assert_non_null(strstr(g_msg, "SHARDLOAD_GLOO_CHUNK_BYTES='-5'"));
+  unsetenv("SHARDLOAD_GLOO_CHUNK_BYTES");
+}
+
+static void test_single_rank(void **state) {
+  NEED_GLOO();
+  const sl_collective_ops *ops = gloo_ops();
+  sl_collective_init in = {&g_host, 0, 1, NULL, "t/", 1000};
+  void *comm = NULL;
+  assert_int_equal(ops->init(&in, &comm), SL_OK);
+  unsigned char a[64], b[64];
+  fill(a, sizeof a, 1, 0);
+  memset(b, 0, sizeof b);
+  assert_int_equal(ops->broadcast(comm, a, sizeof a, 0), SL_OK);
+  assert_int_equal(mismatch(a, sizeof a, 1, 0), -1);
+  size_t counts[1] = {40}, displs[1] = {8};
+  assert_int_equal(ops->scatterv(comm, a, counts, displs, b, 40, 0), SL_OK);
+  assert_memory_equal(b, a + 8, 40);
+  assert_int_equal(ops->scatterv(comm, a, counts, displs, b, 39, 0), SL_ERR_INVALID);
+  memset(b, 0, sizeof b);
+  assert_int_equal(ops->allgather(comm, a, b, sizeof a), SL_OK);
+  assert_memory_equal(a, b, sizeof a);
+  assert_int_equal(ops->barrier(comm), SL_OK);
+  assert_int_equal(ops->broadcast(comm, a, sizeof a, 1), SL_ERR_INVALID);
+  assert_non_null(strstr(g_msg, "root 1"));
+  ops->fini(comm);
+  ops->fini(NULL);
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_DFL); /* as a careless host application would leave it */
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_init_arguments),
+      cmocka_unit_test(test_single_rank),
+      cmocka_unit_test(test_file_2_ranks),
+      cmocka_unit_test(test_file_4_ranks_chunked),
+      cmocka_unit_test(test_tcp_2_ranks_late_server),
+      cmocka_unit_test(test_tcp_4_ranks_chunked),
+      cmocka_unit_test(test_chunk_size_disagreement),
+      cmocka_unit_test(test_tcp_store_survives_garbage),
+      cmocka_unit_test(test_port_in_use),
+      cmocka_unit_test(test_stale_file_rendezvous),
+      cmocka_unit_test(test_init_missing_rank_file),
+      cmocka_unit_test(test_init_missing_rank1_tcp),
+      cmocka_unit_test(test_init_missing_rank0_tcp),
+      cmocka_unit_test(test_peer_dies_mid_transfer),
+      cmocka_unit_test(test_lost_rank_file),
+      cmocka_unit_test(test_lost_rank_tcp),
+      cmocka_unit_test(test_lost_rank0_tcp),
+      cmocka_unit_test(test_lost_rank0_file),
+      cmocka_unit_test(test_stuck_rank_tcp),
+      cmocka_unit_test(test_stuck_rank_file),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
+

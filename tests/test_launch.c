@@ -1,0 +1,342 @@
+/* Launcher environment (torchrun, Slurm, Open MPI) and rendezvous URL parsing: precedence,
+ * derived rendezvous addresses, and every validation error naming its variable. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "testutil.h"
+
+static const char *const all_vars[] = {
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
+    "SLURM_LOCALID", "SLURM_LAUNCH_NODE_IPADDR", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "SHARDLOAD_RENDEZVOUS",
+};
+
+static sl_context ctx;
+
+static int clear_env(void **state) {
+  for (size_t i = 0; i < sizeof all_vars / sizeof all_vars[0]; i++) unsetenv(all_vars[i]);
+  memset(&ctx, 0, sizeof ctx);
+  return 0;
+}
+
+static void set(const char *name, const char *value) { assert_int_equal(setenv(name, value, 1), 0); }
+
+/* Runs sl__launch_env expecting success. */
+static sl__launch_info ok(void) {
+  sl__launch_info li;
+  sl_status st = sl__launch_env(&ctx, &li);
+  if (st != SL_OK) fail_msg("unexpected %s: %s", sl_status_name(st), ctx.errmsg);
+  return li;
+}
+
+/* Runs sl__launch_env expecting SL_ERR_INVALID with NEEDLE in the message. */
+static void bad(const char *needle) {
+  sl__launch_info li;
+  ctx.errmsg[0] = 0;
+  sl_status st = sl__launch_env(&ctx, &li);
+  if (st != SL_ERR_INVALID) fail_msg("expected SL_ERR_INVALID for '%s', got %s", needle, sl_status_name(st));
+  assert_null(li.rendezvous);
+  if (!strstr(ctx.errmsg, needle)) fail_msg("message '%s' lacks '%s'", ctx.errmsg, needle);
+}
+
+static void test_default_single_rank(void **state) {
+  sl__launch_info li = ok();
+  assert_int_equal(li.rank, 0);
+  assert_int_equal(li.world_size, 1);
+  assert_int_equal(li.local_rank, 0);
+  assert_null(li.rendezvous);
+  assert_string_equal(li.source, "default");
+}
+
+static void test_torchrun(void **state) {
+  set("RANK", "2");
+  set("WORLD_SIZE", "4");
+  set("LOCAL_RANK", "1");
+  set("MASTER_ADDR", "10.0.0.1");
+  set("MASTER_PORT", "29501");
+  sl__launch_info li = ok();
+  assert_string_equal(li.source, "torchrun");
+  assert_int_equal(li.rank, 2);
+  assert_int_equal(li.world_size, 4);
+  assert_int_equal(li.local_rank, 1);
+  assert_string_equal(li.rendezvous, "tcp://10.0.0.1:29501");
+  free(li.rendezvous);
+}
+
+static void test_torchrun_defaults_and_ipv6(void **state) {
+  set("RANK", "3");
+  set("WORLD_SIZE", "8");
+  set("MASTER_ADDR", "fe80::1");
+  set("MASTER_PORT", "29500");
+  sl__launch_info li = ok();
+  assert_int_equal(li.local_rank, 3); /* no LOCAL_RANK: spread over the node's devices */
+  assert_string_equal(li.rendezvous, "tcp://[fe80::1]:29500");
+  free(li.rendezvous);
+}
+
+static void test_precedence(void **state) {
+  set("RANK", "1");
+  set("WORLD_SIZE", "2");
+  set("SLURM_PROCID", "5");
+  set("SLURM_NTASKS", "6");
+  set("SLURM_LOCALID", "1");
+  set("OMPI_COMM_WORLD_RANK", "7");
+  set("OMPI_COMM_WORLD_SIZE", "9");
+  set("OMPI_COMM_WORLD_LOCAL_RANK", "2");
+  set("MASTER_ADDR", "node0");
+  set("MASTER_PORT", "1234");
+  sl__launch_info li = ok();
+  assert_string_equal(li.source, "torchrun");
+  assert_int_equal(li.rank, 1);
+  assert_int_equal(li.world_size, 2);
+  free(li.rendezvous);
+
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  li = ok();
+  assert_string_equal(li.source, "slurm");
+  assert_int_equal(li.rank, 5);
+  assert_int_equal(li.world_size, 6);
+  assert_int_equal(li.local_rank, 1);
+  assert_string_equal(li.rendezvous, "tcp://node0:1234");
+  free(li.rendezvous);
+
+  unsetenv("SLURM_PROCID");
+  li = ok();
+  assert_string_equal(li.source, "openmpi");
+  assert_int_equal(li.rank, 7);
+  assert_int_equal(li.world_size, 9);
+  assert_int_equal(li.local_rank, 2);
+  assert_string_equal(li.rendezvous, "tcp://node0:1234");
+  free(li.rendezvous);
+}
+
+static void test_slurm_rendezvous(void **state) {
+  set("SLURM_PROCID", "0");
+  set("SLURM_NTASKS", "2");
+  set("SLURM_LOCALID", "0");
+  set("SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3");
+  sl__launch_info li = ok();
+  assert_string_equal(li.rendezvous, "tcp://10.1.2.3:29500");
+  free(li.rendezvous);
+
+  set("MASTER_PORT", "4242");
+  li = ok();
+  assert_string_equal(li.rendezvous, "tcp://10.1.2.3:4242");
+  free(li.rendezvous);
+
+  set("MASTER_ADDR", "head");
+  li = ok();
+  assert_string_equal(li.rendezvous, "tcp://head:4242");
+  free(li.rendezvous);
+
+  unsetenv("MASTER_PORT");
+  li = ok();
+  assert_string_equal(li.rendezvous, "tcp://head:29500");
+  free(li.rendezvous);
+
+  unsetenv("MASTER_ADDR");
+  unsetenv("SLURM_LAUNCH_NODE_IPADDR");
+  bad("set MASTER_ADDR and MASTER_PORT");
+}
+
+static void test_rendezvous_override(void **state) {
+  set("RANK", "0");
+  set("WORLD_SIZE", "2");
+  set("MASTER_ADDR", "node0");
+  set("MASTER_PORT", "1234");
+  set("SHARDLOAD_RENDEZVOUS", "file:///shared/rdzv");
+  sl__launch_info li = ok();
+  assert_string_equal(li.rendezvous, "file:///shared/rdzv");
+  free(li.rendezvous);
+
+  /* the override makes a half-set MASTER_* pair irrelevant */
+  unsetenv("MASTER_PORT");
+  li = ok();
+  assert_string_equal(li.rendezvous, "file:///shared/rdzv");
+  free(li.rendezvous);
+
+  set("SHARDLOAD_RENDEZVOUS", "nfs://x");
+  bad("SHARDLOAD_RENDEZVOUS gives rendezvous 'nfs://x'");
+  set("SHARDLOAD_RENDEZVOUS", "");
+  bad("SHARDLOAD_RENDEZVOUS is set but empty");
+}
+
+static void test_single_rank_needs_no_rendezvous(void **state) {
+  set("RANK", "0");
+  set("WORLD_SIZE", "1");
+  sl__launch_info li = ok();
+  assert_int_equal(li.world_size, 1);
+  assert_null(li.rendezvous);
+}
+
+static void test_integer_errors(void **state) {
+  static const struct {
+    const char *name, *value, *needle;
+  } cases[] = {
+      {"RANK", "x", "RANK='x' is not an integer"},
+      {"RANK", "", "RANK='' is not an integer"},
+      {"RANK", "1x", "RANK='1x' is not an integer"},
+      {"RANK", " 1", "RANK=' 1' is not an integer"},
+      {"RANK", "+1", "RANK='+1' is not an integer"},
+      {"RANK", "99999999999999999999", "RANK='99999999999999999999' is out of range"},
+      {"RANK", "-1", "RANK=-1 is out of range"},
+      {"RANK", "3000000000", "RANK=3000000000 is out of range"},
+      {"WORLD_SIZE", "0", "WORLD_SIZE=0 is out of range"},
+      {"WORLD_SIZE", "four", "WORLD_SIZE='four' is not an integer"},
+      {"LOCAL_RANK", "x", "LOCAL_RANK='x' is not an integer"},
+      {"LOCAL_RANK", "-2", "LOCAL_RANK=-2 is out of range"},
+      {"MASTER_PORT", "abc", "MASTER_PORT='abc' is not an integer"},
+      {"MASTER_PORT", "0", "MASTER_PORT=0 is out of range (1..65535)"},
+      {"MASTER_PORT", "70000", "MASTER_PORT=70000 is out of range"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    clear_env(NULL);
+    set("RANK", "1");
+    set("WORLD_SIZE", "2");
+    set("LOCAL_RANK", "0");
+    set("MASTER_ADDR", "h");
+    set("MASTER_PORT", "1");
+    set(cases[i].name, cases[i].value);
+    bad(cases[i].needle);
+  }
+}
+
+static void test_relation_errors(void **state) {
+  set("RANK", "4");
+  set("WORLD_SIZE", "4");
+  bad("RANK=4 is not less than WORLD_SIZE=4");
+
+  clear_env(NULL);
+  set("RANK", "1");
+  bad("RANK is set but WORLD_SIZE is not");
+
+  clear_env(NULL);
+  set("WORLD_SIZE", "2");
+  bad("WORLD_SIZE is set but RANK is not");
+
+  clear_env(NULL);
+  set("RANK", "0");
+  set("WORLD_SIZE", "2");
+  set("LOCAL_RANK", "2");
+  bad("LOCAL_RANK=2 is not less than WORLD_SIZE=2");
+
+  clear_env(NULL);
+  set("SLURM_PROCID", "2");
+  set("SLURM_NTASKS", "2");
+  bad("SLURM_PROCID=2 is not less than SLURM_NTASKS=2");
+
+  clear_env(NULL);
+  set("SLURM_PROCID", "x");
+  bad("SLURM_PROCID='x' is not an integer");
+
+  clear_env(NULL);
+  set("SLURM_PROCID", "0");
+  bad("SLURM_PROCID is set but SLURM_NTASKS is not");
+
+  clear_env(NULL);
+  set("OMPI_COMM_WORLD_RANK", "0");
+  set("OMPI_COMM_WORLD_SIZE", "abc");
+  bad("OMPI_COMM_WORLD_SIZE='abc' is not an integer");
+
+  clear_env(NULL);
+  set("OMPI_COMM_WORLD_RANK", "0");
+  set("OMPI_COMM_WORLD_SIZE", "2");
+  set("OMPI_COMM_WORLD_LOCAL_RANK", "q");
+  bad("OMPI_COMM_WORLD_LOCAL_RANK='q' is not an integer");
+}
+
+static void test_rendezvous_errors(void **state) {
+  set("OMPI_COMM_WORLD_RANK", "0");
+  set("OMPI_COMM_WORLD_SIZE", "2");
+  bad("set MASTER_ADDR and MASTER_PORT");
+  bad("SHARDLOAD_RENDEZVOUS");
+
+  set("MASTER_ADDR", "node0");
+  bad("MASTER_ADDR is set but MASTER_PORT is not");
+  unsetenv("MASTER_ADDR");
+  set("MASTER_PORT", "29500");
+  bad("MASTER_PORT is set but MASTER_ADDR is not");
+  set("MASTER_ADDR", "");
+  bad("MASTER_ADDR is set but empty");
+  set("MASTER_ADDR", "a/b");
+  bad("MASTER_ADDR/MASTER_PORT gives rendezvous 'tcp://a/b:29500'");
+}
+
+/* ---- sl__rendezvous_parse ---------------------------------------------------------------- */
+
+static void parse_ok(const char *url, sl__rdzv_kind kind, const char *where, int port) {
+  sl__rendezvous r;
+  char err[512] = "";
+  sl_status st = sl__rendezvous_parse(url, &r, err, sizeof err);
+  if (st != SL_OK) fail_msg("'%s' rejected: %s", url, err);
+  assert_int_equal(r.kind, kind);
+  if (kind == SL__RDZV_FILE) {
+    assert_string_equal(r.path, where);
+  } else {
+    assert_string_equal(r.host, where);
+    assert_int_equal(r.port, port);
+  }
+}
+
+static void parse_bad(const char *url, const char *needle) {
+  sl__rendezvous r;
+  char err[512] = "";
+  sl_status st = sl__rendezvous_parse(url, &r, err, sizeof err);
+  if (st != SL_ERR_INVALID) fail_msg("'%s' accepted", url ? url : "(null)");
+  if (!strstr(err, needle)) fail_msg("message '%s' lacks '%s'", err, needle);
+  assert_non_null(strstr(err, "file://DIR")); /* says what is accepted */
+}
+
+static void test_rendezvous_parse(void **state) {
+  parse_ok("file:///shared/rdzv", SL__RDZV_FILE, "/shared/rdzv", 0);
+  parse_ok("file://relative/dir", SL__RDZV_FILE, "relative/dir", 0);
+  parse_ok("tcp://node0:29500", SL__RDZV_TCP, "node0", 29500);
+  parse_ok("tcp://10.0.0.1:1", SL__RDZV_TCP, "10.0.0.1", 1);
+  parse_ok("tcp://[::1]:65535", SL__RDZV_TCP, "::1", 65535);
+
+  parse_bad(NULL, "empty");
+  parse_bad("", "empty");
+  parse_bad("file://", "no directory");
+  parse_bad("http://x:1", "unknown scheme");
+  parse_bad("node0:29500", "unknown scheme");
+  parse_bad("tcp://node0", "no ':PORT'");
+  parse_bad("tcp://node0:", "no port");
+  parse_bad("tcp://:29500", "no host");
+  parse_bad("tcp://node0:0", "not in 1..65535");
+  parse_bad("tcp://node0:65536", "not in 1..65535");
+  parse_bad("tcp://node0:99999999999999999999", "not in 1..65535");
+  parse_bad("tcp://node0:29x", "not a number");
+  parse_bad("tcp://node0:-1", "not a number");
+  parse_bad("tcp://::1:29500", "needs brackets");
+  parse_bad("tcp://[::1:29500", "without ']'");
+  parse_bad("tcp://[::1]29500", "no ':PORT' after ']'");
+  parse_bad("tcp://[]:29500", "no host");
+  parse_bad("tcp://node0/x:29500", "'/' in the host");
+
+  char longurl[5000];
+  memset(longurl, 'a', sizeof longurl);
+  memcpy(longurl, "file://", 7);
+  longurl[sizeof longurl - 1] = 0;
+  parse_bad(longurl, "too long");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup(test_default_single_rank, clear_env),
+      cmocka_unit_test_setup(test_torchrun, clear_env),
+      cmocka_unit_test_setup(test_torchrun_defaults_and_ipv6, clear_env),
+      cmocka_unit_test_setup(test_precedence, clear_env),
+      cmocka_unit_test_setup(test_slurm_rendezvous, clear_env),
+      cmocka_unit_test_setup(test_rendezvous_override, clear_env),
+      cmocka_unit_test_setup(test_single_rank_needs_no_rendezvous, clear_env),
+      cmocka_unit_test_setup(test_integer_errors, clear_env),
+      cmocka_unit_test_setup(test_relation_errors, clear_env),
+      cmocka_unit_test_setup(test_rendezvous_errors, clear_env),
+      cmocka_unit_test_setup(test_rendezvous_parse, clear_env),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,473 @@
+/* shardload load --nproc N: N ranks on this host, as torchrun --nproc-per-node would start
+ * them, with the launcher's embedded defaults: a private rendezvous directory (removed at the
+ * end) and Gloo over loopback.
+ *
+ * The launcher forks before it creates any thread or library context (Gloo's threads and
+ * locks do not survive a fork), so each rank starts from a clean single-threaded copy and runs
+ * cli_load_rank() with an explicit rank, world and rendezvous. A rank writes its JSON report
+ * (and, with --verbose, its per-tensor table) to a file in the private directory and its
+ * stderr to another; the launcher reads them only after every rank has ended.
+ *
+ * Failure: the first rank to fail (non-zero exit or a signal) decides the outcome. The others
+ * are asked to stop (SIGTERM) and killed after a grace period, so a rank stuck in a
+ * collective never outlives the launcher; the failed rank's one error line is printed. Ranks
+ * also die with the launcher (PR_SET_PDEATHSIG), and a SIGINT/SIGTERM/SIGHUP to the launcher
+ * stops them before it dies of the same signal. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+#define STOP_GRACE_S 2.0 /* SIGTERM, then SIGKILL after this */
+#define POLL_S 0.1       /* longest sleep of the wait loop */
+
+typedef struct rank_proc {
+  pid_t pid;  /* 0: not started, or reaped */
+  int status; /* waitpid status once reaped */
+  int ended;
+  char json_path[PATH_MAX], err_path[PATH_MAX], table_path[PATH_MAX];
+} rank_proc;
+
+typedef struct launch {
+  const cli_load_args *a;
+  int n;
+  pid_t self;
+  char dir[PATH_MAX - 64]; /* the private directory: room for the names inside */
+  char rdv[PATH_MAX + 16]; /* file://DIR/rendezvous */
+  rank_proc *ranks;
+  sigset_t old_mask;
+  int alive;
+  int first_failed; /* rank, or -1 */
+  int got_signal;   /* a stop signal the launcher received, or 0 */
+  double wall;
+} launch;
+
+/* ---- the private directory ---------------------------------------------------------------- */
+
+static int make_private_dir(launch *L) {
+  const char *base = getenv("TMPDIR");
+  if (!base || !*base) base = "/tmp";
+  if ((size_t)snprintf(L->dir, sizeof L->dir, "%s/shardload-XXXXXX", base) >= sizeof L->dir) {
+    L->dir[0] = 0;
+    cli_error(base, SL_ERR_INVALID, "TMPDIR is too long; set TMPDIR to a shorter path");
+    return -1;
+  }
+  if (!mkdtemp(L->dir)) {
+    L->dir[0] = 0;
+    cli_error(base, SL_ERR_IO, "cannot create a private directory for the ranks: %s; set TMPDIR to a "
+              "writable directory", strerror(errno));
+    return -1;
+  }
+  char rd[PATH_MAX];
+  snprintf(rd, sizeof rd, "%s/rendezvous", L->dir);
+  if (mkdir(rd, 0700) != 0) {
+    cli_error(rd, SL_ERR_IO, "cannot create the rendezvous directory: %s", strerror(errno));
+    return -1;
+  }
+  snprintf(L->rdv, sizeof L->rdv, "file://%s", rd);
+  for (int r = 0; r < L->n; r++) {
+    rank_proc *p = &L->ranks[r];
+    snprintf(p->json_path, sizeof p->json_path, "%s/rank-%d.json", L->dir, r);
+    snprintf(p->err_path, sizeof p->err_path, "%s/rank-%d.err", L->dir, r);
+    snprintf(p->table_path, sizeof p->table_path, "%s/rank-%d.txt", L->dir, r);
+  }
+  return 0;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb, (void)flag, (void)ftw;
+  remove(path);
+  return 0; /* keep going: remove what can be removed */
+}
+
+static void remove_private_dir(launch *L) {
+  if (L->dir[0]) nftw(L->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* ---- one rank ------------------------------------------------------------------------------- */
+
+static void run_rank(launch *L, int r) __attribute__((noreturn));
+static void run_rank(launch *L, int r) {
+  rank_proc *p = &L->ranks[r];
+  sigprocmask(SIG_SETMASK, &L->old_mask, NULL);
+  /* die with the launcher, even when it is SIGKILLed; it may already be gone */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != L->self) _exit(CLI_EXIT_ERROR);
+
+  int fd = open(p->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) _exit(CLI_EXIT_ERROR);
+  /* stdout too: anything a rank prints outside its report ends up with its errors */
+  if (dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(CLI_EXIT_ERROR);
+  close(fd);
+  static char tag[32];
+  snprintf(tag, sizeof tag, "rank %d: ", r);
+  cli_set_error_tag(tag);
+
+  FILE *out = fopen(p->json_path, "w"), *table = NULL;
+  if (!out || (L->a->verbose && !(table = fopen(p->table_path, "w")))) {
+    cli_error(L->dir, SL_ERR_IO, "cannot write the rank's report: %s", strerror(errno));
+    _exit(CLI_EXIT_ERROR);
+  }
+  /* Gloo over loopback unless the user chose an address or interface */
+  if (!getenv("SHARDLOAD_GLOO_IFNAME")) setenv("SHARDLOAD_GLOO_IFACE_ADDR", "127.0.0.1", 0);
+
+  cli_load_args a = *L->a;
+  a.rank = r;
+  a.world_size = L->n;
+  a.local_rank = r;
+  a.rendezvous = L->rdv;
+  a.json = 1;
+  a.progress = 0;
+  a.nproc = 0;
+  a.table_out = table;
+  a.test_hooks = 1;
+  int rc = cli_load_rank(&a, out);
+  if (fclose(out) != 0 && rc == CLI_EXIT_OK) {
+    cli_error(p->json_path, SL_ERR_IO, "cannot write the rank's report: %s", strerror(errno));
+    rc = CLI_EXIT_ERROR;
+  }
+  if (table) fclose(table);
+  fflush(NULL);
+  /* _exit: no atexit handlers or static destructors of the launcher's copy */
+  _exit(rc);
+}
+
+/* ---- waiting, stopping ---------------------------------------------------------------------- */
+
+static void signal_alive(launch *L, int sig) {
+  for (int r = 0; r < L->n; r++)
+    if (L->ranks[r].pid > 0 && !L->ranks[r].ended) kill(L->ranks[r].pid, sig);
+}
+
+static int rank_failed(const rank_proc *p) {
+  return p->ended && !(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0);
+}
+
+/* The rank's one-line error ("shardload: ...") from its stderr, or "" when it printed none. */
+static void error_line_of(const rank_proc *p, char *buf, size_t len) {
+  buf[0] = 0;
+  FILE *f = fopen(p->err_path, "r");
+  if (!f) return;
+  char line[4096];
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, "shardload: ", 11)) snprintf(buf, len, "%s", line);
+  fclose(f);
+}
+
+/* Reaps every rank that has ended. The first failure decides the outcome: among ranks that
+ * ended in the same round, one that blames another rank (SL_ERR_PEER) is the consequence,
+ * not the cause, so it is chosen only when nothing else failed. */
+static void reap(launch *L) {
+  int pick = -1, pick_is_peer = 1;
+  int status;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    for (int r = 0; r < L->n; r++) {
+      rank_proc *p = &L->ranks[r];
+      if (p->pid != pid || p->ended) continue;
+      p->ended = 1;
+      p->status = status;
+      L->alive--;
+      if (L->first_failed >= 0 || L->got_signal || !rank_failed(p)) break;
+      char line[4096];
+      error_line_of(p, line, sizeof line);
+      int peer = strstr(line, sl_status_name(SL_ERR_PEER)) != NULL;
+      if (pick < 0 || (pick_is_peer && !peer)) {
+        pick = r;
+        pick_is_peer = peer;
+      }
+      break;
+    }
+  }
+  if (pick >= 0) L->first_failed = pick;
+}
+
+/* Waits for every rank; from the first failure (or a stop signal to the launcher) on, stops
+ * the rest: SIGTERM, then SIGKILL after the grace period. */
+static void wait_ranks(launch *L, double t0) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  sigset_t stop_set = set;
+  sigdelset(&stop_set, SIGCHLD);
+  double stop_at = -1;
+  int killed = 0;
+  for (;;) {
+    /* a signal to the launcher first: a terminal's ^C also reaches the ranks, and their
+     * deaths by it are not failures */
+    struct timespec zero = {0, 0};
+    int sig = sigtimedwait(&stop_set, NULL, &zero);
+    if (sig > 0 && !L->got_signal) L->got_signal = sig;
+    reap(L);
+    if (L->alive == 0) break;
+    double now = cli_now();
+    if (stop_at < 0 && (L->first_failed >= 0 || L->got_signal)) {
+      signal_alive(L, SIGTERM);
+      stop_at = now;
+    }
+    if (stop_at >= 0 && !killed && now - stop_at >= STOP_GRACE_S) {
+      signal_alive(L, SIGKILL);
+      killed = 1;
+    }
+    double wait_s = POLL_S;
+    if (stop_at >= 0 && !killed && STOP_GRACE_S - (now - stop_at) < wait_s)
+      wait_s = STOP_GRACE_S - (now - stop_at);
+    if (wait_s < 0.001) wait_s = 0.001;
+    struct timespec to = {(time_t)wait_s, (long)((wait_s - (double)(time_t)wait_s) * 1e9)};
+    sig = sigtimedwait(&set, NULL, &to);
+    if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !L->got_signal) L->got_signal = sig;
+  }
+  L->wall = cli_now() - t0;
+}
+
+/* ---- reports --------------------------------------------------------------------------------- */
+
+/* Relays what ranks printed on stderr besides their report (warnings), each line tagged. */
+static void relay_stderr(const launch *L, int skip_rank) {
+  for (int r = 0; r < L->n; r++) {
+    if (r == skip_rank) continue;
+    FILE *f = fopen(L->ranks[r].err_path, "r");
+    if (!f) continue;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+      size_t len = strlen(line);
+      fprintf(stderr, "rank %d: %s%s", r, line, len && line[len - 1] == '\n' ? "" : "\n");
+    }
+    fclose(f);
+  }
+}
+
+static void print_failure(const launch *L) {
+  int r = L->first_failed;
+  const rank_proc *p = &L->ranks[r];
+  char line[4096];
+  error_line_of(p, line, sizeof line);
+  if (line[0]) {
+    size_t len = strlen(line);
+    fprintf(stderr, "%s%s", line, len && line[len - 1] == '\n' ? "" : "\n");
+  } else if (WIFSIGNALED(p->status)) {
+    cli_error(L->a->path, SL_ERR_PEER, "rank %d: killed by signal %d (%s) before it reported an error",
+              r, WTERMSIG(p->status), strsignal(WTERMSIG(p->status)));
+  } else {
+    cli_error(L->a->path, SL_ERR_PEER, "rank %d: exited with status %d without an error message", r,
+              WEXITSTATUS(p->status));
+  }
+}
+
+static uint64_t jget_u64(json_t *o, const char *k1, const char *k2) {
+  json_t *v = json_object_get(o, k1);
+  if (k2) v = json_object_get(v, k2);
+  return json_is_integer(v) ? (uint64_t)json_integer_value(v) : 0;
+}
+
+static double jget_real(json_t *o, const char *k1, const char *k2) {
+  json_t *v = json_object_get(json_object_get(o, k1), k2);
+  return json_is_number(v) ? json_number_value(v) : 0.0;
+}
+
+static const char *jget_str(json_t *o, const char *k) {
+  const char *s = json_string_value(json_object_get(o, k));
+  return s ? s : "?";
+}
+
+/* '97 x cpu by rule "cpu_offload=on"' for each (placement, rule) the rank's tensors used. */
+static void placement_summary(json_t *rank, char *buf, size_t len) {
+  json_t *ts = json_object_get(rank, "tensors");
+  size_t n = json_array_size(ts), used = 0;
+  char *done = calloc(n ? n : 1, 1);
+  buf[0] = 0;
+  if (!done) return;
+  for (size_t i = 0; i < n && used < len; i++) {
+    if (done[i]) continue;
+    json_t *t = json_array_get(ts, i);
+    const char *pl = jget_str(t, "placement"), *rule = jget_str(t, "rule");
+    size_t count = 0, pinned = 0;
+    for (size_t k = i; k < n; k++) {
+      json_t *u = json_array_get(ts, k);
+      if (done[k] || strcmp(pl, jget_str(u, "placement")) || strcmp(rule, jget_str(u, "rule"))) continue;
+      done[k] = 1;
+      count++;
+      pinned += json_is_true(json_object_get(u, "pinned"));
+    }
+    used += (size_t)snprintf(buf + used, len - used, "%s%zu x %s by rule \"%s\"", used ? ", " : "", count,
+                             pl, rule);
+    if (pinned && used < len) used += (size_t)snprintf(buf + used, len - used, " (%zu pinned)", pinned);
+  }
+  if (!n) snprintf(buf, len, "no tensors");
+  free(done);
+}
+
+static void print_table_file(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  char buf[8192];
+  size_t k;
+  while ((k = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, k, stdout);
+  fclose(f);
+  fputc('\n', stdout);
+}
+
+static void print_human(const launch *L, json_t **reports, uint64_t ckpt) {
+  char h1[32], h2[32], h3[32], h4[32], h5[32], pls[1024];
+  json_t *r0 = reports[0];
+  if (L->a->verbose)
+    for (int r = 0; r < L->n; r++) print_table_file(L->ranks[r].table_path);
+  printf("load %s: %d local ranks, backend %s, collective %s, strategy %s, source %s\n", L->a->path, L->n,
+         jget_str(r0, "backend"), jget_str(r0, "collective"), jget_str(r0, "strategy"),
+         jget_str(r0, "source"));
+  for (int r = 0; r < L->n; r++) {
+    json_t *j = reports[r];
+    placement_summary(j, pls, sizeof pls);
+    printf("rank %d: %llu tensors, %s on %s; %s; read %s, sent %s, received %s; %.3f s; peak RSS %s\n", r,
+           (unsigned long long)jget_u64(j, "totals", "tensors"),
+           cli_human_bytes(h1, sizeof h1, jget_u64(j, "totals", "bytes")), jget_str(j, "device"), pls,
+           cli_human_bytes(h2, sizeof h2, jget_u64(j, "stats", "bytes_read")),
+           cli_human_bytes(h3, sizeof h3, jget_u64(j, "stats", "bytes_sent")),
+           cli_human_bytes(h4, sizeof h4, jget_u64(j, "stats", "bytes_received")),
+           jget_real(j, "totals", "seconds"),
+           cli_human_bytes(h5, sizeof h5, jget_u64(j, "stats", "peak_rss_bytes")));
+  }
+  uint64_t sent0 = jget_u64(r0, "stats", "bytes_sent");
+  printf("total: checkpoint %s on %d ranks in %.3f s wall (%.2f GB/s); rank 0 sent %.3f x the checkpoint "
+         "bytes\n",
+         cli_human_bytes(h1, sizeof h1, ckpt), L->n, L->wall,
+         L->wall > 0 ? (double)ckpt / L->wall / 1e9 : 0.0, ckpt ? (double)sent0 / (double)ckpt : 0.0);
+  if (L->a->dump_dir) printf("dump: %s/rank-<r>.safetensors\n", L->a->dump_dir);
+  fflush(stdout);
+}
+
+static int print_json(const launch *L, json_t **reports, uint64_t ckpt) {
+  json_t *root = json_object(), *ranks = json_array();
+  uint64_t sent0 = jget_u64(reports[0], "stats", "bytes_sent");
+  json_object_set_new(root, "world_size", json_integer(L->n));
+  json_object_set_new(root, "path", json_string(L->a->path));
+  json_object_set_new(root, "strategy", json_string(jget_str(reports[0], "strategy")));
+  json_object_set_new(root, "source", json_string(jget_str(reports[0], "source")));
+  json_object_set_new(root, "wall_seconds", json_real(L->wall));
+  json_object_set_new(root, "checkpoint_bytes", json_integer((json_int_t)ckpt));
+  json_object_set_new(root, "gb_per_s", json_real(L->wall > 0 ? (double)ckpt / L->wall / 1e9 : 0.0));
+  json_object_set_new(root, "rank0_bytes_sent", json_integer((json_int_t)sent0));
+  json_object_set_new(root, "rank0_sent_per_checkpoint_byte",
+                      json_real(ckpt ? (double)sent0 / (double)ckpt : 0.0));
+  for (int r = 0; r < L->n; r++) json_array_append(ranks, reports[r]);
+  json_object_set_new(root, "ranks", ranks);
+  int rc = cli_json_print(stdout, root);
+  json_decref(root);
+  return rc;
+}
+
+/* Every rank succeeded: read their reports and print the merged one. */
+static int report(launch *L) {
+  int rc = CLI_EXIT_ERROR;
+  json_t **reports = calloc((size_t)L->n, sizeof *reports);
+  if (!reports) {
+    cli_error(L->a->path, SL_ERR_NOMEM, "out of memory for %d reports", L->n);
+    return CLI_EXIT_ERROR;
+  }
+  for (int r = 0; r < L->n; r++) {
+    json_error_t err;
+    reports[r] = json_load_file(L->ranks[r].json_path, 0, &err);
+    if (!reports[r] || !json_is_object(reports[r])) {
+      cli_error(L->a->path, SL_ERR_IO, "rank %d: its report is unreadable: %s; run again with --verbose",
+                r, reports[r] ? "not an object" : err.text);
+      goto out_reports;
+    }
+  }
+  relay_stderr(L, -1);
+  uint64_t ckpt = jget_u64(reports[0], "totals", "checkpoint_bytes");
+  if (L->a->json) {
+    if (print_json(L, reports, ckpt) != 0) {
+      cli_error(L->a->path, SL_ERR_IO, "cannot write the JSON report to stdout; check the output stream");
+      goto out_reports;
+    }
+  } else {
+    print_human(L, reports, ckpt);
+  }
+  rc = CLI_EXIT_OK;
+out_reports:
+  for (int r = 0; r < L->n; r++) json_decref(reports[r]);
+  free(reports);
+  return rc;
+}
+
+/* ---- the launcher ------------------------------------------------------------------------------ */
+
+int cli_launch(const cli_load_args *a) {
+  launch L;
+  memset(&L, 0, sizeof L);
+  L.a = a;
+  L.n = a->nproc;
+  L.self = getpid();
+  L.first_failed = -1;
+  L.ranks = calloc((size_t)L.n, sizeof *L.ranks);
+  if (!L.ranks) {
+    cli_error(a->path, SL_ERR_NOMEM, "out of memory for %d ranks", L.n);
+    return CLI_EXIT_ERROR;
+  }
+  int rc = CLI_EXIT_ERROR;
+  if (make_private_dir(&L) != 0) goto out_dir;
+
+  /* Block the signals the wait loop takes with sigtimedwait (race-free); ranks unblock them. */
+  sigset_t block;
+  sigemptyset(&block);
+  sigaddset(&block, SIGCHLD);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  sigaddset(&block, SIGHUP);
+  sigprocmask(SIG_BLOCK, &block, &L.old_mask);
+
+  fflush(NULL); /* nothing buffered may be written twice */
+  double t0 = cli_now();
+  for (int r = 0; r < L.n; r++) {
+    pid_t pid = fork();
+    if (pid == 0) run_rank(&L, r);
+    if (pid < 0) {
+      cli_error(a->path, SL_ERR_NOMEM, "cannot start rank %d of %d: %s; try fewer ranks", r, L.n,
+                strerror(errno));
+      L.got_signal = -1; /* stop the ones started */
+      break;
+    }
+    L.ranks[r].pid = pid;
+    L.alive++;
+    if (a->verbose) fprintf(stderr, "launch: rank %d pid %ld\n", r, (long)pid);
+  }
+  if (a->verbose) fprintf(stderr, "launch: rendezvous %s\n", L.rdv);
+  wait_ranks(&L, t0);
+
+  if (L.got_signal == -1) {
+    rc = CLI_EXIT_ERROR;
+  } else if (L.got_signal) {
+    rc = 128 + L.got_signal;
+  } else if (L.first_failed >= 0) {
+    if (a->verbose) relay_stderr(&L, L.first_failed);
+    print_failure(&L);
+    rc = CLI_EXIT_ERROR;
+  } else {
+    rc = report(&L);
+  }
+  sigprocmask(SIG_SETMASK, &L.old_mask, NULL);
+
+out_dir:
+  remove_private_dir(&L);
+  free(L.ranks);
+  /* stopped by a signal: every rank is gone and the directory removed; now die of it */
+  if (rc > 128) {
+    signal(rc - 128, SIG_DFL);
+    raise(rc - 128);
+  }
+  return rc;
+}
