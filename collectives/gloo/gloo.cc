@@ -78,7 +78,7 @@ class SigpipeBlock {
     sigaddset(&pipe, SIGPIPE);
     sigpending(&pending);
     was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-    pthread_sigmask(SIG_BLOCK, nullptr, &old_);
+    pthread_sigmask(SIG_BLOCK, &pipe, &old_);
   }
   ~SigpipeBlock() {
     sigset_t pipe, pending;
@@ -701,8 +701,14 @@ sl_status gloo_scatterv(void *comm, const void *sendbuf, const size_t *counts, c
   if (c.rank == root && counts[root] != recvbytes)
     return c.host->fail(c.host->core, SL_ERR_INVALID, "%s: root sends itself %zu bytes but receives %zu",
                         describe(c, "scatterv").c_str(), counts[root], recvbytes);
-  std::string what = describe(c, "scatterv") + " (" + std::to_string(recvbytes) + " bytes from rank " +
-                     std::to_string(root) + ")";
+  std::string what = describe(c, "scatterv");
+  if (c.rank == root) {
+    size_t sent = 0;
+    for (int r = 0; r < c.world; r++) sent += r == root ? 0 : counts[r];
+    what += " (root, sending " + std::to_string(sent) + " bytes to the other ranks)";
+  } else {
+    what += " (" + std::to_string(recvbytes) + " bytes from rank " + std::to_string(root) + ")";
+  }
   if (c.failed) return guarded(c, what, [] {});
   if (c.rank == root) {
     const char *own = static_cast<const char *>(sendbuf) + displs[root];

@@ -27,6 +27,17 @@ static sl_status host_fail(void *core, sl_status s, const char *fmt, ...) {
   return s;
 }
 
+/* The launcher's job identity, so that jobs sharing a rendezvous store (a file:// directory
+ * on a shared filesystem, a long-lived store) never read each other's keys. */
+static const char *job_id(void) {
+  const char *vars[] = {"SHARDLOAD_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v && strlen(v) < 128 && !strchr(v, '/')) return v;
+  }
+  return "job";
+}
+
 SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **out) {
   if (!out) return SL_ERR_INVALID;
   *out = NULL;
@@ -87,8 +98,9 @@ SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **
   /* Contexts created in the same order on every rank get the same store prefix, so one
    * rendezvous serves several contexts of a process (as torch numbers its process groups). */
   static unsigned generation;
-  char prefix[64];
-  snprintf(prefix, sizeof prefix, "shardload/%u/", __atomic_fetch_add(&generation, 1, __ATOMIC_RELAXED));
+  char prefix[192];
+  snprintf(prefix, sizeof prefix, "shardload/%s/%u/", job_id(),
+           __atomic_fetch_add(&generation, 1, __ATOMIC_RELAXED));
   sl_collective_init ci = {&ctx->host, ctx->rank, ctx->world_size, ctx->rendezvous, prefix, ctx->timeout_ms};
   if ((st = ctx->coll->init(&ci, &ctx->comm)) != SL_OK) goto out_close_collective;
   sl__log(ctx, SL_LOG_INFO, "rank %d/%d: backend %s (%s), collective %s", ctx->rank, ctx->world_size,

@@ -164,8 +164,6 @@ static inline bool sl__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
   return !__builtin_add_overflow(a, b, out);
 }
 
-#endif
-
 /* ---- built-in modules (backends/, collectives/) ------------------------------------------- */
 const sl_backend_ops *sl__backend_cpu(void);
 const sl_backend_ops *sl__backend_sim(void);
@@ -196,8 +194,6 @@ bool sl__has_pinned(const sl_context *ctx);
 char *sl__load_canonical(const sl_plan *plan, const sl_load_options *o);
 
 /* ---- launcher environment and rendezvous URLs (launch.c) ----------------------------------- */
-#ifndef SL__LAUNCH_DECLS
-#define SL__LAUNCH_DECLS
 /* Where this process sits in the job, as the launcher said (torchrun, Slurm, Open MPI). */
 typedef struct sl__launch_info {
   int rank, world_size, local_rank;
@@ -218,9 +214,11 @@ typedef struct sl__rendezvous {
 /* Parses "file://DIR" or "tcp://HOST:PORT" ("tcp://[::1]:PORT" for IPv6). On failure returns
  * SL_ERR_INVALID with a message in ERR saying what is wrong and the accepted forms. */
 sl_status sl__rendezvous_parse(const char *url, sl__rendezvous *out, char *err, size_t errlen);
-#endif
+
 
 /* ---- host memory (hostops.c) ------------------------------------------------------------- */
 /* 64-byte aligned host memory; blocks of 1 MiB and more are mapped pre-faulted. */
 void *sl__host_alloc(size_t bytes);
 void sl__host_free(void *ptr);
+
+#endif

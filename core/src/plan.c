@@ -731,7 +731,8 @@ SL_API sl_status sl_plan_describe(sl_plan *plan, const sl_source_tensor *t, char
   char text[128];
   format_placements(r.placements, plan->mesh_ndim ? plan->mesh_ndim : 1, true, text, sizeof text);
   if (strlen(text) >= len) {
-    snprintf(buf, len, "%s", text);
+    memcpy(buf, text, len - 1);
+    buf[len - 1] = 0;
     return sl__fail(plan->ctx, SL_ERR_INVALID, "sl_plan_describe: %zu bytes are too few for '%s'", len, text);
   }
   memcpy(buf, text, strlen(text) + 1);

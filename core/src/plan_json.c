@@ -79,7 +79,7 @@ static sl_status get_string(const jctx *j, json_t *v, const char *where, const c
 }
 
 static sl_status get_dtype(const jctx *j, json_t *v, const char *where, sl_dtype *out) {
-  const char *s;
+  const char *s = NULL;
   sl_status st = get_string(j, v, where, "\"BF16\"", &s);
   if (st != SL_OK) return st;
   *out = s ? sl_dtype_from_name(s) : SL_DTYPE_INVALID;
@@ -227,7 +227,7 @@ static sl_status apply(const jctx *j, sl_plan *plan, json_t *root) {
     if ((st = sl_plan_set_param_dtype(plan, dt)) != SL_OK) return jwrap(j, st, "param_dtype");
   }
   if ((v = json_object_get(root, "default_placement"))) {
-    const char *s;
+    const char *s = NULL;
     if ((st = get_string(j, v, "default_placement", "\"[replicate, shard(0)]\"", &s)) != SL_OK) return st;
     if ((st = sl_plan_set_default_placement(plan, s)) != SL_OK) return jwrap(j, st, "default_placement");
   }
