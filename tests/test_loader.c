@@ -219,6 +219,19 @@ static void test_cast_to_f32_and_tiny_staging(void **state) {
   h = read_back(&e, t);
   assert_memory_equal(h, f8_data, sizeof f8_data);
   free(h);
+  /* widening casts cross the bus at the narrow width and widen on the device: host-to-device
+   * traffic is the file's bytes for the BF16 tensor, not its F32 size (before any read-back) */
+  uint64_t want_h2d = 0, h2d, d2h;
+  for (size_t i = 0; i < sl_state_count(st); i++) {
+    const sl_tensor *x = sl_state_tensor(st, i);
+    want_h2d += x->nbytes / sl_dtype_size(x->dtype) * sl_dtype_size(x->file_dtype);
+  }
+  sl_load_stats stats;
+  assert_int_equal(sl_state_stats(st, &stats), SL_OK);
+  assert_int_equal(stats.bytes_h2d, want_h2d);
+  e.ctx->be->traffic(e.ctx->be_ctx, &h2d, &d2h);
+  assert_int_equal(h2d, want_h2d);
+  assert_true(want_h2d < 60 * 4 + 7 * 4 + 4 + 40 + 16); /* less than the F32 state */
   sl_state_destroy(st);
   close_env(&e);
 }

@@ -44,6 +44,7 @@ typedef struct loader {
   unsigned char *staging;
   size_t staging_bytes;
   bool staging_pinned;
+  void *dev_staging; /* device buffer for widening casts done on the device, or NULL */
   /* rank 0's per-rank scratch for scatterv */
   sl__region *regions;
   size_t *counts, *displs;
@@ -198,6 +199,13 @@ static sl_status place_part(loader *L, tensor_job *j, const void *buf, uint64_t 
     return SL_OK;
   }
   const void *from = buf;
+  if (j->wire != j->res.dtype && L->dev_staging && sl_dtype_size(j->wire) < ep) {
+    /* widening cast: move the narrow bytes over the bus and widen on the device */
+    size_t ew = sl_dtype_size(j->wire);
+    if ((st = ctx->be->copy_h2d(ctx->be_ctx, L->dev_staging, buf, count * ew)) != SL_OK) return st;
+    L->st->stats.bytes_h2d += count * ew;
+    return ctx->be->cast_device(ctx->be_ctx, dst, j->res.dtype, L->dev_staging, j->wire, count);
+  }
   if (j->wire != j->res.dtype) {
     if ((st = sl_convert(L->Y, j->res.dtype, buf, j->wire, count)) != SL_OK) return st;
     from = L->Y;
@@ -528,6 +536,18 @@ static sl_status allocate(loader *L) {
       return sl__fail(ctx, st, "%s: cannot allocate %llu bytes on %s: %s", t->name, (unsigned long long)t->nbytes,
                       sl_device_kind_name(t->device), ctx->errmsg);
   }
+  /* A device that is not host memory and can cast gets a small device staging buffer, so a
+   * widening cast (BF16 -> F32) crosses the bus at the narrow width. A chunk's wire bytes are
+   * at most a quarter of the host budget (see load_tensor's carve-up). */
+  bool widen_on_device = false;
+  for (size_t i = 0; i < L->njobs; i++)
+    if (L->jobs[i].out->device == SL_DEVICE_ACCELERATOR &&
+        sl_dtype_size(L->jobs[i].wire) < sl_dtype_size(L->jobs[i].res.dtype))
+      widen_on_device = true;
+  if (widen_on_device && !sl__device_is_host(ctx) && SL_HAS_OP(ctx->be, cast_device)) {
+    sl_status st = ctx->be->alloc_device(ctx->be_ctx, L->o.staging_bytes / 4, &L->dev_staging);
+    if (st != SL_OK) return sl__fail(ctx, st, "cannot allocate %zu bytes of device staging", L->o.staging_bytes / 4);
+  }
   size_t need = L->o.staging_bytes;
   L->staging_pinned = sl__has_pinned(ctx);
   sl_status st = sl_alloc(ctx, SL_DEVICE_CPU, L->staging_pinned, need, (void **)&L->staging);
@@ -554,6 +574,7 @@ static sl_status allocate(loader *L) {
 
 static void loader_release(loader *L) {
   if (L->staging) sl_free(L->ctx, SL_DEVICE_CPU, L->staging_pinned, L->staging);
+  if (L->dev_staging) L->ctx->be->free_device(L->ctx->be_ctx, L->dev_staging);
   free(L->regions);
   free(L->counts);
   free(L->displs);
