@@ -301,6 +301,33 @@ static void assert_dims(json_t *a, int n, const int64_t *want) {
   for (int d = 0; d < n; d++) assert_int_equal(json_integer_value(json_array_get(a, (size_t)d)), want[d]);
 }
 
+/* A plan file that names tensors: the dry run shows what a load would take (the named ones,
+ * on the file's mesh), not every tensor of the checkpoint. */
+static void test_plan_file_names_tensors(void **state) {
+  char *p = write_uneven();
+  char *pf = sl_test_path(g_dir, "names.plan.json");
+  const char *text = "{\"mesh\":[2,2],\"tensors\":{\"rows10\":{},\"ids\":{\"placement\":\"replicate\"}}}";
+  assert_int_equal(sl_test_write_bytes(pf, text, strlen(text)), 0);
+  char extra[1024];
+  snprintf(extra, sizeof extra, "--world 4 --plan '%s'", pf);
+  json_t *j = plan_json(p, extra);
+  json_t *mesh = json_object_get(j, "mesh");
+  assert_int_equal(json_array_size(mesh), 2);
+  assert_int_equal(json_integer_value(json_array_get(mesh, 0)), 2);
+  for (int r = 0; r < 4; r++) {
+    json_t *rank = json_array_get(json_object_get(j, "ranks"), (size_t)r);
+    assert_int_equal(json_array_size(json_object_get(rank, "tensors")), 2);
+    json_t *t = plan_tensor(j, r, "rows10"); /* HSDP default [R, S(0)]: 5 rows each */
+    int64_t ls[2] = {5, 3}, off[2] = {(r % 2) * 5, 0};
+    assert_dims(json_object_get(t, "local_shape"), 2, ls);
+    assert_dims(json_object_get(t, "global_offset"), 2, off);
+    assert_int_equal(json_integer_value(json_object_get(rank, "total_bytes")), 5 * 3 * 4 + 4 * 8);
+  }
+  json_decref(j);
+  free(pf);
+  free(p);
+}
+
 static void test_plan_chunk(void **state) {
   char *p = write_uneven();
   static const struct {
@@ -677,6 +704,7 @@ int main(void) {
       cmocka_unit_test(test_synth_sharded),
       cmocka_unit_test(test_inspect),
       cmocka_unit_test(test_plan_chunk),
+      cmocka_unit_test(test_plan_file_names_tensors),
       cmocka_unit_test(test_load_matrix),
       cmocka_unit_test(test_load_cast_and_sharded),
       cmocka_unit_test(test_load_human),

@@ -378,6 +378,16 @@ static void test_describe_and_geometry(void **state) {
   assert_int_equal(sl_plan_geometry(f->plan, &w, 3, 4, &g), SL_OK);
   assert_int_equal(g.local_shape[0], 1); /* 10 over 4: 3,3,3,1 */
   assert_int_equal(g.global_offset[0], 9);
+  int dims[SL_MAX_MESH_DIMS];
+  assert_int_equal(sl_plan_mesh(f->plan, 4, dims), 1);
+  assert_int_equal(dims[0], 4);
+  /* without entries every tensor loads; once the plan names some, the others are skipped */
+  assert_int_equal(g.skipped, 0);
+  assert_int_equal(sl_plan_add_entry(f->plan, "s", NULL, SL_DTYPE_INVALID), SL_OK);
+  assert_int_equal(sl_plan_geometry(f->plan, &w, 3, 4, &g), SL_OK);
+  assert_int_equal(g.skipped, 1);
+  assert_int_equal(sl_plan_geometry(f->plan, &s, 3, 4, &g), SL_OK);
+  assert_int_equal(g.skipped, 0);
 }
 
 /* ---- JSON plan files --------------------------------------------------------------------- */

@@ -128,17 +128,23 @@ typedef struct plan_row {
 } plan_row;
 
 /* Resolves every tensor for RANK. On failure prints the line naming the tensor. */
+/* Rows for the tensors a load would take; *kept counts them (tensors a plan with entries does
+ * not name are skipped by the load, so the dry run leaves them out too). */
 static int resolve_rank(sl_context *ctx, sl_plan *plan, const sl_source *src, int rank, int world,
-                        plan_row *rows, uint64_t *total) {
-  size_t n = sl_source_tensor_count(src);
+                        plan_row *rows, size_t *kept, uint64_t *total) {
+  size_t n = sl_source_tensor_count(src), k = 0;
   *total = 0;
   for (size_t i = 0; i < n; i++) {
-    rows[i].t = sl_source_tensor_at(src, i);
-    sl_status s = sl_plan_geometry(plan, rows[i].t, rank, world, &rows[i].g);
-    if (s == SL_OK) s = sl_plan_describe(plan, rows[i].t, rows[i].placement, sizeof rows[i].placement);
-    if (s != SL_OK) return cli_fail(rows[i].t->name, s, ctx);
-    *total += rows[i].g.nbytes;
+    plan_row *w = &rows[k];
+    w->t = sl_source_tensor_at(src, i);
+    sl_status s = sl_plan_geometry(plan, w->t, rank, world, &w->g);
+    if (s == SL_OK && w->g.skipped) continue;
+    if (s == SL_OK) s = sl_plan_describe(plan, w->t, w->placement, sizeof w->placement);
+    if (s != SL_OK) return cli_fail(w->t->name, s, ctx);
+    *total += w->g.nbytes;
+    k++;
   }
+  *kept = k;
   return CLI_EXIT_OK;
 }
 
@@ -271,9 +277,11 @@ int cli_cmd_plan(int argc, char **argv) {
     goto out_plan;
   }
 
-  int mesh_ndim = pa.mesh_ndim ? pa.mesh_ndim : 1;
+  /* the mesh the plan resolved to: --mesh, a plan file's, or 1-D [world] */
+  int plan_mesh[SL_MAX_MESH_DIMS];
+  int mesh_ndim = sl_plan_mesh(plan, (int)world, plan_mesh);
   int64_t mesh[SL_MAX_MESH_DIMS];
-  for (int d = 0; d < mesh_ndim; d++) mesh[d] = pa.mesh_ndim ? pa.mesh[d] : world;
+  for (int d = 0; d < mesh_ndim; d++) mesh[d] = plan_mesh[d];
   if (json) {
     root = json_object();
     json_object_set_new(root, "path", json_string(path));
@@ -289,12 +297,13 @@ int cli_cmd_plan(int argc, char **argv) {
   for (long rank = 0; rank < world; rank++) {
     if (only_rank >= 0 && rank != only_rank) continue;
     uint64_t total = 0;
-    if ((rc = resolve_rank(ctx, plan, src, (int)rank, (int)world, rows, &total)) != CLI_EXIT_OK)
+    size_t kept = 0;
+    if ((rc = resolve_rank(ctx, plan, src, (int)rank, (int)world, rows, &kept, &total)) != CLI_EXIT_OK)
       goto out_rows;
     if (json)
-      json_array_append_new(ranks, rank_json((int)rank, rows, n, total));
+      json_array_append_new(ranks, rank_json((int)rank, rows, kept, total));
     else
-      rank_table((int)rank, (int)world, rows, n, total);
+      rank_table((int)rank, (int)world, rows, kept, total);
   }
   if (json && cli_json_print(stdout, root) != 0) {
     cli_error(path, SL_ERR_IO, "cannot write the JSON report to stdout; check the output stream");

@@ -720,7 +720,14 @@ SL_API sl_status sl_plan_geometry(sl_plan *plan, const sl_source_tensor *t, int 
   }
   if (!sl__mul_u64(elems, sl_dtype_size(r.dtype), &out->nbytes))
     return sl__fail(plan->ctx, SL_ERR_SHAPE, "%s: shard size overflows", t->name);
+  /* as sl__plan_check decides: a plan with entries loads only the tensors it names */
+  out->skipped = plan->nentries > 0 && find_entry(plan, t->name) == NULL;
   return SL_OK;
+}
+
+SL_API int sl_plan_mesh(const sl_plan *plan, int world, int *dims) {
+  if (!plan || !dims) return 0;
+  return sl__plan_mesh(plan, world, dims);
 }
 
 SL_API sl_status sl_plan_describe(sl_plan *plan, const sl_source_tensor *t, char *buf, size_t len) {

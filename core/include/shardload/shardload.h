@@ -213,8 +213,12 @@ typedef struct sl_shard_geometry {
   sl_dtype dtype; /* parameter dtype */
   int replicated; /* every mesh dim replicate */
   uint64_t nbytes;
+  int skipped;    /* the plan names tensors and not this one: a load skips it */
 } sl_shard_geometry;
 
+/* The mesh a load of WORLD ranks would use (the plan's, or 1-D [WORLD]); returns its ndim
+ * and fills DIMS (SL_MAX_MESH_DIMS entries). */
+SL_API int sl_plan_mesh(const sl_plan *plan, int world, int *dims);
 /* Resolve the plan for tensor T as rank RANK of WORLD would see it. */
 SL_API sl_status sl_plan_geometry(sl_plan *plan, const sl_source_tensor *t, int rank, int world,
                                   sl_shard_geometry *out);
