@@ -373,9 +373,12 @@ static void test_sgd_step_through_backend(void **state) {
 
 static void test_context_errors(void **state) {
   sl_context *ctx = NULL;
-  sl_context_options co = {.size = sizeof co, .backend = "simm", .world_size = 1};
+  char err[256] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "simm", .world_size = 1, .errbuf = err,
+                           .errbuf_size = sizeof err};
   assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_INVALID);
   assert_null(ctx);
+  assert_non_null(strstr(err, "unknown backend 'simm' (did you mean 'sim'?)"));
   co.backend = "cuda";
   sl_status s = sl_context_create(&co, &ctx);
   assert_true(s == SL_ERR_NO_DEVICE || s == SL_OK);

@@ -117,6 +117,7 @@ out_close_backend:
 out_free:
   /* the caller has no context to read the message from: log it before it goes */
   sl__log(ctx, SL_LOG_ERROR, "%s: %s", sl_status_name(st), ctx->errmsg);
+  if (o.errbuf && o.errbuf_size) snprintf(o.errbuf, o.errbuf_size, "%s", ctx->errmsg);
   free(ctx->rendezvous);
   free(ctx);
   return st;

@@ -123,6 +123,10 @@ typedef struct sl_context_options {
   sl_log_fn log;           /* NULL: silent */
   void *log_user;
   sl_log_level log_level;
+  /* When creation fails there is no context to ask: the specific message goes here
+   * (truncated to ERRBUF_SIZE, NUL-terminated) as well as to the logger. */
+  char *errbuf;
+  size_t errbuf_size;
 } sl_context_options;
 
 SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **out);
