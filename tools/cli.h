@@ -54,6 +54,9 @@ const char *cli_dims_str(char *buf, size_t len, int ndim, const int64_t *dims);
 const char *cli_human_bytes(char *buf, size_t len, uint64_t bytes);
 /* A JSON array of dims. */
 json_t *cli_json_dims(int ndim, const int64_t *dims);
+/* Adds one tensor entry {dtype, shape, data_offsets [off, off+nbytes]} to a safetensors header. */
+void cli_st_header_add(json_t *hdr, const char *name, const char *dtype, int ndim, const int64_t *shape,
+                       uint64_t off, uint64_t nbytes);
 /* Writes ROOT as indented JSON plus a newline to OUT; 0 on success. */
 int cli_json_print(FILE *out, json_t *root);
 double cli_now(void); /* monotonic seconds */

@@ -134,14 +134,7 @@ static json_t *dump_header(const sl_state *st, int rank, int world) {
   uint64_t off = 0;
   for (size_t i = 0; i < n; i++) {
     const sl_tensor *t = sl_state_tensor(st, i);
-    json_t *o = json_object();
-    json_object_set_new(o, "dtype", json_string(sl_dtype_name(t->dtype)));
-    json_object_set_new(o, "shape", cli_json_dims(t->ndim, t->local_shape));
-    json_t *offs = json_array();
-    json_array_append_new(offs, json_integer((json_int_t)off));
-    json_array_append_new(offs, json_integer((json_int_t)(off + t->nbytes)));
-    json_object_set_new(o, "data_offsets", offs);
-    json_object_set_new(hdr, t->name, o);
+    cli_st_header_add(hdr, t->name, sl_dtype_name(t->dtype), t->ndim, t->local_shape, off, t->nbytes);
     off += t->nbytes;
   }
   return hdr;

@@ -203,6 +203,18 @@ const char *cli_human_bytes(char *buf, size_t len, uint64_t bytes) {
   return buf;
 }
 
+void cli_st_header_add(json_t *hdr, const char *name, const char *dtype, int ndim, const int64_t *shape,
+                       uint64_t off, uint64_t nbytes) {
+  json_t *o = json_object();
+  json_object_set_new(o, "dtype", json_string(dtype));
+  json_object_set_new(o, "shape", cli_json_dims(ndim, shape));
+  json_t *offs = json_array();
+  json_array_append_new(offs, json_integer((json_int_t)off));
+  json_array_append_new(offs, json_integer((json_int_t)(off + nbytes)));
+  json_object_set_new(o, "data_offsets", offs);
+  json_object_set_new(hdr, name, o);
+}
+
 json_t *cli_json_dims(int ndim, const int64_t *dims) {
   json_t *a = json_array();
   for (int d = 0; a && d < ndim; d++) json_array_append_new(a, json_integer((json_int_t)dims[d]));

@@ -303,14 +303,7 @@ static json_t *file_header(const synth_layout *L, int file, const char *dt, uint
   for (size_t i = 0; i < L->count; i++) {
     const synth_tensor *t = &L->t[i];
     if (t->file != file) continue;
-    json_t *o = json_object();
-    json_object_set_new(o, "dtype", json_string(t->dtype));
-    json_object_set_new(o, "shape", cli_json_dims(t->ndim, t->shape));
-    json_t *offs = json_array();
-    json_array_append_new(offs, json_integer((json_int_t)off));
-    json_array_append_new(offs, json_integer((json_int_t)(off + t->nbytes)));
-    json_object_set_new(o, "data_offsets", offs);
-    json_object_set_new(hdr, t->name, o);
+    cli_st_header_add(hdr, t->name, t->dtype, t->ndim, t->shape, off, t->nbytes);
     off += t->nbytes;
   }
   return hdr;

@@ -7,22 +7,18 @@
 
 #include "internal.h"
 
+/* The module host: modules report through the context's logger and message buffer. */
 static void host_log(void *core, sl_log_level level, const char *fmt, ...) {
-  sl_context *ctx = core;
-  if (!ctx->log || level > ctx->log_level) return;
-  char line[SL__ERRMSG_LEN];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
+  sl__vlog(core, level, fmt, ap);
   va_end(ap);
-  ctx->log(ctx->log_user, level, line);
 }
 
 static sl_status host_fail(void *core, sl_status s, const char *fmt, ...) {
-  sl_context *ctx = core;
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
+  sl__vfail(core, s, fmt, ap);
   va_end(ap);
   return s;
 }

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "module.h"
 #include "shardload/shardload.h"
@@ -35,6 +36,10 @@ sl_status sl__fail(sl_context *ctx, sl_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void sl__log(sl_context *ctx, sl_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+sl_status sl__vfail(sl_context *ctx, sl_status s, const char *fmt, va_list ap);
+void sl__vlog(sl_context *ctx, sl_log_level level, const char *fmt, va_list ap);
+/* pread until LEN bytes or end of file; returns the bytes read, or -1 with errno set. */
+ssize_t sl__pread_full(int fd, void *buf, size_t len, uint64_t off);
 
 /* Copies the options struct a caller compiled against (OPTS_SIZE bytes, possibly older and
  * shorter than ours) into a zero-initialised full struct. NULL means all zero. */

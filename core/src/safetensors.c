@@ -334,20 +334,6 @@ sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__s
   return SL_OK;
 }
 
-/* pread until LEN bytes or EOF; returns bytes read or -1 (errno set). */
-static ssize_t pread_full(int fd, void *buf, size_t len, uint64_t off) {
-  size_t got = 0;
-  while (got < len) {
-    ssize_t r = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    if (r == 0) break;
-    got += (size_t)r;
-  }
-  return (ssize_t)got;
-}
 
 sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
@@ -356,7 +342,7 @@ sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen) {
   uint64_t size = (uint64_t)st.st_size;
   uint8_t head[8];
   size_t first = size < 8 ? (size_t)size : 8;
-  ssize_t r = pread_full(fd, head, first, 0);
+  ssize_t r = sl__pread_full(fd, head, first, 0);
   if (r < 0) return st_err(err, errlen, SL_ERR_IO, "cannot read: %s", strerror(errno));
   if ((size_t)r < first) size = (uint64_t)r; /* shrank under us */
   if (size < 8) return sl__st_parse(head, (size_t)size, size, out, err, errlen);
@@ -369,7 +355,7 @@ sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen) {
   uint8_t *buf = malloc(total);
   if (!buf) return st_err(err, errlen, SL_ERR_NOMEM, "out of memory for a %" PRIu64 "-byte header", n);
   memcpy(buf, head, 8);
-  r = pread_full(fd, buf + 8, (size_t)n, 8);
+  r = sl__pread_full(fd, buf + 8, (size_t)n, 8);
   sl_status s;
   if (r < 0)
     s = st_err(err, errlen, SL_ERR_IO, "cannot read the header: %s", strerror(errno));

@@ -120,20 +120,6 @@ bool sl__source_has_files(const sl_source *src) { return src && src->has_files; 
 
 /* ---- reading -------------------------------------------------------------------------- */
 
-/* pread until LEN bytes or EOF; returns bytes read or -1 (errno set). */
-static ssize_t pread_full(int fd, void *buf, size_t len, uint64_t off) {
-  size_t got = 0;
-  while (got < len) {
-    ssize_t r = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    if (r == 0) break;
-    got += (size_t)r;
-  }
-  return (ssize_t)got;
-}
 
 sl_status sl__source_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, void *dst, size_t bytes) {
   if (!src || i >= src->count || (!dst && bytes))
@@ -149,7 +135,7 @@ sl_status sl__source_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, 
     return sl__fail(src->ctx, SL_ERR_INVALID, "source read of tensor '%s': file '%s' is not open on this rank",
                     t->name, f->path);
   uint64_t off = t->file_offset + offset_in_tensor;
-  ssize_t r = pread_full(f->fd, dst, bytes, off);
+  ssize_t r = sl__pread_full(f->fd, dst, bytes, off);
   if (r < 0)
     return sl__fail(src->ctx, SL_ERR_IO, "%s: read of tensor '%s' at byte %" PRIu64 " failed: %s", f->path,
                     t->name, off, strerror(errno));
@@ -420,7 +406,7 @@ static sl_status read_whole(sl_context *ctx, const char *path, char **buf, size_
     s = sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
     goto out_fd;
   }
-  ssize_t r = pread_full(fd, *buf, *len, 0);
+  ssize_t r = sl__pread_full(fd, *buf, *len, 0);
   if (r < 0 || (size_t)r != *len) {
     s = sl__fail(ctx, SL_ERR_IO, "%s: cannot read: %s", path, r < 0 ? strerror(errno) : "file shrank");
     free(*buf);

@@ -1,15 +1,25 @@
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 
 sl_status sl__fail(sl_context *ctx, sl_status s, const char *fmt, ...) {
-  if (!ctx) return s;
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
+  sl__vfail(ctx, s, fmt, ap);
   va_end(ap);
+  return s;
+}
+
+sl_status sl__vfail(sl_context *ctx, sl_status s, const char *fmt, va_list ap) {
+  if (!ctx) return s;
+  /* through a scratch buffer: callers may pass the previous message as an argument */
+  char msg[SL__ERRMSG_LEN];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  memcpy(ctx->errmsg, msg, sizeof msg);
   if (ctx->log && ctx->log_level >= SL_LOG_DEBUG) {
     char line[SL__ERRMSG_LEN + 64];
     snprintf(line, sizeof line, "%s: %s", sl_status_name(s), ctx->errmsg);
@@ -19,12 +29,16 @@ sl_status sl__fail(sl_context *ctx, sl_status s, const char *fmt, ...) {
 }
 
 void sl__log(sl_context *ctx, sl_log_level level, const char *fmt, ...) {
-  if (!ctx || !ctx->log || level > ctx->log_level) return;
-  char line[SL__ERRMSG_LEN];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
+  sl__vlog(ctx, level, fmt, ap);
   va_end(ap);
+}
+
+void sl__vlog(sl_context *ctx, sl_log_level level, const char *fmt, va_list ap) {
+  if (!ctx || !ctx->log || level > ctx->log_level) return;
+  char line[SL__ERRMSG_LEN];
+  vsnprintf(line, sizeof line, fmt, ap);
   ctx->log(ctx->log_user, level, line);
 }
 
@@ -43,4 +57,18 @@ char *sl__strdup(const char *s) {
   char *d = malloc(n);
   if (d) memcpy(d, s, n);
   return d;
+}
+
+ssize_t sl__pread_full(int fd, void *buf, size_t len, uint64_t off) {
+  size_t got = 0;
+  while (got < len) {
+    ssize_t r = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    if (r == 0) break;
+    got += (size_t)r;
+  }
+  return (ssize_t)got;
 }
