@@ -146,12 +146,100 @@ static void test_rank_dies_mid_load(void **state) {
   run(&j, 3, "fail-die");
 }
 
+/* A failure that only one rank sees in the data phase (here: rank 1's first device buffer is
+ * released behind the loader's back, so its host-to-device copy fails): that rank keeps taking
+ * part in the collectives, and every rank ends with its error, quickly. */
+typedef struct sabotage {
+  sl_context *ctx;
+  int rank;
+  void *first;
+  int calls;
+} sabotage;
+
+static void *sabotage_bind(void *user, const sl_tensor *t) {
+  sabotage *s = user;
+  void *p = NULL;
+  if (sl_alloc(s->ctx, t->device, 0, t->nbytes, &p) != SL_OK) return NULL;
+  if (s->calls++ == 0) s->first = p;
+  else if (s->calls == 2 && s->rank == 1) sl_free(s->ctx, SL_DEVICE_ACCELERATOR, 0, s->first);
+  return p;
+}
+
+static int local_failure_main(int rank, int world, void *arg) {
+  fjob *j = arg;
+  double t0 = now_s();
+  sl_context_options co = {.size = sizeof co, .backend = "sim:strict", .world_size = world, .rank = rank,
+                           .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = j->timeout_ms};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: source", rank);
+  sl_plan *plan = NULL;
+  sl_plan_create(ctx, &plan);
+  sabotage sb = {ctx, rank, NULL, 0};
+  sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1 << 16, .bind = sabotage_bind, .bind_user = &sb,
+                        .read_mode = j->differ_rank == 1 ? SL_READ_EVERY_RANK : SL_READ_RANK0};
+  sl_state *st = NULL;
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  double dt = now_s() - t0;
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s: %s (%.2f s)\n", rank, sl_status_name(s), msg, dt);
+  SL_CHILD_CHECK(s == SL_ERR_BACKEND, "rank %d: got %s", rank, sl_status_name(s));
+  SL_CHILD_CHECK(st == NULL, "rank %d: a state despite the failure", rank);
+  SL_CHILD_CHECK(strstr(msg, "a.weight") != NULL, "rank %d: message '%s' does not name the tensor", rank, msg);
+  if (rank != 1) SL_CHILD_CHECK(strstr(msg, "rank 1") != NULL, "rank %d: message '%s' does not name rank 1", rank, msg);
+  SL_CHILD_CHECK(dt < j->max_seconds, "rank %d took %.1f s", rank, dt);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_one_rank_fails_in_data_phase(void **state) {
+  for (int every = 0; every < 2; every++) {
+    /* a long timeout: the others must learn of the failure from rank 1, not by timing out */
+    fjob j = {.path = good, .timeout_ms = 60000, .die_rank = -1, .differ_rank = every ? 1 : -1, .max_seconds = 20};
+    j.rdzv = sl_test_rendezvous(every ? "fail-local-every" : "fail-local-rank0");
+    int codes[3];
+    int killed = sl_test_spawn(3, local_failure_main, &j, 60000, codes);
+    free(j.rdzv);
+    assert_int_equal(killed, 0);
+    for (int r = 0; r < 3; r++) assert_int_equal(codes[r], 0);
+  }
+}
+
+static void *device_binder(void *user, const sl_tensor *t) { return user; }
+
+static void test_caller_device_buffer_for_cpu_placement_rejected(void **state) {
+  sl_context_options co = {.size = sizeof co, .backend = "sim:strict", .world_size = 1};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_OK);
+  sl_source *src = NULL;
+  assert_int_equal(sl_source_open(ctx, good, &src), SL_OK);
+  sl_plan *plan = NULL;
+  assert_int_equal(sl_plan_create(ctx, &plan), SL_OK);
+  /* CPU placement, but the caller hands over device memory: refused before any byte moves */
+  void *dev = NULL;
+  assert_int_equal(sl_alloc(ctx, SL_DEVICE_ACCELERATOR, 0, 8u << 20, &dev), SL_OK);
+  sl_load_options lo = {.size = sizeof lo, .cpu_offload = SL_CPU_OFFLOAD_ON, .bind = device_binder, .bind_user = dev};
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(ctx, plan, src, &lo, &st), SL_ERR_BUFFER);
+  assert_null(st);
+  assert_non_null(strstr(sl_context_errmsg(ctx), "placed on the CPU"));
+  sl_free(ctx, SL_DEVICE_ACCELERATOR, 0, dev);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rank0_cannot_open),
       cmocka_unit_test(test_rank0_cannot_parse),
       cmocka_unit_test(test_plans_differ),
       cmocka_unit_test(test_rank_dies_mid_load),
+      cmocka_unit_test(test_one_rank_fails_in_data_phase),
+      cmocka_unit_test(test_caller_device_buffer_for_cpu_placement_rejected),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -51,6 +51,11 @@ typedef struct loader {
   int *group; /* first rank with the same region (replicas share packed bytes) */
   int *group_of_key;
   uint64_t total_bytes, done_bytes;
+  /* The first failure local to this rank in phase 2 (a copy to the device, a cast, a read in
+   * every-rank mode). The rank keeps taking part in every collective so the others are not
+   * left waiting, places nothing more, and reports it at the closing agreement. */
+  sl_status deferred;
+  char deferred_msg[SL__ERRMSG_LEN];
   /* staging carve-up for the current tensor */
   unsigned char *R, *W, *P, *V, *Y;
   uint64_t chunk;
@@ -216,6 +221,20 @@ static sl_status place_part(loader *L, tensor_job *j, const void *buf, uint64_t 
   return SL_OK;
 }
 
+static void defer(loader *L, tensor_job *j, sl_status st) {
+  if (L->deferred != SL_OK) return;
+  L->deferred = st;
+  snprintf(L->deferred_msg, sizeof L->deferred_msg, "%.200s: %.800s", j->src->name, L->ctx->errmsg);
+}
+
+/* place_part for data that arrived through a collective: a failure here is this rank's alone */
+static sl_status finish_part(loader *L, tensor_job *j, const void *buf, uint64_t la, uint64_t count) {
+  if (L->deferred != SL_OK) return SL_OK;
+  sl_status st = place_part(L, j, buf, la, count);
+  if (st != SL_OK) defer(L, j, st);
+  return SL_OK;
+}
+
 /* ---- rank 0 reads a chunk ----------------------------------------------------------------- */
 /* Reads global elements [a, a+n) and converts them to the wire dtype. INTO, when set, is
  * where the bytes should land if no conversion is needed (a world of one reading straight
@@ -280,7 +299,7 @@ static sl_status scatter_chunk(loader *L, tensor_job *j, uint64_t a, uint64_t b)
     if (L->rank == 0) L->st->stats.bytes_sent += n * ew * (uint64_t)(L->world - 1);
     else L->st->stats.bytes_received += n * ew;
     if ((L->rank != 0 && host_direct(L, j)) || buf == solo) return SL_OK;
-    return place_part(L, j, buf, a, n);
+    return finish_part(L, j, buf, a, n);
   }
 
   const void *sendbuf = S;
@@ -319,7 +338,7 @@ static sl_status scatter_chunk(loader *L, tensor_job *j, uint64_t a, uint64_t b)
   st = ctx->coll->scatterv(ctx->comm, sendbuf, L->counts, L->displs, recv, (size_t)(count * ew), 0);
   if (st != SL_OK) return st;
   if (L->rank != 0) L->st->stats.bytes_received += count * ew;
-  return direct ? SL_OK : place_part(L, j, recv, la, count);
+  return direct ? SL_OK : finish_part(L, j, recv, la, count);
 }
 
 static sl_status broadcast_chunk(loader *L, tensor_job *j, uint64_t a, uint64_t b) {
@@ -343,7 +362,7 @@ static sl_status broadcast_chunk(loader *L, tensor_job *j, uint64_t a, uint64_t 
     sl__region_extract(&j->mine, ew, buf, a, b, L->P);
     part = L->P;
   }
-  return place_part(L, j, part, la, lb - la);
+  return finish_part(L, j, part, la, lb - la);
 }
 
 typedef struct own_read {
@@ -411,11 +430,12 @@ static sl_status load_tensor(loader *L, tensor_job *j) {
   }
 
   if (L->o.read_mode == SL_READ_EVERY_RANK) {
+    /* no collective runs in this mode: any failure is this rank's, told at the agreement */
     own_read o = {L, j};
-    for (uint64_t a = 0; a < total; a += chunk) {
+    for (uint64_t a = 0; a < total && L->deferred == SL_OK; a += chunk) {
       uint64_t b = a + chunk < total ? a + chunk : total;
       sl_status st = sl__region_runs(&j->mine, a, b, read_own_run, &o);
-      if (st != SL_OK) return st;
+      if (st != SL_OK) defer(L, j, st);
     }
     return SL_OK;
   }
@@ -523,6 +543,12 @@ static sl_status allocate(loader *L) {
     if (p) {
       t->data = p;
       t->caller_buffer = 1;
+      if (t->device == SL_DEVICE_CPU && SL_HAS_OP(ctx->be, is_device_ptr) && !sl__device_is_host(ctx) &&
+          ctx->be->is_device_ptr(ctx->be_ctx, p, 1))
+        return sl__fail(ctx, SL_ERR_BUFFER,
+                        "%s: the caller's buffer is device memory of backend %s, but the tensor is placed "
+                        "on the CPU; pass host memory (sl_alloc(ctx, SL_DEVICE_CPU, ...))",
+                        t->name, ctx->be->name);
       if (t->device == SL_DEVICE_ACCELERATOR && SL_HAS_OP(ctx->be, is_device_ptr) &&
           !ctx->be->is_device_ptr(ctx->be_ctx, p, (size_t)t->nbytes))
         return sl__fail(ctx, SL_ERR_BUFFER,
@@ -628,8 +654,17 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
     L.done_bytes += L.jobs[i].src->nbytes;
     if (L.o.progress && L.rank == 0) L.o.progress(L.o.progress_user, L.done_bytes, L.total_bytes);
   }
-  if ((st = ctx->be->synchronize(ctx->be_ctx)) != SL_OK) goto out_fail;
-  if ((st = sl__state_index(L.st)) != SL_OK) goto out_fail;
+  if (L.deferred == SL_OK && (st = ctx->be->synchronize(ctx->be_ctx)) != SL_OK) {
+    L.deferred = st;
+    snprintf(L.deferred_msg, sizeof L.deferred_msg, "%s", ctx->errmsg);
+  }
+  if (L.deferred == SL_OK && (st = sl__state_index(L.st)) != SL_OK) {
+    L.deferred = st;
+    snprintf(L.deferred_msg, sizeof L.deferred_msg, "out of memory indexing the state");
+  }
+  /* the closing agreement: every rank returns OK only if every rank placed every byte */
+  if (L.deferred != SL_OK) sl__fail(ctx, L.deferred, "%s", L.deferred_msg);
+  if ((st = agree(&L, L.deferred, digest, "loading")) != SL_OK) goto out_fail;
   L.st->stats.seconds = now_s() - t0;
   loader_release(&L);
   *out = L.st;
