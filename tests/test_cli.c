@@ -583,21 +583,38 @@ static void test_load_plan_file(void **state) {
   free(jp);
 }
 
-/* Two ranks through the launcher environment (torchrun variables, a file:// rendezvous): each
- * rank's dump holds exactly its torch.chunk slice, whatever backend each rank runs. */
-static void test_load_two_ranks(void **state) {
+/* Two ranks, each told its place either through the launcher environment (torchrun variables,
+ * a file:// rendezvous) or through explicit flags (--rank/--world-size, a tcp:// rendezvous that
+ * rank 0 serves): each rank's dump holds exactly its torch.chunk slice, whatever backend each
+ * rank runs. */
+static void two_ranks(int explicit_flags) {
   char *rdv = sl_test_dir("cli-rdv"), *dump = sl_test_path(g_dir, "dump2");
   char *j0 = sl_test_path(g_dir, "rank0.json"), *j1 = sl_test_path(g_dir, "rank1.json");
   char *out = NULL;
+  char how0[256], how1[256];
+  if (explicit_flags) {
+    int port = 20000 + (int)(getpid() % 30000);
+    snprintf(how1, sizeof how1, "--rank 1 --world-size 2 --rendezvous tcp://127.0.0.1:%d", port);
+    snprintf(how0, sizeof how0, "--rank 0 --world-size 2 --rendezvous tcp://127.0.0.1:%d", port);
+  } else {
+    snprintf(how1, sizeof how1, "%s", "");
+    snprintf(how0, sizeof how0, "%s", "");
+  }
+  /* with flags, the launcher variables left in the environment (RANK below) must not matter */
+  char prefix[512];
+  if (explicit_flags)
+    snprintf(prefix, sizeof prefix, "unset WORLD_SIZE MASTER_ADDR MASTER_PORT SHARDLOAD_RENDEZVOUS;");
+  else
+    snprintf(prefix, sizeof prefix, "export WORLD_SIZE=2 SHARDLOAD_RENDEZVOUS=file://%s;", rdv);
   /* timeout: a rank whose peer died must not hang the test until the collective timeout */
   int rc = sl_test_run(&out,
-                       "(rm -rf '%s'; export WORLD_SIZE=2 SHARDLOAD_RENDEZVOUS=file://%s; "
-                       "RANK=1 LOCAL_RANK=1 timeout 120 %s load '%s' --backend sim:strict --cpu-offload off "
+                       "(rm -rf '%s'; %s "
+                       "RANK=1 LOCAL_RANK=1 timeout 120 %s load '%s' %s --backend sim:strict --cpu-offload off "
                        "--dump '%s' --json > '%s' & "
-                       "RANK=0 LOCAL_RANK=0 timeout 120 %s load '%s' --backend cpu --cpu-offload off "
+                       "RANK=0 LOCAL_RANK=0 timeout 120 %s load '%s' %s --backend cpu --cpu-offload off "
                        "--dump '%s' --json > '%s'; "
                        "r0=$?; wait $!; r1=$?; exit $((r0 | r1)))",
-                       dump, rdv, sl_test_bin(), g_sharded, dump, j1, sl_test_bin(), g_sharded, dump, j0);
+                       dump, prefix, sl_test_bin(), g_sharded, how1, dump, j1, sl_test_bin(), g_sharded, how0, dump, j0);
   if (rc != 0 && out && strstr(out, "has no Gloo")) {
     free(out);
     skip(); /* a build without the Gloo collective cannot run two ranks */
@@ -624,6 +641,9 @@ static void test_load_two_ranks(void **state) {
   free(j0);
   free(j1);
 }
+
+static void test_load_two_ranks(void **state) { two_ranks(0); }
+static void test_load_two_ranks_explicit_flags(void **state) { two_ranks(1); }
 
 static void test_errors(void **state) {
   char *out = NULL, *missing = sl_test_path(g_dir, "missing.safetensors");
@@ -710,6 +730,7 @@ int main(void) {
       cmocka_unit_test(test_load_human),
       cmocka_unit_test(test_load_plan_file),
       cmocka_unit_test(test_load_two_ranks),
+      cmocka_unit_test(test_load_two_ranks_explicit_flags),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

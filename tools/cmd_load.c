@@ -56,6 +56,10 @@ static const char HELP[] =
     "  --dump DIR              write this rank's shards to DIR/rank-<r>.safetensors\n"
     "  --json                  one JSON object on stdout instead of the table\n"
     "  --nproc N               start N local ranks and load on all of them\n"
+    "  --rank R --world-size N this process is rank R of N (instead of the launcher\n"
+    "                          environment); --local-rank L picks the device (default R)\n"
+    "  --rendezvous URL        file://DIR (shared filesystem) or tcp://HOST:PORT (rank 0\n"
+    "                          serves); default: SHARDLOAD_RENDEZVOUS or MASTER_ADDR/PORT\n"
     "  -v, --verbose           with --nproc: print the ranks' pids (stderr) and every rank's\n"
     "                          per-tensor table\n"
     "  -h, --help              show this help\n";
@@ -520,6 +524,10 @@ enum {
   OPT_SOURCE,
   OPT_TIMEOUT,
   OPT_NPROC,
+  OPT_RANK,
+  OPT_WORLD,
+  OPT_LOCAL_RANK,
+  OPT_RENDEZVOUS,
 };
 
 /* Seconds, possibly fractional, as milliseconds in [1, INT_MAX]: 0 on success. */
@@ -545,6 +553,10 @@ int cli_cmd_load(int argc, char **argv) {
       {"source", required_argument, NULL, OPT_SOURCE},
       {"timeout", required_argument, NULL, OPT_TIMEOUT},
       {"nproc", required_argument, NULL, OPT_NPROC},
+      {"rank", required_argument, NULL, OPT_RANK},
+      {"world-size", required_argument, NULL, OPT_WORLD},
+      {"local-rank", required_argument, NULL, OPT_LOCAL_RANK},
+      {"rendezvous", required_argument, NULL, OPT_RENDEZVOUS},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       CLI_PLAN_LONGOPTS,
@@ -613,6 +625,27 @@ int cli_cmd_load(int argc, char **argv) {
         return cli_usage_error("--nproc", "'%s' is not a rank count; give an integer from 1 to 1024", optarg);
       a.nproc = (int)n;
       break;
+    case OPT_RANK:
+      if (cli_parse_int(optarg, 0, 1 << 24, &n))
+        return cli_usage_error("--rank", "'%s' is not a rank; give an integer from 0", optarg);
+      a.rank = (int)n;
+      break;
+    case OPT_WORLD:
+      if (cli_parse_int(optarg, 1, 1 << 24, &n))
+        return cli_usage_error("--world-size", "'%s' is not a world size; give an integer from 1", optarg);
+      a.world_size = (int)n;
+      break;
+    case OPT_LOCAL_RANK:
+      if (cli_parse_int(optarg, 0, 1 << 24, &n))
+        return cli_usage_error("--local-rank", "'%s' is not a local rank; give an integer from 0", optarg);
+      a.local_rank = (int)n;
+      break;
+    case OPT_RENDEZVOUS:
+      if (strncmp(optarg, "file://", 7) != 0 && strncmp(optarg, "tcp://", 6) != 0)
+        return cli_usage_error("--rendezvous", "'%s' is not a rendezvous; use file://DIR or tcp://HOST:PORT",
+                               optarg);
+      a.rendezvous = optarg;
+      break;
     case 'v': a.verbose = 1; break;
     case 'h': fputs(HELP, stdout); return CLI_EXIT_OK;
     default: return cli_bad_option("load", c, argv);
@@ -623,6 +656,15 @@ int cli_cmd_load(int argc, char **argv) {
                            argc - optind ? "takes exactly one PATH" : "needs a PATH");
   a.path = argv[optind];
   if ((r = cli_plan_args_check(&a.plan)) != CLI_EXIT_OK) return r;
+  if ((a.rank >= 0) != (a.world_size > 0))
+    return cli_usage_error(a.rank >= 0 ? "--rank" : "--world-size", "give --rank and --world-size together");
+  if (a.world_size && a.rank >= a.world_size)
+    return cli_usage_error("--rank", "rank %d is outside a world of %d; give 0..%d", a.rank, a.world_size,
+                           a.world_size - 1);
+  if (a.nproc && (a.world_size || a.rendezvous))
+    return cli_usage_error("--nproc", "starts its own ranks and rendezvous; drop --rank, --world-size and "
+                           "--rendezvous");
+  if (a.world_size && a.local_rank < 0) a.local_rank = a.rank;
   if (a.nproc) return cli_launch(&a);
   a.progress = isatty(STDERR_FILENO);
   return cli_load_rank(&a, stdout);
