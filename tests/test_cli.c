@@ -3,6 +3,8 @@
  * are parsed here with jansson + fread, shard slices and torch.chunk geometry are computed
  * here, and placements are checked against the table of DESIGN.md. */
 #define _GNU_SOURCE
+#include <unistd.h>
+
 #include "cli_testlib.h"
 
 /* World size 1 whatever launcher environment the test runs under. */
