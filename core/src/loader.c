@@ -639,7 +639,7 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
   if ((st = agree(&L, st, digest, "planning")) != SL_OK) goto out_fail;
   if (L.o.read_mode == SL_READ_EVERY_RANK && !sl__source_has_files(src)) st = sl__source_open_files(src);
   if (st == SL_OK) st = allocate(&L);
-  if ((st = agree(&L, st, digest, "allocation")) != SL_OK) goto out_fail;
+  if ((st = agree(&L, st, digest, "preparation (opening files, allocating shards)")) != SL_OK) goto out_fail;
 
   /* phase 2: data, tensor by tensor in file order */
   for (size_t i = 0; i < L.njobs; i++) {
