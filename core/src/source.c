@@ -614,7 +614,10 @@ sl_status sl__source_open_local(sl_context *ctx, const char *path, sl_source **o
   struct stat st;
   if (stat(path, &st) != 0) {
     int e = errno;
-    return sl__fail(ctx, e == ENOENT ? SL_ERR_NOT_FOUND : SL_ERR_IO, "%s: %s", path, strerror(e));
+    return sl__fail(ctx, e == ENOENT ? SL_ERR_NOT_FOUND : SL_ERR_IO,
+                    "%s: %s; give a .safetensors file, a model.safetensors.index.json, or a directory "
+                    "holding one",
+                    path, strerror(e));
   }
   /* File names go into the manifest, and other ranks may run elsewhere: make them absolute
    * (without resolving symlinks, so hub-cache names stay readable). */
