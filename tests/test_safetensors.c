@@ -365,6 +365,65 @@ static void overflow(void **state) {
               SL_ERR_FORMAT, NULL);
 }
 
+/* Found by tests/crosscheck/safetensors_diff.py: jansson reads the integer -0 as 0, the
+ * reference reads it as the float -0.0 and refuses it; so must we. */
+static void negative_zero(void **state) {
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[-0],\"data_offsets\":[0,0]}}", 0, SL_ERR_FORMAT,
+              "header holds the number -0 (byte 29 of the header)");
+  expect_fail("{" T_A ",\"z\":{\"dtype\":\"U8\",\"shape\":[3,-0],\"data_offsets\":[12,12]}}", 12, SL_ERR_FORMAT,
+              "-0");
+  expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[-0,12]}}", 12, SL_ERR_FORMAT, "-0");
+  expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0, -0 ]}}", 0, SL_ERR_FORMAT, "-0");
+  /* -0 as a float was refused already, as a real */
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[-0.0],\"data_offsets\":[0,0]}}", 0, SL_ERR_FORMAT,
+              "shape entry 0 is -0.0");
+  expect_fail("{\"x\":{\"dtype\":\"F32\",\"shape\":[-0e0],\"data_offsets\":[0,0]}}", 0, SL_ERR_FORMAT,
+              "shape entry 0");
+  /* "-0" in names and metadata is text, and an escaped quote does not end a string */
+  sl__st_header h;
+  assert_int_equal(read_raw("{\"__metadata__\":{\"k-0\":\"-0\"},\"q\\\"-0\\\\\":{\"dtype\":\"F32\","
+                            "\"shape\":[0],\"data_offsets\":[0,0]}}",
+                            0, &h),
+                   SL_OK);
+  assert_int_equal(h.count, 1);
+  assert_string_equal(h.tensors[0].name, "q\"-0\\");
+  assert_string_equal(h.meta_values[0], "-0");
+  sl__st_header_free(&h);
+}
+
+/* Writes the LEN-byte header HDR (NUL bytes allowed) and DATA_LEN data bytes, reads it back. */
+static sl_status read_hdr_bytes(const char *hdr, size_t len, size_t data_len, sl__st_header *h) {
+  size_t total = 8 + len + data_len;
+  unsigned char *b = calloc(1, total);
+  assert_non_null(b);
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)len >> (8 * i));
+  memcpy(b + 8, hdr, len);
+  sl_status s = read_bytes(b, total, h);
+  free(b);
+  return s;
+}
+
+/* Found by tests/crosscheck/safetensors_diff.py: jansson skips a NUL byte that follows a number,
+ * so "[3\0]" read as [3]; the reference refuses every NUL byte in the header. */
+static void nul_bytes(void **state) {
+  sl__st_header h;
+  static const char after_shape[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[3\0],\"data_offsets\":[0,12]}}";
+  assert_int_equal(read_hdr_bytes(after_shape, sizeof after_shape - 1, 12, &h), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "header is not valid JSON: NUL byte at byte 30 of the header"));
+  assert_int_equal(h.count, 0);
+  static const char after_offset[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[3,1],\"data_offsets\":[0,12\0]}}";
+  assert_int_equal(read_hdr_bytes(after_offset, sizeof after_offset - 1, 12, &h), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "NUL byte"));
+  static const char in_name[] = "{\"a\0\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]}}";
+  assert_int_equal(read_hdr_bytes(in_name, sizeof in_name - 1, 12, &h), SL_ERR_FORMAT);
+  assert_non_null(strstr(g_err, "NUL byte at byte 3 "));
+  /* the same header without the NUL byte is fine */
+  static const char clean[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]}}";
+  assert_int_equal(read_hdr_bytes(clean, sizeof clean - 1, 12, &h), SL_OK);
+  assert_int_equal(h.count, 1);
+  sl__st_header_free(&h);
+}
+
 static void tensor_entry_keys(void **state) {
   expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12],\"extra\":1}}", 12, SL_ERR_FORMAT,
               "tensor 'a': unknown key 'extra'");
@@ -412,6 +471,7 @@ int main(void) {
       cmocka_unit_test(bad_offsets),     cmocka_unit_test(size_mismatch),
       cmocka_unit_test(layout),          cmocka_unit_test(overflow),
       cmocka_unit_test(tensor_entry_keys), cmocka_unit_test(parse_buffer),
+      cmocka_unit_test(negative_zero),   cmocka_unit_test(nul_bytes),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

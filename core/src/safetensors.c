@@ -256,6 +256,31 @@ static sl_status check_layout(const sl__st_header *h, char *err, size_t errlen) 
   return SL_OK;
 }
 
+/* JSON's grammar allows the integer -0 and jansson reads it as 0, but the reference
+ * (serde_json) reads -0 as the float -0.0 and refuses it where a shape entry or an offset is
+ * due. Every number of an acceptable header is one of those (a number anywhere else is
+ * refused on its own), so an integer -0 anywhere outside a string is refused. Returns its
+ * byte offset in TEXT, or LEN. TEXT is known to be valid JSON: after "-0" comes '.', 'e',
+ * 'E', a delimiter or whitespace, and a backslash in a string always starts an escape. */
+static size_t negative_zero_at(const char *text, size_t len) {
+  bool in_string = false;
+  for (size_t i = 0; i < len; i++) {
+    char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        i++;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '-' && i + 1 < len && text[i + 1] == '0' &&
+               (i + 2 == len || (text[i + 2] != '.' && text[i + 2] != 'e' && text[i + 2] != 'E'))) {
+      return i;
+    }
+  }
+  return len;
+}
+
 static sl_status parse_json(const char *text, size_t n, sl__st_header *out, char *err, size_t errlen) {
   json_error_t jerr;
   json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &jerr);
@@ -265,6 +290,14 @@ static sl_status parse_json(const char *text, size_t n, sl__st_header *out, char
   sl_status s = SL_OK;
   if (!json_is_object(root)) {
     s = st_err(err, errlen, SL_ERR_FORMAT, "header is a JSON %s; it must be an object", json_kind(root));
+    goto out_root;
+  }
+  size_t negzero = negative_zero_at(text, n);
+  if (negzero < n) {
+    s = st_err(err, errlen, SL_ERR_FORMAT,
+               "header holds the number -0 (byte %zu of the header); shape entries and data_offsets must be "
+               "non-negative integers written without a sign",
+               negzero);
     goto out_root;
   }
   const json_t *meta = json_object_get(root, "__metadata__");
@@ -323,6 +356,14 @@ sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__s
   if (bad < n)
     return st_err(err, errlen, SL_ERR_FORMAT, "header is not valid UTF-8 (byte %zu of the header, 0x%02x)", bad,
                   buf[8 + bad]);
+
+  /* JSON text holds no NUL byte (in a string it would have to be escaped), and jansson's reader
+   * skips one that follows a number ("[3\0]" reads as [3]), which the reference refuses. */
+  const uint8_t *nul = memchr(buf + 8, 0, (size_t)n);
+  if (nul)
+    return st_err(err, errlen, SL_ERR_FORMAT,
+                  "header is not valid JSON: NUL byte at byte %zu of the header (corrupt file?)",
+                  (size_t)(nul - (buf + 8)));
 
   out->data_offset = 8 + n;
   out->data_size = file_size - out->data_offset;
