@@ -208,6 +208,50 @@ static void test_one_rank_fails_in_data_phase(void **state) {
   }
 }
 
+/* A caller error that only one rank makes (here rank 1 passes a strategy out of range) is a
+ * phase-1 failure: every rank ends with that rank's error, quickly, and not with a lost or
+ * timed-out peer. */
+static int bad_options_main(int rank, int world, void *arg) {
+  fjob *j = arg;
+  double t0 = now_s();
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .world_size = world, .rank = rank,
+                           .rendezvous = j->rdzv, .timeout_ms = j->timeout_ms};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: source", rank);
+  sl_plan *plan = NULL;
+  sl_plan_create(ctx, &plan);
+  sl_load_options lo = {.size = sizeof lo, .staging_bytes = 4096,
+                        .strategy = rank == 1 ? (sl_strategy)7 : SL_STRATEGY_SCATTER};
+  sl_state *st = NULL;
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  double dt = now_s() - t0;
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s: %s (%.2f s)\n", rank, sl_status_name(s), msg, dt);
+  SL_CHILD_CHECK(s == SL_ERR_INVALID, "rank %d: got %s", rank, sl_status_name(s));
+  SL_CHILD_CHECK(st == NULL, "rank %d: a state despite the failure", rank);
+  SL_CHILD_CHECK(strstr(msg, "out of range") != NULL, "rank %d: message '%s' lacks the cause", rank, msg);
+  if (rank != 1) SL_CHILD_CHECK(strstr(msg, "rank 1") != NULL, "rank %d: message '%s' does not name rank 1", rank, msg);
+  SL_CHILD_CHECK(dt < j->max_seconds, "rank %d took %.1f s", rank, dt);
+  /* every rank stays until all have their verdict: a rank that left early would look lost */
+  SL_CHILD_CHECK(ctx->coll->barrier(ctx->comm) == SL_OK, "rank %d: barrier", rank);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_one_rank_bad_options(void **state) {
+  fjob j = {.path = good, .timeout_ms = 60000, .die_rank = -1, .differ_rank = -1, .max_seconds = 10};
+  j.rdzv = sl_test_rendezvous("fail-bad-options");
+  int codes[3];
+  int killed = sl_test_spawn(3, bad_options_main, &j, 40000, codes);
+  free(j.rdzv);
+  assert_int_equal(killed, 0);
+  for (int r = 0; r < 3; r++) assert_int_equal(codes[r], 0);
+}
+
 static void *device_binder(void *user, const sl_tensor *t) { return user; }
 
 static void test_caller_device_buffer_for_cpu_placement_rejected(void **state) {
@@ -239,6 +283,7 @@ int main(void) {
       cmocka_unit_test(test_plans_differ),
       cmocka_unit_test(test_rank_dies_mid_load),
       cmocka_unit_test(test_one_rank_fails_in_data_phase),
+      cmocka_unit_test(test_one_rank_bad_options),
       cmocka_unit_test(test_caller_device_buffer_for_cpu_placement_rejected),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -33,6 +33,23 @@ static void test_chunk_rule_1d(void **state) {
   rows(10, 1, mesh, rep, (int64_t[]){10, 10, 10, 10}, (int64_t[]){0, 0, 0, 0});
 }
 
+/* A zero-element tensor may have a dim near INT64_MAX ([0, 9223372036854775807] is a valid
+ * header): torch.chunk's rule must hold there without overflowing. */
+static void test_chunk_rule_near_int64_max(void **state) {
+  int mesh[] = {4};
+  sl_mesh_placement s0[] = {{SL_SHARD, 0}};
+  const int64_t c = INT64_C(1) << 61; /* ceil((2^63 - 1) / 4) */
+  rows(INT64_MAX, 1, mesh, s0, (int64_t[]){c, c, c, c - 1}, (int64_t[]){0, c, 2 * c, 3 * c});
+  int mesh3[] = {3};
+  const int64_t c3 = INT64_MAX / 3 + 1; /* 2^63 - 1 is 1 mod 3 */
+  rows(INT64_MAX, 1, mesh3, s0, (int64_t[]){c3, c3, INT64_MAX - 2 * c3}, (int64_t[]){0, c3, 2 * c3});
+  int mesh22[] = {2, 2};
+  sl_mesh_placement ss[] = {{SL_SHARD, 0}, {SL_SHARD, 0}};
+  const int64_t h = INT64_C(1) << 62; /* ceil((2^63 - 1) / 2) */
+  rows(INT64_MAX, 2, mesh22, ss, (int64_t[]){h / 2, h / 2, h / 2, h / 2 - 1},
+       (int64_t[]){0, h / 2, h, h + h / 2});
+}
+
 static void test_nested_shards_rechunk(void **state) {
   int mesh[] = {2, 2};
   sl_mesh_placement ss[] = {{SL_SHARD, 0}, {SL_SHARD, 0}};
@@ -157,6 +174,7 @@ static void test_region_arithmetic_brute_force(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chunk_rule_1d),
+      cmocka_unit_test(test_chunk_rule_near_int64_max),
       cmocka_unit_test(test_nested_shards_rechunk),
       cmocka_unit_test(test_dim1_and_negative),
       cmocka_unit_test(test_mesh_coord_row_major),

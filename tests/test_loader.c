@@ -313,6 +313,36 @@ static void test_caller_buffer_wrong_memory_rejected(void **state) {
   close_env(&e);
 }
 
+typedef struct short_binder {
+  env *e;
+  void *buf;
+} short_binder;
+
+/* device memory, one byte shorter than the tensor */
+static void *short_bind_cb(void *user, const sl_tensor *t) {
+  short_binder *b = user;
+  if (b->buf || t->nbytes < 2) return NULL;
+  assert_int_equal(sl_alloc(b->e->ctx, SL_DEVICE_ACCELERATOR, 0, t->nbytes - 1, &b->buf), SL_OK);
+  return b->buf;
+}
+
+static void test_caller_device_buffer_too_small_says_so(void **state) {
+  env e;
+  open_env(&e, "sim:strict");
+  short_binder b = {.e = &e};
+  sl_load_options o = {.size = sizeof o, .bind = short_bind_cb, .bind_user = &b};
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(e.ctx, e.plan, e.src, &o, &st), SL_ERR_BUFFER);
+  assert_null(st);
+  const char *msg = sl_context_errmsg(e.ctx);
+  assert_non_null(strstr(msg, "model.embed.weight"));
+  /* it is device memory of the right backend: the message must be about its size */
+  assert_null(strstr(msg, "not device memory"));
+  assert_non_null(strstr(msg, "120 bytes"));
+  sl_free(e.ctx, SL_DEVICE_ACCELERATOR, 0, b.buf);
+  close_env(&e);
+}
+
 static void test_phase1_failure_leaves_caller_buffers_untouched(void **state) {
   env e;
   open_env(&e, "cpu");
@@ -379,6 +409,10 @@ static void test_context_errors(void **state) {
   assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_INVALID);
   assert_null(ctx);
   assert_non_null(strstr(err, "unknown backend 'simm' (did you mean 'sim'?)"));
+  co.backend = "cpu:strict"; /* only sim has a strict variant */
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_INVALID);
+  assert_null(ctx);
+  assert_non_null(strstr(err, "unknown variant 'strict'"));
   co.backend = "cuda";
   sl_status s = sl_context_create(&co, &ctx);
   assert_true(s == SL_ERR_NO_DEVICE || s == SL_OK);
@@ -403,6 +437,7 @@ int main(void) {
       cmocka_unit_test(test_cast_f32_to_bf16),
       cmocka_unit_test(test_caller_buffers_filled_in_place),
       cmocka_unit_test(test_caller_buffer_wrong_memory_rejected),
+      cmocka_unit_test(test_caller_device_buffer_too_small_says_so),
       cmocka_unit_test(test_phase1_failure_leaves_caller_buffers_untouched),
       cmocka_unit_test(test_non_strict_plan_skips_and_reports),
       cmocka_unit_test(test_sgd_step_through_backend),

@@ -335,6 +335,55 @@ static void run_world(const char *backend, int world, int hsdp) {
   for (int r = 0; r < world; r++) assert_int_equal(codes[r], 0);
 }
 
+/* Explicit rank and world size with no rendezvous option: the rendezvous comes from the
+ * environment (SHARDLOAD_RENDEZVOUS here), as sl_context_options says, and a load works. */
+static int env_rendezvous_main(int rank, int world, void *arg) {
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .world_size = world, .rank = rank,
+                           .local_rank = rank, .timeout_ms = 60000};
+  sl_context *ctx = NULL;
+  char err[512] = "";
+  co.errbuf = err;
+  co.errbuf_size = sizeof err;
+  sl_status s = sl_context_create(&co, &ctx);
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: context: %s %s", rank, sl_status_name(s), err);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, ckpt, &src) == SL_OK, "rank %d: source %s", rank, sl_context_errmsg(ctx));
+  sl_plan *plan = NULL;
+  SL_CHILD_CHECK(sl_plan_create(ctx, &plan) == SL_OK, "plan");
+  sl_state *st = NULL;
+  s = sl_load(ctx, plan, src, NULL, &st);
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: load: %s %s", rank, sl_status_name(s), sl_context_errmsg(ctx));
+  const sl_tensor *t = sl_state_find(st, "big.weight");
+  SL_CHILD_CHECK(t && t->local_shape[0] == (rank == 0 ? 129 : 128), "rank %d: big.weight shard", rank);
+  sl_state_destroy(st);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_explicit_ranks_rendezvous_from_env(void **state) {
+  char *rdzv = sl_test_rendezvous("matrix-rdzv-env");
+  setenv("SHARDLOAD_RENDEZVOUS", rdzv, 1);
+  int codes[2];
+  int killed = sl_test_spawn(2, env_rendezvous_main, NULL, 60000, codes);
+  unsetenv("SHARDLOAD_RENDEZVOUS");
+  free(rdzv);
+  assert_int_equal(killed, 0);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+  /* a malformed one is named, not reported as missing */
+  setenv("SHARDLOAD_RENDEZVOUS", "nfs://x", 1);
+  char err[512] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .world_size = 2, .rank = 0,
+                           .errbuf = err, .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_INVALID);
+  unsetenv("SHARDLOAD_RENDEZVOUS");
+  assert_null(ctx);
+  assert_non_null(strstr(err, "SHARDLOAD_RENDEZVOUS"));
+  assert_non_null(strstr(err, "nfs://x"));
+}
+
 static void test_world2_sim(void **state) { run_world("sim", 2, 0); }
 static void test_world2_cpu(void **state) { run_world("cpu", 2, 0); }
 static void test_world4_sim(void **state) { run_world("sim", 4, 0); }
@@ -347,6 +396,7 @@ int main(void) {
       cmocka_unit_test(test_world2_sim),  cmocka_unit_test(test_world2_cpu),
       cmocka_unit_test(test_world4_sim),  cmocka_unit_test(test_world4_cpu),
       cmocka_unit_test(test_hsdp_2x2_sim), cmocka_unit_test(test_hsdp_2x2_cpu),
+      cmocka_unit_test(test_explicit_ranks_rendezvous_from_env),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,6 +14,11 @@ typedef struct cpu_backend {
 static int cpu_score(void) { return 1; }
 
 static sl_status cpu_init(const sl_backend_init *init, void **be) {
+  /* it has no variants: "cpu:strict" must not quietly mean plain cpu */
+  if (init->variant && *init->variant)
+    return init->host->fail(init->host->core, SL_ERR_INVALID,
+                            "cpu backend: unknown variant '%s'; use cpu (sim:strict is the checking one)",
+                            init->variant);
   cpu_backend *c = calloc(1, sizeof *c);
   if (!c) return SL_ERR_NOMEM;
   c->host = init->host;

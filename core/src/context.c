@@ -66,7 +66,10 @@ SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **
     ctx->rank = o.rank;
     ctx->world_size = o.world_size;
     ctx->local_rank = o.local_rank >= 0 ? o.local_rank : 0;
-    ctx->rendezvous = sl__strdup(o.rendezvous);
+    /* explicit ranks with no rendezvous: the environment's, as the options promise */
+    if (o.rendezvous) ctx->rendezvous = sl__strdup(o.rendezvous);
+    else if (o.world_size > 1 && (st = sl__launch_rendezvous(ctx, false, &ctx->rendezvous)) != SL_OK)
+      goto out_free;
   }
 
   char variant[64];

@@ -33,11 +33,14 @@ sl_status sl__region_compute(const int64_t *shape, int ndim, int mesh_ndim, cons
     if (pl[m].kind != SL_SHARD) continue;
     int d = pl[m].dim < 0 ? pl[m].dim + ndim : pl[m].dim;
     if (d < 0 || d >= ndim || mesh[m] < 1 || coord[m] < 0 || coord[m] >= mesh[m]) return SL_ERR_INVALID;
+    /* Without n + k - 1 or start + chunk: a zero-element tensor may have one dim near
+     * INT64_MAX (the header allows it), and those sums would overflow. chunk * coord cannot:
+     * it is at most n for such n. */
     int64_t n = out->len[d], k = mesh[m];
-    int64_t chunk = (n + k - 1) / k;
-    int64_t start = chunk * coord[m], end = start + chunk;
+    int64_t chunk = n / k + (n % k != 0);
+    int64_t start = chunk * coord[m];
     if (start > n) start = n;
-    if (end > n) end = n;
+    int64_t end = n - start < chunk ? n : start + chunk;
     out->off[d] += start;
     out->len[d] = end - start;
   }

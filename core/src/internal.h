@@ -208,6 +208,10 @@ typedef struct sl__launch_info {
 /* Reads the launcher variables (torchrun, then Slurm, then Open MPI; none: rank 0 of 1) and
  * SHARDLOAD_RENDEZVOUS; every malformed value is SL_ERR_INVALID naming the variable. */
 sl_status sl__launch_env(sl_context *ctx, sl__launch_info *out);
+/* The rendezvous the environment names: SHARDLOAD_RENDEZVOUS, else MASTER_ADDR/MASTER_PORT (under
+ * Slurm, the launch node and port 29500 stand in). *URL (malloc'd) is NULL when it names none;
+ * a malformed one is SL_ERR_INVALID naming the variable. */
+sl_status sl__launch_rendezvous(sl_context *ctx, bool slurm, char **url);
 
 typedef enum sl__rdzv_kind { SL__RDZV_FILE = 1, SL__RDZV_TCP = 2 } sl__rdzv_kind;
 typedef struct sl__rendezvous {

@@ -102,6 +102,34 @@ static sl_status master_rendezvous(sl_context *ctx, bool slurm, char **url) {
   return make_tcp_url(ctx, addr, port, url);
 }
 
+sl_status sl__launch_rendezvous(sl_context *ctx, bool slurm, char **url) {
+  *url = NULL;
+  sl_status st;
+  const char *override = getenv("SHARDLOAD_RENDEZVOUS");
+  const char *from = "SHARDLOAD_RENDEZVOUS";
+  if (override) {
+    if (!*override)
+      return sl__fail(ctx, SL_ERR_INVALID,
+                      "SHARDLOAD_RENDEZVOUS is set but empty; give file://DIR or tcp://HOST:PORT, or unset it");
+    if (!(*url = sl__strdup(override)))
+      return sl__fail(ctx, SL_ERR_NOMEM, "out of memory copying SHARDLOAD_RENDEZVOUS");
+  } else {
+    from = slurm ? "MASTER_ADDR/MASTER_PORT (or SLURM_LAUNCH_NODE_IPADDR)" : "MASTER_ADDR/MASTER_PORT";
+    if ((st = master_rendezvous(ctx, slurm, url)) != SL_OK) return st;
+  }
+  if (*url) {
+    sl__rendezvous r;
+    char err[512];
+    if ((st = sl__rendezvous_parse(*url, &r, err, sizeof err)) != SL_OK) {
+      st = sl__fail(ctx, st, "%s gives rendezvous '%s': %s", from, *url, err);
+      free(*url);
+      *url = NULL;
+      return st;
+    }
+  }
+  return SL_OK;
+}
+
 sl_status sl__launch_env(sl_context *ctx, sl__launch_info *out) {
   memset(out, 0, sizeof *out);
   out->world_size = 1;
@@ -123,32 +151,8 @@ sl_status sl__launch_env(sl_context *ctx, sl__launch_info *out) {
     st = SL_OK;
   }
   if (st != SL_OK) goto out_fail;
-
-  const char *override = getenv("SHARDLOAD_RENDEZVOUS");
-  const char *from = "SHARDLOAD_RENDEZVOUS";
-  if (override) {
-    if (!*override) {
-      st = sl__fail(ctx, SL_ERR_INVALID,
-                    "SHARDLOAD_RENDEZVOUS is set but empty; give file://DIR or tcp://HOST:PORT, or unset it");
-      goto out_fail;
-    }
-    if (!(out->rendezvous = sl__strdup(override))) {
-      st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory copying SHARDLOAD_RENDEZVOUS");
-      goto out_fail;
-    }
-  } else {
-    from = slurm ? "MASTER_ADDR/MASTER_PORT (or SLURM_LAUNCH_NODE_IPADDR)" : "MASTER_ADDR/MASTER_PORT";
-    if ((st = master_rendezvous(ctx, slurm, &out->rendezvous)) != SL_OK) goto out_fail;
-  }
-
-  if (out->rendezvous) {
-    sl__rendezvous r;
-    char err[512];
-    if ((st = sl__rendezvous_parse(out->rendezvous, &r, err, sizeof err)) != SL_OK) {
-      st = sl__fail(ctx, st, "%s gives rendezvous '%s': %s", from, out->rendezvous, err);
-      goto out_fail;
-    }
-  } else if (out->world_size > 1) {
+  if ((st = sl__launch_rendezvous(ctx, slurm, &out->rendezvous)) != SL_OK) goto out_fail;
+  if (!out->rendezvous && out->world_size > 1) {
     st = sl__fail(ctx, SL_ERR_INVALID,
                   "%s says rank %d of %d but gives no rendezvous: set MASTER_ADDR and MASTER_PORT (rank 0's "
                   "host and a free port), or SHARDLOAD_RENDEZVOUS=tcp://HOST:PORT or file://DIR",

@@ -550,11 +550,18 @@ static sl_status allocate(loader *L) {
                         "on the CPU; pass host memory (sl_alloc(ctx, SL_DEVICE_CPU, ...))",
                         t->name, ctx->be->name);
       if (t->device == SL_DEVICE_ACCELERATOR && SL_HAS_OP(ctx->be, is_device_ptr) &&
-          !ctx->be->is_device_ptr(ctx->be_ctx, p, (size_t)t->nbytes))
+          !ctx->be->is_device_ptr(ctx->be_ctx, p, (size_t)t->nbytes)) {
+        /* device memory that ends before the shard does is a size mistake, not a kind mistake */
+        if (t->nbytes > 1 && ctx->be->is_device_ptr(ctx->be_ctx, p, 1))
+          return sl__fail(ctx, SL_ERR_BUFFER,
+                          "%s: the caller's device buffer ends before the tensor's %llu bytes; bind a "
+                          "buffer of at least t->nbytes",
+                          t->name, (unsigned long long)t->nbytes);
         return sl__fail(ctx, SL_ERR_BUFFER,
                         "%s: the caller's buffer is not device memory of backend %s; allocate it with "
                         "sl_alloc(ctx, SL_DEVICE_ACCELERATOR, ...)",
                         t->name, ctx->be->name);
+      }
       continue;
     }
     sl_status st = sl_alloc(ctx, t->device, t->pinned, (size_t)t->nbytes, &t->data);
@@ -609,28 +616,38 @@ static void loader_release(loader *L) {
   free(L->jobs);
 }
 
+/* The argument checks of sl_load; fills L's options, placement decision and empty state. */
+static sl_status check_args(loader *L, const sl_load_options *opts, sl_state **out) {
+  sl_context *ctx = L->ctx;
+  if (!L->plan || !L->src || !out) return sl__fail(ctx, SL_ERR_INVALID, "sl_load: plan, source and out are required");
+  if (opts && opts->size < sizeof(size_t))
+    return sl__fail(ctx, SL_ERR_INVALID, "sl_load: options.size is %zu; set it to sizeof(sl_load_options)", opts->size);
+  if (sl__plan_context(L->plan) != ctx)
+    return sl__fail(ctx, SL_ERR_INVALID, "sl_load: the plan belongs to another context");
+  sl__copy_sized(&L->o, sizeof L->o, opts, opts ? opts->size : 0);
+  if (L->o.cpu_offload > SL_CPU_OFFLOAD_OFF || L->o.strategy > SL_STRATEGY_BROADCAST ||
+      L->o.read_mode > SL_READ_EVERY_RANK)
+    return sl__fail(ctx, SL_ERR_INVALID, "sl_load: cpu_offload, strategy or read_mode out of range");
+  if (L->o.staging_bytes == 0) L->o.staging_bytes = SL__DEFAULT_STAGING;
+  if (L->o.staging_bytes < SL__MIN_STAGING) L->o.staging_bytes = SL__MIN_STAGING;
+  sl_status st = sl_resolve_placement(L->o.cpu_offload, sl__plan_policy(L->plan), &L->place);
+  if (st != SL_OK) return sl__fail(ctx, st, "sl_load: invalid offload policy");
+  if (!(L->st = calloc(1, sizeof *L->st))) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+  return SL_OK;
+}
+
 SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const sl_load_options *opts,
                          sl_state **out) {
   if (!ctx) return SL_ERR_INVALID;
-  if (!plan || !src || !out) return sl__fail(ctx, SL_ERR_INVALID, "sl_load: plan, source and out are required");
-  *out = NULL;
-  if (opts && opts->size < sizeof(size_t))
-    return sl__fail(ctx, SL_ERR_INVALID, "sl_load: options.size is %zu; set it to sizeof(sl_load_options)", opts->size);
-  if (sl__plan_context(plan) != ctx) return sl__fail(ctx, SL_ERR_INVALID, "sl_load: the plan belongs to another context");
+  if (out) *out = NULL;
   double t0 = now_s();
   loader L = {.ctx = ctx, .plan = plan, .src = src, .rank = ctx->rank, .world = ctx->world_size};
-  sl__copy_sized(&L.o, sizeof L.o, opts, opts ? opts->size : 0);
-  if (L.o.cpu_offload > SL_CPU_OFFLOAD_OFF || L.o.strategy > SL_STRATEGY_BROADCAST || L.o.read_mode > SL_READ_EVERY_RANK)
-    return sl__fail(ctx, SL_ERR_INVALID, "sl_load: cpu_offload, strategy or read_mode out of range");
-  if (L.o.staging_bytes == 0) L.o.staging_bytes = SL__DEFAULT_STAGING;
-  if (L.o.staging_bytes < SL__MIN_STAGING) L.o.staging_bytes = SL__MIN_STAGING;
-
-  sl_status st = sl_resolve_placement(L.o.cpu_offload, sl__plan_policy(plan), &L.place);
-  if (st != SL_OK) return sl__fail(ctx, st, "sl_load: invalid offload policy");
+  sl_status st = check_args(&L, opts, out);
+  /* A caller error on one rank is a phase-1 failure like any other: the rank still takes part
+   * in the planning agreement, so the others fail at once with its message instead of waiting
+   * in it until they time out or lose the rank. */
+  if (st != SL_OK) return agree(&L, st, 0, "planning");
   L.pinned = L.place.pin_memory && sl__has_pinned(ctx);
-
-  L.st = calloc(1, sizeof *L.st);
-  if (!L.st) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
   L.st->ctx = ctx;
 
   /* phase 1: metadata, plan, agreement — nothing is allocated or bound before all agree */
