@@ -103,6 +103,13 @@ SL_API sl_status sl_resolve_placement(sl_cpu_offload cpu_offload, const sl_offlo
 SL_API const char *sl_placement_rule_describe(sl_placement_rule rule); /* "cpu_offload=on" ... */
 SL_API const char *sl_device_kind_name(sl_device_kind kind);            /* "cpu" / "device" */
 
+/* ---- versioned options structs --------------------------------------------
+ * sl_context_options and sl_load_options begin with `size`, which the caller sets to sizeof()
+ * as it compiled them. The library reads only the fields within that size and takes the zero
+ * value for the rest, so a caller built against an older, shorter struct keeps working. New
+ * fields are only ever appended, in whole 8-byte units, so the sizeof() of every published
+ * version is distinct. */
+
 /* ---- context ------------------------------------------------------------- */
 typedef struct sl_context sl_context;
 
