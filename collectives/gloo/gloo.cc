@@ -22,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <new>
 #include <set>
 #include <string>
 #include <thread>
@@ -133,6 +134,7 @@ struct Comm {
   int waiting_for = -1; // the peer a point-to-point wait is on, for timeout messages
   sl_status failed = SL_OK;
   std::string failmsg;
+  std::vector<int> lost; // the ranks the failure was blamed on: fini does not wait for them
 
   milliseconds timeout() const { return milliseconds(timeout_ms); }
 };
@@ -227,7 +229,9 @@ std::vector<int> unreported(Comm &c, const std::vector<int> &ranks, std::set<int
   return out;
 }
 
-// The ranks named in the reports of REPORTERS, less the ranks known to be alive.
+// The ranks named in the reports of REPORTERS, other than the reporters and this rank. Some
+// of them may be about to report: a rank that timed out closes its connections a moment
+// before it files its report, so the caller waits for theirs as for its own broken peers'.
 std::vector<int> named_by(Comm &c, const std::set<int> &reporters) {
   std::set<int> theirs;
   for (int r : reporters) {
@@ -238,8 +242,7 @@ std::vector<int> named_by(Comm &c, const std::set<int> &reporters) {
         size_t q = s.find(',', p);
         if (q == std::string::npos) q = s.size();
         int x = atoi(s.substr(p, q - p).c_str());
-        if (x >= 0 && x < c.world && x != c.rank && !reporters.count(x) && !store_has(c, report_key(x)))
-          theirs.insert(x);
+        if (x >= 0 && x < c.world && x != c.rank && !reporters.count(x)) theirs.insert(x);
         p = q + 1;
       }
     } catch (...) {
@@ -260,6 +263,8 @@ Lost find_lost(Comm &c, sl_status kind) {
   Lost lost;
   // How long to wait for reports: a rank that failed a moment before us reports in moments.
   Clock::time_point deadline = Clock::now() + milliseconds(std::clamp(c.timeout_ms / 4, 50, 500));
+  // A store that does not answer within this is stuck along with rank 0, its host.
+  if (c.tcp) c.tcp->limit(milliseconds(std::clamp(c.timeout_ms / 2, 200, 5000)));
   std::vector<int> pairs = broken_pairs(c);
   std::string mine;
   for (int r : pairs) mine += (mine.empty() ? "" : ",") + std::to_string(r);
@@ -267,14 +272,19 @@ Lost find_lost(Comm &c, sl_status kind) {
     c.store->set(report_key(c.rank), std::vector<char>(mine.begin(), mine.end()));
   } catch (...) {
   }
-  // A tcp:// store lives in rank 0's process: an unreachable store and a broken connection
-  // to rank 0 mean rank 0 is gone.
+  // A tcp:// store lives in rank 0's process: a store that closed and a broken connection
+  // to rank 0 mean rank 0 is gone; a store that went silent means rank 0 is stuck.
   auto store_gone = [&] { return c.tcp && c.tcp->broken(); };
   std::set<int> reported;
   if (!store_gone()) {
     lost.ranks = unreported(c, pairs, &reported, deadline);
-    if (lost.ranks.empty() && !pairs.empty()) lost.ranks = named_by(c, reported);
+    if (lost.ranks.empty() && !pairs.empty()) lost.ranks = unreported(c, named_by(c, reported), &reported, deadline);
     lost.closed = !lost.ranks.empty();
+  }
+  if (store_gone() && c.tcp->silent()) {
+    lost.ranks = {0};
+    lost.closed = false;
+    return lost;
   }
   if (store_gone()) {
     bool zero = pairs.empty() || std::count(pairs.begin(), pairs.end(), 0);
@@ -297,6 +307,7 @@ sl_status diagnose(Comm &c, const std::string &what, const char *exc) {
   std::string detail = gloo_text(exc);
   sl_status kind = classify(detail);
   Lost lost = find_lost(c, kind);
+  c.lost = lost.ranks;
   std::string msg = what + ": ";
   std::string t = std::to_string(c.timeout_ms) + " ms";
   const char *advice = " (stuck, or slower than the timeout: check it, or raise timeout_ms)";
@@ -322,6 +333,9 @@ std::string describe(const Comm &c, const char *op) {
   return std::string("gloo ") + op + " on rank " + std::to_string(c.rank) + " of " + std::to_string(c.world);
 }
 
+// Allocates nothing, for when nothing can be allocated.
+sl_status out_of_memory(const sl_module_host *h) { return h->fail(h->core, SL_ERR_NOMEM, "gloo: out of memory"); }
+
 // Runs BODY with the communicator's failure handling: fail fast once poisoned, never let an
 // exception out, name the lost rank on failure.
 template <typename F>
@@ -334,6 +348,9 @@ sl_status guarded(Comm &c, const std::string &what, F &&body) {
   try {
     body();
     return SL_OK;
+  } catch (const std::bad_alloc &) {
+    c.failed = SL_ERR_NOMEM; // poisoned (Gloo may be half way through) even if no message fits
+    return report(c, SL_ERR_NOMEM, what + ": out of memory");
   } catch (const std::exception &e) {
     try {
       return diagnose(c, what, e.what());
@@ -526,15 +543,18 @@ sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
       try {
         c.server = std::make_unique<shardload::TcpStoreServer>(r.port, c.world);
       } catch (const std::exception &e) {
+        bool port = contains(e.what(), "cannot listen");
         return init_fail(c, SL_ERR_COMM,
                          where + ": rank 0 cannot serve the rendezvous store: " + e.what() +
-                             "; choose another port (MASTER_PORT) or stop whatever holds it");
+                             (port ? "; choose another port (MASTER_PORT) or stop whatever holds it" : ""));
       }
     }
     try {
-      auto ts = std::make_unique<shardload::TcpStore>(r.host, r.port, c.rank, c.timeout());
+      auto ts = std::make_unique<shardload::TcpStore>(r.host, r.port, c.rank, c.world, c.timeout());
       c.tcp = ts.get();
       c.base = std::move(ts);
+    } catch (const shardload::TcpStoreRefused &e) {
+      return init_fail(c, SL_ERR_INVALID, where + ": " + e.what());
     } catch (const std::exception &e) {
       if (c.rank == 0)
         return init_fail(c, SL_ERR_COMM,
@@ -594,7 +614,7 @@ sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
 
 // Tears down in dependency order: connections, then the device (joins its event loop), then
 // this rank's store client, and last the server, which waits up to GRACE for the other ranks
-// to finish with it.
+// to finish with it (all but those a failure was blamed on: a stuck one never lets go).
 void destroy(Comm *c, milliseconds grace, bool failed_init = false) {
   try {
     SigpipeBlock block;
@@ -603,7 +623,7 @@ void destroy(Comm *c, milliseconds grace, bool failed_init = false) {
     c->store.reset();
     c->tcp = nullptr;
     c->base.reset();
-    if (c->server) c->server->shutdown(grace, failed_init);
+    if (c->server) c->server->shutdown(grace, failed_init, c->lost);
     c->server.reset();
   } catch (...) {
   }
@@ -614,7 +634,7 @@ void destroy(Comm *c, milliseconds grace, bool failed_init = false) {
 
 int gloo_score(void) { return 2; }
 
-sl_status gloo_init(const sl_collective_init *in, void **out) {
+sl_status init_impl(const sl_collective_init *in, void **out) {
   if (!in || !out || !in->host) return SL_ERR_INVALID;
   *out = nullptr;
   const sl_module_host *h = in->host;
@@ -652,11 +672,13 @@ sl_status gloo_init(const sl_collective_init *in, void **out) {
     }
     *out = c;
     return SL_OK;
-  } catch (const std::exception &e) {
-    sl_status st = h->fail(h->core, SL_ERR_COMM, "gloo init on rank %d of %d: %s", in->rank, in->world_size,
-                           gloo_text(e.what()).c_str());
+  } catch (const std::bad_alloc &) {
     if (c) destroy(c, kFailedInitGrace, true);
-    return st;
+    return out_of_memory(h);
+  } catch (const std::exception &e) {
+    if (c) destroy(c, kFailedInitGrace, true); // first: the message may fail to allocate
+    return h->fail(h->core, SL_ERR_COMM, "gloo init on rank %d of %d: %s", in->rank, in->world_size,
+                   gloo_text(e.what()).c_str());
   } catch (...) {
     if (c) destroy(c, kFailedInitGrace, true);
     return h->fail(h->core, SL_ERR_COMM, "gloo init on rank %d of %d failed", in->rank, in->world_size);
@@ -672,7 +694,7 @@ sl_status bad_root(Comm &c, const char *op, int root) {
                       c.world);
 }
 
-sl_status gloo_broadcast(void *comm, void *buf, size_t bytes, int root) {
+sl_status broadcast_impl(void *comm, void *buf, size_t bytes, int root) {
   Comm &c = *static_cast<Comm *>(comm);
   if (root < 0 || root >= c.world) return bad_root(c, "broadcast", root);
   if (c.world == 1 || bytes == 0) return c.failed ? guarded(c, describe(c, "broadcast"), [] {}) : SL_OK;
@@ -694,7 +716,7 @@ sl_status gloo_broadcast(void *comm, void *buf, size_t bytes, int root) {
 
 // Gloo's scatter sends one size to every rank; shards differ (and may be empty), so the root
 // sends each rank its own bytes point to point, in chunks on one slot (ordered per peer).
-sl_status gloo_scatterv(void *comm, const void *sendbuf, const size_t *counts, const size_t *displs, void *recvbuf,
+sl_status scatterv_impl(void *comm, const void *sendbuf, const size_t *counts, const size_t *displs, void *recvbuf,
                         size_t recvbytes, int root) {
   Comm &c = *static_cast<Comm *>(comm);
   if (root < 0 || root >= c.world) return bad_root(c, "scatterv", root);
@@ -742,7 +764,7 @@ sl_status gloo_scatterv(void *comm, const void *sendbuf, const size_t *counts, c
   });
 }
 
-sl_status gloo_allgather(void *comm, const void *sendbuf, void *recvbuf, size_t bytes) {
+sl_status allgather_impl(void *comm, const void *sendbuf, void *recvbuf, size_t bytes) {
   Comm &c = *static_cast<Comm *>(comm);
   std::string what = describe(c, "allgather") + " (" + std::to_string(bytes) + " bytes per rank)";
   if (c.failed) return guarded(c, what, [] {});
@@ -784,7 +806,7 @@ sl_status gloo_allgather(void *comm, const void *sendbuf, void *recvbuf, size_t 
   });
 }
 
-sl_status gloo_barrier(void *comm) {
+sl_status barrier_impl(void *comm) {
   Comm &c = *static_cast<Comm *>(comm);
   std::string what = describe(c, "barrier");
   if (c.world == 1) return c.failed ? guarded(c, what, [] {}) : SL_OK;
@@ -794,6 +816,51 @@ sl_status gloo_barrier(void *comm) {
     o.setTimeout(c.timeout());
     gloo::barrier(o);
   });
+}
+
+// The C entry points. No exception may cross into C: everything that talks to Gloo or the
+// store runs under guarded() or init's own handlers, so what is left to catch here is an
+// allocation failure while building a message, answered by out_of_memory().
+
+sl_status gloo_init(const sl_collective_init *in, void **out) noexcept {
+  try {
+    return init_impl(in, out);
+  } catch (...) {
+    return out_of_memory(in->host);
+  }
+}
+
+sl_status gloo_broadcast(void *comm, void *buf, size_t bytes, int root) noexcept {
+  try {
+    return broadcast_impl(comm, buf, bytes, root);
+  } catch (...) {
+    return out_of_memory(static_cast<Comm *>(comm)->host);
+  }
+}
+
+sl_status gloo_scatterv(void *comm, const void *sendbuf, const size_t *counts, const size_t *displs, void *recvbuf,
+                        size_t recvbytes, int root) noexcept {
+  try {
+    return scatterv_impl(comm, sendbuf, counts, displs, recvbuf, recvbytes, root);
+  } catch (...) {
+    return out_of_memory(static_cast<Comm *>(comm)->host);
+  }
+}
+
+sl_status gloo_allgather(void *comm, const void *sendbuf, void *recvbuf, size_t bytes) noexcept {
+  try {
+    return allgather_impl(comm, sendbuf, recvbuf, bytes);
+  } catch (...) {
+    return out_of_memory(static_cast<Comm *>(comm)->host);
+  }
+}
+
+sl_status gloo_barrier(void *comm) noexcept {
+  try {
+    return barrier_impl(comm);
+  } catch (...) {
+    return out_of_memory(static_cast<Comm *>(comm)->host);
+  }
 }
 
 const sl_collective_ops kGlooOps = {

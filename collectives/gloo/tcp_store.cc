@@ -74,6 +74,14 @@ bool parse_body(const char *p, size_t n, uint8_t *code, std::vector<std::string>
   return off == n;
 }
 
+// A whole decimal string; false for anything else.
+bool parse_long(const std::string &s, long *out) {
+  char *end = nullptr;
+  errno = 0;
+  *out = strtol(s.c_str(), &end, 10);
+  return !s.empty() && end && !*end && errno == 0;
+}
+
 void set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -107,14 +115,20 @@ struct TcpStoreServer::State {
   std::mutex m;
   bool stopping = false, only_connected = false;
   Clock::time_point stop_deadline;
+  std::vector<bool> skip; // ranks shutdown() does not wait for
 
   // Only the serving thread touches these.
   std::unordered_map<std::string, std::string> kv;
   std::vector<std::unique_ptr<Conn>> conns;
   std::vector<bool> hello, gone; // rank connected / connected and has since closed
-  int hello_count = 0, gone_count = 0;
 
   void run();
+  // Whether every rank shutdown() waits for has closed its connection; under M.
+  bool all_gone() const {
+    for (size_t r = 0; r < gone.size(); r++)
+      if (!gone[r] && !skip[r] && (hello[r] || !only_connected)) return false;
+    return true;
+  }
   bool all_present(const std::vector<std::string> &keys) const {
     for (const auto &k : keys)
       if (!kv.count(k)) return false;
@@ -128,10 +142,7 @@ struct TcpStoreServer::State {
     if (c.dead) return;
     c.dead = true;
     ::close(c.fd);
-    if (c.rank >= 0 && !gone[size_t(c.rank)]) {
-      gone[size_t(c.rank)] = true;
-      gone_count++;
-    }
+    if (c.rank >= 0) gone[size_t(c.rank)] = true;
   }
   void process(Conn &c);
   void flush(Conn &c);
@@ -140,14 +151,12 @@ struct TcpStoreServer::State {
 void TcpStoreServer::State::handle(Conn &c, uint8_t op, std::vector<std::string> &f) {
   switch (op) {
   case OP_HELLO: {
-    char *end = nullptr;
-    long r = f.size() == 1 ? strtol(f[0].c_str(), &end, 10) : -1;
-    if (r < 0 || r >= world || !end || *end) return drop(c);
+    long r, w;
+    if (f.size() != 2 || !parse_long(f[0], &r) || !parse_long(f[1], &w)) return drop(c);
+    // A rank of a job of another size is told so (and does not count as one of ours).
+    if (w != world || r < 0 || r >= world) return reply(c, ST_BAD, {std::to_string(world)});
     c.rank = int(r);
-    if (!hello[size_t(r)]) {
-      hello[size_t(r)] = true;
-      hello_count++;
-    }
+    hello[size_t(r)] = true;
     return reply(c, ST_OK);
   }
   case OP_SET:
@@ -164,9 +173,10 @@ void TcpStoreServer::State::handle(Conn &c, uint8_t op, std::vector<std::string>
     return reply(c, all_present(f) ? ST_OK : ST_MISSING);
   case OP_WAIT: {
     if (f.empty()) return drop(c);
-    long ms = strtol(f[0].c_str(), nullptr, 10);
+    // Clamped: a day is past any timeout, and a peer's huge number must not overflow the clock.
+    long ms = std::clamp(strtol(f[0].c_str(), nullptr, 10), 0L, 86400000L);
     c.wait_keys.assign(f.begin() + 1, f.end());
-    c.wait_deadline = Clock::now() + milliseconds(ms < 0 ? 0 : ms);
+    c.wait_deadline = Clock::now() + milliseconds(ms);
     c.waiting = true; // answered by the loop, which rechecks after every request
     return;
   }
@@ -213,7 +223,7 @@ void TcpStoreServer::State::run() {
     Clock::time_point now = Clock::now(), next = now + milliseconds(1000);
     {
       std::lock_guard<std::mutex> lock(m);
-      if (stopping && (gone_count >= (only_connected ? hello_count : world) || now >= stop_deadline)) break;
+      if (stopping && (all_gone() || now >= stop_deadline)) break;
       if (stopping) next = std::min(next, stop_deadline);
     }
     // Answer parked WAITs whose keys arrived or whose time is up.
@@ -298,6 +308,7 @@ TcpStoreServer::TcpStoreServer(int port, int world_size) : state_(new State) {
   s.world = world_size;
   s.gone.assign(size_t(world_size), false);
   s.hello.assign(size_t(world_size), false);
+  s.skip.assign(size_t(world_size), false);
 
   // Dual-stack wildcard when the host has IPv6, plain IPv4 otherwise.
   int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -341,16 +352,25 @@ TcpStoreServer::TcpStoreServer(int port, int world_size) : state_(new State) {
     ::close(fd);
     throw std::runtime_error(std::string("pipe: ") + strerror(err));
   }
-  s.thread = std::thread([&s] { s.run(); });
+  try {
+    s.thread = std::thread([&s] { s.run(); });
+  } catch (const std::exception &e) { // no destructor runs for a constructor that throws
+    ::close(s.listen_fd);
+    ::close(s.wake[0]);
+    ::close(s.wake[1]);
+    throw std::runtime_error(std::string("cannot start its thread: ") + e.what());
+  }
 }
 
-void TcpStoreServer::shutdown(milliseconds grace, bool only_connected) {
+void TcpStoreServer::shutdown(milliseconds grace, bool only_connected, const std::vector<int> &skip) {
   State &s = *state_;
   if (!s.thread.joinable()) return;
   {
     std::lock_guard<std::mutex> lock(s.m);
     s.stopping = true;
     s.only_connected = only_connected;
+    for (int r : skip)
+      if (r >= 0 && r < s.world) s.skip[size_t(r)] = true;
     s.stop_deadline = Clock::now() + grace;
   }
   char b = 1;
@@ -410,7 +430,7 @@ int try_connect(const std::string &host, const std::string &port, Clock::time_po
 
 } // namespace
 
-TcpStore::TcpStore(const std::string &host, int port, int rank, milliseconds timeout)
+TcpStore::TcpStore(const std::string &host, int port, int rank, int world, milliseconds timeout)
     : where_((host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port)),
       timeout_(timeout) {
   Clock::time_point deadline = Clock::now() + timeout;
@@ -430,7 +450,14 @@ TcpStore::TcpStore(const std::string &host, int port, int rank, milliseconds tim
   }
   set_nodelay(fd_);
   uint8_t status;
-  request(OP_HELLO, {std::to_string(rank)}, timeout_, &status);
+  auto f = request(OP_HELLO, {std::to_string(rank), std::to_string(world)}, timeout_, &status);
+  if (status == ST_BAD && f.size() == 1) {
+    ::close(fd_);
+    fd_ = -1;
+    throw TcpStoreRefused("rank 0 (serving the rendezvous store at " + where_ + ") runs a job of " + f[0] +
+                          " ranks, but this rank was started as rank " + std::to_string(rank) + " of " +
+                          std::to_string(world) + "; every rank must be started with the same world size");
+  }
   if (status != ST_OK) lose("it refused rank " + std::to_string(rank) + " (is WORLD_SIZE the same on every rank?)");
 }
 
@@ -438,15 +465,17 @@ TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void TcpStore::lose(const std::string &why) {
+void TcpStore::lose(const std::string &why, bool silent) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  silent_ = silent;
   throw gloo::IoException("rendezvous store at " + where_ + " (served by rank 0): " + why);
 }
 
 std::vector<std::string> TcpStore::request(uint8_t op, const std::vector<std::string> &fields, milliseconds timeout,
                                            uint8_t *status) {
   if (fd_ < 0) throw gloo::IoException("rendezvous store at " + where_ + " (served by rank 0) is unreachable");
+  timeout = std::min(timeout, limit_);
   Clock::time_point deadline = Clock::now() + timeout;
   std::string msg = frame(op, fields);
   for (size_t off = 0; off < msg.size();) {
@@ -459,7 +488,7 @@ std::vector<std::string> TcpStore::request(uint8_t op, const std::vector<std::st
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       pollfd p = {fd_, POLLOUT, 0};
       if (::poll(&p, 1, remaining_ms(deadline)) == 0)
-        lose("no progress sending a request within " + std::to_string(timeout.count()) + " ms");
+        lose("no progress sending a request within " + std::to_string(timeout.count()) + " ms", true);
       continue;
     }
     lose(std::string("connection lost (rank 0 exited?): ") + strerror(errno));
@@ -470,7 +499,7 @@ std::vector<std::string> TcpStore::request(uint8_t op, const std::vector<std::st
   while (in.size() < want) {
     pollfd p = {fd_, POLLIN, 0};
     int rc = ::poll(&p, 1, remaining_ms(deadline));
-    if (rc == 0) lose("no answer within " + std::to_string(timeout.count()) + " ms");
+    if (rc == 0) lose("no answer within " + std::to_string(timeout.count()) + " ms", true);
     if (rc < 0) {
       if (errno == EINTR) continue;
       lose(std::string("poll: ") + strerror(errno));
