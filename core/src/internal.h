@@ -38,6 +38,10 @@ void sl__log(sl_context *ctx, sl_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 sl_status sl__vfail(sl_context *ctx, sl_status s, const char *fmt, va_list ap);
 void sl__vlog(sl_context *ctx, sl_log_level level, const char *fmt, va_list ap);
+/* Formats a message into ERR (when given) and returns s: for parsers that report to a caller's
+ * buffer rather than a context. */
+sl_status sl__errbuf(char *err, size_t errlen, sl_status s, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* pread until LEN bytes or end of file; returns the bytes read, or -1 with errno set. */
 ssize_t sl__pread_full(int fd, void *buf, size_t len, uint64_t off);
 

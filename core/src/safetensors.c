@@ -17,19 +17,6 @@
 
 #include "internal.h"
 
-static sl_status st_err(char *err, size_t errlen, sl_status s, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static sl_status st_err(char *err, size_t errlen, sl_status s, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return s;
-}
-
 static uint64_t le64(const uint8_t *p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
@@ -112,25 +99,25 @@ static const char *fmt_json(char *buf, size_t len, const json_t *v) {
 static sl_status parse_metadata(const json_t *meta, sl__st_header *out, char *err, size_t errlen) {
   char vbuf[64];
   if (!json_is_object(meta))
-    return st_err(err, errlen, SL_ERR_FORMAT,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                   "__metadata__ is a JSON %s; it must be an object of string values", json_kind(meta));
   size_t n = json_object_size(meta);
   if (n == 0) return SL_OK;
   out->meta_keys = calloc(n, sizeof(char *));
   out->meta_values = calloc(n, sizeof(char *));
-  if (!out->meta_keys || !out->meta_values) return st_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+  if (!out->meta_keys || !out->meta_values) return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
   const char *key;
   json_t *val;
   json_object_foreach((json_t *)meta, key, val) {
     if (!json_is_string(val))
-      return st_err(err, errlen, SL_ERR_FORMAT,
+      return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                     "__metadata__ value of '%s' is %s (a JSON %s); metadata values must be strings", key,
                     fmt_json(vbuf, sizeof vbuf, val), json_kind(val));
     size_t i = out->meta_count;
     out->meta_keys[i] = strdup(key);
     out->meta_values[i] = strdup(json_string_value(val));
     out->meta_count++;
-    if (!out->meta_keys[i] || !out->meta_values[i]) return st_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+    if (!out->meta_keys[i] || !out->meta_values[i]) return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
   }
   return SL_OK;
 }
@@ -146,14 +133,14 @@ static sl_status parse_tensor(const char *name, const json_t *obj, sl__st_tensor
                               size_t errlen) {
   char vbuf[64], sbuf[128];
   if (!json_is_object(obj))
-    return st_err(err, errlen, SL_ERR_FORMAT,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                   "tensor '%s': entry is a JSON %s; it must be an object with dtype, shape and data_offsets",
                   name, json_kind(obj));
   const char *key;
   json_t *val;
   json_object_foreach((json_t *)obj, key, val) {
     if (strcmp(key, "dtype") && strcmp(key, "shape") && strcmp(key, "data_offsets"))
-      return st_err(err, errlen, SL_ERR_FORMAT,
+      return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                     "tensor '%s': unknown key '%s' (a tensor entry holds exactly dtype, shape and data_offsets)",
                     name, key);
   }
@@ -161,24 +148,24 @@ static sl_status parse_tensor(const char *name, const json_t *obj, sl__st_tensor
   const json_t *shape = json_object_get(obj, "shape");
   const json_t *offs = json_object_get(obj, "data_offsets");
   const char *missing = !dtype ? "dtype" : !shape ? "shape" : !offs ? "data_offsets" : NULL;
-  if (missing) return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': no '%s'", name, missing);
+  if (missing) return sl__errbuf(err, errlen, SL_ERR_FORMAT, "tensor '%s': no '%s'", name, missing);
 
   if (!json_is_string(dtype))
-    return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': dtype is a JSON %s, not a string", name,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT, "tensor '%s': dtype is a JSON %s, not a string", name,
                   json_kind(dtype));
   t->dtype = sl__dtype_from_st(json_string_value(dtype));
   if (t->dtype == SL_DTYPE_INVALID)
-    return st_err(err, errlen, SL_ERR_DTYPE,
+    return sl__errbuf(err, errlen, SL_ERR_DTYPE,
                   "tensor '%s': dtype '%s' is not supported (supported: F64 F32 F16 BF16 F8_E4M3 F8_E5M2 "
                   "I64 I32 I16 I8 U8 BOOL U16 U32 U64)",
                   name, json_string_value(dtype));
 
   if (!json_is_array(shape))
-    return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': shape is a JSON %s, not an array", name,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT, "tensor '%s': shape is a JSON %s, not an array", name,
                   json_kind(shape));
   size_t nd = json_array_size(shape);
   if (nd > SL_MAX_DIMS)
-    return st_err(err, errlen, SL_ERR_UNSUPPORTED, "tensor '%s': shape has %zu dims; at most %d are supported",
+    return sl__errbuf(err, errlen, SL_ERR_UNSUPPORTED, "tensor '%s': shape has %zu dims; at most %d are supported",
                   name, nd, SL_MAX_DIMS);
   t->ndim = (int)nd;
   /* The reference multiplies left to right with checked_mul, so a product that overflows
@@ -189,28 +176,28 @@ static sl_status parse_tensor(const char *name, const json_t *obj, sl__st_tensor
     const json_t *e = json_array_get(shape, d);
     uint64_t v;
     if (!get_uint(e, &v))
-      return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': shape entry %zu is %s, not a non-negative integer",
+      return sl__errbuf(err, errlen, SL_ERR_FORMAT, "tensor '%s': shape entry %zu is %s, not a non-negative integer",
                     name, d, fmt_json(vbuf, sizeof vbuf, e));
     t->shape[d] = (int64_t)v;
     if (!overflow && !sl__mul_u64(elems, v, &elems)) overflow = true;
   }
   uint64_t nbytes = 0;
   if (overflow || !sl__mul_u64(elems, sl_dtype_size(t->dtype), &nbytes))
-    return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': shape %s x %s overflows 64-bit byte counts", name,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT, "tensor '%s': shape %s x %s overflows 64-bit byte counts", name,
                   fmt_shape(sbuf, sizeof sbuf, t->shape, t->ndim), sl_dtype_name(t->dtype));
 
   if (!json_is_array(offs) || json_array_size(offs) != 2)
-    return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': data_offsets is %s; it must be [begin,end]", name,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT, "tensor '%s': data_offsets is %s; it must be [begin,end]", name,
                   fmt_json(vbuf, sizeof vbuf, offs));
   if (!get_uint(json_array_get(offs, 0), &t->begin) || !get_uint(json_array_get(offs, 1), &t->end))
-    return st_err(err, errlen, SL_ERR_FORMAT,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                   "tensor '%s': data_offsets %s must be two non-negative integers", name,
                   fmt_json(vbuf, sizeof vbuf, offs));
   if (t->begin > t->end)
-    return st_err(err, errlen, SL_ERR_FORMAT, "tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64 "] end before they begin",
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT, "tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64 "] end before they begin",
                   name, t->begin, t->end);
   if (t->end - t->begin != nbytes)
-    return st_err(err, errlen, SL_ERR_FORMAT,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                   "tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64 "] hold %" PRIu64 " bytes but shape %s x %s needs %" PRIu64,
                   name, t->begin, t->end, t->end - t->begin, fmt_shape(sbuf, sizeof sbuf, t->shape, t->ndim),
                   sl_dtype_name(t->dtype), nbytes);
@@ -232,24 +219,24 @@ static sl_status check_layout(const sl__st_header *h, char *err, size_t errlen) 
   for (size_t i = 0; i < h->count; i++) {
     const sl__st_tensor *t = &h->tensors[i];
     if (t->begin > pos)
-      return st_err(err, errlen, SL_ERR_FORMAT,
+      return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                     "data section: hole between byte %" PRIu64 " and %" PRIu64 " (before tensor '%s'); tensors "
                     "must cover the data section contiguously from byte 0",
                     pos, t->begin, t->name);
     if (t->begin < pos)
-      return st_err(err, errlen, SL_ERR_FORMAT,
+      return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                     "tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64 "] overlap tensor '%s', which ends at byte %" PRIu64,
                     t->name, t->begin, t->end, prev, pos);
     pos = t->end;
     prev = t->name;
   }
   if (pos > h->data_size)
-    return st_err(err, errlen, SL_ERR_FORMAT,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                   "tensor '%s' ends at byte %" PRIu64 " of the data section, but the file holds only %" PRIu64
                   " data bytes (truncated file?)",
                   prev, pos, h->data_size);
   if (pos < h->data_size)
-    return st_err(err, errlen, SL_ERR_FORMAT,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                   "data section has %" PRIu64 " trailing bytes after the last tensor (it holds %" PRIu64
                   ", the tensors cover %" PRIu64 ")",
                   h->data_size - pos, h->data_size, pos);
@@ -285,16 +272,16 @@ static sl_status parse_json(const char *text, size_t n, sl__st_header *out, char
   json_error_t jerr;
   json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &jerr);
   if (!root)
-    return st_err(err, errlen, SL_ERR_FORMAT, "header is not valid JSON: %s (line %d, column %d)", jerr.text,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT, "header is not valid JSON: %s (line %d, column %d)", jerr.text,
                   jerr.line, jerr.column);
   sl_status s = SL_OK;
   if (!json_is_object(root)) {
-    s = st_err(err, errlen, SL_ERR_FORMAT, "header is a JSON %s; it must be an object", json_kind(root));
+    s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "header is a JSON %s; it must be an object", json_kind(root));
     goto out_root;
   }
   size_t negzero = negative_zero_at(text, n);
   if (negzero < n) {
-    s = st_err(err, errlen, SL_ERR_FORMAT,
+    s = sl__errbuf(err, errlen, SL_ERR_FORMAT,
                "header holds the number -0 (byte %zu of the header); shape entries and data_offsets must be "
                "non-negative integers written without a sign",
                negzero);
@@ -307,7 +294,7 @@ static sl_status parse_json(const char *text, size_t n, sl__st_header *out, char
   if (n_tensors) {
     out->tensors = calloc(n_tensors, sizeof *out->tensors);
     if (!out->tensors) {
-      s = st_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+      s = sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
       goto out_root;
     }
   }
@@ -317,7 +304,7 @@ static sl_status parse_json(const char *text, size_t n, sl__st_header *out, char
     if (!strcmp(key, "__metadata__")) continue;
     sl__st_tensor *t = &out->tensors[out->count];
     if (!(t->name = strdup(key))) {
-      s = st_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+      s = sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
       goto out_root;
     }
     out->count++;
@@ -335,33 +322,33 @@ sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__s
   memset(out, 0, sizeof *out);
   if (err && errlen) err[0] = 0;
   if (file_size < 8)
-    return st_err(err, errlen, SL_ERR_FORMAT,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                   "file is %" PRIu64 " bytes, shorter than the 8-byte header length that starts a safetensors file",
                   file_size);
   if (len < 8 || len > file_size)
-    return st_err(err, errlen, SL_ERR_FORMAT, "header truncated: %zu bytes given of a %" PRIu64 "-byte file", len,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT, "header truncated: %zu bytes given of a %" PRIu64 "-byte file", len,
                   file_size);
   uint64_t n = le64(buf);
   if (n > SL__ST_MAX_HEADER)
-    return st_err(err, errlen, SL_ERR_FORMAT, "header length %" PRIu64 " exceeds the %llu-byte limit (not a safetensors file?)",
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT, "header length %" PRIu64 " exceeds the %llu-byte limit (not a safetensors file?)",
                   n, SL__ST_MAX_HEADER);
   if (n > file_size - 8)
-    return st_err(err, errlen, SL_ERR_FORMAT,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                   "header length %" PRIu64 " runs past the end of the %" PRIu64 "-byte file (truncated file?)", n,
                   file_size);
   if (len - 8 < n)
-    return st_err(err, errlen, SL_ERR_FORMAT, "header truncated: %zu of its %" PRIu64 " bytes given", len - 8, n);
-  if (n == 0) return st_err(err, errlen, SL_ERR_FORMAT, "header is empty (length 0); it must be a JSON object");
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT, "header truncated: %zu of its %" PRIu64 " bytes given", len - 8, n);
+  if (n == 0) return sl__errbuf(err, errlen, SL_ERR_FORMAT, "header is empty (length 0); it must be a JSON object");
   size_t bad = utf8_invalid_at(buf + 8, (size_t)n);
   if (bad < n)
-    return st_err(err, errlen, SL_ERR_FORMAT, "header is not valid UTF-8 (byte %zu of the header, 0x%02x)", bad,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT, "header is not valid UTF-8 (byte %zu of the header, 0x%02x)", bad,
                   buf[8 + bad]);
 
   /* JSON text holds no NUL byte (in a string it would have to be escaped), and jansson's reader
    * skips one that follows a number ("[3\0]" reads as [3]), which the reference refuses. */
   const uint8_t *nul = memchr(buf + 8, 0, (size_t)n);
   if (nul)
-    return st_err(err, errlen, SL_ERR_FORMAT,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT,
                   "header is not valid JSON: NUL byte at byte %zu of the header (corrupt file?)",
                   (size_t)(nul - (buf + 8)));
 
@@ -379,12 +366,12 @@ sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__s
 sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   struct stat st;
-  if (fstat(fd, &st) != 0) return st_err(err, errlen, SL_ERR_IO, "cannot stat: %s", strerror(errno));
+  if (fstat(fd, &st) != 0) return sl__errbuf(err, errlen, SL_ERR_IO, "cannot stat: %s", strerror(errno));
   uint64_t size = (uint64_t)st.st_size;
   uint8_t head[8];
   size_t first = size < 8 ? (size_t)size : 8;
   ssize_t r = sl__pread_full(fd, head, first, 0);
-  if (r < 0) return st_err(err, errlen, SL_ERR_IO, "cannot read: %s", strerror(errno));
+  if (r < 0) return sl__errbuf(err, errlen, SL_ERR_IO, "cannot read: %s", strerror(errno));
   if ((size_t)r < first) size = (uint64_t)r; /* shrank under us */
   if (size < 8) return sl__st_parse(head, (size_t)size, size, out, err, errlen);
 
@@ -394,14 +381,14 @@ sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen) {
   if (n > SL__ST_MAX_HEADER || n > size - 8) return sl__st_parse(head, 8, size, out, err, errlen);
   size_t total = (size_t)(8 + n);
   uint8_t *buf = malloc(total);
-  if (!buf) return st_err(err, errlen, SL_ERR_NOMEM, "out of memory for a %" PRIu64 "-byte header", n);
+  if (!buf) return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory for a %" PRIu64 "-byte header", n);
   memcpy(buf, head, 8);
   r = sl__pread_full(fd, buf + 8, (size_t)n, 8);
   sl_status s;
   if (r < 0)
-    s = st_err(err, errlen, SL_ERR_IO, "cannot read the header: %s", strerror(errno));
+    s = sl__errbuf(err, errlen, SL_ERR_IO, "cannot read the header: %s", strerror(errno));
   else if ((size_t)r < n)
-    s = st_err(err, errlen, SL_ERR_FORMAT, "file truncated while reading the header (%zd of %" PRIu64 " bytes)", r, n);
+    s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "file truncated while reading the header (%zd of %" PRIu64 " bytes)", r, n);
   else
     s = sl__st_parse(buf, total, size, out, err, errlen);
   free(buf);

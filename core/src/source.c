@@ -243,19 +243,6 @@ out_header:
 
 /* ---- index.json ----------------------------------------------------------------------- */
 
-static sl_status ix_err(char *err, size_t errlen, sl_status s, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static sl_status ix_err(char *err, size_t errlen, sl_status s, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return s;
-}
-
 void sl__index_free(sl__index *ix) {
   if (!ix) return;
   for (size_t i = 0; i < ix->file_count; i++) free(ix->files[i]);
@@ -281,7 +268,7 @@ static sl_status index_metadata(const json_t *meta, sl__index *out, char *err, s
   if (!n) return SL_OK;
   out->meta_keys = calloc(n, sizeof(char *));
   out->meta_values = calloc(n, sizeof(char *));
-  if (!out->meta_keys || !out->meta_values) return ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+  if (!out->meta_keys || !out->meta_values) return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
   const char *key;
   json_t *val;
   json_object_foreach((json_t *)meta, key, val) {
@@ -289,31 +276,31 @@ static sl_status index_metadata(const json_t *meta, sl__index *out, char *err, s
     out->meta_keys[i] = strdup(key);
     out->meta_values[i] = json_is_string(val) ? strdup(json_string_value(val))
                                               : json_dumps(val, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (!out->meta_keys[i] || !out->meta_values[i]) return ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+    if (!out->meta_keys[i] || !out->meta_values[i]) return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
   }
   return SL_OK;
 }
 
 static sl_status index_weight_map(const json_t *wm, sl__index *out, char *err, size_t errlen) {
   size_t n = json_object_size(wm);
-  if (!n) return ix_err(err, errlen, SL_ERR_FORMAT, "weight_map is empty; it must map every tensor to its file");
+  if (!n) return sl__errbuf(err, errlen, SL_ERR_FORMAT, "weight_map is empty; it must map every tensor to its file");
   out->names = calloc(n, sizeof(char *));
   out->file_of = calloc(n, sizeof(size_t));
   char **all = calloc(n, sizeof(char *)); /* borrowed file names, one per entry */
   if (!out->names || !out->file_of || !all) {
     free(all);
-    return ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+    return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
   }
   sl_status s = SL_OK;
   const char *key;
   json_t *val;
   json_object_foreach((json_t *)wm, key, val) {
     if (!json_is_string(val) || !json_string_length(val)) {
-      s = ix_err(err, errlen, SL_ERR_FORMAT, "weight_map entry '%s' must be a non-empty file name string", key);
+      s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "weight_map entry '%s' must be a non-empty file name string", key);
       goto out_all;
     }
     if (!(out->names[out->count] = strdup(key))) {
-      s = ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+      s = sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
       goto out_all;
     }
     all[out->count++] = (char *)json_string_value(val);
@@ -321,7 +308,7 @@ static sl_status index_weight_map(const json_t *wm, sl__index *out, char *err, s
   /* distinct file names, sorted: they fix the file order */
   char **sorted = malloc(n * sizeof(char *));
   if (!sorted) {
-    s = ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+    s = sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
     goto out_all;
   }
   memcpy(sorted, all, n * sizeof(char *));
@@ -331,12 +318,12 @@ static sl_status index_weight_map(const json_t *wm, sl__index *out, char *err, s
     if (!distinct || strcmp(sorted[distinct - 1], sorted[i])) sorted[distinct++] = sorted[i];
   out->files = calloc(distinct, sizeof(char *));
   if (!out->files) {
-    s = ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+    s = sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
     goto out_sorted;
   }
   for (size_t i = 0; i < distinct; i++) {
     if (!(out->files[i] = strdup(sorted[i]))) {
-      s = ix_err(err, errlen, SL_ERR_NOMEM, "out of memory");
+      s = sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
       goto out_sorted;
     }
     out->file_count++;
@@ -358,22 +345,22 @@ sl_status sl__index_parse(const char *buf, size_t len, sl__index *out, char *err
   json_error_t jerr;
   json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
   if (!root)
-    return ix_err(err, errlen, SL_ERR_FORMAT, "not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+    return sl__errbuf(err, errlen, SL_ERR_FORMAT, "not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
                   jerr.column);
   sl_status s = SL_OK;
   if (!json_is_object(root)) {
-    s = ix_err(err, errlen, SL_ERR_FORMAT, "the index must be a JSON object with a weight_map");
+    s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "the index must be a JSON object with a weight_map");
     goto out_root;
   }
   const json_t *wm = json_object_get(root, "weight_map");
   if (!json_is_object(wm)) {
-    s = ix_err(err, errlen, SL_ERR_FORMAT, "%s", wm ? "weight_map must be an object of tensor name -> file name"
+    s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "%s", wm ? "weight_map must be an object of tensor name -> file name"
                                                     : "no weight_map (is this a model.safetensors.index.json?)");
     goto out_root;
   }
   const json_t *meta = json_object_get(root, "metadata");
   if (meta && !json_is_null(meta) && !json_is_object(meta)) {
-    s = ix_err(err, errlen, SL_ERR_FORMAT, "metadata must be an object");
+    s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "metadata must be an object");
     goto out_root;
   }
   if ((s = index_weight_map(wm, out, err, errlen)) != SL_OK) goto out_root;

@@ -72,3 +72,13 @@ ssize_t sl__pread_full(int fd, void *buf, size_t len, uint64_t off) {
   }
   return (ssize_t)got;
 }
+
+sl_status sl__errbuf(char *err, size_t errlen, sl_status s, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return s;
+}
