@@ -569,23 +569,37 @@ static sl_status allocate(loader *L) {
       return sl__fail(ctx, st, "%s: cannot allocate %llu bytes on %s: %s", t->name, (unsigned long long)t->nbytes,
                       sl_device_kind_name(t->device), ctx->errmsg);
   }
+  /* Staging: the budget, or less when the largest tensor's carve-up (see load_tensor) needs
+   * less — a small checkpoint should not pay for populating 64 MiB. Every rank computes the
+   * same figure from the same plan, so chunk boundaries still agree. */
+  size_t need = SL__MIN_STAGING;
+  for (size_t i = 0; i < L->njobs; i++) {
+    const tensor_job *j = &L->jobs[i];
+    uint64_t elems = 1, bytes;
+    for (int d = 0; d < j->src->ndim; d++) elems *= (uint64_t)j->src->shape[d];
+    uint64_t per = sl_dtype_size(j->src->dtype) + 3 * sl_dtype_size(j->wire) + sl_dtype_size(j->res.dtype);
+    if (!sl__mul_u64(elems, per, &bytes) || bytes >= L->o.staging_bytes) {
+      need = L->o.staging_bytes;
+      break;
+    }
+    if (bytes > need) need = (size_t)bytes;
+  }
+  L->staging_bytes = need;
   /* A device that is not host memory and can cast gets a small device staging buffer, so a
    * widening cast (BF16 -> F32) crosses the bus at the narrow width. A chunk's wire bytes are
-   * at most a quarter of the host budget (see load_tensor's carve-up). */
+   * at most a quarter of the staging (see load_tensor's carve-up). */
   bool widen_on_device = false;
   for (size_t i = 0; i < L->njobs; i++)
     if (L->jobs[i].out->device == SL_DEVICE_ACCELERATOR &&
         sl_dtype_size(L->jobs[i].wire) < sl_dtype_size(L->jobs[i].res.dtype))
       widen_on_device = true;
   if (widen_on_device && !sl__device_is_host(ctx) && SL_HAS_OP(ctx->be, cast_device)) {
-    sl_status st = ctx->be->alloc_device(ctx->be_ctx, L->o.staging_bytes / 4, &L->dev_staging);
-    if (st != SL_OK) return sl__fail(ctx, st, "cannot allocate %zu bytes of device staging", L->o.staging_bytes / 4);
+    sl_status st = ctx->be->alloc_device(ctx->be_ctx, need / 4, &L->dev_staging);
+    if (st != SL_OK) return sl__fail(ctx, st, "cannot allocate %zu bytes of device staging", need / 4);
   }
-  size_t need = L->o.staging_bytes;
   L->staging_pinned = sl__has_pinned(ctx);
   sl_status st = sl_alloc(ctx, SL_DEVICE_CPU, L->staging_pinned, need, (void **)&L->staging);
   if (st != SL_OK) return sl__fail(ctx, st, "cannot allocate %zu bytes of staging", need);
-  L->staging_bytes = need;
   L->st->stats.staging_bytes = need;
   if (L->rank == 0) {
     size_t w = (size_t)L->world;
