@@ -74,6 +74,12 @@ static uint64_t mix64(uint64_t h, uint64_t v) {
   return h ^ (h >> 29);
 }
 
+static uint64_t tensor_elems(const sl_source_tensor *t) {
+  uint64_t n = 1; /* the reader checked that this product times the element size fits */
+  for (int d = 0; d < t->ndim; d++) n *= (uint64_t)t->shape[d];
+  return n;
+}
+
 /* ---- agreement ---------------------------------------------------------------------------- */
 typedef struct agree_rec {
   int32_t status;
@@ -191,28 +197,31 @@ static bool host_direct(const loader *L, const tensor_job *j) {
   return j->out->device == SL_DEVICE_CPU && j->wire == j->res.dtype;
 }
 
-/* BUF holds COUNT elements (wire dtype) of the local shard starting at local element LA. */
-static sl_status place_part(loader *L, tensor_job *j, const void *buf, uint64_t la, uint64_t count) {
+/* BUF holds COUNT elements of dtype BUF_DT (the wire dtype, or the file's when this rank read
+ * them itself) of the local shard starting at local element LA. */
+static sl_status place_part(loader *L, tensor_job *j, const void *buf, sl_dtype buf_dt, uint64_t la,
+                            uint64_t count) {
   sl_context *ctx = L->ctx;
   if (!count) return SL_OK;
   size_t ep = sl_dtype_size(j->res.dtype);
   unsigned char *dst = (unsigned char *)j->out->data + la * ep;
   sl_status st;
   if (j->out->device == SL_DEVICE_CPU) {
-    if (j->wire == j->res.dtype) memcpy(dst, buf, count * ep);
-    else if ((st = sl_convert(dst, j->res.dtype, buf, j->wire, count)) != SL_OK) return st;
+    /* sl_convert refuses non-castable dtypes even as a copy, and F8/integer tensors arrive here */
+    if (buf_dt == j->res.dtype) memcpy(dst, buf, count * ep);
+    else if ((st = sl_convert(dst, j->res.dtype, buf, buf_dt, count)) != SL_OK) return st;
     return SL_OK;
   }
   const void *from = buf;
-  if (j->wire != j->res.dtype && L->dev_staging && sl_dtype_size(j->wire) < ep) {
+  if (buf_dt != j->res.dtype && L->dev_staging && sl_dtype_size(buf_dt) < ep) {
     /* widening cast: move the narrow bytes over the bus and widen on the device */
-    size_t ew = sl_dtype_size(j->wire);
-    if ((st = ctx->be->copy_h2d(ctx->be_ctx, L->dev_staging, buf, count * ew)) != SL_OK) return st;
-    L->st->stats.bytes_h2d += count * ew;
-    return ctx->be->cast_device(ctx->be_ctx, dst, j->res.dtype, L->dev_staging, j->wire, count);
+    size_t eb = sl_dtype_size(buf_dt);
+    if ((st = ctx->be->copy_h2d(ctx->be_ctx, L->dev_staging, buf, count * eb)) != SL_OK) return st;
+    L->st->stats.bytes_h2d += count * eb;
+    return ctx->be->cast_device(ctx->be_ctx, dst, j->res.dtype, L->dev_staging, buf_dt, count);
   }
-  if (j->wire != j->res.dtype) {
-    if ((st = sl_convert(L->Y, j->res.dtype, buf, j->wire, count)) != SL_OK) return st;
+  if (buf_dt != j->res.dtype) {
+    if ((st = sl_convert(L->Y, j->res.dtype, buf, buf_dt, count)) != SL_OK) return st;
     from = L->Y;
   }
   st = ctx->be->copy_h2d(ctx->be_ctx, dst, from, count * ep);
@@ -230,7 +239,7 @@ static void defer(loader *L, tensor_job *j, sl_status st) {
 /* place_part for data that arrived through a collective: a failure here is this rank's alone */
 static sl_status finish_part(loader *L, tensor_job *j, const void *buf, uint64_t la, uint64_t count) {
   if (L->deferred != SL_OK) return SL_OK;
-  sl_status st = place_part(L, j, buf, la, count);
+  sl_status st = place_part(L, j, buf, j->wire, la, count);
   if (st != SL_OK) defer(L, j, st);
   return SL_OK;
 }
@@ -380,22 +389,16 @@ static sl_status read_own_run(void *user, uint64_t gs, uint64_t ls, uint64_t cou
     /* straight from storage into the shard: no staging copy */
     st = sl__source_pread(L->src, j->src_index, gs * ef, (unsigned char *)j->out->data + ls * ep, count * ef);
   } else {
+    /* nothing crosses the network in this mode: the cast happens here, from the file's dtype */
     st = sl__source_pread(L->src, j->src_index, gs * ef, L->R, count * ef);
-    if (st == SL_OK) {
-      /* wire == file dtype here: no data crosses the network, the cast happens on this rank */
-      sl_dtype w = j->wire;
-      j->wire = j->src->dtype;
-      st = place_part(L, j, L->R, ls, count);
-      j->wire = w;
-    }
+    if (st == SL_OK) st = place_part(L, j, L->R, j->src->dtype, ls, count);
   }
   if (st == SL_OK) L->st->stats.bytes_read += count * ef;
   return st;
 }
 
 static sl_status load_tensor(loader *L, tensor_job *j) {
-  uint64_t total = 1;
-  for (int d = 0; d < j->src->ndim; d++) total *= (uint64_t)j->src->shape[d];
+  const uint64_t total = tensor_elems(j->src);
   /* carve the arena: R (file dtype), W, P, V (wire dtype), Y (parameter dtype) */
   size_t ef = sl_dtype_size(j->src->dtype), ew = sl_dtype_size(j->wire), ep = sl_dtype_size(j->res.dtype);
   uint64_t chunk = L->staging_bytes / (ef + 3 * ew + ep);
@@ -408,12 +411,6 @@ static sl_status load_tensor(loader *L, tensor_job *j) {
   L->Y = L->V + chunk * ew;
 
   if (L->rank == 0 && !j->replicated && L->o.read_mode == SL_READ_RANK0) {
-    for (int r = 0; r < L->world; r++) {
-      int coord[SL_MAX_MESH_DIMS];
-      sl__mesh_coord(r, L->mesh_ndim, L->mesh, coord);
-      sl__region_compute(j->src->shape, j->src->ndim, L->mesh_ndim, L->mesh, j->res.placements, coord,
-                         &L->regions[r]);
-    }
     /* ranks whose coordinates agree on every sharded mesh dim hold the same region */
     int nkeys = 1;
     for (int m = 0; m < L->mesh_ndim; m++)
@@ -422,6 +419,8 @@ static sl_status load_tensor(loader *L, tensor_job *j) {
     for (int r = 0; r < L->world; r++) {
       int coord[SL_MAX_MESH_DIMS], key = 0;
       sl__mesh_coord(r, L->mesh_ndim, L->mesh, coord);
+      sl__region_compute(j->src->shape, j->src->ndim, L->mesh_ndim, L->mesh, j->res.placements, coord,
+                         &L->regions[r]);
       for (int m = 0; m < L->mesh_ndim; m++)
         if (j->res.placements[m].kind == SL_SHARD) key = key * L->mesh[m] + coord[m];
       if (L->group_of_key[key] < 0) L->group_of_key[key] = r;
@@ -575,8 +574,7 @@ static sl_status allocate(loader *L) {
   size_t need = SL__MIN_STAGING;
   for (size_t i = 0; i < L->njobs; i++) {
     const tensor_job *j = &L->jobs[i];
-    uint64_t elems = 1, bytes;
-    for (int d = 0; d < j->src->ndim; d++) elems *= (uint64_t)j->src->shape[d];
+    uint64_t elems = tensor_elems(j->src), bytes;
     uint64_t per = sl_dtype_size(j->src->dtype) + 3 * sl_dtype_size(j->wire) + sl_dtype_size(j->res.dtype);
     if (!sl__mul_u64(elems, per, &bytes) || bytes >= L->o.staging_bytes) {
       need = L->o.staging_bytes;
