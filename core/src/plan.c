@@ -379,6 +379,11 @@ static entry *find_entry(const sl_plan *plan, const char *name) {
   return e ? &plan->entries[e - 1] : NULL;
 }
 
+/* A plan without entries loads every tensor; one with entries loads only those it names. */
+static bool takes(const sl_plan *plan, const char *name) {
+  return plan->nentries == 0 || find_entry(plan, name) != NULL;
+}
+
 /* Keeps the index at most half full. */
 static bool reindex(sl_plan *plan, size_t need) {
   if (need * 2 <= plan->nslots) return true;
@@ -592,7 +597,7 @@ sl_status sl__plan_check(sl_plan *plan, const sl_source *src, int world_size, un
   nfirst = 0;
   for (size_t i = 0; i < count; i++) {
     const sl_source_tensor *t = sl_source_tensor_at(src, i);
-    bool named = plan->nentries == 0 || find_entry(plan, t->name);
+    bool named = takes(plan, t->name);
     if (take) take[i] = named;
     if (named) continue;
     if (nfirst < 5) first[nfirst++] = t->name;
@@ -721,7 +726,7 @@ SL_API sl_status sl_plan_geometry(sl_plan *plan, const sl_source_tensor *t, int 
   if (!sl__mul_u64(elems, sl_dtype_size(r.dtype), &out->nbytes))
     return sl__fail(plan->ctx, SL_ERR_SHAPE, "%s: shard size overflows", t->name);
   /* as sl__plan_check decides: a plan with entries loads only the tensors it names */
-  out->skipped = plan->nentries > 0 && find_entry(plan, t->name) == NULL;
+  out->skipped = !takes(plan, t->name);
   return SL_OK;
 }
 
