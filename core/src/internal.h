@@ -165,6 +165,8 @@ sl_status sl__region_runs(const sl__region *r, uint64_t a, uint64_t b, sl__run_f
 
 /* ---- utilities ---------------------------------------------------------------------------- */
 char *sl__strdup(const char *s);
+/* Frees N key/value string pairs and both arrays (metadata maps). */
+void sl__free_pairs(char **keys, char **values, size_t n);
 /* Checked multiply; returns false on overflow. */
 static inline bool sl__mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
   return !__builtin_mul_overflow(a, b, out);

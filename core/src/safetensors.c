@@ -399,13 +399,8 @@ void sl__st_header_free(sl__st_header *h) {
   if (!h) return;
   for (size_t i = 0; i < h->count; i++) free(h->tensors[i].name);
   free(h->tensors);
-  for (size_t i = 0; i < h->meta_count; i++) {
-    free(h->meta_keys[i]);
-    free(h->meta_values[i]);
-  }
   /* A failed parse may have filled only part of the arrays; entries past meta_count are NULL
    * or counted (each pair is counted as soon as it is stored). */
-  free(h->meta_keys);
-  free(h->meta_values);
+  sl__free_pairs(h->meta_keys, h->meta_values, h->meta_count);
   memset(h, 0, sizeof *h);
 }

@@ -41,12 +41,7 @@ void sl_source_destroy(sl_source *src) {
     free(src->files[i].path);
   }
   free(src->files);
-  for (size_t i = 0; i < src->meta_count; i++) {
-    free(src->meta_keys[i]);
-    free(src->meta_values[i]);
-  }
-  free(src->meta_keys);
-  free(src->meta_values);
+  sl__free_pairs(src->meta_keys, src->meta_values, src->meta_count);
   free(src->slots);
   free(src);
 }
@@ -250,12 +245,7 @@ void sl__index_free(sl__index *ix) {
   for (size_t i = 0; i < ix->count; i++) free(ix->names[i]);
   free(ix->names);
   free(ix->file_of);
-  for (size_t i = 0; i < ix->meta_count; i++) {
-    free(ix->meta_keys[i]);
-    free(ix->meta_values[i]);
-  }
-  free(ix->meta_keys);
-  free(ix->meta_values);
+  sl__free_pairs(ix->meta_keys, ix->meta_values, ix->meta_count);
   memset(ix, 0, sizeof *ix);
 }
 

@@ -82,3 +82,12 @@ sl_status sl__errbuf(char *err, size_t errlen, sl_status s, const char *fmt, ...
   }
   return s;
 }
+
+void sl__free_pairs(char **keys, char **values, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (keys) free(keys[i]);
+    if (values) free(values[i]);
+  }
+  free(keys);
+  free(values);
+}
