@@ -58,7 +58,6 @@ typedef struct loader {
   char deferred_msg[SL__ERRMSG_LEN];
   /* staging carve-up for the current tensor */
   unsigned char *R, *W, *P, *V, *Y;
-  uint64_t chunk;
 } loader;
 
 static double now_s(void) {
@@ -403,7 +402,6 @@ static sl_status load_tensor(loader *L, tensor_job *j) {
   size_t ef = sl_dtype_size(j->src->dtype), ew = sl_dtype_size(j->wire), ep = sl_dtype_size(j->res.dtype);
   uint64_t chunk = L->staging_bytes / (ef + 3 * ew + ep);
   if (chunk == 0) chunk = 1;
-  L->chunk = chunk;
   L->R = L->staging;
   L->W = L->R + chunk * ef;
   L->P = L->W + chunk * ew;
