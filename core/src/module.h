@@ -51,7 +51,9 @@ typedef struct sl_backend_ops {
   uint32_t size;        /* sizeof(sl_backend_ops) as the module was built */
   const char *name;
   uint32_t flags;
-  const char *preferred_collective; /* "nccl", "rccl", or "gloo" (host staging) */
+  /* "nccl", "rccl", or "gloo" (host staging). Not consulted yet: "auto" picks gloo until ranks
+   * can agree on a device collective (with the GPU modules). */
+  const char *preferred_collective;
   /* 0: unusable on this machine; higher wins for backend "auto". Cheap, no side effects. */
   int (*score)(void);
   sl_status (*init)(const sl_backend_init *init, void **be);

@@ -119,7 +119,8 @@ typedef void (*sl_log_fn)(void *user, sl_log_level level, const char *msg);
 typedef struct sl_context_options {
   size_t size;             /* sizeof(sl_context_options) as the caller compiled it */
   const char *backend;     /* "cpu", "sim", "sim-strict", "cuda", ... or NULL/"auto": best score */
-  const char *collective;  /* NULL/"auto": the backend's preference if every rank can use it */
+  const char *collective;  /* NULL/"auto": "local" for one rank, else "gloo" (host staging). Choosing a
+                              device collective when every rank can run it comes with the GPU modules */
   int world_size;          /* 0 (the zero value): rank, world size, local rank and rendezvous
                               come from the launcher environment (torchrun, Slurm, Open MPI;
                               none: rank 0 of 1). > 0: the three fields below are used. */
