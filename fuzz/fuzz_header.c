@@ -1,14 +1,19 @@
 /* libFuzzer target for the two parsers that read untrusted checkpoint metadata.
  *
  * The first byte picks the parser: 'I' feeds the rest to the index.json parser (the code the
- * source uses for model.safetensors.index.json); anything else feeds the rest to the
- * safetensors header parser as a whole file image. Accepted inputs are checked against the
- * invariants the loader relies on, so a parser that lets a bad layout through crashes here. */
+ * source uses for model.safetensors.index.json); 'M' to the manifest reader (what a rank
+ * takes from rank 0 over the network); anything else feeds the rest to the safetensors header
+ * parser as a whole file image. Accepted inputs are checked against the
+ * invariants the loader relies on, so a parser that lets a bad layout through, or an index
+ * entry that escapes its directory, crashes here. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 static void check_header(const sl__st_header *h, uint64_t file_size) {
   if (h->data_offset < 8 || h->data_offset > file_size || h->data_offset + h->data_size != file_size)
@@ -35,6 +40,18 @@ static void check_index(const sl__index *ix) {
   if (!ix->count || !ix->file_count) __builtin_trap();
   for (size_t f = 1; f < ix->file_count; f++)
     if (strcmp(ix->files[f - 1], ix->files[f]) >= 0) __builtin_trap(); /* sorted, distinct */
+  for (size_t f = 0; f < ix->file_count; f++) {
+    /* confined by its spelling: relative, no '.', '..' or empty component, no backslash */
+    const char *c = ix->files[f];
+    if (sl__index_entry_problem(c, strlen(c)) || c[0] == '/' || strchr(c, '\\')) __builtin_trap();
+    for (;;) {
+      const char *slash = strchr(c, '/');
+      size_t k = slash ? (size_t)(slash - c) : strlen(c);
+      if (!k || (k == 1 && c[0] == '.') || (k == 2 && c[0] == '.' && c[1] == '.')) __builtin_trap();
+      if (!slash) break;
+      c = slash + 1;
+    }
+  }
   for (size_t i = 0; i < ix->count; i++)
     if (!ix->names[i] || ix->file_of[i] >= ix->file_count) __builtin_trap();
   for (size_t i = 0; i < ix->meta_count; i++)
@@ -46,6 +63,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char err[512];
   const uint8_t *body = data + 1;
   size_t len = size - 1;
+  if (data[0] == 'M') {
+    /* an accepted manifest is canonical: written back, it is the same bytes */
+    sl_source *src = NULL;
+    if (sl__source_deserialize(NULL, body, len, &src) == SL_OK) {
+      void *again = NULL;
+      size_t n = 0;
+      if (sl__source_serialize(src, &again, &n) != SL_OK || n != len || memcmp(again, body, len))
+        __builtin_trap();
+      free(again);
+      sl_source_destroy(src);
+    } else if (src) {
+      __builtin_trap();
+    }
+    return 0;
+  }
   if (data[0] == 'I') {
     sl__index ix;
     if (sl__index_parse((const char *)body, len, &ix, err, sizeof err) == SL_OK) {
@@ -60,6 +92,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   sl_status s = sl__st_parse(body, len, len, &h, err, sizeof err);
   if (s == SL_OK) {
     check_header(&h, len);
+    if (h.header_digest != XXH3_64bits(body, (size_t)h.data_offset)) __builtin_trap();
     sl__st_header_free(&h);
   } else if (!err[0] || h.tensors || h.count || h.meta_keys) {
     __builtin_trap();

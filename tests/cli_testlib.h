@@ -114,6 +114,7 @@ typedef struct st_tensor {
 } st_tensor;
 
 static inline int st_find(const st_file *f, const char *name, st_tensor *t) {
+  memset(t, 0, sizeof *t);
   json_t *v = json_object_get(f->hdr, name);
   if (!v || !strcmp(name, "__metadata__")) return -1;
   t->dtype = json_string_value(json_object_get(v, "dtype"));
@@ -263,7 +264,7 @@ static inline int source_find(const char *path, const char *name, st_file *f, st
  * count. */
 static inline size_t check_dump(const char *dump, const char *source, int cast_f32, int rank, int world,
                                 const char *replicate) {
-  st_file d;
+  st_file d = {0};
   st_open(dump, &d);
   size_t n = st_check_valid(&d);
   char num[32];
@@ -276,8 +277,8 @@ static inline size_t check_dump(const char *dump, const char *source, int cast_f
   assert_int_equal(count, n);
   for (size_t i = 0; i < count; i++) {
     const char *name = names[i];
-    st_tensor lt, gt;
-    st_file s;
+    st_tensor lt = {0}, gt = {0};
+    st_file s = {0};
     assert_int_equal(st_find(&d, name, &lt), 0);
     if (source_find(source, name, &s, &gt) != 0) fail_msg("%s: not in the source", name);
 

@@ -1,8 +1,10 @@
 /* The `shardload` command end to end: synth, inspect, plan and load (with --dump) run as real
  * processes. Everything they write is checked independently of the library: safetensors files
  * are parsed here with jansson + fread, shard slices and torch.chunk geometry are computed
- * here, and placements are checked against the table of DESIGN.md. */
+ * here, and placements are checked against the table of docs/DESIGN.md#placement. */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli_testlib.h"
@@ -71,7 +73,7 @@ static int is_awkward(int64_t n) {
 }
 
 static void test_synth_single(void **state) {
-  st_file f;
+  st_file f = {0};
   st_open(g_single, &f);
   size_t n = st_check_valid(&f);
   uint64_t total = f.file_size - f.data_off;
@@ -115,7 +117,7 @@ static void test_synth_single(void **state) {
   size_t count;
   const char **names = st_names(&f, &count);
   for (size_t i = 0; i < count; i++) {
-    st_tensor t;
+    st_tensor t = {0};
     st_find(&f, names[i], &t);
     if (strcmp(t.dtype, "BF16")) continue;
     unsigned char *d = st_bytes(&f, &t);
@@ -176,7 +178,7 @@ static void test_synth_sharded(void **state) {
     char name[64];
     snprintf(name, sizeof name, "model-%05d-of-00003.safetensors", k);
     char *p = sl_test_path(g_sharded, name);
-    st_file f;
+    st_file f = {0};
     st_open(p, &f);
     size_t m = st_check_valid(&f);
     assert_true(m > 0);
@@ -212,8 +214,8 @@ static void check_inspect_json(const char *path, const char *json_path) {
   for (size_t i = 0; i < json_array_size(ts); i++) {
     json_t *t = json_array_get(ts, i);
     const char *name = json_string_value(json_object_get(t, "name"));
-    st_file f;
-    st_tensor want;
+    st_file f = {0};
+    st_tensor want = {0};
     assert_non_null(name);
     if (source_find(path, name, &f, &want) != 0) fail_msg("%s: listed but not in the files", name);
     assert_string_equal(json_string_value(json_object_get(t, "dtype")), want.dtype);
@@ -360,7 +362,7 @@ static void test_plan_chunk(void **state) {
     json_t *rank = json_array_get(json_object_get(j, "ranks"), (size_t)r);
     assert_int_equal(json_integer_value(json_object_get(rank, "total_bytes")), total);
   }
-  /* the DESIGN.md examples, spelled out: 10 -> 3,3,3,1; 9 -> 3,3,3,0 (offset 9); 3 -> 1,1,1,0 */
+  /* the docs/DESIGN.md#geometry examples, spelled out: 10 -> 3,3,3,1; 9 -> 3,3,3,0 (offset 9); 3 -> 1,1,1,0 */
   static const int64_t r10[] = {3, 3, 3, 1}, r9[] = {3, 3, 3, 0}, r3[] = {1, 1, 1, 0};
   for (int r = 0; r < 4; r++) {
     assert_int_equal(json_integer_value(json_array_get(json_object_get(plan_tensor(j, r, "rows10"), "local_shape"), 0)), r10[r]);
@@ -426,7 +428,7 @@ static void test_plan_chunk(void **state) {
   free(p);
 }
 
-/* The placement contract of DESIGN.md, written out here. */
+/* The placement contract (docs/DESIGN.md#placement), written out here. */
 static void expected_placement(const char *co, const char *pol, const char **placement, sl_placement_rule *rule) {
   if (!strcmp(co, "on")) {
     *placement = "cpu";
@@ -555,7 +557,7 @@ static void test_load_plan_file(void **state) {
   snprintf(cmd, sizeof cmd, ENV1 " %s load '%s' --backend sim --plan '%s' --json", sl_test_bin(), g_single, plan);
   assert_int_equal(run_to_file(jp, cmd), 0);
   json_t *j = load_json_file(jp);
-  st_file f;
+  st_file f = {0};
   st_open(g_single, &f);
   size_t n = st_check_valid(&f);
   st_close(&f);
@@ -719,6 +721,218 @@ static void test_errors(void **state) {
   free(missing);
 }
 
+/* ---- outputs and errors (issue 6) ------------------------------------------------------------ */
+
+/* Entries of DIR besides . and .., so a test can say that a failed dump left nothing behind. */
+static int dir_entries(const char *dir, char *names, size_t len) {
+  char *out = NULL;
+  int rc = sl_test_run(&out, "ls -A '%s'", dir);
+  assert_int_equal(rc, 0);
+  int n = 0;
+  for (const char *c = out; *c; c++) n += *c == '\n';
+  if (names) snprintf(names, len, "%s", out);
+  free(out);
+  return n;
+}
+
+/* --dump writes through a temporary file renamed into place: a symlink planted at the
+ * destination is replaced, never followed (its target keeps its bytes); a write that fails
+ * (a file size limit: EFBIG, as a full disk gives ENOSPC) leaves no file claiming the full
+ * size, no temporary, and an earlier complete dump untouched. */
+static void test_dump_atomic(void **state) {
+  char *dump = sl_test_path(g_dir, "dump-atomic"), *victim = sl_test_path(g_dir, "victim.txt");
+  char *rank0 = sl_test_path(dump, "rank-0.safetensors"), *out = NULL, names[4096];
+  assert_int_equal(sl_test_run(&out, "rm -rf '%s' && mkdir -p '%s' && printf victim > '%s' && ln -s '%s' '%s'",
+                               dump, dump, victim, victim, rank0), 0);
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --backend cpu --dump '%s' --json", sl_test_bin(),
+                               g_single, dump), 0);
+  free(out);
+  char buf[64] = "";
+  FILE *f = fopen(victim, "rb");
+  assert_non_null(f);
+  buf[fread(buf, 1, sizeof buf - 1, f)] = 0;
+  fclose(f);
+  assert_string_equal(buf, "victim");
+  struct stat sb;
+  assert_int_equal(lstat(rank0, &sb), 0);
+  assert_true(S_ISREG(sb.st_mode));
+  mode_t mask = umask(0);
+  umask(mask);
+  assert_int_equal(sb.st_mode & 0777, 0644 & ~mask);
+  check_dump(rank0, g_single, 0, 0, 1, NULL);
+  assert_int_equal(dir_entries(dump, names, sizeof names), 1);
+
+  /* the same dump again under a 64 KiB file size limit: it fails with EFBIG (not SIGXFSZ),
+   * exit 1 naming the file, and the complete dump from before is still there, alone */
+  off_t before = sb.st_size;
+  assert_int_equal(sl_test_run(&out, ENV1 " sh -c 'ulimit -f 128; exec %s load \"%s\" --backend cpu --dump \"%s\"'",
+                               sl_test_bin(), g_single, dump), 1);
+  assert_one_error_line(out, rank0);
+  assert_non_null(strstr(out, strerror(EFBIG)));
+  free(out);
+  if (dir_entries(dump, names, sizeof names) != 1) fail_msg("a failed dump left files behind: %s", names);
+  assert_int_equal(lstat(rank0, &sb), 0);
+  assert_int_equal(sb.st_size, before);
+  check_dump(rank0, g_single, 0, 0, 1, NULL);
+
+  /* and into an empty directory: nothing at all */
+  assert_int_equal(sl_test_run(&out, "rm -rf '%s' && mkdir -p '%s'", dump, dump), 0);
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " sh -c 'ulimit -f 128; exec %s load \"%s\" --backend cpu --dump \"%s\"'",
+                               sl_test_bin(), g_single, dump), 1);
+  free(out);
+  if (dir_entries(dump, names, sizeof names) != 0) fail_msg("a failed dump left files behind: %s", names);
+  free(rank0);
+  free(victim);
+  free(dump);
+}
+
+/* A newline or an escape sequence in a path or a tensor name never splits the error line or
+ * reaches the terminal raw: the subject and the message are escaped. */
+static void test_error_line_sanitised(void **state) {
+  char *out = NULL, want[4096];
+  assert_int_equal(sl_test_run(&out, "%s inspect \"$(printf '%s/no\\nsuch\\033[31m.safetensors')\"", sl_test_bin(),
+                               g_dir), 1);
+  snprintf(want, sizeof want, "%s/no\\nsuch\\x1b[31m.safetensors", g_dir);
+  assert_one_error_line(out, want);
+  assert_null(strchr(out, '\033'));
+  free(out);
+  /* the same through load and plan */
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load \"$(printf '%s/a\\rb')\" --backend cpu", sl_test_bin(), g_dir), 1);
+  snprintf(want, sizeof want, "%s/a\\rb", g_dir);
+  assert_one_error_line(out, want);
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s plan \"$(printf '%s/a\\tb\\001')\" --world 2", sl_test_bin(), g_dir), 1);
+  snprintf(want, sizeof want, "%s/a\\tb\\x01", g_dir);
+  assert_one_error_line(out, want);
+  free(out);
+}
+
+/* `inspect` prints control characters in tensor names (and metadata) escaped: a name cannot
+ * fake table rows or drive the terminal. */
+static void test_inspect_escapes_names(void **state) {
+  char *p = sl_test_path(g_dir, "ctl-names.safetensors"), *out = NULL;
+  const char *hdr = "{\"__metadata__\":{\"note\":\"x\\ny\"},"
+                    "\"evil\\nfake row\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+                    "\"red\\u001b[31m\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}";
+  assert_int_equal(sl_test_write_raw(p, hdr, 4), 0);
+  assert_int_equal(sl_test_run(&out, "%s inspect '%s'", sl_test_bin(), p), 0);
+  assert_null(strchr(out, '\033'));
+  assert_non_null(strstr(out, "evil\\nfake row  "));
+  assert_non_null(strstr(out, "red\\x1b[31m  "));
+  assert_non_null(strstr(out, "note: x\\ny\n"));
+  /* header, "metadata:", one metadata line, column titles, two rows */
+  int lines = 0;
+  for (const char *c = out; *c; c++) lines += *c == '\n';
+  assert_int_equal(lines, 6);
+  free(out);
+  /* the tables of plan and load too */
+  assert_int_equal(sl_test_run(&out, "%s plan '%s' --world 1", sl_test_bin(), p), 0);
+  assert_null(strchr(out, '\033'));
+  assert_non_null(strstr(out, "evil\\nfake row  "));
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --backend cpu", sl_test_bin(), p), 0);
+  assert_null(strchr(out, '\033'));
+  assert_non_null(strstr(out, "red\\x1b[31m  "));
+  free(out);
+  /* --json keeps the exact names (JSON escapes them itself) */
+  assert_int_equal(sl_test_run(&out, "%s inspect '%s' --json", sl_test_bin(), p), 0);
+  json_error_t err;
+  json_t *j = json_loads(out, 0, &err);
+  assert_non_null(j);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(j, "tensors"), 0), "name")),
+                      "evil\nfake row");
+  json_decref(j);
+  free(out);
+  free(p);
+}
+
+/* --json keeps a path that is not UTF-8: "path" with U+FFFD for the bad byte, and the exact
+ * bytes in "path_bytes_hex" (jansson refuses such strings, so it used to be dropped). */
+static void test_json_non_utf8_path(void **state) {
+  char *out = NULL, cmd_path[4096];
+  snprintf(cmd_path, sizeof cmd_path, "\"$(printf '%s/caf\\351.safetensors')\"", g_dir);
+  assert_int_equal(sl_test_run(&out, "cp '%s' %s", g_single, cmd_path), 0);
+  free(out);
+  char want_path[4096], want_hex[8192];
+  snprintf(want_path, sizeof want_path, "%s/caf\xef\xbf\xbd.safetensors", g_dir);
+  char raw[4096];
+  snprintf(raw, sizeof raw, "%s/caf\351.safetensors", g_dir);
+  for (size_t i = 0; raw[i]; i++) snprintf(want_hex + 2 * i, 3, "%02x", (unsigned char)raw[i]);
+  static const char *cmds[] = {"inspect %s --json", ENV1 " %s load %s --backend cpu --json",
+                               "%s plan %s --world 2 --json"};
+  for (int i = 0; i < 3; i++) {
+    char fmt[256];
+    snprintf(fmt, sizeof fmt, "%s", cmds[i]);
+    char line[8192];
+    if (i == 0) snprintf(line, sizeof line, "%s inspect %s --json", sl_test_bin(), cmd_path);
+    else if (i == 1) snprintf(line, sizeof line, ENV1 " %s load %s --backend cpu --json", sl_test_bin(), cmd_path);
+    else snprintf(line, sizeof line, "%s plan %s --world 2 --json", sl_test_bin(), cmd_path);
+    assert_int_equal(sl_test_run(&out, "%s", line), 0);
+    json_error_t err;
+    json_t *j = json_loads(out, 0, &err);
+    if (!j) fail_msg("%s: not JSON: %s", line, err.text);
+    const char *got = json_string_value(json_object_get(j, "path"));
+    if (!got) fail_msg("%s: no \"path\"", line);
+    assert_string_equal(got, want_path);
+    assert_string_equal(json_string_value(json_object_get(j, "path_bytes_hex")), want_hex);
+    json_decref(j);
+    free(out);
+  }
+  /* a UTF-8 path has no _bytes_hex twin */
+  assert_int_equal(sl_test_run(&out, "%s inspect '%s' --json", sl_test_bin(), g_single), 0);
+  json_t *j = json_loads(out, 0, NULL);
+  assert_non_null(j);
+  assert_string_equal(json_string_value(json_object_get(j, "path")), g_single);
+  assert_null(json_object_get(j, "path_bytes_hex"));
+  json_decref(j);
+  free(out);
+}
+
+/* `plan` reports what `load` would: a plan naming a tensor the checkpoint lacks fails both,
+ * with the same line (one code path in the core), where the dry run used to print "0 tensors". */
+static void test_plan_fails_like_load(void **state) {
+  char *pf = sl_test_path(g_dir, "lacking.plan.json"), *dry = NULL, *wet = NULL;
+  const char *text = "{\"tensors\":{\"model.norm.weight\":{},\"no.such.tensor\":{}}}";
+  assert_int_equal(sl_test_write_bytes(pf, text, strlen(text)), 0);
+  assert_int_equal(sl_test_run(&dry, "%s plan '%s' --world 1 --plan '%s'", sl_test_bin(), g_single, pf), 1);
+  assert_one_error_line(dry, g_single);
+  assert_non_null(strstr(dry, sl_status_name(SL_ERR_MISSING)));
+  assert_non_null(strstr(dry, "no.such.tensor"));
+  assert_int_equal(sl_test_run(&wet, ENV1 " %s load '%s' --backend cpu --plan '%s'", sl_test_bin(), g_single, pf), 1);
+  assert_string_equal(dry, wet);
+  free(dry);
+  free(wet);
+  free(pf);
+}
+
+/* Usage errors the library finds (an uncastable --param-dtype, a --mesh the world does not
+ * fill) exit 2 like any other usage error; shard(99) on a 2-D tensor is out of range, named. */
+static void test_usage_found_late(void **state) {
+  char *out = NULL;
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --backend cpu --param-dtype I32", sl_test_bin(), g_single), 2);
+  assert_one_error_line(out, "--param-dtype");
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s plan '%s' --world 2 --param-dtype int8", sl_test_bin(), g_single), 2);
+  assert_one_error_line(out, "--param-dtype");
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --backend cpu --mesh 2", sl_test_bin(), g_single), 2);
+  assert_one_error_line(out, "--mesh");
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s plan '%s' --world 2 --placement 'shard(99)'", sl_test_bin(), g_single), 1);
+  assert_one_error_line(out, g_single);
+  assert_non_null(strstr(out, "shard(99)"));
+  assert_non_null(strstr(out, "out of range for a 2-d tensor"));
+  assert_null(strstr(out, "cannot parse"));
+  free(out);
+  /* the launcher flags are documented */
+  assert_int_equal(sl_test_run(&out, "%s load --help", sl_test_bin()), 0);
+  assert_non_null(strstr(out, "--insecure-rendezvous"));
+  assert_non_null(strstr(out, "SHARDLOAD_TOKEN"));
+  free(out);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help_and_version),
@@ -734,6 +948,12 @@ int main(void) {
       cmocka_unit_test(test_load_two_ranks),
       cmocka_unit_test(test_load_two_ranks_explicit_flags),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_dump_atomic),
+      cmocka_unit_test(test_error_line_sanitised),
+      cmocka_unit_test(test_inspect_escapes_names),
+      cmocka_unit_test(test_json_non_utf8_path),
+      cmocka_unit_test(test_plan_fails_like_load),
+      cmocka_unit_test(test_usage_found_late),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

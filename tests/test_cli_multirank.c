@@ -343,6 +343,154 @@ static void test_dump_fails_on_one_rank(void **state) {
   free(dump);
 }
 
+/* Two ranks started on their own (--rank/--world-size, a file:// rendezvous), rank 1's dump
+ * blocked: the ranks agree on the dump's outcome, so rank 0 does not exit 0 while rank 1's
+ * dump failed; its line names rank 1 and what happened there. */
+static void test_dump_agreed_across_ranks(void **state) {
+  char *dump = sl_test_path(g_dir, "dump-agreed"), *blocked = sl_test_path(dump, "rank-1.safetensors");
+  char *rdv = sl_test_rendezvous("cli-mr-dump-rdv"), *e0 = sl_test_path(g_dir, "agreed0.err");
+  char *e1 = sl_test_path(g_dir, "agreed1.err"), *out = NULL;
+  assert_non_null(rdv);
+  assert_int_equal(sl_test_run(&out, "rm -rf '%s' && mkdir -p '%s'", dump, blocked), 0);
+  free(out);
+  int rc = sl_test_run(&out,
+                       "unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT SHARDLOAD_RENDEZVOUS; "
+                       "timeout 60 %s load '%s' --backend cpu --rank 1 --world-size 2 --rendezvous '%s' "
+                       "--timeout 30 --dump '%s' > /dev/null 2> '%s' & "
+                       "timeout 60 %s load '%s' --backend cpu --rank 0 --world-size 2 --rendezvous '%s' "
+                       "--timeout 30 --dump '%s' > /dev/null 2> '%s'; r0=$?; wait $!; r1=$?; echo \"r0=$r0 r1=$r1\"",
+                       sl_test_bin(), g_uneven, rdv, dump, e1, sl_test_bin(), g_uneven, rdv, dump, e0);
+  assert_int_equal(rc, 0);
+  if (strstr(out, "has no Gloo")) skip();
+  int r0 = -1, r1 = -1;
+  assert_int_equal(sscanf(out, "r0=%d r1=%d", &r0, &r1), 2);
+  free(out);
+  char *err0 = NULL, *err1 = NULL;
+  assert_int_equal(sl_test_run(&err0, "cat '%s'", e0), 0);
+  assert_int_equal(sl_test_run(&err1, "cat '%s'", e1), 0);
+  if (r1 != 1) fail_msg("rank 1 exited %d: %s", r1, err1);
+  if (r0 != 1) fail_msg("rank 0 exited %d while rank 1's dump failed: %s", r0, err0);
+  assert_one_error_line(err1, blocked);
+  assert_one_error_line(err0, dump);
+  assert_non_null(strstr(err0, sl_status_name(SL_ERR_PEER)));
+  assert_non_null(strstr(err0, "rank 1: "));
+  assert_non_null(strstr(err0, "rank-1.safetensors"));
+  free(err0);
+  free(err1);
+  free(e0);
+  free(e1);
+  free(rdv);
+  free(blocked);
+  free(dump);
+}
+
+/* Two unrelated jobs (same checkpoint, rendezvous and world size, different load options)
+ * each start one rank: the command's job key puts them in different key namespaces, so they
+ * never run a step together; the lobby (collectives/gloo/lobby.h) names the field in which the
+ * job keys differ — at once on a tcp:// store, in the timeout message on a file:// one. */
+static void test_unrelated_jobs_do_not_meet(void **state) {
+  (void)state;
+  for (int tcp = 0; tcp <= 1; tcp++) {
+    char *rdv = NULL, *out = NULL;
+    if (tcp) assert_true(asprintf(&rdv, "tcp://127.0.0.1:%d", sl_test_free_port()) > 0);
+    else rdv = sl_test_rendezvous("cli-mr-jobkey-rdv");
+    assert_non_null(rdv);
+    double t0 = now_s();
+    int rc = sl_test_run(&out,
+                         "unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT SHARDLOAD_RENDEZVOUS SHARDLOAD_JOB_ID; "
+                         "timeout 60 %s load '%s' --backend cpu --rank 1 --world-size 2 --rendezvous '%s' "
+                         "--timeout %d --strategy broadcast > /dev/null 2>&1 & "
+                         "timeout 60 %s load '%s' --backend cpu --rank 0 --world-size 2 --rendezvous '%s' "
+                         "--timeout %d --strategy scatter 2>&1 > /dev/null; r0=$?; wait $!; r1=$?; echo \"r0=$r0 r1=$r1\"",
+                         sl_test_bin(), g_uneven, rdv, tcp ? 20 : 2, sl_test_bin(), g_uneven, rdv, tcp ? 20 : 2);
+    double took = now_s() - t0;
+    assert_int_equal(rc, 0);
+    if (strstr(out, "has no Gloo")) skip();
+    if (!strstr(out, "r0=1 r1=1")) fail_msg("want both ranks to fail: %s", out);
+    /* the ranks never shared keys: no plan agreement ran ("load plan differs") */
+    if (strstr(out, "load plan differs")) fail_msg("the jobs met: %s", out);
+    /* the lobby names the first difference of the job keys */
+    if (!strstr(out, "strategy broadcast") || !strstr(out, "strategy scatter"))
+      fail_msg("want the differing field named: %s", out);
+    if (tcp) {
+      /* rank 0's store serves this job alone: a peer under another key fails the wait at once */
+      if (!strstr(out, sl_status_name(SL_ERR_MISMATCH))) fail_msg("want a mismatch: %s", out);
+      if (took > 10.0) fail_msg("took %.1f s of a 20 s timeout: %s", took, out);
+    } else {
+      /* a file:// directory may hold an earlier job's entries: only the timeout says it */
+      if (!strstr(out, sl_status_name(SL_ERR_TIMEOUT))) fail_msg("want a timeout: %s", out);
+      assert_true(took < 30.0);
+    }
+    free(out);
+    free(rdv);
+  }
+}
+
+/* Usage errors found after the ranks start (an uncastable --param-dtype, a mesh the world
+ * does not fill) exit 2 through the launcher too, with the rank's one line. */
+static void test_usage_through_launcher(void **state) {
+  static const struct {
+    const char *args, *subject;
+  } cases[] = {{"--param-dtype I32", "--param-dtype"}, {"--mesh 3", "--mesh"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *out = NULL, line[4096];
+    int rc = sl_test_run(&out, "%s load '%s' --nproc 2 --backend cpu %s", sl_test_bin(), g_synth, cases[i].args);
+    if (rc != 2) fail_msg("%s: exit %d, want 2: %s", cases[i].args, rc, out ? out : "");
+    assert_no_children();
+    assert_one_error_line(the_error_line(out, line, sizeof line), cases[i].subject);
+    assert_non_null(strstr(line, ": rank "));
+    free(out);
+  }
+}
+
+/* What `load --nproc` hands its ranks: a fresh 32-byte secret per job in SHARDLOAD_TOKEN (64
+ * hex digits, the same on every rank, another for the next job), and with
+ * --insecure-rendezvous, SHARDLOAD_INSECURE_RENDEZVOUS=1. The ranks report a digest of the
+ * token through a test hook, never the token. */
+static int env_reports(const char *out, unsigned long long *digest, char insecure[][16]) {
+  int n = 0;
+  for (const char *p = out; (p = strstr(p, "test-hook: rank ")) != NULL; p++) {
+    int r;
+    size_t len;
+    char kind[16];
+    unsigned long long d;
+    char ins[16];
+    if (sscanf(p, "test-hook: rank %d: SHARDLOAD_TOKEN %zu %15s digits, digest %llx; "
+                  "SHARDLOAD_INSECURE_RENDEZVOUS=%15s", &r, &len, kind, &d, ins) != 5)
+      fail_msg("unreadable hook line in: %s", out);
+    assert_true(r >= 0 && r < 2);
+    assert_int_equal(len, 64);
+    assert_string_equal(kind, "hex");
+    digest[r] = d;
+    snprintf(insecure[r], 16, "%s", ins);
+    n++;
+  }
+  return n;
+}
+
+static void test_launcher_secret_and_insecure_flag(void **state) {
+  unsigned long long d1[2] = {0, 0}, d2[2] = {0, 0};
+  char ins1[2][16], ins2[2][16];
+  char *out = NULL;
+  assert_int_equal(sl_test_run(&out, "env -u SHARDLOAD_INSECURE_RENDEZVOUS SHARDLOAD_TOKEN=preset "
+                               "SHARDLOAD_TEST_REPORT_ENV=1 %s load '%s' --nproc 2 --backend cpu",
+                               sl_test_bin(), g_synth), 0);
+  assert_int_equal(env_reports(out, d1, ins1), 2);
+  free(out);
+  assert_true(d1[0] == d1[1]);
+  assert_string_equal(ins1[0], "(unset)");
+  assert_int_equal(sl_test_run(&out, "env -u SHARDLOAD_INSECURE_RENDEZVOUS SHARDLOAD_TEST_REPORT_ENV=1 "
+                               "%s load '%s' --nproc 2 --backend cpu --insecure-rendezvous",
+                               sl_test_bin(), g_synth), 0);
+  assert_int_equal(env_reports(out, d2, ins2), 2);
+  free(out);
+  assert_true(d2[0] == d2[1]);
+  assert_true(d2[0] != d1[0]); /* a new job, a new secret */
+  assert_string_equal(ins2[0], "1");
+  assert_string_equal(ins2[1], "1");
+  assert_no_children();
+}
+
 /* SIGTERM to the launcher while its ranks hang: it stops them, removes its private directory
  * and dies of the same signal. */
 static void test_launcher_terminated(void **state) {
@@ -409,6 +557,10 @@ int main(void) {
       cmocka_unit_test(test_rank_dies),
       cmocka_unit_test(test_dump_fails_on_one_rank),
       cmocka_unit_test(test_launcher_terminated),
+      cmocka_unit_test(test_dump_agreed_across_ranks),
+      cmocka_unit_test(test_unrelated_jobs_do_not_meet),
+      cmocka_unit_test(test_usage_through_launcher),
+      cmocka_unit_test(test_launcher_secret_and_insecure_flag),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

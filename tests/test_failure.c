@@ -276,6 +276,113 @@ static void test_caller_device_buffer_for_cpu_placement_rejected(void **state) {
   sl_context_destroy(ctx);
 }
 
+/* ---- caller buffers on failure, across ranks (the contract at sl_bind_fn in shardload.h) --- */
+#define CANARY 0xC5
+#define GUARD 64
+
+typedef struct cjob {
+  char *rdzv;
+  char *path;
+  int data_phase; /* 0: rank 1 binds a wrong buffer (phase 1); 1: rank 0's file is cut short */
+} cjob;
+
+typedef struct canaries {
+  sl_context *ctx;
+  int rank, data_phase, calls;
+  void *device; /* rank 1's wrong buffer in the phase-1 case */
+  unsigned char *bufs[3];
+  uint64_t nbytes[3];
+  int64_t row0[3]; /* first global row of the rank's shard */
+} canaries;
+
+static void *canary_bind(void *user, const sl_tensor *t) {
+  canaries *c = user;
+  if (c->calls >= 3) return NULL;
+  if (!c->data_phase && c->rank == 1 && c->calls == 1) {
+    /* device memory for a CPU placement: refused in preparation, after rank 0 bound all of its */
+    c->calls++;
+    return sl_alloc(c->ctx, SL_DEVICE_ACCELERATOR, 0, t->nbytes, &c->device) == SL_OK ? c->device : NULL;
+  }
+  unsigned char *p = malloc((size_t)t->nbytes + 2 * GUARD);
+  if (!p) return NULL;
+  memset(p, CANARY, (size_t)t->nbytes + 2 * GUARD);
+  c->bufs[c->calls] = p;
+  c->row0[c->calls] = t->global_offset[0];
+  c->nbytes[c->calls++] = t->nbytes;
+  return p + GUARD;
+}
+
+/* Whether N bytes at P all still hold the canary. */
+static int all_canary(const unsigned char *p, size_t n) { return sl_test_all_bytes(p, n, CANARY); }
+
+static int canary_main(int rank, int world, void *arg) {
+  cjob *j = arg;
+  sl_context_options co = {.size = sizeof co, .backend = j->data_phase ? "cpu" : "sim:strict", .world_size = world,
+                           .rank = rank, .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = 20000};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: source", rank);
+  if (j->data_phase && rank == 0) {
+    /* every rank has opened it (sl_source_open agrees): rank 0's reads of t.b now fail */
+    const sl_source_tensor *b = sl_source_find(src, "t.b");
+    SL_CHILD_CHECK(truncate(j->path, (off_t)(b->file_offset + b->nbytes / 2)) == 0, "truncate");
+  }
+  sl_plan *plan = NULL;
+  sl_plan_create(ctx, &plan);
+  canaries c = {.ctx = ctx, .rank = rank, .data_phase = j->data_phase};
+  sl_load_options lo = {.size = sizeof lo, .staging_bytes = 4096, .bind = canary_bind, .bind_user = &c,
+                        .cpu_offload = SL_CPU_OFFLOAD_ON};
+  sl_state *st = NULL;
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s: %s\n", rank, sl_status_name(s), msg);
+  SL_CHILD_CHECK(s != SL_OK && st == NULL, "rank %d: the load did not fail", rank);
+  if (!j->data_phase) {
+    SL_CHILD_CHECK(s == SL_ERR_BUFFER, "rank %d: got %s", rank, sl_status_name(s));
+    if (rank == 0) SL_CHILD_CHECK(strstr(msg, "rank 1") != NULL, "rank 0: message '%s' names no rank 1", msg);
+  } else {
+    SL_CHILD_CHECK(strstr(msg, "t.b") != NULL, "rank %d: message '%s' does not name t.b", rank, msg);
+  }
+  for (int i = 0; i < 3; i++) {
+    if (!c.bufs[i]) continue;
+    size_t n = (size_t)c.nbytes[i];
+    SL_CHILD_CHECK(all_canary(c.bufs[i], GUARD) && all_canary(c.bufs[i] + GUARD + n, GUARD),
+                   "rank %d: bytes written outside tensor %d's buffer", rank, i);
+    if (!j->data_phase || i == 2) {
+      /* phase 1 failed: untouched; data phase: the tensor after the failing one is untouched */
+      SL_CHILD_CHECK(all_canary(c.bufs[i] + GUARD, n), "rank %d: tensor %d's buffer was written", rank, i);
+    } else if (i == 0) {
+      for (size_t k = 0; k < n; k++)
+        SL_CHILD_CHECK(c.bufs[i][GUARD + k] == sl_test_pattern_byte("t.a", (uint64_t)c.row0[i] * 64 + k),
+                       "rank %d: t.a byte %zu is not the checkpoint's", rank, k);
+    }
+    free(c.bufs[i]);
+  }
+  if (c.device) sl_free(ctx, SL_DEVICE_ACCELERATOR, 0, c.device);
+  SL_CHILD_CHECK(c.calls == 3 || (!j->data_phase && rank == 1), "rank %d: bind called %d times", rank, c.calls);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_caller_buffers_on_failure_across_ranks(void **state) {
+  for (int data_phase = 0; data_phase < 2; data_phase++) {
+    cjob j = {.rdzv = sl_test_rendezvous(data_phase ? "fail-canary-data" : "fail-canary-phase1"),
+              .path = sl_test_path(dir, "canary.safetensors"), .data_phase = data_phase};
+    const sl_test_tensor ts[] = {
+        {"t.a", "F32", 2, {64, 16}, NULL}, {"t.b", "F32", 2, {64, 16}, NULL}, {"t.c", "F32", 2, {64, 16}, NULL}};
+    assert_int_equal(sl_test_write_st(j.path, ts, 3, NULL), 0);
+    int codes[2];
+    int killed = sl_test_spawn(2, canary_main, &j, 60000, codes);
+    free(j.rdzv);
+    free(j.path);
+    assert_int_equal(killed, 0);
+    for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rank0_cannot_open),
@@ -285,6 +392,7 @@ int main(void) {
       cmocka_unit_test(test_one_rank_fails_in_data_phase),
       cmocka_unit_test(test_one_rank_bad_options),
       cmocka_unit_test(test_caller_device_buffer_for_cpu_placement_rejected),
+      cmocka_unit_test(test_caller_buffers_on_failure_across_ranks),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,4 +1,4 @@
-/* Shard geometry (DESIGN.md examples) and the region arithmetic the loader streams with,
+/* Shard geometry (docs/DESIGN.md#geometry examples) and the region arithmetic the loader streams with,
  * checked against a brute-force enumeration of every global element. */
 #include <stdlib.h>
 

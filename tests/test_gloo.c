@@ -26,49 +26,8 @@
 #define MAX_RANKS 64
 #define LARGE (64u << 20)
 
-/* ---- the host a module gets from the core: here it records the last failure ------------ */
-static char g_msg[SL__ERRMSG_LEN];
-static int g_rank = -1;
+#include "gloo_testlib.h"
 
-static void t_log(void *core, sl_log_level level, const char *fmt, ...) {}
-static sl_status t_fail(void *core, sl_status s, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(g_msg, sizeof g_msg, fmt, ap);
-  va_end(ap);
-  return s;
-}
-static const sl_module_host g_host = {NULL, t_log, t_fail};
-
-/* The table, found the way the core finds it; NULL in a build without Gloo. */
-static const sl_collective_ops *gloo_ops(void) {
-  static sl_context ctx;
-  const sl_collective_ops *ops = NULL;
-  void *dl = NULL;
-  if (sl__collective_select(&ctx, "gloo", &ops, &dl) != SL_OK) return NULL;
-  return ops;
-}
-
-#define NEED_GLOO()                                                                            \
-  do {                                                                                         \
-    if (!gloo_ops()) skip();                                                                   \
-  } while (0)
-
-#define CHECK(cond, ...)                                                                       \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      fprintf(stderr, "rank %d: line %d: check failed: %s: ", g_rank, __LINE__, #cond);        \
-      fprintf(stderr, __VA_ARGS__);                                                            \
-      fprintf(stderr, " [last message: %s]\n", g_msg);                                         \
-      _exit(1);                                                                                \
-    }                                                                                          \
-  } while (0)
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* Deterministic bytes: word i of stream SEED. */
 static uint64_t mix(uint64_t x) {
@@ -94,16 +53,6 @@ static long mismatch(const void *buf, size_t n, uint64_t seed, size_t start) {
   return -1;
 }
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 typedef enum rdzv { FILE_RDZV, TCP_RDZV } rdzv;
 
 static char *make_url(rdzv kind, const char *name) {
@@ -114,7 +63,8 @@ static char *make_url(rdzv kind, const char *name) {
     assert_true(asprintf(&url, "file://%s/store", dir) > 0); /* a directory gloo must create */
     free(dir);
   } else {
-    assert_true(asprintf(&url, "tcp://127.0.0.1:%d", free_port()) > 0);
+    int port = sl_test_free_port();
+    if (asprintf(&url, "tcp://127.0.0.1:%d", port) < 0) fail_msg("out of memory");
   }
   return url;
 }
@@ -166,7 +116,7 @@ static int child(const job *j, int rank) {
   if (j->chunk_env[rank]) setenv("SHARDLOAD_GLOO_CHUNK_BYTES", j->chunk_env[rank], 1);
   if (j->raw) return j->raw(ops, j, rank);
   int threads = thread_count();
-  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms};
+  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms, NULL, NULL};
   void *comm = NULL;
   double t0 = now_ms();
   sl_status st = ops->init(&in, &comm);
@@ -631,7 +581,7 @@ static int junk_body(const sl_collective_ops *ops, void *comm, const job *j, int
 
 /* Init with a rank missing must time out naming it. */
 static int init_alone(const sl_collective_ops *ops, const job *j, int rank) {
-  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms};
+  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms, NULL, NULL};
   void *comm = NULL;
   double t0 = now_ms();
   sl_status st = ops->init(&in, &comm);
@@ -663,7 +613,7 @@ static void test_init_missing_rank0_tcp(void **state) { run_alone(TCP_RDZV, "alo
  * or that they timed out; rank 0 times out waiting for the rank it never got. */
 static int init_world_mismatch(const sl_collective_ops *ops, const job *j, int rank) {
   int world = rank == 0 ? 2 : 3;
-  sl_collective_init in = {&g_host, rank, world, j->url, "test/", j->timeout_ms};
+  sl_collective_init in = {&g_host, rank, world, j->url, "test/", j->timeout_ms, NULL, NULL};
   void *comm = NULL;
   double t0 = now_ms();
   sl_status st = ops->init(&in, &comm);
@@ -690,7 +640,7 @@ static void test_world_size_mismatch(void **state) {
 
 /* A file:// directory left by an earlier job must be refused, not half-used. */
 static int init_stale(const sl_collective_ops *ops, const job *j, int rank) {
-  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms};
+  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms, NULL, NULL};
   void *comm = NULL;
   double t0 = now_ms();
   sl_status st = ops->init(&in, &comm);
@@ -712,7 +662,7 @@ static void test_stale_file_rendezvous(void **state) {
 
 /* Rank 0 cannot serve the store on a port that is taken. */
 static int init_port_taken(const sl_collective_ops *ops, const job *j, int rank) {
-  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms};
+  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms, NULL, NULL};
   void *comm = NULL;
   sl_status st = ops->init(&in, &comm);
   CHECK(st == SL_ERR_COMM, "init: %s", sl_status_name(st));
@@ -752,8 +702,9 @@ static int junk_late_body(const sl_collective_ops *ops, void *comm, const job *j
 
 static void test_tcp_store_survives_garbage(void **state) {
   NEED_GLOO();
-  char *url = make_url(TCP_RDZV, "junk");
-  int port = atoi(strrchr(url, ':') + 1);
+  int port = sl_test_free_port();
+  char *url = NULL;
+  if (asprintf(&url, "tcp://127.0.0.1:%d", port) < 0) fail_msg("out of memory");
   fflush(NULL);
   pid_t junk = fork();
   assert_true(junk >= 0);
@@ -807,7 +758,7 @@ static void test_init_arguments(void **state) {
   assert_true(ops->score() > 0);
   void *comm = (void *)1;
 
-  sl_collective_init in = {&g_host, 0, 2, NULL, "t/", 1000};
+  sl_collective_init in = {&g_host, 0, 2, NULL, "t/", 1000, NULL, NULL};
   assert_int_equal(ops->init(&in, &comm), SL_ERR_INVALID);
   assert_null(comm);
   assert_non_null(strstr(g_msg, "no rendezvous"));
@@ -832,7 +783,7 @@ static void test_init_arguments(void **state) {
 static void test_single_rank(void **state) {
   NEED_GLOO();
   const sl_collective_ops *ops = gloo_ops();
-  sl_collective_init in = {&g_host, 0, 1, NULL, "t/", 1000};
+  sl_collective_init in = {&g_host, 0, 1, NULL, "t/", 1000, NULL, NULL};
   void *comm = NULL;
   assert_int_equal(ops->init(&in, &comm), SL_OK);
   unsigned char a[64], b[64];
@@ -908,7 +859,7 @@ static void test_out_of_memory(void **state) {
   assert_true(pid >= 0);
   if (pid == 0) { /* a child: the parent's heap and cmocka stay out of it */
     g_rank = 0;
-    sl_collective_init in = {&g_host, 0, 1, NULL, "t/", 1000};
+    sl_collective_init in = {&g_host, 0, 1, NULL, "t/", 1000, NULL, NULL};
     void *comm = NULL, *other = NULL;
     CHECK(ops->init(&in, &comm) == SL_OK, "init");
     unsigned char a[8] = {0}, b[8];
@@ -947,7 +898,7 @@ static void test_store_thread_fails(void **state) {
   assert_true(pid >= 0);
   if (pid == 0) {
     g_rank = 0;
-    sl_collective_init in = {&g_host, 0, 2, url, "t/", 2000};
+    sl_collective_init in = {&g_host, 0, 2, url, "t/", 2000, NULL, NULL};
     void *comm = NULL;
     int before = open_fds();
     FILE *f = fopen("/proc/self/statm", "r");

@@ -11,7 +11,7 @@
 static const char *const all_vars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
     "SLURM_LOCALID", "SLURM_LAUNCH_NODE_IPADDR", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "SHARDLOAD_RENDEZVOUS",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "SHARDLOAD_RENDEZVOUS", "TORCHELASTIC_USE_AGENT_STORE",
 };
 
 static sl_context ctx;
@@ -74,6 +74,55 @@ static void test_torchrun_defaults_and_ipv6(void **state) {
   sl__launch_info li = ok();
   assert_int_equal(li.local_rank, 3); /* no LOCAL_RANK: spread over the node's devices */
   assert_string_equal(li.rendezvous, "tcp://[fe80::1]:29500");
+  free(li.rendezvous);
+}
+
+/* torchrun's agent serves its c10d store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True):
+ * the ranks are its clients (c10d://), never a second server on the same port. */
+static void test_torchrun_agent_store(void **state) {
+  set("RANK", "1");
+  set("WORLD_SIZE", "2");
+  set("LOCAL_RANK", "1");
+  set("MASTER_ADDR", "127.0.0.1");
+  set("MASTER_PORT", "29400");
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  sl__launch_info li = ok();
+  assert_string_equal(li.source, "torchrun");
+  assert_string_equal(li.rendezvous, "c10d://127.0.0.1:29400");
+  free(li.rendezvous);
+
+  set("MASTER_ADDR", "::1");
+  li = ok();
+  assert_string_equal(li.rendezvous, "c10d://[::1]:29400");
+  free(li.rendezvous);
+
+  /* the agent store switched off (torch's elastic API with use_agent_store=False): rank 0 serves */
+  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  li = ok();
+  assert_string_equal(li.rendezvous, "tcp://[::1]:29400");
+  free(li.rendezvous);
+
+  /* an explicit rendezvous still wins */
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  set("SHARDLOAD_RENDEZVOUS", "tcp://127.0.0.1:29600");
+  li = ok();
+  assert_string_equal(li.rendezvous, "tcp://127.0.0.1:29600");
+  free(li.rendezvous);
+  unsetenv("SHARDLOAD_RENDEZVOUS");
+
+  set("TORCHELASTIC_USE_AGENT_STORE", "maybe");
+  bad("TORCHELASTIC_USE_AGENT_STORE='maybe'");
+
+  /* Slurm has no agent store: the variable is not torchrun's there */
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  unsetenv("LOCAL_RANK");
+  set("SLURM_PROCID", "0");
+  set("SLURM_NTASKS", "2");
+  set("MASTER_ADDR", "head");
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  li = ok();
+  assert_string_equal(li.rendezvous, "tcp://head:29400");
   free(li.rendezvous);
 }
 
@@ -297,6 +346,8 @@ static void test_rendezvous_parse(void **state) {
   parse_ok("tcp://node0:29500", SL__RDZV_TCP, "node0", 29500);
   parse_ok("tcp://10.0.0.1:1", SL__RDZV_TCP, "10.0.0.1", 1);
   parse_ok("tcp://[::1]:65535", SL__RDZV_TCP, "::1", 65535);
+  parse_ok("c10d://127.0.0.1:29400", SL__RDZV_C10D, "127.0.0.1", 29400);
+  parse_ok("c10d://[::1]:29400", SL__RDZV_C10D, "::1", 29400);
 
   parse_bad(NULL, "empty");
   parse_bad("", "empty");
@@ -316,6 +367,11 @@ static void test_rendezvous_parse(void **state) {
   parse_bad("tcp://[::1]29500", "no ':PORT' after ']'");
   parse_bad("tcp://[]:29500", "no host");
   parse_bad("tcp://node0/x:29500", "'/' in the host");
+  parse_bad("c10d://node0", "no ':PORT'");
+  parse_bad("c10d://:29400", "no host");
+  parse_bad("c10d://node0:0", "not in 1..65535");
+  parse_bad("c10d:/node0:1", "unknown scheme");
+  parse_bad("http://x:1", "c10d://HOST:PORT"); /* the accepted forms name the new scheme */
 
   char longurl[5000];
   memset(longurl, 'a', sizeof longurl);
@@ -329,6 +385,7 @@ int main(void) {
       cmocka_unit_test_setup(test_default_single_rank, clear_env),
       cmocka_unit_test_setup(test_torchrun, clear_env),
       cmocka_unit_test_setup(test_torchrun_defaults_and_ipv6, clear_env),
+      cmocka_unit_test_setup(test_torchrun_agent_store, clear_env),
       cmocka_unit_test_setup(test_precedence, clear_env),
       cmocka_unit_test_setup(test_slurm_rendezvous, clear_env),
       cmocka_unit_test_setup(test_rendezvous_override, clear_env),

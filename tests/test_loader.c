@@ -4,6 +4,7 @@
  * placement (its strict variant faults on any direct touch of device memory by the core). */
 #include <math.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -363,6 +364,64 @@ static void test_phase1_failure_leaves_caller_buffers_untouched(void **state) {
   close_env(&e);
 }
 
+/* The data-phase half of the caller-buffer contract (shardload.h, sl_bind_fn): tensors load in
+ * file order, so when the read of the second of three fails (the file was cut short after it
+ * was opened), the first holds its data, the second may hold part of it, the third is
+ * untouched — and no byte outside [data, data + nbytes) of any buffer is ever written. */
+#define CANARY 0xC5
+#define GUARD 64
+
+typedef struct canary_binder {
+  unsigned char *bufs[3];
+  uint64_t nbytes[3];
+  int calls;
+} canary_binder;
+
+static void *canary_bind(void *user, const sl_tensor *t) {
+  canary_binder *c = user;
+  if (c->calls >= 3) return NULL;
+  unsigned char *p = malloc((size_t)t->nbytes + 2 * GUARD);
+  assert_non_null(p);
+  memset(p, CANARY, (size_t)t->nbytes + 2 * GUARD);
+  c->bufs[c->calls] = p;
+  c->nbytes[c->calls++] = t->nbytes;
+  return p + GUARD;
+}
+
+/* Whether N bytes at P all still hold the canary. */
+static int all_canary(const unsigned char *p, size_t n) { return sl_test_all_bytes(p, n, CANARY); }
+
+static void test_data_phase_failure_leaves_later_buffers_untouched(void **state) {
+  char *path = sl_test_path(dir, "cut.safetensors");
+  const sl_test_tensor ts[] = {
+      {"t.a", "F32", 2, {64, 16}, NULL}, {"t.b", "F32", 2, {64, 16}, NULL}, {"t.c", "F32", 2, {64, 16}, NULL}};
+  assert_int_equal(sl_test_write_st(path, ts, 3, NULL), 0);
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .world_size = 1};
+  env e;
+  assert_int_equal(sl_context_create(&co, &e.ctx), SL_OK);
+  assert_int_equal(sl_source_open(e.ctx, path, &e.src), SL_OK);
+  assert_int_equal(sl_plan_create(e.ctx, &e.plan), SL_OK);
+  const sl_source_tensor *b = sl_source_find(e.src, "t.b");
+  assert_int_equal(truncate(path, (off_t)(b->file_offset + b->nbytes / 2)), 0);
+  canary_binder c = {.calls = 0};
+  sl_load_options o = {.size = sizeof o, .staging_bytes = 4096, .bind = canary_bind, .bind_user = &c};
+  sl_state *st = NULL;
+  assert_int_not_equal(sl_load(e.ctx, e.plan, e.src, &o, &st), SL_OK);
+  assert_null(st);
+  assert_non_null(strstr(sl_context_errmsg(e.ctx), "t.b"));
+  assert_int_equal(c.calls, 3);
+  for (int i = 0; i < 3; i++) {
+    /* nothing outside the tensor's own bytes */
+    assert_true(all_canary(c.bufs[i], GUARD));
+    assert_true(all_canary(c.bufs[i] + GUARD + c.nbytes[i], GUARD));
+  }
+  for (uint64_t k = 0; k < c.nbytes[0]; k++) assert_int_equal(c.bufs[0][GUARD + k], sl_test_pattern_byte("t.a", k));
+  assert_true(all_canary(c.bufs[2] + GUARD, (size_t)c.nbytes[2]));
+  for (int i = 0; i < 3; i++) free(c.bufs[i]);
+  close_env(&e);
+  free(path);
+}
+
 static void test_non_strict_plan_skips_and_reports(void **state) {
   env e;
   open_env(&e, "cpu");
@@ -444,6 +503,7 @@ int main(void) {
       cmocka_unit_test(test_caller_buffer_wrong_memory_rejected),
       cmocka_unit_test(test_caller_device_buffer_too_small_says_so),
       cmocka_unit_test(test_phase1_failure_leaves_caller_buffers_untouched),
+      cmocka_unit_test(test_data_phase_failure_leaves_later_buffers_untouched),
       cmocka_unit_test(test_non_strict_plan_skips_and_reports),
       cmocka_unit_test(test_sgd_step_through_backend),
       cmocka_unit_test(test_context_errors),

@@ -1,4 +1,4 @@
-/* The placement contract of DESIGN.md, one test per row, plus the option-struct compatibility
+/* The placement contract (docs/DESIGN.md#placement), one test per row, plus the option-struct compatibility
  * rules (NULL and older, smaller structs mean INFER). */
 #include "testutil.h"
 

@@ -106,7 +106,7 @@ static void test_parse_bad(void **state) {
       {"", 1},          {"   ", 1},         {"shard", 1},       {"shard()", 1},   {"shard(x)", 1},
       {"shard(0", 1},   {"shard 0", 1},     {"[R, S(0)", 2},    {"R,", 2},        {",R", 2},
       {"[]", 1},        {"[R,,S(0)]", 2},   {"replicate(0)", 1}, {"sharded(0)", 1}, {"S(0) S(1)", 2},
-      {"R,R,R,R,R", 4}, {"shard(99)", 1},   {"[R, S(0)] x", 2}, {"shard(1.5)", 1}, {"partial", 1},
+      {"R,R,R,R,R", 4}, {"shard(999999999999)", 1},   {"[R, S(0)] x", 2}, {"shard(1.5)", 1}, {"partial", 1},
       {"[R, S(0)]", 1}, /* list of the wrong length */
       {"[shard(0)]", 2}, {"R,R,R", 2},
   };
@@ -311,6 +311,14 @@ static void test_dims_out_of_range(void **state) {
   assert_msg_has(f, "shard(-3)");
   assert_int_equal(sl_plan_add_entry(f->plan, "model.w", "shard(-1)", SL_DTYPE_INVALID), SL_OK);
   assert_string_equal(describe(f, &w), "[shard(1)]");
+  /* a dim past any tensor's rank is still a placement: the tensor it meets says it is out of
+   * range (naming the tensor, the dim and its ndim), not "cannot parse" */
+  sl_mesh_placement pl[SL_MAX_MESH_DIMS];
+  assert_int_equal(sl_placement_parse("shard(99)", 1, pl), SL_OK);
+  assert_int_equal(pl[0].dim, 99);
+  assert_int_equal(sl_plan_add_rule(f->plan, "x", "shard(99)", SL_DTYPE_INVALID), SL_OK);
+  assert_int_equal(sl__plan_resolve(f->plan, &x, &r), SL_ERR_PLAN);
+  assert_msg_has(f, "x: shard(99) from rule 2 ('x') is out of range for a 3-d tensor of shape [2, 3, 4]");
 }
 
 static void test_list_lengths(void **state) {
@@ -357,7 +365,7 @@ static void test_describe_and_geometry(void **state) {
     assert_int_equal(g.replicated, 0);
     assert_int_equal(g.nbytes, (uint64_t)rows[rank] * 6 * 2);
   }
-  /* [shard(0), shard(0)] re-chunks: 10 rows on 2x2 give 3,2,3,2 (DESIGN.md) */
+  /* [shard(0), shard(0)] re-chunks: 10 rows on 2x2 give 3,2,3,2 (docs/DESIGN.md#geometry) */
   assert_int_equal(sl_plan_set_default_placement(f->plan, "shard(0)"), SL_OK);
   static const int64_t rows2[4] = {3, 2, 3, 2}, offs2[4] = {0, 3, 5, 8};
   for (int rank = 0; rank < 4; rank++) {
@@ -633,6 +641,26 @@ static void test_check(void **state) {
   sl_source_destroy(src);
 }
 
+/* The public dry-run check is the load's phase-1 check: the same status and message for a
+ * plan naming a tensor the checkpoint lacks (the dry run used to pass it with "0 tensors"). */
+static void test_public_check_is_the_loads(void **state) {
+  fx *f = *state;
+  sl_source *src = open_source(f);
+  assert_int_equal(sl_plan_check(f->plan, src, 1), SL_OK);
+  assert_int_equal(sl_plan_add_entry(f->plan, "nope", NULL, SL_DTYPE_INVALID), SL_OK);
+  assert_int_equal(sl_plan_check(f->plan, src, 1), SL_ERR_MISSING);
+  char dry[SL__ERRMSG_LEN];
+  snprintf(dry, sizeof dry, "%s", sl_context_errmsg(f->ctx));
+  assert_non_null(strstr(dry, "nope"));
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(f->ctx, f->plan, src, NULL, &st), SL_ERR_MISSING);
+  assert_null(st);
+  assert_string_equal(sl_context_errmsg(f->ctx), dry);
+  assert_int_equal(sl_plan_check(NULL, src, 1), SL_ERR_INVALID);
+  assert_int_equal(sl_plan_check(f->plan, src, 0), SL_ERR_INVALID);
+  sl_source_destroy(src);
+}
+
 /* ---- digests ----------------------------------------------------------------------------- */
 
 typedef void (*mutator)(sl_plan *p);
@@ -736,6 +764,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_json_policies_and_merge, setup, teardown),
       cmocka_unit_test_setup_teardown(test_json_bad, setup, teardown),
       cmocka_unit_test_setup_teardown(test_check, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_public_check_is_the_loads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_digest, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

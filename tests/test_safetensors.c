@@ -11,6 +11,9 @@
 #include "internal.h"
 #include "testutil.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 static char *g_dir;
 static char g_err[1024];
 
@@ -447,6 +450,12 @@ static void parse_buffer(void **state) {
   sl__st_header h;
   assert_int_equal(sl__st_parse(b, len, len, &h, g_err, sizeof g_err), SL_OK);
   assert_int_equal(h.count, 1);
+  /* the checkpoint-identity digest covers the length and the header bytes, not the data */
+  assert_int_equal(h.header_digest, XXH3_64bits(b, 8 + n));
+  sl__st_header_free(&h);
+  b[8 + n] ^= 1;
+  assert_int_equal(sl__st_parse(b, len, len, &h, g_err, sizeof g_err), SL_OK);
+  assert_int_equal(h.header_digest, XXH3_64bits(b, 8 + n));
   sl__st_header_free(&h);
   /* only the header is needed in memory */
   assert_int_equal(sl__st_parse(b, 8 + n, len, &h, g_err, sizeof g_err), SL_OK);

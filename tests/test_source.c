@@ -1,15 +1,25 @@
 /* The checkpoint source: single files, sharded indexes, directories, lookups, positional reads
  * and the manifest that carries the tensor table to other ranks. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "internal.h"
+#include "source_impl.h"
 #include "testutil.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 static sl_context *g_ctx;
 
@@ -479,9 +489,9 @@ static void manifest_round_trip(void **state) {
   bad[8 + 7] = 0x7f; /* tensor count ~ 2^62 */
   assert_int_equal(sl__source_deserialize(g_ctx, bad, len, &copy), SL_ERR_FORMAT);
   assert_msg_has("exceed");
-  /* the first tensor starts at byte 32: u32 name length, name, then the dtype code */
+  /* the first tensor starts at byte 40: u32 name length, name, then the dtype code */
   size_t name_len = strlen(sl_source_tensor_at(src, 0)->name);
-  size_t dt_at = 32 + 4 + name_len;
+  size_t dt_at = 40 + 4 + name_len;
   memcpy(bad, buf, len);
   bad[dt_at] = 99;
   assert_int_equal(sl__source_deserialize(g_ctx, bad, len, &copy), SL_ERR_FORMAT);
@@ -499,7 +509,7 @@ static void manifest_round_trip(void **state) {
   assert_msg_has("file index");
   /* a NUL inside the name */
   memcpy(bad, buf, len);
-  bad[36] = 0;
+  bad[44] = 0;
   assert_int_equal(sl__source_deserialize(g_ctx, bad, len, &copy), SL_ERR_FORMAT);
   free(bad);
 
@@ -545,6 +555,526 @@ static void manifest_empty_source(void **state) {
   free(dir);
 }
 
+/* ---- checkpoint identity ---------------------------------------------------------------- */
+
+/* XXH3-64 of a file's 8-byte header length + header, computed here from the bytes. */
+static uint64_t header_digest_of(const char *path) {
+  uint64_t off = data_offset_of(path);
+  unsigned char *b = malloc(off);
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  assert_int_equal(fread(b, 1, off, f), off);
+  fclose(f);
+  uint64_t d = XXH3_64bits(b, off);
+  free(b);
+  return d;
+}
+
+static uint64_t combine_le(const uint64_t *d, size_t n) {
+  unsigned char *b = malloc(8 * n);
+  for (size_t i = 0; i < n; i++)
+    for (int k = 0; k < 8; k++) b[8 * i + k] = (unsigned char)(d[i] >> (8 * k));
+  uint64_t h = XXH3_64bits(b, 8 * n);
+  free(b);
+  return h;
+}
+
+static void flip_byte(const char *path, uint64_t at) {
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  unsigned char c;
+  assert_int_equal(pread(fd, &c, 1, (off_t)at), 1);
+  c ^= 0x5a;
+  assert_int_equal(pwrite(fd, &c, 1, (off_t)at), 1);
+  close(fd);
+}
+
+static void identity_digest_and_names(void **state) {
+  char *dir = sl_test_dir("source-identity");
+  write_sharded(dir, "model.safetensors.index.json", NULL);
+  sl_source *src = NULL, *copy = NULL;
+  assert_int_equal(sl_source_open(g_ctx, dir, &src), SL_OK);
+  assert_int_equal(sl__source_file_count(src), 2);
+  assert_string_equal(sl__source_file_name(src, 0), "model-00001-of-00002.safetensors");
+  assert_string_equal(sl__source_file_name(src, 1), "model-00002-of-00002.safetensors");
+  assert_null(sl__source_file_name(src, 2));
+  assert_int_equal(sl__source_file_count(NULL), 0);
+  assert_null(sl__source_file_name(NULL, 0));
+  assert_int_equal(sl__source_headers_digest(NULL), 0);
+  /* the documented formula: XXH3-64 over the per-file header digests, little-endian, in order */
+  uint64_t per[2] = {header_digest_of(sl_source_file_at(src, 0)), header_digest_of(sl_source_file_at(src, 1))};
+  uint64_t want = combine_le(per, 2);
+  assert_true(want != 0);
+  assert_int_equal(sl__source_headers_digest(src), want);
+  /* fingerprints: out[0] is the same per-file header digest, and both are deterministic */
+  uint64_t fp[2][2], again[2];
+  for (size_t f = 0; f < 2; f++) {
+    assert_int_equal(sl__source_file_fingerprint(src, f, fp[f]), SL_OK);
+    assert_int_equal(fp[f][0], per[f]);
+    assert_int_equal(sl__source_file_fingerprint(src, f, again), SL_OK);
+    assert_int_equal(again[0], fp[f][0]);
+    assert_int_equal(again[1], fp[f][1]);
+  }
+  assert_int_not_equal(fp[0][1], fp[1][1]);
+  assert_int_equal(sl__source_file_fingerprint(src, 2, again), SL_ERR_INVALID);
+
+  /* a manifest-built source carries rank 0's digest and names; it fingerprints once open */
+  void *buf = NULL;
+  size_t len = 0;
+  assert_int_equal(sl__source_serialize(src, &buf, &len), SL_OK);
+  assert_int_equal(sl__source_deserialize(g_ctx, buf, len, &copy), SL_OK);
+  assert_int_equal(sl__source_headers_digest(copy), want);
+  assert_string_equal(sl__source_file_name(copy, 1), "model-00002-of-00002.safetensors");
+  assert_int_equal(sl__source_file_fingerprint(copy, 0, again), SL_ERR_INVALID);
+  assert_msg_has("not open");
+  assert_int_equal(sl__source_open_files(copy), SL_OK);
+  for (size_t f = 0; f < 2; f++) {
+    assert_int_equal(sl__source_file_fingerprint(copy, f, again), SL_OK);
+    assert_int_equal(again[0], fp[f][0]);
+    assert_int_equal(again[1], fp[f][1]);
+  }
+  /* the digest field is validated: none for files, or one for none */
+  unsigned char *bad = malloc(len);
+  memcpy(bad, buf, len);
+  memset(bad + 32, 0, 8);
+  sl_source *x = NULL;
+  assert_int_equal(sl__source_deserialize(g_ctx, bad, len, &x), SL_ERR_FORMAT);
+  assert_msg_has("digest");
+  free(bad);
+  free(buf);
+  sl_source_destroy(copy);
+  sl_source_destroy(src);
+
+  /* a single file is named by its base name */
+  char *p = sl_test_path(dir, "model-00001-of-00002.safetensors");
+  assert_int_equal(sl_source_open(g_ctx, p, &src), SL_OK);
+  assert_int_equal(sl__source_file_count(src), 1);
+  assert_string_equal(sl__source_file_name(src, 0), "model-00001-of-00002.safetensors");
+  assert_int_equal(sl__source_headers_digest(src), combine_le(per, 1));
+  sl_source_destroy(src);
+  free(p);
+  free(dir);
+}
+
+/* What the data fingerprint samples: the first and last 64 KiB block of the data section and
+ * 16 evenly spaced between (offset i * (D - 64 KiB) / 17), plus the file size; a data section
+ * of at most 18 blocks is hashed whole. */
+static void identity_fingerprint_sampling(void **state) {
+  char *dir = sl_test_dir("source-fingerprint");
+  char *p = sl_test_path(dir, "big.safetensors");
+  enum { D = 4 << 20 };
+  const sl_test_tensor big[] = {{"w", "U8", 1, {D}, NULL}};
+  assert_int_equal(sl_test_write_st(p, big, 1, NULL), 0);
+  uint64_t base = data_offset_of(p);
+  sl_source *src = NULL;
+  assert_int_equal(sl_source_open(g_ctx, p, &src), SL_OK);
+  uint64_t fp0[2], fp[2];
+  assert_int_equal(sl__source_file_fingerprint(src, 0, fp0), SL_OK);
+  const uint64_t span = D - 65536;
+  static const struct {
+    uint64_t at;
+    bool seen;
+  } probes[] = {{0, true}, {65535, true}, {100000, false}, {span / 17, true}, {span / 17 + 70000, false},
+                {9 * span / 17 + 1000, true}, {D - 1, true}, {D - 65537, false}};
+  for (size_t k = 0; k < sizeof probes / sizeof probes[0]; k++) {
+    flip_byte(p, base + probes[k].at);
+    assert_int_equal(sl__source_file_fingerprint(src, 0, fp), SL_OK);
+    assert_int_equal(fp[0], fp0[0]);
+    if (probes[k].seen != (fp[1] != fp0[1])) print_error("data byte %" PRIu64 "\n", probes[k].at);
+    assert_true(probes[k].seen == (fp[1] != fp0[1]));
+    flip_byte(p, base + probes[k].at); /* back */
+  }
+  assert_int_equal(sl__source_file_fingerprint(src, 0, fp), SL_OK);
+  assert_int_equal(fp[1], fp0[1]);
+  /* a header byte changes out[0] */
+  flip_byte(p, 9);
+  assert_int_equal(sl__source_file_fingerprint(src, 0, fp), SL_OK);
+  assert_int_not_equal(fp[0], fp0[0]);
+  flip_byte(p, 9);
+  sl_source_destroy(src);
+
+  /* a small data section is hashed whole: any byte counts */
+  char *q = sl_test_path(dir, "small.safetensors");
+  const sl_test_tensor small[] = {{"w", "U8", 1, {18 * 65536}, NULL}};
+  assert_int_equal(sl_test_write_st(q, small, 1, NULL), 0);
+  assert_int_equal(sl_source_open(g_ctx, q, &src), SL_OK);
+  assert_int_equal(sl__source_file_fingerprint(src, 0, fp0), SL_OK);
+  flip_byte(q, data_offset_of(q) + 100000);
+  assert_int_equal(sl__source_file_fingerprint(src, 0, fp), SL_OK);
+  assert_int_not_equal(fp[1], fp0[1]);
+  sl_source_destroy(src);
+  free(q);
+  free(p);
+  free(dir);
+}
+
+/* ---- confined names, symlinked files ---------------------------------------------------- */
+
+static void index_confinement(void **state) {
+  char *root = sl_test_dir("source-confine");
+  char *dir = sl_test_path(root, "ck");
+  assert_int_equal(mkdir(dir, 0755), 0);
+  write_sharded(dir, "model.safetensors.index.json", NULL);
+  /* a valid file outside the directory, where every escaping name below leads */
+  static const sl_test_tensor outside[] = {{"secret", "U8", 1, {4}, NULL}};
+  char *op = sl_test_path(root, "outside.safetensors");
+  assert_int_equal(sl_test_write_st(op, outside, 1, NULL), 0);
+  char *ix = sl_test_path(dir, "model.safetensors.index.json");
+  char *sub = sl_test_path(dir, "sub");
+  assert_int_equal(mkdir(sub, 0755), 0);
+  static const struct {
+    const char *entry, *problem, *shown; /* shown: the entry as the message quotes it */
+  } bad[] = {
+      {"../outside.safetensors", "'..' component", NULL},
+      {"sub/../../outside.safetensors", "'..' component", NULL},
+      {"ABS", "absolute path", NULL},
+      {"sub//../../outside.safetensors", "empty path component", NULL},
+      {"./model-00001-of-00002.safetensors", "'.' component", NULL},
+      {"sub/", "empty path component", NULL},
+      {"..\\\\outside.safetensors", "backslash", "'..\\outside.safetensors'"},
+      {"..", "'..' component", NULL},
+  };
+  sl_source *src = NULL;
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const char *entry = strcmp(bad[i].entry, "ABS") ? bad[i].entry : op;
+    char json[4096];
+    snprintf(json, sizeof json,
+             "{\"weight_map\":{\"lm_head\":\"model-00002-of-00002.safetensors\",\"step\":\"model-00001-of-00002.safetensors\","
+             "\"model.norm\":\"model-00002-of-00002.safetensors\",\"embed\":\"model-00001-of-00002.safetensors\","
+             "\"layers.0.w\":\"model-00001-of-00002.safetensors\",\"secret\":\"%s\"}}",
+             entry);
+    assert_int_equal(sl_test_write_bytes(ix, json, strlen(json)), 0);
+    sl_status s = sl_source_open(g_ctx, dir, &src);
+    if (s != SL_ERR_FORMAT) print_error("entry '%s' gave %s\n", entry, sl_status_name(s));
+    assert_int_equal(s, SL_ERR_FORMAT);
+    assert_null(src);
+    assert_msg_has(ix);
+    assert_msg_has("'secret'");
+    assert_msg_has(bad[i].problem);
+    assert_msg_has("inside its own directory");
+    char shown[4096];
+    snprintf(shown, sizeof shown, "'%s'", entry);
+    assert_msg_has(bad[i].shown ? bad[i].shown : shown);
+  }
+  /* a subdirectory is inside: allowed */
+  char *inner = sl_test_path(sub, "part.safetensors");
+  assert_int_equal(sl_test_write_st(inner, outside, 1, NULL), 0);
+  const char *ok = "{\"weight_map\":{\"lm_head\":\"model-00002-of-00002.safetensors\",\"step\":\"model-00001-of-00002.safetensors\","
+                   "\"model.norm\":\"model-00002-of-00002.safetensors\",\"embed\":\"model-00001-of-00002.safetensors\","
+                   "\"layers.0.w\":\"model-00001-of-00002.safetensors\",\"secret\":\"sub/part.safetensors\"}}";
+  assert_int_equal(sl_test_write_bytes(ix, ok, strlen(ok)), 0);
+  assert_int_equal(sl_source_open(g_ctx, dir, &src), SL_OK);
+  assert_int_equal(sl_source_tensor_count(src), 6);
+  assert_string_equal(sl__source_file_name(src, 2), "sub/part.safetensors");
+  check_pattern(src);
+  sl_source_destroy(src);
+  /* the rule itself */
+  assert_null(sl__index_entry_problem("a.safetensors", 13));
+  assert_null(sl__index_entry_problem("a/b/c", 5));
+  assert_null(sl__index_entry_problem("..a", 3));
+  assert_null(sl__index_entry_problem("a..", 3));
+  assert_non_null(sl__index_entry_problem("a\0b", 3));
+  assert_non_null(sl__index_entry_problem("", 0));
+  assert_non_null(sl__index_entry_problem("a/.", 3));
+  free(inner);
+  free(sub);
+  free(ix);
+  free(op);
+  free(dir);
+  free(root);
+}
+
+static void symlink_at(const char *target, const char *dir, const char *name) {
+  char *p = sl_test_path(dir, name);
+  assert_int_equal(symlink(target, p), 0);
+  free(p);
+}
+
+/* The Hugging Face cache: snapshots/<rev>/<file> -> ../../blobs/<sha256>, the index too. The
+ * names the index gives are confined; where the directory's own symlinks lead is its owner's
+ * choice (the blobs directory is outside snapshots/<rev>). */
+static void hf_cache_layout(void **state) {
+  char *root = sl_test_dir("source-hf-cache");
+  char *repo = sl_test_path(root, "models--org--name");
+  char *blobs = sl_test_path(repo, "blobs");
+  char *snaps = sl_test_path(repo, "snapshots");
+  char *snap = sl_test_path(snaps, "0123456789abcdef0123456789abcdef01234567");
+  assert_int_equal(mkdir(repo, 0755), 0);
+  assert_int_equal(mkdir(blobs, 0755), 0);
+  assert_int_equal(mkdir(snaps, 0755), 0);
+  assert_int_equal(mkdir(snap, 0755), 0);
+  write_sharded(blobs, "model.safetensors.index.json", NULL);
+  static const char *const names[] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                      "model.safetensors.index.json"};
+  static const char *const shas[] = {"aa11aa11aa11aa11aa11aa11aa11aa11aa11aa11aa11aa11aa11aa11aa11aa11",
+                                     "bb22bb22bb22bb22bb22bb22bb22bb22bb22bb22bb22bb22bb22bb22bb22bb22",
+                                     "cc33cc33cc33cc33cc33cc33cc33cc33cc33cc33cc33cc33cc33cc33cc33cc33"};
+  for (int i = 0; i < 3; i++) {
+    char *from = sl_test_path(blobs, names[i]), *to = sl_test_path(blobs, shas[i]);
+    assert_int_equal(rename(from, to), 0);
+    char target[256];
+    snprintf(target, sizeof target, "../../blobs/%s", shas[i]);
+    symlink_at(target, snap, names[i]);
+    free(from);
+    free(to);
+  }
+  sl_source *src = NULL;
+  /* through the snapshot directory and through the (symlinked) index */
+  char *ix = sl_test_path(snap, "model.safetensors.index.json");
+  const char *paths[] = {snap, ix};
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(sl_source_open(g_ctx, paths[k], &src), SL_OK);
+    check_sharded(src, snap); /* file paths are the snapshot names, not the blobs */
+    check_pattern(src);
+    assert_string_equal(sl__source_file_name(src, 0), names[0]);
+    uint64_t fp[2];
+    assert_int_equal(sl__source_file_fingerprint(src, 1, fp), SL_OK);
+    sl_source_destroy(src);
+  }
+  free(ix);
+  free(snap);
+  free(snaps);
+  free(blobs);
+  free(repo);
+  free(root);
+}
+
+/* ---- non-regular files ------------------------------------------------------------------ */
+
+/* Runs sl_source_open(PATH) in a child that SIGALRM ends after 10 s, so a hang is a failure
+ * and not a stuck test. Returns the status, or -1 when the child hung or crashed; the child's
+ * message is copied to msg. */
+static int open_in_child(const char *path, char *msg, size_t msglen) {
+  int pipefd[2];
+  assert_int_equal(pipe(pipefd), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(pipefd[0]);
+    alarm(10);
+    sl_source *src = NULL;
+    sl_status s = sl_source_open(g_ctx, path, &src);
+    const char *m = sl_context_errmsg(g_ctx);
+    if (write(pipefd[1], m, strlen(m)) < 0) _exit(99);
+    sl_source_destroy(src);
+    _exit((int)s);
+  }
+  close(pipefd[1]);
+  ssize_t n = read(pipefd[0], msg, msglen - 1);
+  msg[n > 0 ? n : 0] = 0;
+  close(pipefd[0]);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  if (!WIFEXITED(status)) {
+    print_error("opening %s did not finish (signal %d): it hung\n", path, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    return -1;
+  }
+  return WEXITSTATUS(status);
+}
+
+static void expect_refused(const char *path, const char *named, const char *kind) {
+  char msg[SL__ERRMSG_LEN];
+  int s = open_in_child(path, msg, sizeof msg);
+  if (s != SL_ERR_INVALID) print_error("%s: status %d, message '%s'\n", path, s, msg);
+  assert_int_equal(s, SL_ERR_INVALID);
+  if (!strstr(msg, named) || !strstr(msg, kind)) print_error("message '%s' lacks '%s' or '%s'\n", msg, named, kind);
+  assert_non_null(strstr(msg, named));
+  assert_non_null(strstr(msg, kind));
+  assert_non_null(strstr(msg, "not a regular file"));
+}
+
+static void non_regular_files(void **state) {
+  char *dir = sl_test_dir("source-nonregular");
+  /* the checkpoint itself a FIFO */
+  char *fifo = sl_test_path(dir, "pipe.safetensors");
+  assert_int_equal(mkfifo(fifo, 0644), 0);
+  expect_refused(fifo, fifo, "FIFO");
+  expect_refused("/dev/null", "/dev/null", "character device");
+  /* a shard that is a FIFO, a directory or a socket */
+  char *ck = sl_test_path(dir, "ck");
+  assert_int_equal(mkdir(ck, 0755), 0);
+  write_sharded(ck, "model.safetensors.index.json", NULL);
+  char *shard = sl_test_path(ck, "model-00002-of-00002.safetensors");
+  char *ix = sl_test_path(ck, "model.safetensors.index.json");
+  assert_int_equal(unlink(shard), 0);
+  assert_int_equal(mkfifo(shard, 0644), 0);
+  expect_refused(ck, shard, "FIFO");
+  expect_refused(ix, shard, "FIFO");
+  assert_int_equal(unlink(shard), 0);
+  assert_int_equal(mkdir(shard, 0755), 0);
+  expect_refused(ck, shard, "directory");
+  assert_int_equal(rmdir(shard), 0);
+  int sock = socket(AF_UNIX, SOCK_STREAM, 0);
+  assert_true(sock >= 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (strlen(shard) < sizeof sa.sun_path) { /* a deep scratch directory may not fit */
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", shard);
+    assert_int_equal(bind(sock, (struct sockaddr *)&sa, sizeof sa), 0);
+    expect_refused(ck, shard, "socket");
+    assert_int_equal(unlink(shard), 0);
+  }
+  close(sock);
+  /* the index a FIFO, found through the directory */
+  static const sl_test_tensor s2[] = {{"model.norm", "F32", 1, {4}, NULL}, {"lm_head", "F16", 2, {2, 4}, NULL}};
+  assert_int_equal(sl_test_write_st(shard, s2, 2, "{\"format\":\"pt\"}"), 0);
+  sl_source *src = NULL;
+  assert_int_equal(sl_source_open(g_ctx, ck, &src), SL_OK);
+  void *buf = NULL;
+  size_t len = 0;
+  assert_int_equal(sl__source_serialize(src, &buf, &len), SL_OK);
+  sl_source_destroy(src);
+  assert_int_equal(unlink(ix), 0);
+  assert_int_equal(mkfifo(ix, 0644), 0);
+  expect_refused(ck, ix, "FIFO");
+  /* every-rank mode: another rank finds a FIFO where rank 0 read a file; in a child too */
+  assert_int_equal(unlink(shard), 0);
+  assert_int_equal(mkfifo(shard, 0644), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    alarm(10);
+    sl_source *copy = NULL;
+    if (sl__source_deserialize(g_ctx, buf, len, &copy) != SL_OK) _exit(98);
+    sl_status s = sl__source_open_files(copy);
+    bool named = strstr(sl_context_errmsg(g_ctx), shard) && strstr(sl_context_errmsg(g_ctx), "FIFO");
+    sl_source_destroy(copy);
+    _exit(s == SL_ERR_INVALID && named ? 0 : 1);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  free(buf);
+  free(ix);
+  free(shard);
+  free(ck);
+  free(fifo);
+  free(dir);
+}
+
+/* ---- a bounded number of open files ---------------------------------------------------- */
+
+static int count_open_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1; /* the directory's own descriptor */
+}
+
+/* Loading a checkpoint of 1500 shards reads every tensor under RLIMIT_NOFILE 256 (in a child:
+ * the limit must not stay on the test process). */
+static void many_shards_low_fd_limit(void **state) {
+  enum { FILES = 1500 };
+  char *dir = sl_test_dir("source-many-shards");
+  size_t cap = 64 + (size_t)FILES * 64, len = 0;
+  char *json = malloc(cap);
+  len += (size_t)snprintf(json + len, cap - len, "{\"weight_map\":{");
+  for (int i = 0; i < FILES; i++) {
+    char name[64], tname[32];
+    snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", i + 1, FILES);
+    snprintf(tname, sizeof tname, "t%d", i);
+    const sl_test_tensor t[] = {{tname, "U8", 1, {(int64_t)(1 + i % 7)}, NULL}};
+    char *p = sl_test_path(dir, name);
+    assert_int_equal(sl_test_write_st(p, t, 1, NULL), 0);
+    free(p);
+    len += (size_t)snprintf(json + len, cap - len, "%s\"%s\":\"%s\"", i ? "," : "", tname, name);
+  }
+  len += (size_t)snprintf(json + len, cap - len, "}}");
+  char *ix = sl_test_path(dir, "model.safetensors.index.json");
+  assert_int_equal(sl_test_write_bytes(ix, json, len), 0);
+  free(json);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    alarm(60);
+    struct rlimit rl = {256, 256};
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(97);
+    int base = count_open_fds();
+    sl_source *src = NULL;
+    if (sl_source_open(g_ctx, dir, &src) != SL_OK) {
+      fprintf(stderr, "open: %s\n", sl_context_errmsg(g_ctx));
+      _exit(1);
+    }
+    if (sl_source_tensor_count(src) != FILES) _exit(2);
+    /* twice, and backwards: every file is closed and reopened on demand */
+    for (int pass = 0; pass < 2; pass++) {
+      for (size_t k = 0; k < FILES; k++) {
+        size_t i = pass ? FILES - 1 - k : k;
+        const sl_source_tensor *t = sl_source_tensor_at(src, i);
+        unsigned char b[8];
+        if (sl__source_pread(src, i, 0, b, t->nbytes) != SL_OK) {
+          fprintf(stderr, "read %s: %s\n", t->name, sl_context_errmsg(g_ctx));
+          _exit(3);
+        }
+        for (uint64_t j = 0; j < t->nbytes; j++)
+          if (b[j] != sl_test_pattern_byte(t->name, j)) _exit(4);
+        if (count_open_fds() > base + 64) _exit(5);
+      }
+    }
+    uint64_t fp[2];
+    for (size_t f = 0; f < FILES; f++)
+      if (sl__source_file_fingerprint(src, f, fp) != SL_OK) _exit(6);
+    sl_source_destroy(src);
+    _exit(count_open_fds() == base ? 0 : 7);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  if (!WIFEXITED(status) || WEXITSTATUS(status))
+    print_error("child: %s %d\n", WIFEXITED(status) ? "exit" : "signal",
+                WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  free(ix);
+  free(dir);
+}
+
+/* A file closed to respect the bound is reopened only if it is still the file first opened. */
+static void reopen_checks_identity(void **state) {
+  char *dir = sl_test_dir("source-reopen");
+  write_sharded(dir, "model.safetensors.index.json", NULL);
+  sl_source *src = NULL;
+  assert_int_equal(sl_source_open(g_ctx, dir, &src), SL_OK);
+  sl__source_set_max_open(src, 1);
+  check_pattern(src); /* alternates files through one descriptor */
+  assert_int_equal(src->open_count, 1);
+  char *p1 = sl__strdup(sl_source_file_at(src, 0));
+  /* same bytes, but a new file put in its place */
+  char *tmp = sl_test_path(dir, "replacement");
+  char *cmd = NULL;
+  assert_true(asprintf(&cmd, "cp '%s' '%s'", p1, tmp) > 0);
+  assert_int_equal(system(cmd), 0);
+  free(cmd);
+  assert_int_equal(rename(tmp, p1), 0);
+  unsigned char b[8];
+  assert_int_equal(sl__source_pread(src, 3, 0, b, 8), SL_OK); /* file 1 open: file 0 closed */
+  assert_int_equal(sl__source_pread(src, 0, 0, b, 8), SL_ERR_IO);
+  assert_msg_has(p1);
+  assert_msg_has("changed");
+  uint64_t fp[2];
+  assert_int_equal(sl__source_file_fingerprint(src, 0, fp), SL_ERR_IO);
+  assert_msg_has(p1);
+  sl_source_destroy(src);
+  /* the same inode grown in place */
+  assert_int_equal(sl_source_open(g_ctx, dir, &src), SL_OK);
+  sl__source_set_max_open(src, 1);
+  assert_int_equal(sl__source_pread(src, 3, 0, b, 8), SL_OK);
+  FILE *f = fopen(p1, "ab");
+  assert_non_null(f);
+  fputc(0, f);
+  fclose(f);
+  assert_int_equal(sl__source_pread(src, 0, 0, b, 8), SL_ERR_IO);
+  assert_msg_has("changed");
+  assert_msg_has(p1);
+  sl_source_destroy(src);
+  free(p1);
+  free(tmp);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(single_file),       cmocka_unit_test(pread_bounds_and_truncation),
@@ -552,6 +1082,13 @@ int main(void) {
       cmocka_unit_test(index_errors),      cmocka_unit_test(index_parse_direct),
       cmocka_unit_test(find),              cmocka_unit_test(manifest_round_trip),
       cmocka_unit_test(manifest_empty_source),
+      cmocka_unit_test(identity_digest_and_names),
+      cmocka_unit_test(identity_fingerprint_sampling),
+      cmocka_unit_test(index_confinement),
+      cmocka_unit_test(hf_cache_layout),
+      cmocka_unit_test(non_regular_files),
+      cmocka_unit_test(many_shards_low_fd_limit),
+      cmocka_unit_test(reopen_checks_identity),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,10 +1,13 @@
 #define _GNU_SOURCE
 #include "testutil.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -206,4 +209,20 @@ char *sl_test_rendezvous(const char *sub) {
   if (asprintf(&url, "file://%s", d) < 0) url = NULL;
   free(d);
   return url;
+}
+
+int sl_test_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+int sl_test_all_bytes(const unsigned char *p, size_t n, unsigned char v) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != v) return 0;
+  return 1;
 }

@@ -49,6 +49,10 @@ const char *sl_test_bin(void);
 int sl_test_spawn(int world, int (*fn)(int rank, int world, void *arg), void *arg, int deadline_ms, int *codes);
 /* A fresh file:// rendezvous URL in a new directory under the test's scratch directory. */
 char *sl_test_rendezvous(const char *sub);
+/* A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick). */
+int sl_test_free_port(void);
+/* Whether all N bytes at P equal V. */
+int sl_test_all_bytes(const unsigned char *p, size_t n, unsigned char v);
 /* Child-side check that records the first failure in a buffer and makes the child fail;
  * cmocka's asserts do not work across fork. */
 #define SL_CHILD_CHECK(cond, ...)                                                        \

@@ -13,8 +13,9 @@
 /* Exit statuses of every subcommand. */
 enum { CLI_EXIT_OK = 0, CLI_EXIT_ERROR = 1, CLI_EXIT_USAGE = 2 };
 
-/* The one error line: "shardload: SUBJECT: STATUS_NAME: message". Newlines in the message are
- * folded into spaces so an error is always exactly one line. */
+/* The one error line: "shardload: SUBJECT: STATUS_NAME: message". Control characters in the
+ * subject and the message (a newline in a path or a tensor name) are escaped (\n, \r, \t,
+ * \xNN), so an error is always exactly one line. */
 void cli_error(const char *subject, sl_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A tag put in front of the message part of every error line of this process, e.g.
@@ -52,6 +53,16 @@ sl_dtype cli_parse_dtype(const char *option, const char *name);
 const char *cli_dims_str(char *buf, size_t len, int ndim, const int64_t *dims);
 /* "1.50 GiB" style. */
 const char *cli_human_bytes(char *buf, size_t len, uint64_t bytes);
+/* S with control characters escaped as in the error line (malloc'd; NULL when out of memory):
+ * for names from a checkpoint printed in tables. */
+char *cli_escape_dup(const char *s);
+/* The length of S escaped, and S escaped, left-aligned in WIDTH columns, written to OUT. */
+size_t cli_escaped_len(const char *s);
+void cli_fput_escaped(FILE *out, const char *s, int width);
+/* Sets OBJ[KEY] to PATH. A path that is not valid UTF-8 (JSON strings must be) is kept, not
+ * dropped: OBJ[KEY] holds it with each invalid byte as U+FFFD and OBJ[KEY "_bytes_hex"] its
+ * exact bytes as lower-case hex. */
+void cli_json_set_path(json_t *obj, const char *key, const char *path);
 /* A JSON array of dims. */
 json_t *cli_json_dims(int ndim, const int64_t *dims);
 /* Adds one tensor entry {dtype, shape, data_offsets [off, off+nbytes]} to a safetensors header. */
@@ -140,6 +151,14 @@ typedef struct cli_load_args {
 int cli_load_rank(const cli_load_args *args, FILE *out);
 /* Peak resident set of this process so far (getrusage ru_maxrss), in bytes. */
 uint64_t cli_peak_rss_bytes(void);
+
+/* ---- --dump (dump.c) ------------------------------------------------------------------ */
+/* Writes DIR/rank-<RANK>.safetensors (its name into PATH) through a temporary file of DIR
+ * renamed into place, never following a symlink at the destination and leaving no file behind
+ * on failure. On failure prints the error line and leaves "SUBJECT: message" as CTX's message
+ * (for sl_context_agree); returns the status. */
+sl_status cli_dump_rank(sl_context *ctx, const sl_state *st, const char *dir, int rank, int world, char *path,
+                        size_t path_len);
 
 /* ---- load --nproc: N local ranks (launch.c) ----------------------------------------- */
 /* Forks ARGS->nproc ranks that meet through a private file:// rendezvous and Gloo over

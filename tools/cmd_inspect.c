@@ -13,10 +13,14 @@ static const char HELP[] =
     "\n"
     "List every tensor of a checkpoint with its dtype, shape, bytes and file, the metadata,\n"
     "and the totals. PATH is a .safetensors file, a model.safetensors.index.json, or a\n"
-    "directory holding one. Every header is validated.\n"
+    "directory holding one. Every header is validated. Control characters in names,\n"
+    "metadata and paths are printed escaped (\\n, \\t, \\xNN).\n"
     "\n"
     "options:\n"
-    "  --json       one JSON object on stdout instead of the table\n"
+    "  --json       one JSON object on stdout instead of the table; a path that is not\n"
+    "               UTF-8 is kept: \"path\" (or a tensor's \"file\") has each invalid byte\n"
+    "               as U+FFFD and \"path_bytes_hex\" (\"file_bytes_hex\") the exact bytes\n"
+
     "  -h, --help   show this help\n";
 
 static const char *base_name(const char *path) {
@@ -26,7 +30,7 @@ static const char *base_name(const char *path) {
 
 static int print_json(const char *path, const sl_source *src) {
   json_t *root = json_object();
-  json_object_set_new(root, "path", json_string(path));
+  cli_json_set_path(root, "path", path);
 
   json_t *files = json_array();
   for (size_t i = 0; i < sl_source_file_count(src); i++)
@@ -50,7 +54,7 @@ static int print_json(const char *path, const sl_source *src) {
     json_object_set_new(o, "dtype", json_string(sl_dtype_name(t->dtype)));
     json_object_set_new(o, "shape", cli_json_dims(t->ndim, t->shape));
     json_object_set_new(o, "bytes", json_integer((json_int_t)t->nbytes));
-    json_object_set_new(o, "file", json_string(t->file));
+    cli_json_set_path(o, "file", t->file);
     json_object_set_new(o, "offset", json_integer((json_int_t)t->file_offset));
     json_array_append_new(tensors, o);
   }
@@ -64,12 +68,20 @@ static int print_json(const char *path, const sl_source *src) {
   return rc;
 }
 
-static void print_table(const char *path, const sl_source *src) {
+/* Names, metadata and file names come from the checkpoint: printed with control characters
+ * escaped (cli_escape_dup), so a name cannot fake rows or drive the terminal. */
+static int print_table(const char *path, const sl_source *src) {
   size_t n = sl_source_tensor_count(src), nfiles = sl_source_file_count(src);
   char hb[32], dims[160];
   uint64_t total = sl_source_total_bytes(src);
+  char **names = calloc(n ? n : 1, sizeof *names);
+  char *esc_path = cli_escape_dup(path);
+  int rc = -1;
+  if (!names || !esc_path) goto out;
+  for (size_t i = 0; i < n; i++)
+    if (!(names[i] = cli_escape_dup(sl_source_tensor_at(src, i)->name))) goto out;
 
-  printf("%s: %zu tensors, %llu bytes (%s) in %zu file%s\n", path, n, (unsigned long long)total,
+  printf("%s: %zu tensors, %llu bytes (%s) in %zu file%s\n", esc_path, n, (unsigned long long)total,
          cli_human_bytes(hb, sizeof hb, total), nfiles, nfiles == 1 ? "" : "s");
 
   size_t nmeta = sl_source_metadata_count(src);
@@ -77,7 +89,11 @@ static void print_table(const char *path, const sl_source *src) {
     printf("metadata:\n");
     for (size_t i = 0; i < nmeta; i++) {
       const char *k = NULL, *v = NULL;
-      if (sl_source_metadata_at(src, i, &k, &v) == SL_OK && k) printf("  %s: %s\n", k, v ? v : "");
+      if (sl_source_metadata_at(src, i, &k, &v) != SL_OK || !k) continue;
+      char *ek = cli_escape_dup(k), *ev = cli_escape_dup(v ? v : "");
+      if (ek && ev) printf("  %s: %s\n", ek, ev);
+      free(ek);
+      free(ev);
     }
   }
 
@@ -85,7 +101,7 @@ static void print_table(const char *path, const sl_source *src) {
   int wname = 4, wshape = 5;
   for (size_t i = 0; i < n; i++) {
     const sl_source_tensor *t = sl_source_tensor_at(src, i);
-    int l = (int)strlen(t->name);
+    int l = (int)strlen(names[i]);
     if (l > wname) wname = l;
     l = (int)strlen(cli_dims_str(dims, sizeof dims, t->ndim, t->shape));
     if (l > wshape) wshape = l;
@@ -93,10 +109,18 @@ static void print_table(const char *path, const sl_source *src) {
   printf("%-*s  %-7s  %-*s  %14s  %s\n", wname, "NAME", "DTYPE", wshape, "SHAPE", "BYTES", "FILE");
   for (size_t i = 0; i < n; i++) {
     const sl_source_tensor *t = sl_source_tensor_at(src, i);
-    printf("%-*s  %-7s  %-*s  %14llu  %s\n", wname, t->name, sl_dtype_name(t->dtype), wshape,
+    char *file = cli_escape_dup(base_name(t->file));
+    printf("%-*s  %-7s  %-*s  %14llu  %s\n", wname, names[i], sl_dtype_name(t->dtype), wshape,
            cli_dims_str(dims, sizeof dims, t->ndim, t->shape), (unsigned long long)t->nbytes,
-           base_name(t->file));
+           file ? file : "?");
+    free(file);
   }
+  rc = 0;
+out:
+  for (size_t i = 0; names && i < n; i++) free(names[i]);
+  free(names);
+  free(esc_path);
+  return rc;
 }
 
 int cli_cmd_inspect(int argc, char **argv) {
@@ -133,8 +157,9 @@ int cli_cmd_inspect(int argc, char **argv) {
       cli_error(path, SL_ERR_IO, "cannot write the JSON report to stdout; check the output stream");
       rc = CLI_EXIT_ERROR;
     }
-  } else {
-    print_table(path, src);
+  } else if (print_table(path, src) != 0) {
+    cli_error(path, SL_ERR_NOMEM, "out of memory listing %zu tensors", sl_source_tensor_count(src));
+    rc = CLI_EXIT_ERROR;
   }
   sl_source_destroy(src);
 out_ctx:

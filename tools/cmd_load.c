@@ -12,8 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
+
+/* header-only: the command links only the public library, which does not export xxhash */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "cli.h"
 
@@ -53,20 +56,29 @@ static const char HELP[] =
     "  --source S              rank0 (only rank 0 reads the checkpoint; default) or every-rank\n"
     "                          (each rank reads its own byte ranges; nothing is sent)\n"
     "  --timeout SECONDS       rendezvous and collective timeout (default 300)\n"
-    "  --dump DIR              write this rank's shards to DIR/rank-<r>.safetensors\n"
-    "  --json                  one JSON object on stdout instead of the table\n"
+    "  --dump DIR              write this rank's shards to DIR/rank-<r>.safetensors (through a\n"
+    "                          temporary file in DIR renamed into place; when one rank's dump\n"
+    "                          fails, every rank fails)\n"
+    "  --json                  one JSON object on stdout instead of the table; a path that is\n"
+    "                          not UTF-8 is kept: \"path\" has each invalid byte as U+FFFD and\n"
+    "                          \"path_bytes_hex\" the exact bytes in hex\n"
     "  --nproc N               start N local ranks and load on all of them\n"
     "  --rank R --world-size N this process is rank R of N (instead of the launcher\n"
     "                          environment); --local-rank L picks the device (default R)\n"
-    "  --rendezvous URL        file://DIR (shared filesystem) or tcp://HOST:PORT (rank 0\n"
-    "                          serves); default: SHARDLOAD_RENDEZVOUS or MASTER_ADDR/PORT\n"
+    "  --rendezvous URL        file://DIR (shared filesystem), tcp://HOST:PORT (rank 0\n"
+    "                          serves), or c10d://HOST:PORT (an existing torch c10d TCPStore,\n"
+    "                          e.g. torchrun's agent store); default: SHARDLOAD_RENDEZVOUS, or\n"
+    "                          MASTER_ADDR/PORT (c10d:// under torchrun's agent store)\n"
+    "                          (secret: SHARDLOAD_TOKEN or SHARDLOAD_TOKEN_FILE, same on\n"
+    "                          every rank; required for tcp:// off loopback)\n"
+    "  --insecure-rendezvous   allow a tcp:// rendezvous on a non-loopback address without the\n"
+    "                          job's secret (sets SHARDLOAD_INSECURE_RENDEZVOUS=1): anyone who\n"
+    "                          can reach the port can join. Otherwise every rank needs the\n"
+    "                          secret in SHARDLOAD_TOKEN; --nproc draws a fresh random one per\n"
+    "                          job and hands it to its ranks\n"
     "  -v, --verbose           with --nproc: print the ranks' pids (stderr) and every rank's\n"
     "                          per-tensor table\n"
     "  -h, --help              show this help\n";
-
-/* Bytes copied back from the backend at a time while dumping: bounded so a dump never holds
- * a second copy of the rank's state. */
-#define DUMP_CHUNK (16u << 20)
 
 /* ---- progress line --------------------------------------------------------------------- */
 
@@ -95,121 +107,6 @@ static void progress_clear(progress_line *p) {
   fputs("\r\033[K", stderr);
   fflush(stderr);
   p->drawn = 0;
-}
-
-/* ---- dump: the rank's shards as safetensors -------------------------------------------- */
-
-static int make_dirs(const char *dir) {
-  char *p = strdup(dir);
-  if (!p) return -1;
-  for (char *c = p + 1; *c; c++) {
-    if (*c != '/') continue;
-    *c = 0;
-    if (mkdir(p, 0777) != 0 && errno != EEXIST) goto out_fail;
-    *c = '/';
-  }
-  if (mkdir(p, 0777) != 0 && errno != EEXIST) goto out_fail;
-  free(p);
-  return 0;
-out_fail:
-  free(p);
-  return -1;
-}
-
-/* The safetensors header of the dump: tensors in state order with contiguous offsets, and the
- * global geometry in __metadata__ (whose values must be strings). */
-static json_t *dump_header(const sl_state *st, int rank, int world) {
-  json_t *hdr = json_object(), *meta = json_object();
-  char key[1024], val[256];
-  size_t n = sl_state_count(st);
-  json_object_set_new(hdr, "__metadata__", meta);
-  for (size_t i = 0; i < n; i++) {
-    const sl_tensor *t = sl_state_tensor(st, i);
-    snprintf(key, sizeof key, "%s.global_shape", t->name);
-    json_object_set_new(meta, key, json_string(cli_dims_str(val, sizeof val, t->ndim, t->global_shape)));
-    snprintf(key, sizeof key, "%s.global_offset", t->name);
-    json_object_set_new(meta, key, json_string(cli_dims_str(val, sizeof val, t->ndim, t->global_offset)));
-  }
-  snprintf(val, sizeof val, "%d", rank);
-  json_object_set_new(meta, "rank", json_string(val));
-  snprintf(val, sizeof val, "%d", world);
-  json_object_set_new(meta, "world_size", json_string(val));
-
-  uint64_t off = 0;
-  for (size_t i = 0; i < n; i++) {
-    const sl_tensor *t = sl_state_tensor(st, i);
-    cli_st_header_add(hdr, t->name, sl_dtype_name(t->dtype), t->ndim, t->local_shape, off, t->nbytes);
-    off += t->nbytes;
-  }
-  return hdr;
-}
-
-/* Writes DIR/rank-<r>.safetensors. Device memory is read back only through the backend, one
- * bounded chunk at a time. Prints the error line itself. */
-static int dump_rank(sl_context *ctx, const sl_state *st, const char *dir, int rank, int world,
-                     char *path, size_t path_len) {
-  int rc = CLI_EXIT_ERROR;
-  snprintf(path, path_len, "%s/rank-%d.safetensors", dir, rank);
-  if (make_dirs(dir) != 0) {
-    cli_error(dir, SL_ERR_IO, "cannot create the dump directory: %s; give a writable --dump DIR",
-              strerror(errno));
-    return CLI_EXIT_ERROR;
-  }
-  json_t *hdr = dump_header(st, rank, world);
-  char *text = hdr ? json_dumps(hdr, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-  json_decref(hdr);
-  if (!text) {
-    cli_error(path, SL_ERR_NOMEM, "cannot build the dump header");
-    return CLI_EXIT_ERROR;
-  }
-  size_t hlen = strlen(text);
-  size_t padded = (hlen + 7) & ~(size_t)7; /* the data section starts 8-byte aligned */
-  char *buf = NULL;
-  FILE *f = fopen(path, "wb");
-  if (!f) {
-    cli_error(path, SL_ERR_IO, "cannot create the dump file: %s; give a writable --dump DIR",
-              strerror(errno));
-    goto out_text;
-  }
-  unsigned char le[8];
-  for (int i = 0; i < 8; i++) le[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-  int ok = fwrite(le, 1, 8, f) == 8 && fwrite(text, 1, hlen, f) == hlen;
-  for (size_t i = hlen; ok && i < padded; i++) ok = fputc(' ', f) != EOF;
-
-  buf = malloc(DUMP_CHUNK);
-  if (!buf) {
-    cli_error(path, SL_ERR_NOMEM, "cannot allocate the %u-byte dump buffer", DUMP_CHUNK);
-    goto out_file;
-  }
-  for (size_t i = 0; ok && i < sl_state_count(st); i++) {
-    const sl_tensor *t = sl_state_tensor(st, i);
-    for (uint64_t done = 0; ok && done < t->nbytes;) {
-      size_t n = t->nbytes - done < DUMP_CHUNK ? (size_t)(t->nbytes - done) : DUMP_CHUNK;
-      sl_status s = sl_copy_to_host(ctx, buf, (const char *)t->data + done, t->device, n);
-      if (s != SL_OK) {
-        cli_fail(t->name, s, ctx);
-        goto out_file;
-      }
-      ok = fwrite(buf, 1, n, f) == n;
-      done += n;
-    }
-  }
-  if (!ok) {
-    cli_error(path, SL_ERR_IO, "cannot write the dump: %s; check the space in the --dump DIR",
-              strerror(errno));
-    goto out_file;
-  }
-  rc = CLI_EXIT_OK;
-out_file:
-  if (fclose(f) != 0 && rc == CLI_EXIT_OK) {
-    cli_error(path, SL_ERR_IO, "cannot write the dump: %s; check the space in the --dump DIR",
-              strerror(errno));
-    rc = CLI_EXIT_ERROR;
-  }
-  free(buf);
-out_text:
-  free(text);
-  return rc;
 }
 
 /* ---- the report ------------------------------------------------------------------------- */
@@ -244,7 +141,7 @@ static int report_json(FILE *out, const sl_context *ctx, const cli_load_args *a,
   json_t *root = json_object();
   json_object_set_new(root, "rank", json_integer(sl_context_rank(ctx)));
   json_object_set_new(root, "world_size", json_integer(sl_context_world_size(ctx)));
-  json_object_set_new(root, "path", json_string(a->path));
+  cli_json_set_path(root, "path", a->path);
   json_object_set_new(root, "backend", json_string(sl_context_backend_name(ctx)));
   json_object_set_new(root, "collective", json_string(sl_context_collective_name(ctx)));
   json_object_set_new(root, "device", json_string(sl_context_device_description(ctx)));
@@ -312,7 +209,7 @@ static void report_table(FILE *out, const sl_context *ctx, const sl_state *st, c
   int wname = 4, wdt = 5, wls = 11, wgo = 13, wdev = 6, wrule = 4;
   for (size_t i = 0; i < n; i++) {
     const sl_tensor *t = sl_state_tensor(st, i);
-    int l = (int)strlen(t->name);
+    int l = (int)cli_escaped_len(t->name);
     if (l > wname) wname = l;
     l = t->dtype == t->file_dtype
             ? snprintf(dt, sizeof dt, "%s", sl_dtype_name(t->dtype))
@@ -339,7 +236,8 @@ static void report_table(FILE *out, const sl_context *ctx, const sl_state *st, c
       snprintf(dt, sizeof dt, "%s", sl_dtype_name(t->dtype));
     else
       snprintf(dt, sizeof dt, "%s->%s", sl_dtype_name(t->file_dtype), sl_dtype_name(t->dtype));
-    fprintf(out, "%-*s  %-*s  %-*s  %-*s  %-9s  %-*s  %-*s  %-6s  %12llu\n", wname, t->name, wdt, dt,
+    cli_fput_escaped(out, t->name, wname); /* names come from the checkpoint */
+    fprintf(out, "  %-*s  %-*s  %-*s  %-9s  %-*s  %-*s  %-6s  %12llu\n", wdt, dt,
             wls, cli_dims_str(a, sizeof a, t->ndim, t->local_shape), wgo,
             cli_dims_str(b, sizeof b, t->ndim, t->global_offset), sl_device_kind_name(t->device), wdev,
             where_desc(ctx, t), wrule, sl_placement_rule_describe(t->rule), t->pinned ? "yes" : "no",
@@ -353,7 +251,10 @@ static void report_table(FILE *out, const sl_context *ctx, const sl_state *st, c
   /* One line: a plan that names few tensors can skip thousands; --json lists them all. */
   if (nskip) {
     fprintf(out, "skipped:");
-    for (size_t i = 0; i < nskip && i < 8; i++) fprintf(out, "%s %s", i ? "," : "", sl_state_skipped_at(st, i));
+    for (size_t i = 0; i < nskip && i < 8; i++) {
+      fputs(i ? ", " : " ", out);
+      cli_fput_escaped(out, sl_state_skipped_at(st, i), 0);
+    }
     if (nskip > 8) fprintf(out, ", ... (%zu more; --json lists them all)", nskip - 8);
     fputc('\n', out);
   }
@@ -403,6 +304,68 @@ static void *test_hook_bind(void *user, const sl_tensor *t) {
   return NULL;
 }
 
+/* SHARDLOAD_TEST_REPORT_ENV=1 makes a rank of `load --nproc` say on stderr what it received
+ * from the launcher: the length of SHARDLOAD_TOKEN, whether it is hex, and a digest of it (so
+ * the tests can tell that every rank of a job holds the same secret and that jobs differ,
+ * without the secret itself being printed), and SHARDLOAD_INSECURE_RENDEZVOUS. */
+static void test_hook_report_env(int rank) {
+  const char *v = getenv("SHARDLOAD_TEST_REPORT_ENV");
+  if (!v || strcmp(v, "1") != 0) return;
+  const char *tok = getenv("SHARDLOAD_TOKEN"), *insecure = getenv("SHARDLOAD_INSECURE_RENDEZVOUS");
+  size_t n = tok ? strlen(tok) : 0;
+  int hex = n && strspn(tok, "0123456789abcdef") == n;
+  fprintf(stderr, "test-hook: rank %d: SHARDLOAD_TOKEN %zu %s digits, digest %016llx; "
+          "SHARDLOAD_INSECURE_RENDEZVOUS=%s\n", rank, n, hex ? "hex" : "non-hex",
+          (unsigned long long)(tok ? XXH3_64bits(tok, n) : 0), insecure ? insecure : "(unset)");
+}
+
+/* ---- job key --------------------------------------------------------------------------------- */
+
+static void key_str(FILE *f, const char *field, const char *value) {
+  if (value) fprintf(f, "; %s '%s'", field, value);
+  else fprintf(f, "; %s -", field);
+}
+
+/* The job key (sl_context_options.job_key): what every rank of one job is given alike — the
+ * world size as given, the checkpoint path as given, the plan arguments and the load options —
+ * so that unrelated jobs sharing a rendezvous use different key namespaces. What may differ
+ * between the ranks of one job (backend, local rank, timeout, dump, output) stays out. Written
+ * as readable "; "-separated fields: the library hashes it into the key prefix, and a rank that
+ * meets a peer under another key names the first field that differs. Returns a malloc'd
+ * string, or NULL when out of memory. */
+static char *job_key(const cli_load_args *a) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return NULL;
+  static const char *const offload[] = {"infer", "on", "off"};
+  static const char *const strategy[] = {"scatter", "broadcast"};
+  static const char *const source[] = {"rank0", "every-rank"};
+  const cli_plan_args *p = &a->plan;
+  fprintf(f, "shardload job 1; world size %d", a->world_size);
+  key_str(f, "checkpoint", a->path);
+  key_str(f, "plan file", p->plan_file);
+  key_str(f, "placement", p->placement);
+  fprintf(f, "; replicate");
+  for (int i = 0; i < p->replicate_count; i++) fprintf(f, "%s'%s'", i ? "," : " ", p->replicate[i]);
+  if (!p->replicate_count) fprintf(f, " -");
+  fprintf(f, "; param dtype %s; mesh", p->param_dtype == SL_DTYPE_INVALID ? "-" : sl_dtype_name(p->param_dtype));
+  for (int d = 0; d < p->mesh_ndim; d++) fprintf(f, "%s%d", d ? "x" : " ", p->mesh[d]);
+  if (!p->mesh_ndim) fprintf(f, " -");
+  fprintf(f, "; strict %d; offload policy ", p->strict);
+  if (p->has_policy) fprintf(f, "%d%s", (int)p->policy.kind, p->policy.pin_memory ? " pinned" : "");
+  else fprintf(f, "-");
+  fprintf(f, "; cpu offload %s; strategy %s; source %s; staging %llu",
+          (unsigned)a->cpu_offload < 3 ? offload[a->cpu_offload] : "?",
+          (unsigned)a->strategy < 2 ? strategy[a->strategy] : "?",
+          (unsigned)a->read_mode < 2 ? source[a->read_mode] : "?", (unsigned long long)a->staging_bytes);
+  if (fclose(f) != 0) {
+    free(text);
+    return NULL;
+  }
+  return text;
+}
+
 /* ---- one rank ----------------------------------------------------------------------------- */
 
 int cli_load_rank(const cli_load_args *a, FILE *out) {
@@ -419,6 +382,12 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
   co.log = cli_log_capture;
   co.log_user = &cap;
   co.log_level = SL_LOG_ERROR;
+  char *key = job_key(a);
+  if (!key) {
+    cli_error(a->path, SL_ERR_NOMEM, "out of memory writing the job key");
+    return CLI_EXIT_ERROR;
+  }
+  co.job_key = key;
 
   int rc = CLI_EXIT_ERROR;
   sl_context *ctx = NULL;
@@ -426,6 +395,7 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
   sl_plan *plan = NULL;
   sl_state *st = NULL;
   sl_status s = sl_context_create(&co, &ctx);
+  free(key); /* the context keeps what it needs of it */
   if (s != SL_OK) {
     cli_fail_captured(a->path, s, &cap);
     goto out_ctx;
@@ -434,7 +404,18 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
     cli_fail(a->path, s, ctx);
     goto out_ctx;
   }
-  if (cli_plan_build(ctx, &a->plan, &plan) != CLI_EXIT_OK) goto out_source;
+  if ((rc = cli_plan_build(ctx, &a->plan, &plan)) != CLI_EXIT_OK) goto out_source;
+  rc = CLI_EXIT_ERROR;
+  /* --mesh against the world size: known only now that the rank knows its world */
+  if (a->plan.mesh_ndim) {
+    long ranks = 1;
+    for (int d = 0; d < a->plan.mesh_ndim; d++) ranks *= a->plan.mesh[d];
+    if (ranks != sl_context_world_size(ctx)) {
+      rc = cli_usage_error("--mesh", "mesh holds %ld ranks but the job has %d; give a mesh whose sizes "
+                           "multiply to %d", ranks, sl_context_world_size(ctx), sl_context_world_size(ctx));
+      goto out_plan;
+    }
+  }
 
   progress_line pl = {0};
   sl_load_options lo;
@@ -445,7 +426,10 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
   lo.strategy = a->strategy;
   lo.read_mode = a->read_mode;
   test_hook hook = {0, 0};
-  if (a->test_hooks) test_hook_arm(&hook, sl_context_rank(ctx));
+  if (a->test_hooks) {
+    test_hook_arm(&hook, sl_context_rank(ctx));
+    test_hook_report_env(sl_context_rank(ctx));
+  }
   if (hook.armed) {
     lo.bind = test_hook_bind;
     lo.bind_user = &hook;
@@ -474,11 +458,24 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
   }
   for (size_t i = 0; i < sl_state_count(st); i++) tot.bytes += sl_state_tensor(st, i)->nbytes;
 
+  /* Every rank agrees on the dump's outcome (every rank takes part, dump or not, so that no
+   * rank waits for another), so none exits 0 while another's dump failed. */
   char dump_path[4096];
-  if (a->dump_dir &&
-      dump_rank(ctx, st, a->dump_dir, sl_context_rank(ctx), sl_context_world_size(ctx), dump_path,
-                sizeof dump_path) != CLI_EXIT_OK)
+  sl_status ds = SL_OK;
+  if (a->dump_dir)
+    ds = cli_dump_rank(ctx, st, a->dump_dir, sl_context_rank(ctx), sl_context_world_size(ctx), dump_path,
+                       sizeof dump_path);
+  s = sl_context_agree(ctx, ds);
+  if (ds != SL_OK) goto out_state; /* this rank printed its own line */
+  if (s != SL_OK && a->dump_dir) {
+    cli_error(a->dump_dir, SL_ERR_PEER, "%s; the job's dump is incomplete: fix that rank's problem and load again",
+              sl_context_errmsg(ctx));
     goto out_state;
+  }
+  if (s != SL_OK) {
+    cli_fail(a->path, s, ctx);
+    goto out_state;
+  }
 
   tot.peak_rss = cli_peak_rss_bytes();
   if (a->json) {
@@ -528,6 +525,7 @@ enum {
   OPT_WORLD,
   OPT_LOCAL_RANK,
   OPT_RENDEZVOUS,
+  OPT_INSECURE_RENDEZVOUS,
 };
 
 /* Seconds, possibly fractional, as milliseconds in [1, INT_MAX]: 0 on success. */
@@ -557,6 +555,7 @@ int cli_cmd_load(int argc, char **argv) {
       {"world-size", required_argument, NULL, OPT_WORLD},
       {"local-rank", required_argument, NULL, OPT_LOCAL_RANK},
       {"rendezvous", required_argument, NULL, OPT_RENDEZVOUS},
+      {"insecure-rendezvous", no_argument, NULL, OPT_INSECURE_RENDEZVOUS},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       CLI_PLAN_LONGOPTS,
@@ -641,10 +640,19 @@ int cli_cmd_load(int argc, char **argv) {
       a.local_rank = (int)n;
       break;
     case OPT_RENDEZVOUS:
-      if (strncmp(optarg, "file://", 7) != 0 && strncmp(optarg, "tcp://", 6) != 0)
-        return cli_usage_error("--rendezvous", "'%s' is not a rendezvous; use file://DIR or tcp://HOST:PORT",
+      if (strncmp(optarg, "file://", 7) != 0 && strncmp(optarg, "tcp://", 6) != 0 &&
+          strncmp(optarg, "c10d://", 7) != 0)
+        return cli_usage_error("--rendezvous",
+                               "'%s' is not a rendezvous; use file://DIR, tcp://HOST:PORT or c10d://HOST:PORT",
                                optarg);
       a.rendezvous = optarg;
+      break;
+    case OPT_INSECURE_RENDEZVOUS:
+      /* read by the collective when a context is created: set before any exists; the ranks
+       * of --nproc inherit it */
+      if (setenv("SHARDLOAD_INSECURE_RENDEZVOUS", "1", 1) != 0)
+        return cli_usage_error("--insecure-rendezvous", "cannot set SHARDLOAD_INSECURE_RENDEZVOUS: %s",
+                               strerror(errno));
       break;
     case 'v': a.verbose = 1; break;
     case 'h': fputs(HELP, stdout); return CLI_EXIT_OK;

@@ -13,7 +13,9 @@ static const char HELP[] =
     "\n"
     "Dry run: resolve the plan for every rank of a world of N ranks and print each tensor's\n"
     "placement, local shape, global offset and bytes, and the bytes each rank holds. Nothing\n"
-    "is read but the headers.\n"
+    "is read but the headers. The plan is checked as a load checks it (tensors the plan\n"
+    "names that the checkpoint lacks, strictness, every placement and dtype): a plan that\n"
+    "fails here fails the load the same way.\n"
     "\n"
     "options:\n"
     "  --world N             world size (default: the product of --mesh)\n"
@@ -25,7 +27,9 @@ static const char HELP[] =
     "  --param-dtype DT      cast floating tensors to DT (F32, BF16, F16, F64, torch names)\n"
     "  --plan FILE           read a JSON plan file first; the options above override it\n"
     "  --rank R              show only rank R\n"
-    "  --json                one JSON object on stdout instead of the tables\n"
+    "  --json                one JSON object on stdout instead of the tables; a path that\n"
+    "                        is not UTF-8 is kept: \"path\" has each invalid byte as U+FFFD\n"
+    "                        and \"path_bytes_hex\" the exact bytes in hex\n"
     "  -h, --help            show this help\n";
 
 /* ---- plan options shared with `load` ---------------------------------------------------- */
@@ -78,6 +82,7 @@ int cli_plan_args_check(const cli_plan_args *a) {
 int cli_plan_build(sl_context *ctx, const cli_plan_args *a, sl_plan **out) {
   sl_plan *plan = NULL;
   const char *subject = "plan";
+  int usage = 0; /* the failing setting came from a command-line option, not the plan file */
   sl_status s = sl_plan_create(ctx, &plan);
   if (s != SL_OK) goto out_fail;
   /* The file first, so options given on the command line override it. */
@@ -87,27 +92,33 @@ int cli_plan_build(sl_context *ctx, const cli_plan_args *a, sl_plan **out) {
   }
   if (a->mesh_ndim) {
     subject = "--mesh";
+    usage = 1;
     if ((s = sl_plan_set_mesh(plan, a->mesh_ndim, a->mesh)) != SL_OK) goto out_fail;
   }
   if (a->has_policy) {
     subject = "--offload-policy";
+    usage = 1;
     if ((s = sl_plan_set_offload_policy(plan, &a->policy)) != SL_OK) goto out_fail;
   }
   if (a->param_dtype != SL_DTYPE_INVALID) {
     subject = "--param-dtype";
+    usage = 1;
     if ((s = sl_plan_set_param_dtype(plan, a->param_dtype)) != SL_OK) goto out_fail;
   }
   if (a->placement) {
     subject = "--placement";
+    usage = 1;
     if ((s = sl_plan_set_default_placement(plan, a->placement)) != SL_OK) goto out_fail;
   }
   for (int i = 0; i < a->replicate_count; i++) {
     subject = a->replicate[i];
+    usage = 1;
     if ((s = sl_plan_add_rule(plan, a->replicate[i], "replicate", SL_DTYPE_INVALID)) != SL_OK)
       goto out_fail;
   }
   if (a->strict) {
     subject = "--strict";
+    usage = 1;
     if ((s = sl_plan_set_strict(plan, 1)) != SL_OK) goto out_fail;
   }
   *out = plan;
@@ -116,7 +127,9 @@ int cli_plan_build(sl_context *ctx, const cli_plan_args *a, sl_plan **out) {
 out_fail:
   cli_fail(subject, s, ctx);
   sl_plan_destroy(plan);
-  return CLI_EXIT_ERROR;
+  /* an option the library refuses (--param-dtype I32) is a usage error wherever it is found,
+   * in `plan`, in `load`, or in a rank that `load --nproc` started */
+  return usage ? CLI_EXIT_USAGE : CLI_EXIT_ERROR;
 }
 
 /* ---- the dry run ------------------------------------------------------------------------- */
@@ -177,7 +190,7 @@ static void rank_table(int rank, int world, const plan_row *rows, size_t n, uint
   int wname = 4, wdt = 5, wpl = 9, wls = 11;
   for (size_t i = 0; i < n; i++) {
     const plan_row *w = &rows[i];
-    int l = (int)strlen(w->t->name);
+    int l = (int)cli_escaped_len(w->t->name);
     if (l > wname) wname = l;
     l = w->t->dtype == w->g.dtype
             ? snprintf(dt, sizeof dt, "%s", sl_dtype_name(w->g.dtype))
@@ -198,7 +211,9 @@ static void rank_table(int rank, int world, const plan_row *rows, size_t n, uint
       snprintf(dt, sizeof dt, "%s", sl_dtype_name(w->g.dtype));
     else
       snprintf(dt, sizeof dt, "%s->%s", sl_dtype_name(w->t->dtype), sl_dtype_name(w->g.dtype));
-    printf("  %-*s  %-*s  %-*s  %-*s  %-13s  %12llu\n", wname, w->t->name, wdt, dt, wpl, w->placement,
+    fputs("  ", stdout);
+    cli_fput_escaped(stdout, w->t->name, wname); /* names come from the checkpoint */
+    printf("  %-*s  %-*s  %-*s  %-13s  %12llu\n", wdt, dt, wpl, w->placement,
            wls, cli_dims_str(a, sizeof a, w->g.ndim, w->g.local_shape),
            cli_dims_str(b, sizeof b, w->g.ndim, w->g.global_offset), (unsigned long long)w->g.nbytes);
   }
@@ -268,6 +283,12 @@ int cli_cmd_plan(int argc, char **argv) {
     goto out_ctx;
   }
   if ((rc = cli_plan_build(ctx, &pa, &plan)) != CLI_EXIT_OK) goto out_source;
+  /* what sl_load's phase 1 checks (tensors the plan names that the checkpoint lacks,
+   * strictness, every placement and dtype), by the same code: `plan` fails where `load` would */
+  if ((s = sl_plan_check(plan, src, (int)world)) != SL_OK) {
+    rc = cli_fail(path, s, ctx);
+    goto out_plan;
+  }
 
   size_t n = sl_source_tensor_count(src);
   rows = calloc(n ? n : 1, sizeof *rows);
@@ -284,7 +305,7 @@ int cli_cmd_plan(int argc, char **argv) {
   for (int d = 0; d < mesh_ndim; d++) mesh[d] = plan_mesh[d];
   if (json) {
     root = json_object();
-    json_object_set_new(root, "path", json_string(path));
+    cli_json_set_path(root, "path", path);
     json_object_set_new(root, "world_size", json_integer(world));
     json_object_set_new(root, "mesh", cli_json_dims(mesh_ndim, mesh));
     ranks = json_array();

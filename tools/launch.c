@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,6 +32,7 @@
 
 #define STOP_GRACE_S 2.0 /* SIGTERM, then SIGKILL after this */
 #define POLL_S 0.1       /* longest sleep of the wait loop */
+#define LAUNCH_TOKEN_BYTES 32 /* the per-job rendezvous secret */
 
 typedef struct rank_proc {
   pid_t pid;  /* 0: not started, or reaped */
@@ -46,6 +48,7 @@ typedef struct launch {
   char dir[PATH_MAX - 64]; /* the private directory: room for the names inside */
   char rdv[PATH_MAX + 16]; /* file://DIR/rendezvous */
   rank_proc *ranks;
+  char token[2 * LAUNCH_TOKEN_BYTES + 1]; /* the job's secret, hex: SHARDLOAD_TOKEN of every rank */
   sigset_t old_mask;
   int alive;
   int first_failed; /* rank, or -1 */
@@ -117,6 +120,11 @@ static void run_rank(launch *L, int r) {
   FILE *out = fopen(p->json_path, "w"), *table = NULL;
   if (!out || (L->a->verbose && !(table = fopen(p->table_path, "w")))) {
     cli_error(L->dir, SL_ERR_IO, "cannot write the rank's report: %s", strerror(errno));
+    _exit(CLI_EXIT_ERROR);
+  }
+  /* the job's secret: the rendezvous store admits only ranks that hold it (collectives/gloo) */
+  if (setenv("SHARDLOAD_TOKEN", L->token, 1) != 0) {
+    cli_error(L->dir, SL_ERR_NOMEM, "cannot set SHARDLOAD_TOKEN: %s", strerror(errno));
     _exit(CLI_EXIT_ERROR);
   }
   /* Gloo over loopback unless the user chose an address or interface */
@@ -251,11 +259,26 @@ static void relay_stderr(const launch *L, int skip_rank) {
   }
 }
 
-static void print_failure(const launch *L) {
+/* The line to print for the failure: the first failed rank's, unless that one only blames
+ * another rank (SL_ERR_PEER: it ended first but is the consequence) and a rank that failed on
+ * its own left a line. Returns the exit status: a usage error stays a usage error (2). */
+static int print_failure(const launch *L) {
   int r = L->first_failed;
-  const rank_proc *p = &L->ranks[r];
   char line[4096];
-  error_line_of(p, line, sizeof line);
+  error_line_of(&L->ranks[r], line, sizeof line);
+  if (!line[0] || strstr(line, sl_status_name(SL_ERR_PEER))) {
+    char other[4096];
+    for (int k = 0; k < L->n; k++) {
+      if (k == r || !rank_failed(&L->ranks[k]) || !WIFEXITED(L->ranks[k].status)) continue;
+      error_line_of(&L->ranks[k], other, sizeof other);
+      if (other[0] && !strstr(other, sl_status_name(SL_ERR_PEER))) {
+        r = k;
+        memcpy(line, other, sizeof line);
+        break;
+      }
+    }
+  }
+  const rank_proc *p = &L->ranks[r];
   if (line[0]) {
     size_t len = strlen(line);
     fprintf(stderr, "%s%s", line, len && line[len - 1] == '\n' ? "" : "\n");
@@ -266,6 +289,7 @@ static void print_failure(const launch *L) {
     cli_error(L->a->path, SL_ERR_PEER, "rank %d: exited with status %d without an error message", r,
               WEXITSTATUS(p->status));
   }
+  return WIFEXITED(p->status) && WEXITSTATUS(p->status) == CLI_EXIT_USAGE ? CLI_EXIT_USAGE : CLI_EXIT_ERROR;
 }
 
 static uint64_t jget_u64(json_t *o, const char *k1, const char *k2) {
@@ -354,7 +378,7 @@ static int print_json(const launch *L, json_t **reports, uint64_t ckpt) {
   json_t *root = json_object(), *ranks = json_array();
   uint64_t sent0 = jget_u64(reports[0], "stats", "bytes_sent");
   json_object_set_new(root, "world_size", json_integer(L->n));
-  json_object_set_new(root, "path", json_string(L->a->path));
+  cli_json_set_path(root, "path", L->a->path);
   json_object_set_new(root, "strategy", json_string(jget_str(reports[0], "strategy")));
   json_object_set_new(root, "source", json_string(jget_str(reports[0], "source")));
   json_object_set_new(root, "wall_seconds", json_real(L->wall));
@@ -419,6 +443,15 @@ int cli_launch(const cli_load_args *a) {
     return CLI_EXIT_ERROR;
   }
   int rc = CLI_EXIT_ERROR;
+  /* A fresh secret per job, from the kernel's generator (getrandom blocks only before the
+   * pool is first seeded at boot); the ranks inherit it, nothing else sees it. */
+  unsigned char secret[LAUNCH_TOKEN_BYTES];
+  if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret) {
+    cli_error(a->path, SL_ERR_IO, "cannot draw the job's rendezvous secret: %s", strerror(errno));
+    goto out_dir;
+  }
+  for (size_t i = 0; i < sizeof secret; i++) snprintf(L.token + 2 * i, 3, "%02x", secret[i]);
+  explicit_bzero(secret, sizeof secret);
   if (make_private_dir(&L) != 0) goto out_dir;
 
   /* Block the signals the wait loop takes with sigtimedwait (race-free); ranks unblock them. */
@@ -454,8 +487,7 @@ int cli_launch(const cli_load_args *a) {
     rc = 128 + L.got_signal;
   } else if (L.first_failed >= 0) {
     if (a->verbose) relay_stderr(&L, L.first_failed);
-    print_failure(&L);
-    rc = CLI_EXIT_ERROR;
+    rc = print_failure(&L);
   } else {
     rc = report(&L);
   }
@@ -463,6 +495,7 @@ int cli_launch(const cli_load_args *a) {
 
 out_dir:
   remove_private_dir(&L);
+  explicit_bzero(L.token, sizeof L.token);
   free(L.ranks);
   /* stopped by a signal: every rank is gone and the directory removed; now die of it */
   if (rc > 128) {

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,13 +42,50 @@ static const char *g_error_tag = "";
 
 void cli_set_error_tag(const char *tag) { g_error_tag = tag ? tag : ""; }
 
+/* Appends S to OUT (LEN bytes, NUL-terminated, cut when full) with every control character
+ * escaped (\n, \r, \t, else \xNN) so that whatever a path or tensor name holds, an error
+ * stays one line and cannot write to the terminal. */
+static size_t escape_into(char *out, size_t len, size_t used, const char *s) {
+  for (const unsigned char *c = (const unsigned char *)s; *c && used + 5 < len; c++) {
+    if (*c >= 0x20 && *c != 0x7f) {
+      out[used++] = (char)*c;
+    } else if (*c == '\n' || *c == '\r' || *c == '\t') {
+      out[used++] = '\\';
+      out[used++] = *c == '\n' ? 'n' : *c == '\r' ? 'r' : 't';
+    } else {
+      used += (size_t)snprintf(out + used, len - used, "\\x%02x", *c);
+    }
+  }
+  if (used < len) out[used] = 0;
+  return used;
+}
+
+char *cli_escape_dup(const char *s) {
+  size_t n = strlen(s), len = 4 * n + 6; /* the worst case: every byte as \xNN */
+  char *out = malloc(len);
+  if (out) escape_into(out, len, 0, s);
+  return out;
+}
+
+size_t cli_escaped_len(const char *s) {
+  size_t n = 0;
+  for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+    n += *c >= 0x20 && *c != 0x7f ? 1 : (*c == '\n' || *c == '\r' || *c == '\t') ? 2 : 4;
+  return n;
+}
+
+void cli_fput_escaped(FILE *out, const char *s, int width) {
+  char *e = cli_escape_dup(s);
+  fprintf(out, "%-*s", width, e ? e : "?");
+  free(e);
+}
+
 static void vprint_error(const char *subject, sl_status s, const char *fmt, va_list ap) {
-  char msg[2048];
+  char msg[2048], esc_subject[1024], esc_msg[4096];
   vsnprintf(msg, sizeof msg, fmt, ap);
-  for (char *c = msg; *c; c++)
-    if (*c == '\n' || *c == '\r') *c = ' ';
-  fprintf(stderr, "shardload: %s: %s: %s%s\n", subject && *subject ? subject : "shardload",
-          sl_status_name(s), g_error_tag, msg);
+  escape_into(esc_subject, sizeof esc_subject, 0, subject && *subject ? subject : "shardload");
+  escape_into(esc_msg, sizeof esc_msg, 0, msg);
+  fprintf(stderr, "shardload: %s: %s: %s%s\n", esc_subject, sl_status_name(s), g_error_tag, esc_msg);
 }
 
 void cli_error(const char *subject, sl_status s, const char *fmt, ...) {
@@ -215,6 +253,57 @@ void cli_st_header_add(json_t *hdr, const char *name, const char *dtype, int ndi
   json_object_set_new(hdr, name, o);
 }
 
+/* Length of the valid UTF-8 sequence at P (1 to 4), or 0 when the byte there starts none:
+ * RFC 3629, no overlongs, no surrogates, nothing past U+10FFFF. */
+static size_t utf8_seq(const unsigned char *p) {
+  unsigned c = p[0];
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  for (size_t i = 1; i < n; i++)
+    if ((p[i] & 0xc0) != 0x80) return 0;
+  if (n == 3 && ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] > 0x9f))) return 0;
+  if (n == 4 && ((c == 0xf0 && p[1] < 0x90) || (c == 0xf4 && p[1] > 0x8f))) return 0;
+  return n;
+}
+
+void cli_json_set_path(json_t *obj, const char *key, const char *path) {
+  const unsigned char *p = (const unsigned char *)path;
+  size_t n = strlen(path), valid = 1;
+  for (size_t i = 0, k; i < n; i += k)
+    if (!(k = utf8_seq(p + i))) {
+      valid = 0;
+      break;
+    }
+  if (valid) {
+    json_object_set_new(obj, key, json_string(path));
+    return;
+  }
+  /* "path": readable, each invalid byte as U+FFFD; "path_bytes_hex": exact */
+  char *lossy = malloc(3 * n + 1), *hex = malloc(2 * n + 1);
+  char hkey[128];
+  if (!lossy || !hex) goto out;
+  size_t o = 0;
+  for (size_t i = 0, k; i < n; i += k) {
+    if ((k = utf8_seq(p + i)) != 0) {
+      memcpy(lossy + o, p + i, k);
+      o += k;
+    } else {
+      memcpy(lossy + o, "\xef\xbf\xbd", 3);
+      o += 3;
+      k = 1;
+    }
+  }
+  lossy[o] = 0;
+  for (size_t i = 0; i < n; i++) snprintf(hex + 2 * i, 3, "%02x", p[i]);
+  hex[2 * n] = 0;
+  snprintf(hkey, sizeof hkey, "%s_bytes_hex", key);
+  json_object_set_new(obj, key, json_string(lossy));
+  json_object_set_new(obj, hkey, json_string(hex));
+out:
+  free(lossy);
+  free(hex);
+}
+
 json_t *cli_json_dims(int ndim, const int64_t *dims) {
   json_t *a = json_array();
   for (int d = 0; a && d < ndim; d++) json_array_append_new(a, json_integer((json_int_t)dims[d]));
@@ -266,6 +355,9 @@ static const struct {
 };
 
 int main(int argc, char **argv) {
+  /* A file size limit (ulimit -f) must fail a write with EFBIG, reported and cleaned up like a
+   * full disk, not kill the process halfway through a file. */
+  signal(SIGXFSZ, SIG_IGN);
   if (argc < 2) {
     fputs(MAIN_HELP, stderr);
     return CLI_EXIT_USAGE;

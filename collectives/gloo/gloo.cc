@@ -1,6 +1,9 @@
-// The Gloo collective: host-memory collectives between ranks over TCP, for any mix of nodes
+// The Gloo collective module: its ops table, init and fini, the collectives, and the diagnosis
+// of their failures. Host-memory collectives between ranks over TCP, for any mix of nodes
 // and vendors (CPU ranks, or GPU ranks staging through host memory). A C ABI (module.h) over
 // the C++ library; no exception may cross into C, so every entry point catches everything.
+// Meeting the other ranks and connecting the communicator is gloo_connect.cc's; what the two
+// files share is in gloo_internal.h.
 //
 // Failure contract: every call is bounded by the init timeout; a lost or stuck peer makes the
 // call fail with SL_ERR_PEER / SL_ERR_TIMEOUT and a message naming the rank, and the
@@ -16,11 +19,15 @@
 //   SHARDLOAD_GLOO_IFNAME       network interface to use instead (Gloo picks its address).
 //   SHARDLOAD_GLOO_CHUNK_BYTES  largest single Gloo transfer (default 256 MiB); bigger calls
 //                               are split, so each piece has the whole timeout to progress.
+//   SHARDLOAD_TOKEN             the job's secret (16+ characters, the same on every rank): the
+//                               tcp:// store admits only clients that prove it (tcp_store.h).
+//   SHARDLOAD_TOKEN_FILE        or a file holding it (mode 600; trailing newlines dropped).
+//                               Required when the tcp:// host is not loopback, unless
+//   SHARDLOAD_INSECURE_RENDEZVOUS=1 (every rank) opts out of authentication.
 #include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <new>
 #include <set>
@@ -28,38 +35,72 @@
 #include <thread>
 #include <vector>
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <pthread.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <gloo/allgather.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
-extern "C" {
-#include "internal.h"
+#include "gloo_internal.h"
+
+// ---- shared with gloo_connect.cc (gloo_internal.h) ------------------------------------------
+
+namespace shardload::gloo_internal {
+
+bool contains(const std::string &s, const char *what) { return s.find(what) != std::string::npos; }
+
+// Gloo prefixes messages with "[file:line] "; users need the rest.
+std::string gloo_text(const char *what) {
+  std::string m = what ? what : "unknown error";
+  while (m.size() > 1 && m[0] == '[') {
+    size_t end = m.find("] ");
+    if (end == std::string::npos) break;
+    m.erase(0, end + 2);
+  }
+  return m;
 }
-#include "tcp_store.h"
+
+sl_status classify(const std::string &m) {
+  if (contains(m, "Timed out") || contains(m, "timed out") || contains(m, "imeout")) return SL_ERR_TIMEOUT;
+  if (contains(m, "closed") || contains(m, "reset") || contains(m, "Read error") || contains(m, "Write error") ||
+      contains(m, "Broken pipe") || contains(m, "refused") || contains(m, "unreachable"))
+    return SL_ERR_PEER;
+  return SL_ERR_COMM;
+}
+
+std::string rank_list(const std::vector<int> &ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size() && i < 8; i++) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > 8) s += " and " + std::to_string(ranks.size() - 8) + " more";
+  return s;
+}
+
+bool store_has(Comm &c, const std::string &key) {
+  try {
+    return c.store->has(key);
+  } catch (...) {
+    return false;
+  }
+}
+
+std::string describe(const Comm &c, const char *op) {
+  return std::string("gloo ") + op + " on rank " + std::to_string(c.rank) + " of " + std::to_string(c.world);
+}
+
+sl_status init_fail(Comm &c, sl_status s, const std::string &msg) {
+  return c.host->fail(c.host->core, s, "%s", msg.c_str());
+}
+
+} // namespace shardload::gloo_internal
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
+using namespace shardload::gloo_internal;
 
-constexpr size_t kDefaultChunk = size_t(256) << 20;
-constexpr int kDefaultTimeoutMs = 300000;
 // After a failed init rank 0 serves the store only until the ranks already connected let go
 // of it, and at most this long: none of them can succeed any more.
 constexpr std::chrono::milliseconds kFailedInitGrace(2000);
@@ -100,73 +141,6 @@ class SigpipeBlock {
   bool was_pending_ = false;
 };
 
-// FileStore with its (protected) non-blocking presence test exposed.
-class ProbingFileStore : public gloo::rendezvous::FileStore {
- public:
-  explicit ProbingFileStore(const std::string &path) : FileStore(path) {}
-  bool has(const std::vector<std::string> &keys) { return check(keys); }
-};
-
-// PrefixStore that can also ask, without waiting, whether a key is present.
-class ProbingPrefixStore : public gloo::rendezvous::PrefixStore {
- public:
-  ProbingPrefixStore(const std::string &prefix, gloo::rendezvous::Store &base,
-                     std::function<bool(const std::vector<std::string> &)> has)
-      : PrefixStore(prefix, base), has_(std::move(has)) {}
-  bool has(const std::string &key) { return has_({joinKey(key)}); }
-
- private:
-  std::function<bool(const std::vector<std::string> &)> has_;
-};
-
-struct Comm {
-  const sl_module_host *host = nullptr;
-  int rank = 0, world = 1, timeout_ms = kDefaultTimeoutMs;
-  size_t chunk = kDefaultChunk;
-  std::string url;
-  std::unique_ptr<shardload::TcpStoreServer> server; // rank 0 of a tcp:// rendezvous
-  std::unique_ptr<gloo::rendezvous::Store> base;     // FileStore or TcpStore
-  shardload::TcpStore *tcp = nullptr;                 // BASE when it is a TcpStore
-  std::unique_ptr<ProbingPrefixStore> store;
-  std::shared_ptr<gloo::transport::Device> dev;
-  std::shared_ptr<gloo::rendezvous::Context> ctx;
-  uint32_t tag = 0;     // the same sequence on every rank: one per Gloo call
-  int waiting_for = -1; // the peer a point-to-point wait is on, for timeout messages
-  sl_status failed = SL_OK;
-  std::string failmsg;
-  std::vector<int> lost; // the ranks the failure was blamed on: fini does not wait for them
-
-  milliseconds timeout() const { return milliseconds(timeout_ms); }
-};
-
-bool contains(const std::string &s, const char *what) { return s.find(what) != std::string::npos; }
-
-// Gloo prefixes messages with "[file:line] "; users need the rest.
-std::string gloo_text(const char *what) {
-  std::string m = what ? what : "unknown error";
-  while (m.size() > 1 && m[0] == '[') {
-    size_t end = m.find("] ");
-    if (end == std::string::npos) break;
-    m.erase(0, end + 2);
-  }
-  return m;
-}
-
-sl_status classify(const std::string &m) {
-  if (contains(m, "Timed out") || contains(m, "timed out") || contains(m, "imeout")) return SL_ERR_TIMEOUT;
-  if (contains(m, "closed") || contains(m, "reset") || contains(m, "Read error") || contains(m, "Write error") ||
-      contains(m, "Broken pipe") || contains(m, "refused") || contains(m, "unreachable"))
-    return SL_ERR_PEER;
-  return SL_ERR_COMM;
-}
-
-std::string rank_list(const std::vector<int> &ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size() && i < 8; i++) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  if (ranks.size() > 8) s += " and " + std::to_string(ranks.size() - 8) + " more";
-  return s;
-}
-
 sl_status report(Comm &c, sl_status s, const std::string &msg) {
   c.failed = s;
   c.failmsg = msg;
@@ -194,14 +168,6 @@ std::vector<int> broken_pairs(Comm &c) {
     }
   }
   return out;
-}
-
-bool store_has(Comm &c, const std::string &key) {
-  try {
-    return c.store->has(key);
-  } catch (...) {
-    return false;
-  }
 }
 
 struct Lost {
@@ -329,10 +295,6 @@ sl_status diagnose(Comm &c, const std::string &what, const char *exc) {
   return report(c, s, msg);
 }
 
-std::string describe(const Comm &c, const char *op) {
-  return std::string("gloo ") + op + " on rank " + std::to_string(c.rank) + " of " + std::to_string(c.world);
-}
-
 // Allocates nothing, for when nothing can be allocated.
 sl_status out_of_memory(const sl_module_host *h) { return h->fail(h->core, SL_ERR_NOMEM, "gloo: out of memory"); }
 
@@ -362,155 +324,7 @@ sl_status guarded(Comm &c, const std::string &what, F &&body) {
   }
 }
 
-// ---- init ------------------------------------------------------------------------------------
-
-bool resolves(const std::string &host, int family, std::string *addr, bool *loopback) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = family;
-  hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
-  *loopback = true;
-  for (addrinfo *ai = res; ai; ai = ai->ai_next) {
-    char buf[INET6_ADDRSTRLEN] = "";
-    if (ai->ai_family == AF_INET) {
-      auto *a = reinterpret_cast<sockaddr_in *>(ai->ai_addr);
-      if ((ntohl(a->sin_addr.s_addr) >> 24) != 127) *loopback = false;
-      inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf);
-    } else if (ai->ai_family == AF_INET6) {
-      auto *a = reinterpret_cast<sockaddr_in6 *>(ai->ai_addr);
-      if (!IN6_IS_ADDR_LOOPBACK(&a->sin6_addr)) *loopback = false;
-      inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof buf);
-    }
-    if (ai == res && addr) *addr = buf;
-  }
-  freeaddrinfo(res);
-  return true;
-}
-
-// The local address the kernel would use to reach HOST:PORT (no packet is sent).
-bool route_to(const std::string &host, int port, std::string *addr) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
-  bool ok = false;
-  for (addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    sockaddr_storage local{};
-    socklen_t len = sizeof local;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr *>(&local), &len) == 0) {
-      char buf[INET6_ADDRSTRLEN] = "";
-      const void *src = local.ss_family == AF_INET
-                            ? static_cast<const void *>(&reinterpret_cast<sockaddr_in *>(&local)->sin_addr)
-                            : static_cast<const void *>(&reinterpret_cast<sockaddr_in6 *>(&local)->sin6_addr);
-      ok = inet_ntop(local.ss_family, src, buf, sizeof buf) != nullptr;
-      if (ok) *addr = buf;
-    }
-    close(fd);
-  }
-  freeaddrinfo(res);
-  return ok;
-}
-
-// Where this rank's Gloo device listens, and why (for messages). See the head of the file.
-gloo::transport::tcp::attr device_attr(const sl__rendezvous &r, std::string *why) {
-  gloo::transport::tcp::attr a;
-  const char *env = getenv("SHARDLOAD_GLOO_IFACE_ADDR");
-  const char *ifname = getenv("SHARDLOAD_GLOO_IFNAME");
-  if (ifname && *ifname) {
-    a.iface = ifname;
-    *why = std::string("interface ") + ifname + " (SHARDLOAD_GLOO_IFNAME)";
-    return a;
-  }
-  if (env && *env) {
-    a.hostname = env;
-    *why = std::string(env) + " (SHARDLOAD_GLOO_IFACE_ADDR)";
-    return a;
-  }
-  std::string addr;
-  bool loop = false;
-  if (r.kind == SL__RDZV_TCP) {
-    if (resolves(r.host, AF_UNSPEC, &addr, &loop) && loop) {
-      a.hostname = addr.find(':') != std::string::npos ? "::1" : "127.0.0.1";
-      *why = a.hostname + " (the rendezvous host is loopback)";
-      return a;
-    }
-    if (route_to(r.host, r.port, &addr)) {
-      a.hostname = addr;
-      *why = addr + " (this host's address toward the rendezvous host " + r.host + ")";
-      return a;
-    }
-  }
-  char name[256] = "";
-  if (gethostname(name, sizeof name - 1) == 0 && name[0] && resolves(name, AF_UNSPEC, &addr, &loop)) {
-    a.hostname = name;
-    *why = std::string(name) + " (this host's name)";
-    return a;
-  }
-  a.hostname = "127.0.0.1";
-  *why = "127.0.0.1 (this host's name does not resolve; set SHARDLOAD_GLOO_IFACE_ADDR for a multi-node job)";
-  return a;
-}
-
-// mkdir -p, so a launcher may name a directory it has not created.
-bool make_dirs(const std::string &path, int *err) {
-  std::string p;
-  for (size_t i = 0; i <= path.size(); i++) {
-    if (i == path.size() || (path[i] == '/' && i > 0)) {
-      p = path.substr(0, i);
-      if (mkdir(p.c_str(), 0777) != 0 && errno != EEXIST) {
-        *err = errno;
-        return false;
-      }
-    }
-  }
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    *err = ENOTDIR;
-    return false;
-  }
-  return true;
-}
-
-sl_status init_fail(Comm &c, sl_status s, const std::string &msg) {
-  return c.host->fail(c.host->core, s, "%s", msg.c_str());
-}
-
-// Every rank announces itself and waits for all others, so a missing rank is named instead
-// of surfacing as an anonymous timeout inside Gloo's own rendezvous.
-sl_status join(Comm &c, const std::string &where, Clock::time_point deadline) {
-  std::vector<std::string> keys;
-  for (int r = 0; r < c.world; r++) keys.push_back("sl_join/" + std::to_string(r));
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  std::string me = std::string(host) + " pid " + std::to_string(getpid());
-  try {
-    c.store->set(keys[size_t(c.rank)], std::vector<char>(me.begin(), me.end()));
-  } catch (const std::exception &e) {
-    // Gloo's FileStore never overwrites a key: this directory served an earlier job.
-    if (!c.tcp && contains(e.what(), "already exists"))
-      return init_fail(c, SL_ERR_INVALID,
-                       where + ": the directory holds the keys of an earlier job; empty it, or give each job a "
-                               "fresh directory");
-    throw;
-  }
-  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-  try {
-    c.store->wait(keys, std::max(left, milliseconds(1)));
-    return SL_OK;
-  } catch (const std::exception &e) {
-    std::vector<int> missing;
-    for (int r = 0; r < c.world; r++)
-      if (!store_has(c, keys[size_t(r)])) missing.push_back(r);
-    if (missing.empty()) throw;
-    return init_fail(c, SL_ERR_TIMEOUT,
-                     where + ": timed out after " + std::to_string(c.timeout_ms) + " ms waiting for " +
-                         rank_list(missing) +
-                         " to join; check that every rank started with the same world size and rendezvous");
-  }
-}
+// ---- init and fini ---------------------------------------------------------------------------
 
 sl_status parse_chunk(Comm &c) {
   const char *v = getenv("SHARDLOAD_GLOO_CHUNK_BYTES");
@@ -524,94 +338,6 @@ sl_status parse_chunk(Comm &c) {
   return SL_OK;
 }
 
-sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
-  Clock::time_point deadline = Clock::now() + c.timeout();
-  std::string where = describe(c, "rendezvous") + " at " + c.url;
-  std::function<bool(const std::vector<std::string> &)> has;
-  if (r.kind == SL__RDZV_FILE) {
-    int err = 0;
-    if (!make_dirs(r.path, &err))
-      return init_fail(c, SL_ERR_IO,
-                       where + ": cannot create the rendezvous directory: " + strerror(err) +
-                           "; give a directory every rank can write (on a filesystem they share)");
-    auto fs = std::make_unique<ProbingFileStore>(r.path);
-    ProbingFileStore *raw = fs.get();
-    has = [raw](const std::vector<std::string> &k) { return raw->has(k); };
-    c.base = std::move(fs);
-  } else {
-    if (c.rank == 0) {
-      try {
-        c.server = std::make_unique<shardload::TcpStoreServer>(r.port, c.world);
-      } catch (const std::exception &e) {
-        bool port = contains(e.what(), "cannot listen");
-        return init_fail(c, SL_ERR_COMM,
-                         where + ": rank 0 cannot serve the rendezvous store: " + e.what() +
-                             (port ? "; choose another port (MASTER_PORT) or stop whatever holds it" : ""));
-      }
-    }
-    try {
-      auto ts = std::make_unique<shardload::TcpStore>(r.host, r.port, c.rank, c.world, c.timeout());
-      c.tcp = ts.get();
-      c.base = std::move(ts);
-    } catch (const shardload::TcpStoreRefused &e) {
-      return init_fail(c, SL_ERR_INVALID, where + ": " + e.what());
-    } catch (const std::exception &e) {
-      if (c.rank == 0)
-        return init_fail(c, SL_ERR_COMM,
-                         where + ": rank 0 serves the store on port " + std::to_string(r.port) +
-                             " but cannot reach it as " + r.host + ": " + gloo_text(e.what()) +
-                             "; the rendezvous host (MASTER_ADDR) must name the host rank 0 runs on");
-      return init_fail(c, SL_ERR_TIMEOUT, where + ": waiting for rank 0 to serve the store: " + gloo_text(e.what()));
-    }
-    shardload::TcpStore *raw = c.tcp;
-    has = [raw](const std::vector<std::string> &k) { return raw->check(k); };
-  }
-  c.store = std::make_unique<ProbingPrefixStore>(prefix, *c.base, has);
-
-  sl_status st = join(c, where, deadline);
-  if (st != SL_OK) return st;
-
-  std::string why;
-  auto attr = device_attr(r, &why);
-  try {
-    c.dev = gloo::transport::tcp::CreateDevice(attr);
-  } catch (const std::exception &e) {
-    return init_fail(c, SL_ERR_COMM,
-                     where + ": cannot open a Gloo device on " + why + ": " + gloo_text(e.what()) +
-                         "; set SHARDLOAD_GLOO_IFACE_ADDR to this host's address on the network the ranks share");
-  }
-  if (c.host->log)
-    c.host->log(c.host->core, SL_LOG_DEBUG, "%s: Gloo device on %s", where.c_str(), why.c_str());
-  c.ctx = std::make_shared<gloo::rendezvous::Context>(c.rank, c.world);
-  c.ctx->setTimeout(c.timeout());
-  try {
-    c.ctx->connectFullMesh(*c.store, c.dev);
-  } catch (const std::exception &e) {
-    std::string detail = gloo_text(e.what());
-    c.ctx.reset();
-    std::string hint = r.kind == SL__RDZV_FILE ? "; if the directory was used by an earlier job, empty it" : "";
-    return init_fail(c, classify(detail) == SL_ERR_TIMEOUT ? SL_ERR_TIMEOUT : SL_ERR_COMM,
-                     where + ": connecting to the other ranks from " + why + " failed: " + detail +
-                         "; check that they can reach this address (SHARDLOAD_GLOO_IFACE_ADDR)" + hint);
-  }
-  // Every rank must split transfers the same way; rank 0's setting rules, so one node's
-  // environment differing from another's cannot make pieces mismatch.
-  uint64_t chunk = c.chunk;
-  try {
-    gloo::BroadcastOptions o(c.ctx);
-    o.setOutput<uint64_t>(&chunk, 1);
-    o.setRoot(0);
-    o.setTag(c.tag++);
-    o.setTimeout(c.timeout());
-    gloo::broadcast(o);
-  } catch (const std::exception &e) {
-    std::string detail = gloo_text(e.what());
-    return init_fail(c, classify(detail), where + ": first exchange with the other ranks failed: " + detail);
-  }
-  c.chunk = size_t(chunk);
-  return SL_OK;
-}
-
 // Tears down in dependency order: connections, then the device (joins its event loop), then
 // this rank's store client, and last the server, which waits up to GRACE for the other ranks
 // to finish with it (all but those a failure was blamed on: a stuck one never lets go).
@@ -621,6 +347,8 @@ void destroy(Comm *c, milliseconds grace, bool failed_init = false) {
     c->ctx.reset();
     c->dev.reset();
     c->store.reset();
+    c->lobby.reset();
+    c->lobby_conn.reset();
     c->tcp = nullptr;
     c->base.reset();
     if (c->server) c->server->shutdown(grace, failed_init, c->lost);
@@ -647,6 +375,8 @@ sl_status init_impl(const sl_collective_init *in, void **out) {
     c->rank = in->rank;
     c->world = in->world_size;
     c->timeout_ms = in->timeout_ms > 0 ? in->timeout_ms : kDefaultTimeoutMs;
+    c->lobby_prefix = in->lobby ? in->lobby : "";
+    c->job_key = in->job_key ? in->job_key : "";
     sl_status st = parse_chunk(*c);
     if (st == SL_OK && c->world > 1) {
       if (!in->rendezvous) {

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <dlfcn.h>
 
+#include <xxhash.h>
+
 #include "internal.h"
 
 /* The module host: modules report through the context's logger and message buffer. */
@@ -24,14 +26,40 @@ static sl_status host_fail(void *core, sl_status s, const char *fmt, ...) {
 }
 
 /* The launcher's job identity, so that jobs sharing a rendezvous store (a file:// directory
- * on a shared filesystem, a long-lived store) never read each other's keys. */
-static const char *job_id(void) {
+ * on a shared filesystem, a long-lived store) never read each other's keys. Under torchrun the
+ * agent's store outlives a restart of the workers, so the restart count is part of it: the
+ * workers of attempt 2 must not read the keys attempt 1 left behind. */
+static const char *job_id(char *buf, size_t len) {
   const char *vars[] = {"SHARDLOAD_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"};
+  const char *id = "job";
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
     const char *v = getenv(vars[i]);
-    if (v && *v && strlen(v) < 128 && !strchr(v, '/')) return v;
+    if (v && *v && strlen(v) < 128 && !strchr(v, '/')) {
+      id = v;
+      break;
+    }
   }
-  return "job";
+  const char *restart = getenv("TORCHELASTIC_RESTART_COUNT");
+  if (restart && *restart && strlen(restart) < 12 && strspn(restart, "0123456789") == strlen(restart))
+    snprintf(buf, len, "%s.r%s", id, restart);
+  else
+    snprintf(buf, len, "%s", id);
+  return buf;
+}
+
+/* The rendezvous key prefix: unique per job even without a launcher's job id (see job_key in
+ * shardload.h). Contexts created in the same order on every rank get the same prefix, so one
+ * rendezvous serves several contexts of a process (as torch numbers its process groups). */
+static void store_prefix(const char *job_key, int world_size, char *out, size_t len, char *lobby,
+                         size_t lobby_len) {
+  static unsigned generation;
+  char id[160];
+  char key[24] = "-";
+  unsigned gen = __atomic_fetch_add(&generation, 1, __ATOMIC_RELAXED);
+  if (job_key) snprintf(key, sizeof key, "%016llx", (unsigned long long)XXH3_64bits(job_key, strlen(job_key)));
+  job_id(id, sizeof id);
+  snprintf(out, len, "shardload/%s/w%d/%s/%u/", id, world_size, key, gen);
+  snprintf(lobby, lobby_len, "shardload/%s/w%d/lobby/%u/", id, world_size, gen);
 }
 
 SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **out) {
@@ -94,13 +122,10 @@ SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **
                   ctx->rank, ctx->world_size);
     goto out_close_collective;
   }
-  /* Contexts created in the same order on every rank get the same store prefix, so one
-   * rendezvous serves several contexts of a process (as torch numbers its process groups). */
-  static unsigned generation;
-  char prefix[192];
-  snprintf(prefix, sizeof prefix, "shardload/%s/%u/", job_id(),
-           __atomic_fetch_add(&generation, 1, __ATOMIC_RELAXED));
-  sl_collective_init ci = {&ctx->host, ctx->rank, ctx->world_size, ctx->rendezvous, prefix, ctx->timeout_ms};
+  char prefix[256], lobby[256];
+  store_prefix(o.job_key, ctx->world_size, prefix, sizeof prefix, lobby, sizeof lobby);
+  sl_collective_init ci = {&ctx->host, ctx->rank,      ctx->world_size, ctx->rendezvous, prefix,
+                           ctx->timeout_ms, lobby, o.job_key ? o.job_key : ""};
   if ((st = ctx->coll->init(&ci, &ctx->comm)) != SL_OK) goto out_close_collective;
   sl__log(ctx, SL_LOG_INFO, "rank %d/%d: backend %s (%s), collective %s", ctx->rank, ctx->world_size,
           ctx->be->name, ctx->device_desc, ctx->coll->name);

@@ -67,6 +67,7 @@ typedef struct sl__st_header {
   size_t meta_count;
   uint64_t data_offset; /* 8 + N */
   uint64_t data_size;   /* file size - data_offset */
+  uint64_t header_digest; /* XXH3-64 of the 8 + N header bytes (checkpoint identity) */
 } sl__st_header;
 
 /* Parses and validates a whole file image header: BUF holds the first LEN bytes of a file of
@@ -78,7 +79,7 @@ sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__s
 sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen);
 void sl__st_header_free(sl__st_header *h);
 
-/* ---- source (source.c) ------------------------------------------------------------------- */
+/* ---- source (source.c, source_files.c) --------------------------------------------------- */
 /* Positional read of BYTES at OFFSET of tensor I's file; loops over short reads. */
 sl_status sl__source_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, void *dst,
                            size_t bytes);
@@ -91,8 +92,20 @@ sl_status sl__source_deserialize(sl_context *ctx, const void *buf, size_t len, s
 /* Opens the files named in a manifest-built source (every-rank read mode). */
 sl_status sl__source_open_files(sl_source *src);
 sl_status sl__source_open_local(sl_context *ctx, const char *path, sl_source **out);
+/* Checkpoint identity (issue 6). XXH3-64 over every file's 8-byte header length + header
+ * bytes, combined in file order; rank 0's value travels in the manifest, so a source built
+ * from a manifest returns rank 0's digest. 0 only for a source with no files. */
+uint64_t sl__source_headers_digest(const sl_source *src);
+size_t sl__source_file_count(const sl_source *src);
+/* Name of file F as the index names it (or the file's own name for a single file). */
+const char *sl__source_file_name(const sl_source *src, size_t f);
+/* Fingerprint of file F as THIS rank reads it (it must have its files open):
+ * out[0] = XXH3-64 of the header length + header bytes, out[1] = XXH3-64 over sampled data
+ * blocks (first, last and evenly spaced blocks of the data section plus the file size).
+ * Deterministic for identical bytes; see docs/ for what it does and does not catch. */
+sl_status sl__source_file_fingerprint(sl_source *src, size_t f, uint64_t out[2]);
 
-/* ---- index.json (source.c) ---------------------------------------------------------------- */
+/* ---- index.json (source_index.c) ---------------------------------------------------------- */
 /* A parsed model.safetensors.index.json. Factored out of sl__source_open_local so the fuzzer can
  * reach it with a buffer. */
 typedef struct sl__index {
@@ -106,6 +119,10 @@ typedef struct sl__index {
 } sl__index;
 /* On failure writes a specific message to err (no path; the caller adds it). */
 sl_status sl__index_parse(const char *buf, size_t len, sl__index *out, char *err, size_t errlen);
+/* NULL when a weight_map file name (LEN bytes) stays inside the index's directory by its
+ * spelling (relative; no '.', '..' or empty component; no backslash or NUL), else what is
+ * wrong ("is an absolute path"). sl__index_parse refuses entries that fail it. */
+const char *sl__index_entry_problem(const char *entry, size_t len);
 void sl__index_free(sl__index *ix);
 
 /* ---- dtypes (dtype.c) --------------------------------------------------------------------- */
@@ -208,26 +225,30 @@ char *sl__load_canonical(const sl_plan *plan, const sl_load_options *o);
 /* Where this process sits in the job, as the launcher said (torchrun, Slurm, Open MPI). */
 typedef struct sl__launch_info {
   int rank, world_size, local_rank;
-  char *rendezvous;   /* malloc'd "tcp://HOST:PORT" / "file://DIR", or NULL; caller frees */
+  char *rendezvous;   /* malloc'd "tcp://HOST:PORT" / "c10d://HOST:PORT" / "file://DIR", or NULL; caller frees */
   const char *source; /* static: "torchrun", "slurm", "openmpi" or "default" */
 } sl__launch_info;
 /* Reads the launcher variables (torchrun, then Slurm, then Open MPI; none: rank 0 of 1) and
  * SHARDLOAD_RENDEZVOUS; every malformed value is SL_ERR_INVALID naming the variable. */
 sl_status sl__launch_env(sl_context *ctx, sl__launch_info *out);
 /* The rendezvous the environment names: SHARDLOAD_RENDEZVOUS, else MASTER_ADDR/MASTER_PORT (under
- * Slurm, the launch node and port 29500 stand in). *URL (malloc'd) is NULL when it names none;
+ * Slurm, the launch node and port 29500 stand in). Under torchrun's agent store
+ * (TORCHELASTIC_USE_AGENT_STORE=True, torch's default) MASTER_ADDR/MASTER_PORT name the agent's
+ * c10d store, which gives c10d://; otherwise tcp://. *URL (malloc'd) is NULL when it names none;
  * a malformed one is SL_ERR_INVALID naming the variable. */
 sl_status sl__launch_rendezvous(sl_context *ctx, bool slurm, char **url);
 
-typedef enum sl__rdzv_kind { SL__RDZV_FILE = 1, SL__RDZV_TCP = 2 } sl__rdzv_kind;
+/* FILE: Gloo's FileStore in a shared directory. TCP: shardload's own store, served by rank 0.
+ * C10D: a client of an existing torch c10d TCPStore (torchrun's agent); nobody serves. */
+typedef enum sl__rdzv_kind { SL__RDZV_FILE = 1, SL__RDZV_TCP = 2, SL__RDZV_C10D = 3 } sl__rdzv_kind;
 typedef struct sl__rendezvous {
   sl__rdzv_kind kind;
   char path[4096]; /* file: the directory */
-  char host[256];  /* tcp: host name or address, IPv6 brackets removed */
-  int port;        /* tcp: 1..65535 */
+  char host[256];  /* tcp, c10d: host name or address, IPv6 brackets removed */
+  int port;        /* tcp, c10d: 1..65535 */
 } sl__rendezvous;
-/* Parses "file://DIR" or "tcp://HOST:PORT" ("tcp://[::1]:PORT" for IPv6). On failure returns
- * SL_ERR_INVALID with a message in ERR saying what is wrong and the accepted forms. */
+/* Parses "file://DIR", "tcp://HOST:PORT" or "c10d://HOST:PORT" ("tcp://[::1]:PORT" for IPv6). On
+ * failure returns SL_ERR_INVALID with a message in ERR saying what is wrong and the accepted forms. */
 sl_status sl__rendezvous_parse(const char *url, sl__rendezvous *out, char *err, size_t errlen);
 
 

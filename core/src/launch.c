@@ -7,13 +7,19 @@
  * truth there (one srun task may host several torchrun ranks), hence torchrun, then Slurm,
  * then Open MPI. Every value is validated, because a wrong rank makes the job hang at
  * rendezvous instead of failing: the message names the variable so the user knows whom to
- * blame. */
+ * blame.
+ *
+ * torchrun's agent serves a torch c10d TCPStore on MASTER_ADDR:MASTER_PORT itself and says so to
+ * its workers with TORCHELASTIC_USE_AGENT_STORE=True (torch's default for torchrun). Rank 0
+ * cannot serve shardload's own store on that port then, so the ranks become clients of the
+ * agent's store instead: c10d://MASTER_ADDR:MASTER_PORT. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "internal.h"
 
@@ -64,20 +70,36 @@ static sl_status env_triple(sl_context *ctx, const char *rank_var, const char *s
   return SL_OK;
 }
 
-/* tcp://HOST:PORT, with IPv6 literals bracketed. */
-static sl_status make_tcp_url(sl_context *ctx, const char *host, int port, char **url) {
-  const char *fmt = strchr(host, ':') && host[0] != '[' ? "tcp://[%s]:%d" : "tcp://%s:%d";
-  if (asprintf(url, fmt, host, port) < 0) {
+/* SCHEME://HOST:PORT, with IPv6 literals bracketed. */
+static sl_status make_url(sl_context *ctx, const char *scheme, const char *host, int port, char **url) {
+  const char *fmt = strchr(host, ':') && host[0] != '[' ? "%s://[%s]:%d" : "%s://%s:%d";
+  if (asprintf(url, fmt, scheme, host, port) < 0) {
     *url = NULL;
     return sl__fail(ctx, SL_ERR_NOMEM, "out of memory building the rendezvous address");
   }
   return SL_OK;
 }
 
+/* Whether torchrun's agent serves the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE, which
+ * torch writes as Python's str(bool)). */
+static sl_status agent_store(sl_context *ctx, bool *out) {
+  const char *v = getenv("TORCHELASTIC_USE_AGENT_STORE");
+  *out = false;
+  if (!v) return SL_OK;
+  if (!strcasecmp(v, "true") || !strcmp(v, "1")) *out = true;
+  else if (strcasecmp(v, "false") && strcmp(v, "0"))
+    return sl__fail(ctx, SL_ERR_INVALID,
+                    "TORCHELASTIC_USE_AGENT_STORE='%s' is neither True nor False (torchrun sets it); fix or unset it",
+                    v);
+  return SL_OK;
+}
+
 /* The rendezvous from MASTER_ADDR/MASTER_PORT; under Slurm the launch node and port 29500
- * stand in for whichever is missing. NULL when there is no address at all. */
+ * stand in for whichever is missing. NULL when there is no address at all. c10d:// when
+ * torchrun's agent serves its store there, tcp:// otherwise. */
 static sl_status master_rendezvous(sl_context *ctx, bool slurm, char **url) {
   *url = NULL;
+  bool agent = false;
   const char *addr = getenv("MASTER_ADDR");
   bool has_port;
   int port = 0;
@@ -99,7 +121,8 @@ static sl_status master_rendezvous(sl_context *ctx, bool slurm, char **url) {
     return sl__fail(ctx, SL_ERR_INVALID, "MASTER_PORT is set but MASTER_ADDR is not; set both (or SHARDLOAD_RENDEZVOUS)");
   if (!has_port)
     return sl__fail(ctx, SL_ERR_INVALID, "MASTER_ADDR is set but MASTER_PORT is not; set both (or SHARDLOAD_RENDEZVOUS)");
-  return make_tcp_url(ctx, addr, port, url);
+  if (!slurm && (st = agent_store(ctx, &agent)) != SL_OK) return st;
+  return make_url(ctx, agent ? "c10d" : "tcp", addr, port, url);
 }
 
 sl_status sl__launch_rendezvous(sl_context *ctx, bool slurm, char **url) {
@@ -110,7 +133,8 @@ sl_status sl__launch_rendezvous(sl_context *ctx, bool slurm, char **url) {
   if (override) {
     if (!*override)
       return sl__fail(ctx, SL_ERR_INVALID,
-                      "SHARDLOAD_RENDEZVOUS is set but empty; give file://DIR or tcp://HOST:PORT, or unset it");
+                      "SHARDLOAD_RENDEZVOUS is set but empty; give file://DIR, tcp://HOST:PORT or c10d://HOST:PORT, "
+                      "or unset it");
     if (!(*url = sl__strdup(override)))
       return sl__fail(ctx, SL_ERR_NOMEM, "out of memory copying SHARDLOAD_RENDEZVOUS");
   } else {
@@ -155,7 +179,7 @@ sl_status sl__launch_env(sl_context *ctx, sl__launch_info *out) {
   if (!out->rendezvous && out->world_size > 1) {
     st = sl__fail(ctx, SL_ERR_INVALID,
                   "%s says rank %d of %d but gives no rendezvous: set MASTER_ADDR and MASTER_PORT (rank 0's "
-                  "host and a free port), or SHARDLOAD_RENDEZVOUS=tcp://HOST:PORT or file://DIR",
+                  "host and a free port), or SHARDLOAD_RENDEZVOUS=tcp://HOST:PORT, c10d://HOST:PORT or file://DIR",
                   out->source, out->rank, out->world_size);
     goto out_fail;
   }
@@ -169,9 +193,10 @@ out_fail:
 
 /* Fails with a message in ERR; always SL_ERR_INVALID. */
 static sl_status bad_url(char *err, size_t errlen, const char *url, const char *why) {
-  /* echo at most 200 characters of the URL, so the reason always fits */
-  snprintf(err, errlen, "rendezvous '%.200s%s': %s; expected file://DIR (a directory every rank shares) or "
-           "tcp://HOST:PORT (rank 0's host and a free port)", url, strlen(url) > 200 ? "..." : "", why);
+  /* echo at most 160 characters of the URL, so the reason always fits in 512 */
+  snprintf(err, errlen, "rendezvous '%.160s%s': %s; expected file://DIR (a directory every rank shares), "
+           "tcp://HOST:PORT (rank 0's host and a free port) or c10d://HOST:PORT (a torch c10d store, as "
+           "torchrun's)", url, strlen(url) > 160 ? "..." : "", why);
   return SL_ERR_INVALID;
 }
 
@@ -186,9 +211,19 @@ sl_status sl__rendezvous_parse(const char *url, sl__rendezvous *out, char *err, 
     strcpy(out->path, dir);
     return SL_OK;
   }
-  if (strncmp(url, "tcp://", 6) != 0) return bad_url(err, errlen, url, "unknown scheme");
+  sl__rdzv_kind kind;
+  const char *h;
+  if (strncmp(url, "tcp://", 6) == 0) {
+    kind = SL__RDZV_TCP;
+    h = url + 6;
+  } else if (strncmp(url, "c10d://", 7) == 0) {
+    kind = SL__RDZV_C10D;
+    h = url + 7;
+  } else {
+    return bad_url(err, errlen, url, "unknown scheme");
+  }
 
-  const char *h = url + 6, *hend, *colon;
+  const char *hend, *colon;
   if (*h == '[') { /* [v6]:port */
     h++;
     hend = strchr(h, ']');
@@ -217,7 +252,7 @@ sl_status sl__rendezvous_parse(const char *url, sl__rendezvous *out, char *err, 
   }
   if (port < 1 || port > 65535) return bad_url(err, errlen, url, "the port is not in 1..65535");
 
-  out->kind = SL__RDZV_TCP;
+  out->kind = kind;
   memcpy(out->host, h, hlen);
   out->host[hlen] = 0;
   out->port = (int)port;

@@ -12,10 +12,10 @@
 #include <time.h>
 
 #include "loader.h"
+#include "ranks_agree.h"
 
 #define SL__DEFAULT_STAGING (64u << 20)
 #define SL__MIN_STAGING 4096u
-#define AGREE_MSG 496
 
 typedef struct tensor_job {
   size_t src_index;
@@ -80,13 +80,6 @@ static uint64_t tensor_elems(const sl_source_tensor *t) {
 }
 
 /* ---- agreement ---------------------------------------------------------------------------- */
-typedef struct agree_rec {
-  int32_t status;
-  int32_t rank;
-  uint64_t digest;
-  char msg[AGREE_MSG];
-} agree_rec;
-
 /* Finds the first line where A and B differ and writes it (from B) into OUT. */
 static void first_difference(const char *a, const char *b, int rank_b, char *out, size_t len) {
   while (*a && *b) {
@@ -103,64 +96,32 @@ static void first_difference(const char *a, const char *b, int rank_b, char *out
   snprintf(out, len, "rank %d's plan is %s", rank_b, *a ? "shorter" : "longer");
 }
 
-static sl_status bcast_text(loader *L, char **text, int root) {
-  sl_context *ctx = L->ctx;
-  uint64_t len = L->rank == root ? strlen(*text) + 1 : 0;
-  sl_status st = ctx->coll->broadcast(ctx->comm, &len, sizeof len, root);
-  if (st != SL_OK) return st;
-  if (L->rank != root) {
-    *text = malloc(len ? len : 1);
-    if (!*text) return SL_ERR_NOMEM; /* the peer will time out; nothing better to do at 0 bytes */
-  }
-  st = ctx->coll->broadcast(ctx->comm, *text, len, root);
-  if (st == SL_OK && len) (*text)[len - 1] = 0;
-  return st;
-}
-
 /* Every rank contributes its local status and a digest of what decides data movement; all
  * return the first failing rank's status (with its message) or SL_ERR_MISMATCH naming the
  * first difference, or SL_OK together. */
 static sl_status agree(loader *L, sl_status local, uint64_t digest, const char *phase) {
   sl_context *ctx = L->ctx;
-  agree_rec mine = {.status = (int32_t)local, .rank = L->rank, .digest = digest};
-  if (local != SL_OK) snprintf(mine.msg, sizeof mine.msg, "%.*s", (int)sizeof mine.msg - 1, ctx->errmsg);
-  agree_rec *all = calloc((size_t)L->world, sizeof *all);
-  if (!all) return sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate the %s agreement table", phase);
-  sl_status st = ctx->coll->allgather(ctx->comm, &mine, all, sizeof mine);
-  if (st != SL_OK) {
-    free(all);
-    return st;
-  }
-  for (int r = 0; r < L->world; r++) {
-    if (all[r].status == SL_OK) continue;
-    sl_status s = (sl_status)all[r].status;
-    if (r != L->rank) {
-      all[r].msg[AGREE_MSG - 1] = 0;
-      sl__fail(ctx, s, "rank %d failed in %s: %s", r, phase, all[r].msg);
-    }
-    free(all);
-    return s;
-  }
-  int bad = -1;
-  for (int r = 1; r < L->world && bad < 0; r++)
-    if (all[r].digest != all[0].digest) bad = r;
-  free(all);
+  uint64_t facts[SL__AGREE_FACTS] = {digest}, *table = NULL;
+  sl_status st = sl__agree(ctx, local, facts, phase, &table);
+  if (st != SL_OK) return st;
+  int bad = sl__agree_first_differing(ctx, table, 0);
+  free(table);
   if (bad < 0) return SL_OK;
   /* Ranks disagree on what to move (different plan, dtype or options: the mismatch that
    * deadlocks broadcast-based loaders). Name the first difference on every rank. */
   char *ref = L->rank == 0 ? sl__load_canonical(L->plan, &L->o) : NULL;
-  if (L->rank == 0 && !ref) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
-  st = bcast_text(L, &ref, 0);
+  st = sl__bcast_text(ctx, &ref, 0);
   char *diff = NULL;
-  if (st == SL_OK && L->rank == bad) {
+  if (L->rank == bad) {
     char *own = sl__load_canonical(L->plan, &L->o);
     diff = malloc(512);
-    if (own && diff) first_difference(ref, own, bad, diff, 512);
+    if (own && ref && diff) first_difference(ref, own, bad, diff, 512);
     else if (diff) snprintf(diff, 512, "(out of memory describing it)");
     free(own);
   }
   free(ref);
-  if (st == SL_OK) st = bcast_text(L, &diff, bad);
+  sl_status ds = sl__bcast_text(ctx, &diff, bad);
+  if (st == SL_OK) st = ds;
   if (st == SL_OK)
     st = sl__fail(ctx, SL_ERR_MISMATCH,
                   "rank %d's load plan differs from rank 0's: %s; every rank must pass the same plan, "
@@ -172,28 +133,74 @@ static sl_status agree(loader *L, sl_status local, uint64_t digest, const char *
 
 /* Rank 0's verdict on a chunk it read, shared before the chunk's data moves so that an I/O
  * error fails every rank at once instead of leaving them waiting in the collective. */
-typedef struct ctrl_rec {
-  int32_t status;
-  char msg[252];
-} ctrl_rec;
-
 static sl_status share_root_status(loader *L, sl_status local) {
-  if (L->world == 1) return local;
+  return sl__share_root_status(L->ctx, local, 0);
+}
+
+/* Every-rank reads: each rank reads its own copy of the files (its own path when it could open
+ * the checkpoint itself, see source_dist.c), so before the data phase every rank proves that
+ * its copy matches rank 0's: the header bytes and a fingerprint of sampled data blocks of every
+ * file (what this catches and what it does not: docs/DESIGN.md#identity). One
+ * combined digest per rank crosses the network whatever the file count; only on a mismatch
+ * does rank 0 send its per-file table (16 bytes a file, in fixed pieces) so that the differing
+ * rank can name the first file that differs. */
+#define FP_PIECE 256 /* files per broadcast piece */
+
+typedef struct fp_verdict {
+  uint64_t file;
+  int32_t header; /* 1: the header bytes differ; 0: only the sampled data */
+  int32_t found;
+} fp_verdict;
+
+static sl_status agree_files(loader *L, sl_status local) {
   sl_context *ctx = L->ctx;
-  ctrl_rec c = {.status = (int32_t)local};
-  if (local != SL_OK) snprintf(c.msg, sizeof c.msg, "%.*s", (int)sizeof c.msg - 1, ctx->errmsg);
-  sl_status st = ctx->coll->broadcast(ctx->comm, &c, sizeof c, 0);
-  if (st != SL_OK) return st;
-  if (c.status != SL_OK && L->rank != 0) {
-    c.msg[sizeof c.msg - 1] = 0;
-    return sl__fail(ctx, (sl_status)c.status, "rank 0: %s", c.msg);
+  size_t nf = sl__source_file_count(L->src);
+  uint64_t *fp = local == SL_OK ? calloc(nf ? 2 * nf : 1, sizeof *fp) : NULL;
+  if (local == SL_OK && !fp) local = sl__fail(ctx, SL_ERR_NOMEM, "out of memory fingerprinting %zu files", nf);
+  uint64_t combined = 0;
+  if (local == SL_OK) local = sl__source_fingerprint_all(L->src, &combined, fp);
+  uint64_t facts[SL__AGREE_FACTS] = {combined, nf}, *table = NULL;
+  sl_status st = sl__agree(ctx, local, facts, "checking every rank's copy of the checkpoint", &table);
+  if (st != SL_OK) goto out_free;
+  int bad = sl__agree_first_differing(ctx, table, 0);
+  uint64_t nf0 = table[1];
+  free(table);
+  if (bad < 0) goto out_free;
+  /* rank 0's table in pieces; the differing rank compares each piece as it arrives */
+  fp_verdict v = {0, 0, 0};
+  uint64_t piece[2 * FP_PIECE];
+  for (uint64_t f0 = 0; f0 < nf0 && st == SL_OK; f0 += FP_PIECE) {
+    size_t n = nf0 - f0 < FP_PIECE ? (size_t)(nf0 - f0) : FP_PIECE;
+    if (L->rank == 0) memcpy(piece, fp + 2 * f0, n * 2 * sizeof *fp);
+    st = ctx->coll->broadcast(ctx->comm, piece, n * 2 * sizeof *piece, 0);
+    for (size_t i = 0; st == SL_OK && L->rank == bad && !v.found && i < n; i++) {
+      uint64_t f = f0 + i;
+      if (f >= nf || piece[2 * i] != fp[2 * f] || piece[2 * i + 1] != fp[2 * f + 1])
+        v = (fp_verdict){f, f >= nf || piece[2 * i] != fp[2 * f], 1};
+    }
   }
-  return (sl_status)c.status;
+  if (st == SL_OK && L->rank == bad && !v.found) v = (fp_verdict){nf0, 1, 1}; /* rank bad has more files */
+  if (st == SL_OK) st = ctx->coll->broadcast(ctx->comm, &v, sizeof v, bad);
+  if (st != SL_OK) goto out_free;
+  const char *name = v.file < nf ? sl__source_file_name(L->src, (size_t)v.file) : NULL;
+  st = sl__fail(ctx, SL_ERR_MISMATCH,
+                "%s: rank %d reads a different copy of this file than rank 0 (%s differ%s); every-rank reading "
+                "needs the same bytes on every rank: replace rank %d's copy with rank 0's (check for a partial or "
+                "modified download), or let rank 0 read alone (read mode rank0, --source rank0)",
+                name ? name : "(a file rank 0 does not have)", bad,
+                v.header ? "the safetensors headers" : "sampled tensor data blocks",
+                v.header ? "" : " while the headers are identical", bad);
+out_free:
+  free(fp);
+  return st;
 }
 
 /* ---- placement of received bytes ---------------------------------------------------------- */
+/* Whether bytes can land straight in the shard. Not on a rank that already failed: it keeps
+ * taking part in the collectives but places nothing more (the caller-buffer contract at
+ * sl_bind_fn), so its bytes go to staging and are dropped. */
 static bool host_direct(const loader *L, const tensor_job *j) {
-  return j->out->device == SL_DEVICE_CPU && j->wire == j->res.dtype;
+  return j->out->device == SL_DEVICE_CPU && j->wire == j->res.dtype && L->deferred == SL_OK;
 }
 
 /* BUF holds COUNT elements of dtype BUF_DT (the wire dtype, or the file's when this rank read
@@ -664,9 +671,16 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
   uint64_t digest = 0;
   st = plan_jobs(&L, &digest);
   if ((st = agree(&L, st, digest, "planning")) != SL_OK) goto out_fail;
-  if (L.o.read_mode == SL_READ_EVERY_RANK && !sl__source_has_files(src)) st = sl__source_open_files(src);
-  if (st == SL_OK) st = allocate(&L);
-  if ((st = agree(&L, st, digest, "preparation (opening files, allocating shards)")) != SL_OK) goto out_fail;
+  if (L.o.read_mode == SL_READ_EVERY_RANK) {
+    if (!sl__source_has_files(src)) st = sl__source_open_files(src);
+    /* alone, a rank has no one to compare its copy with */
+    if (L.world > 1 && (st = agree_files(&L, st)) != SL_OK) goto out_fail;
+    if (st != SL_OK) goto out_fail;
+  }
+  /* the caller's bind sees a tensor only from here on: every failure above leaves its
+   * buffers untouched (the contract at sl_bind_fn) */
+  st = allocate(&L);
+  if ((st = agree(&L, st, digest, "preparation (allocating shards)")) != SL_OK) goto out_fail;
 
   /* phase 2: data, tensor by tensor in file order */
   for (size_t i = 0; i < L.njobs; i++) {

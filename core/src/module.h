@@ -88,6 +88,13 @@ typedef struct sl_collective_init {
   const char *rendezvous; /* "file://DIR" or "tcp://HOST:PORT"; NULL for world size 1 */
   const char *prefix;     /* store key prefix, unique per job */
   int timeout_ms;
+  /* Appended (module ABI 1 keeps loading: a module that does not know them ignores them).
+   * LOBBY: a key prefix shared by every job with the same launcher job id and world size, where
+   * each rank leaves JOB_KEY (the caller's sl_context_options.job_key, "" when none) so that a
+   * rank waiting for peers that joined under another job key can say so at once instead of
+   * timing out (docs/DESIGN.md#rendezvous). */
+  const char *lobby;
+  const char *job_key;
 } sl_collective_init;
 
 typedef struct sl_collective_ops {

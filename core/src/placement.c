@@ -1,4 +1,4 @@
-/* The placement contract (DESIGN.md): resolved once per load, identically on every rank, and
+/* The placement contract (docs/DESIGN.md#placement): resolved once per load, identically on every rank, and
  * applied to every tensor on every path. Kept a pure function so it can be tested row by row
  * and so no path (main/non-main rank, sharded/replicated) can drift from it. */
 #include "internal.h"

@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "internal.h"
 
@@ -359,6 +361,7 @@ sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__s
     sl__st_header_free(out);
     return s;
   }
+  out->header_digest = XXH3_64bits(buf, (size_t)(8 + n));
   return SL_OK;
 }
 

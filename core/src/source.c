@@ -1,10 +1,13 @@
-/* The checkpoint source: one .safetensors file or a sharded model.safetensors.index.json,
- * validated as a whole before any byte moves (phase 1), plus the manifest that carries the
- * validated tensor table from rank 0 to the other ranks. */
+/* The checkpoint source: one .safetensors file, a sharded model.safetensors.index.json, or a
+ * directory holding one, validated as a whole before any byte moves (phase 1). This file holds
+ * the handle with its name index and builds it from the files' headers; the files themselves
+ * are opened and read through source_files.c (regular files only, never blocking, a bounded
+ * number open: docs/DESIGN.md#files), the index is parsed and its names confined to its
+ * directory in source_index.c, and the manifest that carries the validated tensor table from
+ * rank 0 to the other ranks is in source_manifest.c. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <fnmatch.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -13,7 +16,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <jansson.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -27,7 +29,9 @@
 
 sl_source *sl__source_new(sl_context *ctx) {
   sl_source *src = calloc(1, sizeof *src);
-  if (src) src->ctx = ctx;
+  if (!src) return NULL;
+  src->ctx = ctx;
+  src->max_open = sl__source_open_bound();
   return src;
 }
 
@@ -39,6 +43,7 @@ void sl_source_destroy(sl_source *src) {
   for (size_t i = 0; i < src->file_count; i++) {
     if (src->files[i].fd >= 0) close(src->files[i].fd);
     free(src->files[i].path);
+    free(src->files[i].name);
   }
   free(src->files);
   sl__free_pairs(src->meta_keys, src->meta_values, src->meta_count);
@@ -113,46 +118,19 @@ sl_status sl_source_metadata_at(const sl_source *src, size_t i, const char **key
 
 bool sl__source_has_files(const sl_source *src) { return src && src->has_files; }
 
-/* ---- reading -------------------------------------------------------------------------- */
-
-
-sl_status sl__source_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, void *dst, size_t bytes) {
-  if (!src || i >= src->count || (!dst && bytes))
-    return sl__fail(src ? src->ctx : NULL, SL_ERR_INVALID, "source read: invalid arguments");
-  const sl_source_tensor *t = &src->tensors[i];
-  uint64_t end;
-  if (!sl__add_u64(offset_in_tensor, bytes, &end) || end > t->nbytes)
-    return sl__fail(src->ctx, SL_ERR_INVALID,
-                    "source read of tensor '%s': bytes [%" PRIu64 ",%" PRIu64 ") are outside its %" PRIu64 " bytes",
-                    t->name, offset_in_tensor, end, t->nbytes);
-  const src_file *f = &src->files[src->file_of[i]];
-  if (!src->has_files || f->fd < 0)
-    return sl__fail(src->ctx, SL_ERR_INVALID, "source read of tensor '%s': file '%s' is not open on this rank",
-                    t->name, f->path);
-  uint64_t off = t->file_offset + offset_in_tensor;
-  ssize_t r = sl__pread_full(f->fd, dst, bytes, off);
-  if (r < 0)
-    return sl__fail(src->ctx, SL_ERR_IO, "%s: read of tensor '%s' at byte %" PRIu64 " failed: %s", f->path,
-                    t->name, off, strerror(errno));
-  if ((size_t)r < bytes)
-    return sl__fail(src->ctx, SL_ERR_IO,
-                    "%s: file ends at byte %" PRIu64 ", inside tensor '%s' (bytes %" PRIu64 "..%" PRIu64
-                    "): the file was truncated after it was opened",
-                    f->path, off + (uint64_t)r, t->name, t->file_offset, t->file_offset + t->nbytes);
-  return SL_OK;
-}
-
 /* ---- building from headers ------------------------------------------------------------ */
 
-static sl_status add_file(sl_source *src, const char *path, int fd) {
+static sl_status add_file(sl_source *src, const char *path, const char *name) {
   src_file *nf = realloc(src->files, (src->file_count + 1) * sizeof *nf);
   if (!nf) return SL_ERR_NOMEM;
   src->files = nf;
-  nf[src->file_count].path = sl__strdup(path);
-  nf[src->file_count].fd = fd;
-  if (!nf[src->file_count].path) return SL_ERR_NOMEM;
-  src->file_count++;
-  return SL_OK;
+  src_file *f = &nf[src->file_count];
+  memset(f, 0, sizeof *f);
+  f->fd = -1;
+  f->path = sl__strdup(path);
+  f->name = sl__strdup(name);
+  src->file_count++; /* counted at once: destroy frees what was allocated */
+  return f->path && f->name ? SL_OK : SL_ERR_NOMEM;
 }
 
 /* Appends the tensors of header H (file FILE) in file order, taking their names. */
@@ -184,27 +162,33 @@ static sl_status add_tensors(sl_source *src, size_t file, sl__st_header *h) {
   return SL_OK;
 }
 
-/* Opens PATH, reads and validates its header; the fd stays open in the source. */
-static sl_status open_st(sl_source *src, const char *path, const char *why, sl__st_header *h, size_t *file) {
+/* Opens PATH (named NAME by the index), reads and validates its header; the fd joins the
+ * source's bounded set of open files. */
+static sl_status open_st(sl_source *src, const char *path, const char *name, sl__st_header *h, size_t *file) {
   sl_context *ctx = src->ctx;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    return sl__fail(ctx, e == ENOENT ? SL_ERR_NOT_FOUND : SL_ERR_IO, "%s: cannot open%s: %s", path, why,
-                    strerror(e));
-  }
-  if (add_file(src, path, fd) != SL_OK) {
+  int fd;
+  struct stat st;
+  sl_status s = sl__source_open_regular(ctx, path, "", &fd, &st);
+  if (s != SL_OK) return s;
+  if (add_file(src, path, name) != SL_OK) {
     close(fd);
     return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
   }
   *file = src->file_count - 1;
+  sl__source_adopt_fd(src, *file, fd, &st);
   char err[SL__ERRMSG_LEN - 128];
-  sl_status s = sl__st_read(fd, h, err, sizeof err);
+  s = sl__st_read(fd, h, err, sizeof err);
   if (s != SL_OK) return sl__fail(ctx, s, "%s: %s", path, err);
+  src->files[*file].header_digest = h->header_digest;
   return SL_OK;
 }
 
 static sl_status finish(sl_source *src) {
+  uint64_t *digests = malloc((src->file_count ? src->file_count : 1) * sizeof *digests);
+  if (!digests) return sl__fail(src->ctx, SL_ERR_NOMEM, "out of memory");
+  for (size_t f = 0; f < src->file_count; f++) digests[f] = src->files[f].header_digest;
+  src->headers_digest = sl__source_combine_digests(digests, src->file_count);
+  free(digests);
   size_t dup = 0;
   sl_status s = sl__source_build_index(src, &dup);
   if (s == SL_ERR_NOMEM) return sl__fail(src->ctx, s, "out of memory");
@@ -218,7 +202,8 @@ static sl_status finish(sl_source *src) {
 static sl_status open_single(sl_source *src, const char *path) {
   sl__st_header h;
   size_t file;
-  sl_status s = open_st(src, path, "", &h, &file);
+  const char *slash = strrchr(path, '/');
+  sl_status s = open_st(src, path, slash ? slash + 1 : path, &h, &file);
   if (s != SL_OK) return s;
   if ((s = add_tensors(src, file, &h)) != SL_OK) {
     s = sl__fail(src->ctx, s, "out of memory");
@@ -236,143 +221,13 @@ out_header:
   return s;
 }
 
-/* ---- index.json ----------------------------------------------------------------------- */
-
-void sl__index_free(sl__index *ix) {
-  if (!ix) return;
-  for (size_t i = 0; i < ix->file_count; i++) free(ix->files[i]);
-  free(ix->files);
-  for (size_t i = 0; i < ix->count; i++) free(ix->names[i]);
-  free(ix->names);
-  free(ix->file_of);
-  sl__free_pairs(ix->meta_keys, ix->meta_values, ix->meta_count);
-  memset(ix, 0, sizeof *ix);
-}
-
-static int strp_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* "metadata" values become strings: strings as they are, anything else as compact JSON
- * (transformers writes {"total_size": 123}, an integer). */
-static sl_status index_metadata(const json_t *meta, sl__index *out, char *err, size_t errlen) {
-  size_t n = json_object_size(meta);
-  if (!n) return SL_OK;
-  out->meta_keys = calloc(n, sizeof(char *));
-  out->meta_values = calloc(n, sizeof(char *));
-  if (!out->meta_keys || !out->meta_values) return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
-  const char *key;
-  json_t *val;
-  json_object_foreach((json_t *)meta, key, val) {
-    size_t i = out->meta_count++;
-    out->meta_keys[i] = strdup(key);
-    out->meta_values[i] = json_is_string(val) ? strdup(json_string_value(val))
-                                              : json_dumps(val, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (!out->meta_keys[i] || !out->meta_values[i]) return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
-  }
-  return SL_OK;
-}
-
-static sl_status index_weight_map(const json_t *wm, sl__index *out, char *err, size_t errlen) {
-  size_t n = json_object_size(wm);
-  if (!n) return sl__errbuf(err, errlen, SL_ERR_FORMAT, "weight_map is empty; it must map every tensor to its file");
-  out->names = calloc(n, sizeof(char *));
-  out->file_of = calloc(n, sizeof(size_t));
-  char **all = calloc(n, sizeof(char *)); /* borrowed file names, one per entry */
-  if (!out->names || !out->file_of || !all) {
-    free(all);
-    return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
-  }
-  sl_status s = SL_OK;
-  const char *key;
-  json_t *val;
-  json_object_foreach((json_t *)wm, key, val) {
-    if (!json_is_string(val) || !json_string_length(val)) {
-      s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "weight_map entry '%s' must be a non-empty file name string", key);
-      goto out_all;
-    }
-    if (!(out->names[out->count] = strdup(key))) {
-      s = sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
-      goto out_all;
-    }
-    all[out->count++] = (char *)json_string_value(val);
-  }
-  /* distinct file names, sorted: they fix the file order */
-  char **sorted = malloc(n * sizeof(char *));
-  if (!sorted) {
-    s = sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
-    goto out_all;
-  }
-  memcpy(sorted, all, n * sizeof(char *));
-  qsort(sorted, n, sizeof(char *), strp_cmp);
-  size_t distinct = 0;
-  for (size_t i = 0; i < n; i++)
-    if (!distinct || strcmp(sorted[distinct - 1], sorted[i])) sorted[distinct++] = sorted[i];
-  out->files = calloc(distinct, sizeof(char *));
-  if (!out->files) {
-    s = sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
-    goto out_sorted;
-  }
-  for (size_t i = 0; i < distinct; i++) {
-    if (!(out->files[i] = strdup(sorted[i]))) {
-      s = sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
-      goto out_sorted;
-    }
-    out->file_count++;
-  }
-  for (size_t i = 0; i < n; i++) {
-    char **hit = bsearch(&all[i], out->files, out->file_count, sizeof(char *), strp_cmp);
-    out->file_of[i] = (size_t)(hit - out->files);
-  }
-out_sorted:
-  free(sorted);
-out_all:
-  free(all);
-  return s;
-}
-
-sl_status sl__index_parse(const char *buf, size_t len, sl__index *out, char *err, size_t errlen) {
-  memset(out, 0, sizeof *out);
-  if (err && errlen) err[0] = 0;
-  json_error_t jerr;
-  json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
-  if (!root)
-    return sl__errbuf(err, errlen, SL_ERR_FORMAT, "not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-                  jerr.column);
-  sl_status s = SL_OK;
-  if (!json_is_object(root)) {
-    s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "the index must be a JSON object with a weight_map");
-    goto out_root;
-  }
-  const json_t *wm = json_object_get(root, "weight_map");
-  if (!json_is_object(wm)) {
-    s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "%s", wm ? "weight_map must be an object of tensor name -> file name"
-                                                    : "no weight_map (is this a model.safetensors.index.json?)");
-    goto out_root;
-  }
-  const json_t *meta = json_object_get(root, "metadata");
-  if (meta && !json_is_null(meta) && !json_is_object(meta)) {
-    s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "metadata must be an object");
-    goto out_root;
-  }
-  if ((s = index_weight_map(wm, out, err, errlen)) != SL_OK) goto out_root;
-  if (json_is_object(meta)) s = index_metadata(meta, out, err, errlen);
-out_root:
-  json_decref(root);
-  if (s != SL_OK) sl__index_free(out);
-  return s;
-}
+/* ---- index.json: the files it names, checked against it -------------------------------- */
 
 static sl_status read_whole(sl_context *ctx, const char *path, char **buf, size_t *len) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    return sl__fail(ctx, e == ENOENT ? SL_ERR_NOT_FOUND : SL_ERR_IO, "%s: cannot open: %s", path, strerror(e));
-  }
-  sl_status s = SL_OK;
+  int fd;
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    s = sl__fail(ctx, SL_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-    goto out_fd;
-  }
+  sl_status s = sl__source_open_regular(ctx, path, "", &fd, &st);
+  if (s != SL_OK) return s;
   if ((uint64_t)st.st_size > SL__ST_MAX_HEADER) {
     s = sl__fail(ctx, SL_ERR_FORMAT, "%s: %" PRIu64 " bytes is too large for an index (limit %llu)", path,
                  (uint64_t)st.st_size, SL__ST_MAX_HEADER);
@@ -490,7 +345,7 @@ static sl_status open_index(sl_source *src, const char *path) {
     }
     sl__st_header h;
     size_t file;
-    s = open_st(src, fp, "", &h, &file);
+    s = open_st(src, fp, ix.files[f], &h, &file);
     free(fp);
     if (s != SL_OK) goto out_dir;
     s = add_tensors(src, file, &h);
@@ -556,7 +411,7 @@ static sl_status open_dir(sl_source *src, const char *path) {
     *list = nl;
     (*n)++;
   }
-  if (n_st > 1) qsort(st_names, n_st, sizeof(char *), strp_cmp);
+  if (n_st > 1) qsort(st_names, n_st, sizeof(char *), sl__strp_cmp);
   if (n_ix == 1 || (n_ix == 0 && n_st == 1)) {
     char *p = join(path, n_ix ? ix_names[0] : st_names[0]);
     if (!p) {

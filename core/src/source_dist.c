@@ -1,12 +1,25 @@
-/* Phase 1 across ranks: rank 0 alone reads and validates the checkpoint's headers (the
+/* Phase 1 across ranks: rank 0 alone must read and validate the checkpoint's headers (the
  * RAM-efficient path: other ranks need not even see the files), then broadcasts a manifest;
  * every rank builds its source from it. Every rank returns rank 0's error when it had one,
- * quickly, instead of waiting in a collective that will never come. */
+ * quickly, instead of waiting in a collective that will never come.
+ *
+ * Then the ranks agree on a job identity before any data moves (docs/DESIGN.md#identity):
+ * the world size each was started for, the checkpoint path each was given and,
+ * where a rank can read that path itself, the digest of its headers. A rank that can read its
+ * path must find rank 0's headers there, byte for byte. Ranks of one job may be given another
+ * path string than rank 0's (the same checkpoint mounted elsewhere on another node) only when
+ * they can read it, its headers match, and so do sampled tensor data blocks (a fine-tune of the
+ * same model has the same headers); a rank that cannot read its path must have been given
+ * rank 0's. So a stray rank of another job that met this one on a shared rendezvous fails every
+ * rank, before any byte of data moves. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
-#include "internal.h"
+#include <xxhash.h>
+
+#include "ranks_agree.h"
 
 typedef struct open_verdict {
   int32_t status;
@@ -15,14 +28,115 @@ typedef struct open_verdict {
   char msg[496];
 } open_verdict;
 
+/* Facts each rank contributes to the identity agreement. */
+enum { ID_WORLD = 0, ID_PATH = 1, ID_HEADERS = 2 /* 0: this rank could not read its path */ };
+
+/* A rank other than 0 tries its own path: when it can read it, it reads its own copy from then
+ * on (every-rank reads) and its headers prove which checkpoint it was given. Not being able to
+ * is no error here; rank 0 reads for it. */
+static sl_source *open_own_copy(sl_context *ctx, const char *path) {
+  struct stat sb;
+  if (!path || !*path || stat(path, &sb) != 0) return NULL;
+  sl_source *own = NULL;
+  if (sl__source_open_local(ctx, path, &own) != SL_OK) {
+    sl__log(ctx, SL_LOG_INFO, "rank %d: cannot read %s itself (%s); rank 0's reading stands for it", ctx->rank,
+            path, ctx->errmsg);
+    ctx->errmsg[0] = 0;
+    return NULL;
+  }
+  return own;
+}
+
+/* Rank BAD is not in rank 0's job (see the head of this file): every rank fails, with both
+ * paths as given; they go as texts of any length. */
+static sl_status identity_mismatch(sl_context *ctx, const char *path, const uint64_t *table, int bad) {
+  const uint64_t *r0 = table, *rb = table + (size_t)bad * SL__AGREE_FACTS;
+  char *p0 = ctx->rank == 0 ? (char *)path : NULL, *pb = ctx->rank == bad ? (char *)path : NULL;
+  sl_status st = sl__bcast_text(ctx, &p0, 0);
+  sl_status st2 = sl__bcast_text(ctx, &pb, bad);
+  if (st == SL_OK) st = st2;
+  if (st == SL_OK) {
+    char why[160];
+    if (rb[ID_WORLD] != r0[ID_WORLD])
+      snprintf(why, sizeof why, "it was started for a world of %llu ranks, rank 0 for %llu",
+               (unsigned long long)rb[ID_WORLD], (unsigned long long)r0[ID_WORLD]);
+    else if (rb[ID_HEADERS] == 0)
+      snprintf(why, sizeof why, "it was given another path and cannot read it to show it is the same checkpoint");
+    else if (rb[ID_HEADERS] != r0[ID_HEADERS])
+      snprintf(why, sizeof why, "the checkpoint it reads has other safetensors headers than rank 0's");
+    else
+      snprintf(why, sizeof why,
+               "its copy has rank 0's headers but other tensor data (another checkpoint of the same model?)");
+    st = sl__fail(ctx, SL_ERR_MISMATCH,
+                  "rank %d is not in the same job as rank 0: %s; rank 0 was given '%.300s'%s, rank %d '%.300s'%s. "
+                  "Start every rank of a job with the same checkpoint (a path may differ only where that rank "
+                  "can read it); jobs that share a rendezvous need different job keys or rendezvous",
+                  bad, why, p0 ? p0 : "?", p0 && strlen(p0) > 300 ? "..." : "", bad, pb ? pb : "?",
+                  pb && strlen(pb) > 300 ? "..." : "");
+  }
+  if (ctx->rank != 0) free(p0);
+  if (ctx->rank != bad) free(pb);
+  return st;
+}
+
+sl_status sl__source_fingerprint_all(sl_source *src, uint64_t *combined, uint64_t *per_file) {
+  size_t nf = sl__source_file_count(src);
+  XXH3_state_t *h = XXH3_createState();
+  if (!h) return sl__fail(NULL, SL_ERR_NOMEM, "out of memory");
+  XXH3_64bits_reset(h);
+  XXH3_64bits_update(h, &nf, sizeof nf);
+  sl_status st = SL_OK;
+  for (size_t f = 0; f < nf && st == SL_OK; f++) {
+    uint64_t fp[2];
+    if ((st = sl__source_file_fingerprint(src, f, fp)) != SL_OK) break;
+    XXH3_64bits_update(h, fp, sizeof fp);
+    if (per_file) memcpy(per_file + 2 * f, fp, sizeof fp);
+  }
+  *combined = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  return st;
+}
+
+/* The first rank whose identity does not fit rank 0's, or -1. */
+static int first_stranger(const sl_context *ctx, const uint64_t *table) {
+  const uint64_t *r0 = table;
+  for (int r = 1; r < ctx->world_size; r++) {
+    const uint64_t *f = table + (size_t)r * SL__AGREE_FACTS;
+    if (f[ID_WORLD] != r0[ID_WORLD]) return r;
+    if (f[ID_HEADERS] ? f[ID_HEADERS] != r0[ID_HEADERS] : f[ID_PATH] != r0[ID_PATH]) return r;
+  }
+  return -1;
+}
+
+/* Ranks given another path than rank 0's passed first_stranger with rank 0's headers: the same
+ * checkpoint mounted elsewhere, or another checkpoint of the same model (a fine-tune has its
+ * base model's headers). Sampled tensor data tells them apart; only those ranks and rank 0 read
+ * it, and only when there are such ranks. *BAD: the first whose data differs, or -1. */
+static sl_status compare_other_copies(sl_context *ctx, sl_source *mine, uint64_t *table, int *bad) {
+  *bad = -1;
+  bool any = false;
+  for (int r = 1; r < ctx->world_size; r++) any |= table[(size_t)r * SL__AGREE_FACTS + ID_PATH] != table[ID_PATH];
+  if (!any) return SL_OK;
+  bool reads = ctx->rank == 0 || table[(size_t)ctx->rank * SL__AGREE_FACTS + ID_PATH] != table[ID_PATH];
+  uint64_t facts[SL__AGREE_FACTS] = {0}, *fps = NULL;
+  sl_status st = reads ? sl__source_fingerprint_all(mine, &facts[0], NULL) : SL_OK;
+  if ((st = sl__agree(ctx, st, facts, "comparing copies of the checkpoint", &fps)) != SL_OK) return st;
+  for (int r = 1; r < ctx->world_size && *bad < 0; r++)
+    if (table[(size_t)r * SL__AGREE_FACTS + ID_PATH] != table[ID_PATH] && fps[(size_t)r * SL__AGREE_FACTS] != fps[0])
+      *bad = r;
+  free(fps);
+  return SL_OK;
+}
+
 SL_API sl_status sl_source_open(sl_context *ctx, const char *path, sl_source **out) {
   if (!ctx) return SL_ERR_INVALID;
   if (!out) return sl__fail(ctx, SL_ERR_INVALID, "sl_source_open: out is NULL");
   *out = NULL;
   if (ctx->world_size == 1) return sl__source_open_local(ctx, path, out);
 
-  sl_source *src = NULL;
+  sl_source *src = NULL, *own = NULL;
   void *manifest = NULL;
+  uint64_t *table = NULL;
   open_verdict v = {0};
   if (ctx->rank == 0) {
     sl_status st = sl__source_open_local(ctx, path, &src);
@@ -51,30 +165,33 @@ SL_API sl_status sl_source_open(sl_context *ctx, const char *path, sl_source **o
   if (st == SL_OK) st = bs;
   if (st == SL_OK && ctx->rank != 0) st = sl__source_deserialize(ctx, manifest, (size_t)v.manifest_len, &src);
   if (bs != SL_OK) goto out_free;
-  /* agree: a rank that could not take the manifest fails everyone, with its message */
-  {
-    struct {
-      int32_t status;
-      char msg[252];
-    } mine = {(int32_t)st, ""}, *all = calloc((size_t)ctx->world_size, sizeof mine);
-    if (st != SL_OK) snprintf(mine.msg, sizeof mine.msg, "%.*s", (int)sizeof mine.msg - 1, ctx->errmsg);
-    if (!all) {
-      st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
-      goto out_free;
-    }
-    sl_status gs = ctx->coll->allgather(ctx->comm, &mine, all, sizeof mine);
-    if (gs != SL_OK) st = gs;
-    for (int r = 0; gs == SL_OK && r < ctx->world_size; r++) {
-      if (all[r].status == SL_OK) continue;
-      st = (sl_status)all[r].status;
-      all[r].msg[sizeof all[r].msg - 1] = 0;
-      if (r != ctx->rank) sl__fail(ctx, st, "rank %d: %s", r, all[r].msg);
-      break;
-    }
-    free(all);
+  if (st == SL_OK && ctx->rank != 0) own = open_own_copy(ctx, path);
+
+  /* agree: a rank that could not take the manifest fails everyone, with its message; then the
+   * identity (see the head of this file) */
+  const sl_source *mine = ctx->rank == 0 ? src : own;
+  uint64_t facts[SL__AGREE_FACTS] = {(uint64_t)ctx->world_size, XXH3_64bits(path ? path : "", path ? strlen(path) : 0),
+                                     mine ? sl__source_headers_digest(mine) : 0};
+  if ((st = sl__agree(ctx, st, facts, "opening the checkpoint", &table)) != SL_OK) goto out_free;
+  int bad = first_stranger(ctx, table);
+  if (bad < 0 && (st = compare_other_copies(ctx, ctx->rank == 0 ? src : own, table, &bad)) != SL_OK) goto out_free;
+  if (bad >= 0) {
+    st = identity_mismatch(ctx, path, table, bad);
+    goto out_free;
+  }
+  if (own) {
+    /* the same headers as rank 0's: the same tensor table, read from this rank's own path */
+    const char *o0 = sl_source_file_at(own, 0), *r0 = sl_source_file_at(src, 0);
+    if (o0 && r0 && strcmp(o0, r0) != 0)
+      sl__log(ctx, SL_LOG_INFO, "rank %d reads its own copy %s (rank 0's headers, another path)", ctx->rank, path);
+    sl_source_destroy(src);
+    src = own;
+    own = NULL;
   }
 out_free:
+  free(table);
   free(manifest);
+  sl_source_destroy(own);
   if (st != SL_OK) {
     sl_source_destroy(src);
     return st;

@@ -16,15 +16,15 @@
 /* ---- manifest ------------------------------------------------------------------------- */
 /* Layout, all integers little-endian:
  *   "SLMF" u32 version
- *   u64 tensor_count  u64 file_count  u64 meta_count
+ *   u64 tensor_count  u64 file_count  u64 meta_count  u64 headers_digest
  *   tensor_count x { str name, u32 dtype, u32 ndim, ndim x i64 shape, u64 nbytes,
  *                    u32 file_index, u64 file_offset }
- *   file_count x str path
+ *   file_count x { str path, str name }
  *   meta_count x { str key, str value }
  * where str = u32 length + bytes (no NUL). It crosses the network: the reader checks every
  * length against what is left and every value against what it must be. */
 #define MANIFEST_MAGIC "SLMF"
-#define MANIFEST_VERSION 1u
+#define MANIFEST_VERSION 2u /* 2: headers digest, file names as the index gives them */
 #define MIN_TENSOR_BYTES (4 + 4 + 4 + 8 + 4 + 8)
 
 typedef struct wbuf {
@@ -82,6 +82,7 @@ sl_status sl__source_serialize(const sl_source *src, void **buf, size_t *len) {
   put_u64(&w, src->count);
   put_u64(&w, src->file_count);
   put_u64(&w, src->meta_count);
+  put_u64(&w, src->headers_digest);
   for (size_t i = 0; i < src->count; i++) {
     const sl_source_tensor *t = &src->tensors[i];
     put_str(&w, t->name);
@@ -92,7 +93,10 @@ sl_status sl__source_serialize(const sl_source *src, void **buf, size_t *len) {
     put_u32(&w, (uint32_t)src->file_of[i]);
     put_u64(&w, t->file_offset);
   }
-  for (size_t i = 0; i < src->file_count; i++) put_str(&w, src->files[i].path);
+  for (size_t i = 0; i < src->file_count; i++) {
+    put_str(&w, src->files[i].path);
+    put_str(&w, src->files[i].name);
+  }
   for (size_t i = 0; i < src->meta_count; i++) {
     put_str(&w, src->meta_keys[i]);
     put_str(&w, src->meta_values[i]);
@@ -194,17 +198,21 @@ sl_status sl__source_deserialize(sl_context *ctx, const void *buf, size_t len, s
   if (!src) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
   char magic[4];
   uint32_t version;
-  uint64_t nt, nf, nm;
+  uint64_t nt, nf, nm, digest;
   if (!get(&r, magic, 4) || memcmp(magic, MANIFEST_MAGIC, 4)) BAD("bad magic (not a shardload manifest)");
   if (!get_u32(&r, &version)) BAD("truncated header");
   if (version != MANIFEST_VERSION)
     BAD("version %" PRIu32 ", this build reads %u (mixed shardload versions across ranks?)", version,
         MANIFEST_VERSION);
-  if (!get_u64(&r, &nt) || !get_u64(&r, &nf) || !get_u64(&r, &nm)) BAD("truncated header");
+  if (!get_u64(&r, &nt) || !get_u64(&r, &nf) || !get_u64(&r, &nm) || !get_u64(&r, &digest))
+    BAD("truncated header");
+  /* a source with files has a digest of their headers, and only such a source has one */
+  if ((nf == 0) != (digest == 0)) BAD("headers digest %016" PRIx64 " for %" PRIu64 " files", digest, nf);
+  src->headers_digest = digest;
   /* Every entry takes some bytes, so the counts are bounded by what is left: a short, hostile
    * manifest cannot make us allocate much. */
-  if (nt > r.left / MIN_TENSOR_BYTES || nf > r.left / 4 || nm > r.left / 8 ||
-      nt * MIN_TENSOR_BYTES + nf * 4 + nm * 8 > r.left)
+  if (nt > r.left / MIN_TENSOR_BYTES || nf > r.left / 8 || nm > r.left / 8 ||
+      nt * MIN_TENSOR_BYTES + nf * 8 + nm * 8 > r.left)
     BAD("counts (%" PRIu64 " tensors, %" PRIu64 " files, %" PRIu64 " metadata) exceed its %zu bytes", nt, nf, nm,
         len);
   if (nt) {
@@ -226,9 +234,10 @@ sl_status sl__source_deserialize(sl_context *ctx, const void *buf, size_t len, s
   for (uint64_t i = 0; i < nf; i++) {
     src_file *f = &src->files[i];
     f->fd = -1;
-    if (!get_str(&r, &f->path)) BAD("truncated or malformed file name %" PRIu64, i);
-    src->file_count++;
-    if (!f->path[0]) BAD("file %" PRIu64 " has an empty name", i);
+    src->file_count++; /* owned from here on; path and name start NULL */
+    if (!get_str(&r, &f->path) || !get_str(&r, &f->name)) BAD("truncated or malformed file name %" PRIu64, i);
+    if (f->path[0] != '/') BAD("file %" PRIu64 " ('%s') has no absolute path", i, f->path);
+    if (!f->name[0] || strchr(f->name, '/') == f->name) BAD("file %" PRIu64 " has an empty or absolute name", i);
   }
   for (size_t i = 0; i < src->count; i++) src->tensors[i].file = src->files[src->file_of[i]].path;
   for (uint64_t i = 0; i < nm; i++) {
@@ -256,8 +265,7 @@ sl_status sl__source_open_files(sl_source *src) {
   if (src->has_files) return SL_OK;
   sl_context *ctx = src->ctx;
   sl_status s = SL_OK;
-  size_t f;
-  for (f = 0; f < src->file_count; f++) {
+  for (size_t f = 0; f < src->file_count; f++) {
     src_file *sf = &src->files[f];
     uint64_t need = 0;
     const char *last = NULL;
@@ -266,21 +274,13 @@ sl_status sl__source_open_files(sl_source *src) {
       uint64_t end = src->tensors[i].file_offset + src->tensors[i].nbytes;
       if (end > need) need = end, last = src->tensors[i].name;
     }
-    int fd = open(sf->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      int e = errno;
-      s = sl__fail(ctx, e == ENOENT ? SL_ERR_NOT_FOUND : SL_ERR_IO,
-                   "%s: cannot open on this rank (every-rank reading needs the checkpoint on a filesystem every "
-                   "rank sees): %s",
-                   sf->path, strerror(e));
-      goto out_close;
-    }
+    int fd;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-      s = sl__fail(ctx, SL_ERR_IO, "%s: cannot stat: %s", sf->path, strerror(errno));
-      close(fd);
-      goto out_close;
-    }
+    s = sl__source_open_regular(ctx, sf->path,
+                                " on this rank (every-rank reading needs the checkpoint on a filesystem every "
+                                "rank sees)",
+                                &fd, &st);
+    if (s != SL_OK) goto out_close;
     if ((uint64_t)st.st_size < need) {
       s = sl__fail(ctx, SL_ERR_FORMAT,
                    "%s: %" PRIu64 " bytes on this rank, but tensor '%s' ends at byte %" PRIu64
@@ -289,14 +289,18 @@ sl_status sl__source_open_files(sl_source *src) {
       close(fd);
       goto out_close;
     }
-    sf->fd = fd;
+    /* records what this rank opened; later reopens (the open files are bounded) must match */
+    sl__source_adopt_fd(src, f, fd, &st);
   }
   src->has_files = true;
   return SL_OK;
 out_close:
-  for (size_t k = 0; k < f; k++) {
-    close(src->files[k].fd);
-    src->files[k].fd = -1;
+  for (size_t k = 0; k < src->file_count; k++) {
+    src_file *sf = &src->files[k];
+    if (sf->fd >= 0) close(sf->fd);
+    sf->fd = -1;
+    sf->seen = false;
   }
+  src->open_count = 0;
   return s;
 }

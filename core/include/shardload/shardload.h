@@ -97,7 +97,7 @@ typedef struct sl_placement_decision {
   int pin_memory; /* CPU placement under a pinned CPU policy wants page-locked memory */
 } sl_placement_decision;
 
-/* The contract of DESIGN.md as a pure function; policy NULL means no policy. */
+/* The contract of docs/DESIGN.md#placement as a pure function; policy NULL means no policy. */
 SL_API sl_status sl_resolve_placement(sl_cpu_offload cpu_offload, const sl_offload_policy *policy,
                                       sl_placement_decision *out);
 SL_API const char *sl_placement_rule_describe(sl_placement_rule rule); /* "cpu_offload=on" ... */
@@ -135,6 +135,16 @@ typedef struct sl_context_options {
    * (truncated to ERRBUF_SIZE, NUL-terminated) as well as to the logger. */
   char *errbuf;
   size_t errbuf_size;
+  /* Names the job among others that may share a rendezvous (a file:// directory on a shared
+   * filesystem, a long-lived store): every rank of one job passes the same string and
+   * unrelated jobs pass different ones, e.g. the checkpoint path with the plan and load
+   * options (the shardload command does so). Hashed into the rendezvous key prefix, beside
+   * the launcher's job id (SHARDLOAD_JOB_ID, TORCHELASTIC_RUN_ID with its restart count,
+   * SLURM_JOB_ID, OMPI_MCA_ess_base_jobid) and the world size, so ranks of different jobs
+   * never see each other's keys. NULL: the launcher's job id and the world size alone; jobs
+   * that share those and a rendezvous then meet, and sl_source_open refuses the ranks whose
+   * checkpoint differs from rank 0's. */
+  const char *job_key;
 } sl_context_options;
 
 SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **out);
@@ -171,7 +181,13 @@ typedef struct sl_source_tensor {
 } sl_source_tensor;
 
 /* PATH: a .safetensors file, a model.safetensors.index.json, or a directory holding one of
- * them. Validates every header (phase 1). Tensors are listed in file order. */
+ * them. Validates every header (phase 1). Tensors are listed in file order.
+ * Collective over the context's ranks: rank 0 reads the headers and sends them; a rank that
+ * can read its own PATH also reads them, and reads its own copy from then on. The ranks agree
+ * that they are one job: the same world size and the same checkpoint (rank 0's headers byte
+ * for byte wherever a rank can read its PATH; a PATH other than rank 0's only where that rank
+ * can read it and sampled tensor data match too). Otherwise every rank fails with
+ * SL_ERR_MISMATCH naming the first differing rank and both paths (docs/DESIGN.md#identity). */
 SL_API sl_status sl_source_open(sl_context *ctx, const char *path, sl_source **out);
 SL_API void sl_source_destroy(sl_source *src);
 SL_API size_t sl_source_tensor_count(const sl_source *src);
@@ -231,6 +247,10 @@ typedef struct sl_shard_geometry {
 /* The mesh a load of WORLD ranks would use (the plan's, or 1-D [WORLD]); returns its ndim
  * and fills DIMS (SL_MAX_MESH_DIMS entries). */
 SL_API int sl_plan_mesh(const sl_plan *plan, int world, int *dims);
+/* The plan checks of sl_load's phase 1 for a job of WORLD_SIZE ranks (the mesh, tensors the
+ * plan names that SRC lacks, strictness, every taken tensor's placement and dtype), without
+ * loading: a dry run fails exactly where a load would, with the same status and message. */
+SL_API sl_status sl_plan_check(sl_plan *plan, const sl_source *src, int world_size);
 /* Resolve the plan for tensor T as rank RANK of WORLD would see it. */
 SL_API sl_status sl_plan_geometry(sl_plan *plan, const sl_source_tensor *t, int rank, int world,
                                   sl_shard_geometry *out);
@@ -259,9 +279,21 @@ typedef struct sl_tensor {
   uint64_t nbytes;        /* local bytes */
 } sl_tensor;
 
-/* Called once per tensor after phase 1 succeeded on every rank and before any byte moves.
- * Return a buffer of at least t->nbytes at t->device (and pinned if t->pinned) to have it
- * filled in place, or NULL to let the state own one. */
+/* Called once per tensor, in file order, once every rank agreed on the plan (and, reading on
+ * every rank, on the checkpoint's bytes) and before any byte moves. Return a buffer of at least
+ * t->nbytes at t->device (and pinned if t->pinned) to have it filled in place, or NULL to let
+ * the state own one. Caller buffers stay the caller's: the library never frees them.
+ *
+ * Caller buffers on failure (sl_load returns an error and no state):
+ * - Phase 1 (everything until every rank has bound or allocated every shard and they agreed;
+ *   on any rank): no byte of any caller buffer was written, whether or not bind was called.
+ * - Data phase: tensors load one after another in file order. On a rank, the buffers of the
+ *   tensors before the one it was loading when it learned of the failure may hold their new
+ *   bytes, that tensor's may hold part of them (any mix of old and new bytes), and the buffers
+ *   of later tensors are untouched. A failure that only one rank sees (a copy to its device, a
+ *   cast, its own read in every-rank mode) stops that rank placing bytes at once, but reaches
+ *   the others only at the closing agreement: their buffers may hold every tensor.
+ * - Never, in any case, a byte outside [data, data + t->nbytes) of a buffer. */
 typedef void *(*sl_bind_fn)(void *user, const sl_tensor *t);
 
 typedef struct sl_load_options {
@@ -278,7 +310,8 @@ typedef struct sl_load_options {
 } sl_load_options;
 
 /* Collective over the context's ranks. opts NULL, or from an older smaller struct, means the
- * zero value for every missing field (INFER, scatter, rank0, 64 MiB, no binding). */
+ * zero value for every missing field (INFER, scatter, rank0, 64 MiB, no binding). What a
+ * failure leaves in caller buffers: see sl_bind_fn. */
 SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const sl_load_options *opts,
                          sl_state **out);
 SL_API void sl_state_destroy(sl_state *st);
@@ -298,6 +331,18 @@ typedef struct sl_load_stats {
   double seconds;          /* wall time of sl_load on this rank */
 } sl_load_stats;
 SL_API sl_status sl_state_stats(const sl_state *st, sl_load_stats *out);
+
+/* ---- agreement on a caller's outcome ------------------------------------- */
+/* Collective over the context's ranks, for work done outside the library (writing a dump,
+ * checking a result): every rank passes its own outcome LOCAL (SL_OK or a failure whose
+ * message is the context's, see sl_context_errmsg) and every rank returns the same answer:
+ * SL_OK when all succeeded, else the status of the lowest failing rank R with "rank R:
+ * <its message>" as this context's message. Bounded by the context's timeout; a lost peer
+ * or a timeout returns the collective's own error. */
+SL_API sl_status sl_context_agree(sl_context *ctx, sl_status local);
+/* Records S with MSG as this context's message (sl_context_errmsg) and returns S: how a caller
+ * whose own step failed hands its message to sl_context_agree. */
+SL_API sl_status sl_context_set_error(sl_context *ctx, sl_status s, const char *msg);
 
 #ifdef __cplusplus
 }

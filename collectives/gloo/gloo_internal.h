@@ -1,0 +1,90 @@
+// What gloo.cc (the module: ops table, collectives, failure diagnosis) and gloo_connect.cc
+// (the rendezvous and communicator set-up) share: the communicator itself and the helpers
+// both use. Internal to the Gloo module; nothing here is exported (-fvisibility=hidden).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/device.h>
+
+extern "C" {
+#include "internal.h"
+}
+#include "lobby.h"
+#include "tcp_store.h"
+
+namespace shardload::gloo_internal {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr size_t kDefaultChunk = size_t(256) << 20;
+constexpr int kDefaultTimeoutMs = 300000;
+
+// PrefixStore that can also ask, without waiting, whether a key is present (gloo_connect.cc).
+class ProbingPrefixStore : public gloo::rendezvous::PrefixStore {
+ public:
+  ProbingPrefixStore(const std::string &prefix, gloo::rendezvous::Store &base,
+                     std::function<bool(const std::vector<std::string> &)> has);
+  bool has(const std::string &key);
+
+ private:
+  std::function<bool(const std::vector<std::string> &)> has_;
+};
+
+// One rank's communicator: what open_comm connected, and the state of the calls made on it
+// (the tag sequence, and the failure that poisoned it).
+struct Comm {
+  const sl_module_host *host = nullptr;
+  int rank = 0, world = 1, timeout_ms = kDefaultTimeoutMs;
+  size_t chunk = kDefaultChunk;
+  std::string url;
+  std::unique_ptr<shardload::TcpStoreServer> server; // rank 0 of a tcp:// rendezvous
+  std::unique_ptr<gloo::rendezvous::Store> base;     // FileStore or TcpStore
+  shardload::TcpStore *tcp = nullptr;                 // BASE when it is a TcpStore
+  std::unique_ptr<ProbingPrefixStore> store;
+  std::string lobby_prefix, job_key;           // sl_collective_init's lobby and job_key
+  std::unique_ptr<gloo::rendezvous::Store> lobby_conn; // c10d: an unclaimed connection for the lobby
+  std::unique_ptr<shardload::Lobby> lobby;     // on BASE (or LOBBY_CONN); null: no lobby
+  std::shared_ptr<gloo::transport::Device> dev;
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  uint32_t tag = 0;     // the same sequence on every rank: one per Gloo call
+  int waiting_for = -1; // the peer a point-to-point wait is on, for timeout messages
+  sl_status failed = SL_OK;
+  std::string failmsg;
+  std::vector<int> lost; // the ranks the failure was blamed on: fini does not wait for them
+
+  milliseconds timeout() const { return milliseconds(timeout_ms); }
+};
+
+// ---- helpers both files use (gloo.cc) --------------------------------------------------------
+
+bool contains(const std::string &s, const char *what);
+// Gloo prefixes messages with "[file:line] "; users need the rest.
+std::string gloo_text(const char *what);
+// SL_ERR_TIMEOUT, SL_ERR_PEER or SL_ERR_COMM, from the words of a Gloo or store message.
+sl_status classify(const std::string &m);
+// "rank 3" or "ranks 1, 2" (the first eight, then how many more).
+std::string rank_list(const std::vector<int> &ranks);
+// Whether KEY is in the store now; false when the store cannot tell.
+bool store_has(Comm &c, const std::string &key);
+// "gloo OP on rank R of W", the head of every message.
+std::string describe(const Comm &c, const char *op);
+// Reports a failed init (the communicator is destroyed after, so nothing is poisoned).
+sl_status init_fail(Comm &c, sl_status s, const std::string &msg);
+
+// ---- set-up (gloo_connect.cc) ----------------------------------------------------------------
+
+// Meets the other ranks at R under PREFIX and connects the Gloo mesh, all within C's timeout:
+// the store (served by rank 0 for tcp://), the lobby, the join, the device and the pairs, then
+// rank 0's chunk size. On failure C holds what was opened, for the caller to destroy.
+sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix);
+
+} // namespace shardload::gloo_internal
