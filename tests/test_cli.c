@@ -877,17 +877,110 @@ static void test_json_non_utf8_path(void **state) {
     if (!got) fail_msg("%s: no \"path\"", line);
     assert_string_equal(got, want_path);
     assert_string_equal(json_string_value(json_object_get(j, "path_bytes_hex")), want_hex);
+    if (i == 0) {
+      /* "files" keeps the file at its index, "files_bytes_hex" its exact bytes there */
+      json_t *files = json_object_get(j, "files"), *hex = json_object_get(j, "files_bytes_hex");
+      assert_int_equal(json_array_size(files), 1);
+      assert_int_equal(json_array_size(hex), 1);
+      assert_string_equal(json_string_value(json_array_get(files, 0)), want_path);
+      assert_string_equal(json_string_value(json_array_get(hex, 0)), want_hex);
+    }
     json_decref(j);
     free(out);
   }
+  /* --dump into a directory whose name is not UTF-8: "dump" is kept the same way */
+  char dump_cmd[4096], dump_raw[4096], dump_hex[8192], dump_lossy[4096];
+  snprintf(dump_cmd, sizeof dump_cmd, "\"$(printf '%s/dump\351')\"", g_dir);
+  snprintf(dump_raw, sizeof dump_raw, "%s/dump\351/rank-0.safetensors", g_dir);
+  snprintf(dump_lossy, sizeof dump_lossy, "%s/dump\xef\xbf\xbd/rank-0.safetensors", g_dir);
+  for (size_t i = 0; dump_raw[i]; i++) snprintf(dump_hex + 2 * i, 3, "%02x", (unsigned char)dump_raw[i]);
+  assert_int_equal(sl_test_run(&out, "rm -rf %s && mkdir %s && " ENV1 " %s load '%s' --backend cpu --dump %s --json",
+                               dump_cmd, dump_cmd, sl_test_bin(), g_single, dump_cmd), 0);
+  json_t *dj = json_loads(out, 0, NULL);
+  if (!dj) fail_msg("load --dump --json: not JSON: %s", out);
+  if (!json_string_value(json_object_get(dj, "dump"))) fail_msg("no \"dump\" in %s", out);
+  assert_string_equal(json_string_value(json_object_get(dj, "dump")), dump_lossy);
+  assert_string_equal(json_string_value(json_object_get(dj, "dump_bytes_hex")), dump_hex);
+  json_decref(dj);
+  free(out);
   /* a UTF-8 path has no _bytes_hex twin */
   assert_int_equal(sl_test_run(&out, "%s inspect '%s' --json", sl_test_bin(), g_single), 0);
   json_t *j = json_loads(out, 0, NULL);
   assert_non_null(j);
   assert_string_equal(json_string_value(json_object_get(j, "path")), g_single);
   assert_null(json_object_get(j, "path_bytes_hex"));
+  assert_string_equal(json_string_value(json_array_get(json_object_get(j, "files"), 0)), g_single);
+  assert_null(json_object_get(j, "files_bytes_hex"));
   json_decref(j);
   free(out);
+}
+
+/* The human reports print paths escaped like everything else from outside: a newline in the
+ * checkpoint or dump path cannot split "plan for ..." or "dump: ..." into fake lines. */
+static void test_report_paths_escaped(void **state) {
+  char *out = NULL, cmd_dir[4096], want[4096];
+  snprintf(cmd_dir, sizeof cmd_dir, "\"$(printf '%s/esc\nfake\033[31m')\"", g_dir);
+  assert_int_equal(sl_test_run(&out, "rm -rf %s && mkdir %s && cp '%s' %s/m.safetensors", cmd_dir, cmd_dir, g_single,
+                               cmd_dir), 0);
+  free(out);
+  assert_int_equal(sl_test_run(&out, "%s plan %s/m.safetensors --world 1", sl_test_bin(), cmd_dir), 0);
+  assert_null(strchr(out, '\033'));
+  snprintf(want, sizeof want, "plan for %s/esc\\nfake\\x1b[31m/m.safetensors: world 1", g_dir);
+  if (!strstr(out, want)) fail_msg("'%s' not in: %s", want, out);
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load %s/m.safetensors --backend cpu --dump %s", sl_test_bin(), cmd_dir,
+                               cmd_dir), 0);
+  assert_null(strchr(out, '\033'));
+  snprintf(want, sizeof want, "\ndump: %s/esc\\nfake\\x1b[31m/rank-0.safetensors\n", g_dir);
+  if (!strstr(out, want)) fail_msg("'%s' not in: %s", want, out);
+  free(out);
+}
+
+/* Tensor names longer than any fixed buffer keep their own dump metadata keys: two names that
+ * differ only past 1 KiB do not collide, and one whose 1 KiB mark falls inside a UTF-8
+ * sequence does not lose its keys. */
+static void test_dump_long_names(void **state) {
+  enum { LONG = 1100 };
+  char names[3][LONG + 8];
+  memset(names[0], 'a', LONG);
+  snprintf(names[0] + LONG, 8, "1");
+  memset(names[1], 'a', LONG);
+  snprintf(names[1] + LONG, 8, "2");
+  memset(names[2], 'b', 1022); /* a 1 KiB buffer's last byte cuts the 2-byte sequence */
+  snprintf(names[2] + 1022, 8, "\xc3\xa9");
+  size_t hlen = 3 * (LONG + 128) + 64;
+  char *hdr = malloc(hlen), *p = sl_test_path(g_dir, "long-names.safetensors");
+  char *dump = sl_test_path(g_dir, "dump-long"), *rank0 = sl_test_path(dump, "rank-0.safetensors"), *out = NULL;
+  assert_non_null(hdr);
+  snprintf(hdr, hlen,
+           "{\"%s\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+           "\"%s\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[2,5]},"
+           "\"%s\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[5,9]}}",
+           names[0], names[1], names[2]);
+  assert_int_equal(sl_test_write_raw(p, hdr, 9), 0);
+  assert_int_equal(sl_test_run(&out, "rm -rf '%s' && mkdir -p '%s' && " ENV1 " %s load '%s' --backend cpu --dump '%s'",
+                               dump, dump, sl_test_bin(), p, dump), 0);
+  free(out);
+  st_file f;
+  st_open(rank0, &f);
+  static const char *want_shape[] = {"[2]", "[3]", "[4]"};
+  for (int i = 0; i < 3; i++) {
+    char *key = NULL;
+    assert_true(asprintf(&key, "%s.global_shape", names[i]) > 0);
+    const char *v = st_meta(&f, key);
+    if (!v) fail_msg("the dump lacks the metadata key of tensor %d (%zu bytes)", i, strlen(names[i]));
+    assert_string_equal(v, want_shape[i]);
+    free(key);
+    assert_true(asprintf(&key, "%s.global_offset", names[i]) > 0);
+    assert_non_null(st_meta(&f, key));
+    assert_string_equal(st_meta(&f, key), "[0]");
+    free(key);
+  }
+  st_close(&f);
+  free(rank0);
+  free(dump);
+  free(p);
+  free(hdr);
 }
 
 /* `plan` reports what `load` would: a plan naming a tensor the checkpoint lacks fails both,
@@ -952,6 +1045,8 @@ int main(void) {
       cmocka_unit_test(test_error_line_sanitised),
       cmocka_unit_test(test_inspect_escapes_names),
       cmocka_unit_test(test_json_non_utf8_path),
+      cmocka_unit_test(test_report_paths_escaped),
+      cmocka_unit_test(test_dump_long_names),
       cmocka_unit_test(test_plan_fails_like_load),
       cmocka_unit_test(test_usage_found_late),
   };

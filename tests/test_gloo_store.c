@@ -42,6 +42,7 @@ static const char kTokenB[] = "another-job-entirely-its-token";
 
 typedef struct rank_spec {
   int rank, world, timeout_ms, delay_ms;
+  int linger_ms; /* after the barrier, before fini */
   const char *host; /* the rendezvous host (default 127.0.0.1) */
   int port;
   const char *token;    /* SHARDLOAD_TOKEN, or NULL for unset */
@@ -74,6 +75,7 @@ static int rank_main(const rank_spec *s) {
   CHECK(!s->max_ms || took < s->max_ms, "init took %.0f ms", took);
   if (st == SL_OK) {
     CHECK(ops->barrier(comm) == SL_OK, "barrier");
+    if (s->linger_ms) usleep((useconds_t)s->linger_ms * 1000);
     ops->fini(comm);
   }
   return 0;
@@ -616,6 +618,47 @@ static void test_duplicate_rank(void **state) {
   run_ranks(s, 4, 30000);
 }
 
+/* A duplicate rank that arrives after every rank joined (the job loads) makes rank 0's
+ * store linger for the failed-start grace (2 s), not for the whole timeout at fini. */
+static void test_late_duplicate_does_not_hold_rank0(void **state) {
+  NEED_GLOO();
+  int port = sl_test_free_port();
+  rank_spec s[2] = {
+      {.rank = 0, .world = 2, .timeout_ms = 20000, .port = port, .linger_ms = 2500, .expect = SL_OK},
+      {.rank = 1, .world = 2, .timeout_ms = 20000, .port = port, .linger_ms = 2500, .expect = SL_OK},
+  };
+  pid_t pids[2] = {spawn_rank(&s[0]), spawn_rank(&s[1])};
+  usleep(1500 * 1000); /* both have joined and passed their barrier by now */
+  int fd = dial("127.0.0.1", port, 5000);
+  assert_true(fd >= 0);
+  char msg[512] = "";
+  int st = handshake(fd, NULL, 1, 2, msg, sizeof msg);
+  close(fd);
+  assert_int_equal(st, ST_CONFLICT);
+  /* Rank 0 finishes at about 2.5 s plus the 2 s grace; the timeout would keep it 20 s more. */
+  assert_int_equal(reap(pids[1], 10000), 0);
+  assert_int_equal(reap(pids[0], 8000), 0);
+}
+
+/* A client of another protocol version (version 1 sent two fields) is told to run the same
+ * version rather than dropped unanswered. */
+static void test_other_version_refused(void **state) {
+  NEED_GLOO();
+  int port = sl_test_free_port();
+  pid_t r0 = serve(port, 2, 5000);
+  int fd = dial("127.0.0.1", port, 10000);
+  assert_true(fd >= 0);
+  field hello[2] = {{"1", 1}, {"0", 1}};
+  assert_int_equal(send_frame(fd, OP_HELLO, hello, 2), 0);
+  reply r = recv_reply(fd, 5000);
+  close(fd);
+  stop(r0);
+  assert_int_equal(r.status, ST_DENIED);
+  assert_int_equal(r.n, 1);
+  assert_non_null(strstr((char *)r.f[0], "run the same shardload version"));
+  reply_free(&r);
+}
+
 /* ---- bounds ------------------------------------------------------------------------------------- */
 
 static long rss_kib(pid_t pid) {
@@ -820,6 +863,28 @@ static void test_accept_emfile_no_spin(void **state) {
   assert_true(used < 200);
 }
 
+/* A client reset while its WAIT is parked is a closed connection: rank 0 does not spin on the
+ * hang-up poll keeps reporting. */
+static void test_reset_waiter_no_spin(void **state) {
+  NEED_GLOO();
+  int port = sl_test_free_port();
+  pid_t r0 = serve(port, 2, 8000);
+  int fd = join_as(port, NULL, 1, 2);
+  field wait[2] = {{"60000", 5}, {"never", 5}};
+  assert_int_equal(send_frame(fd, OP_WAIT, wait, 2), 0);
+  usleep(200000);
+  struct linger hard = {1, 0}; /* close with a reset */
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+  close(fd);
+  usleep(200000);
+  double c0 = cpu_ms(r0), t0 = now_ms();
+  usleep(1000000);
+  double used = cpu_ms(r0) - c0, wall = now_ms() - t0;
+  print_message("rank 0 used %.0f ms of CPU in %.0f ms after a waiting client reset\n", used, wall);
+  stop(r0);
+  assert_true(used < 200);
+}
+
 /* ---- Gloo's connect phase honours the timeout -------------------------------------------------- */
 
 /* A fake rank 1 joins and publishes a Gloo address nobody will ever connect from (on
@@ -861,11 +926,14 @@ int main(void) {
       cmocka_unit_test(test_binds_named_address_only),
       cmocka_unit_test(test_non_loopback_needs_token),
       cmocka_unit_test(test_duplicate_rank),
+      cmocka_unit_test(test_late_duplicate_does_not_hold_rank0),
+      cmocka_unit_test(test_other_version_refused),
       cmocka_unit_test(test_pipelined_gets_bounded),
       cmocka_unit_test(test_oversized_value_refused),
       cmocka_unit_test(test_store_total_bounded),
       cmocka_unit_test(test_connection_flood),
       cmocka_unit_test(test_accept_emfile_no_spin),
+      cmocka_unit_test(test_reset_waiter_no_spin),
       cmocka_unit_test(test_connect_phase_timeout),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

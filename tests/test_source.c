@@ -952,6 +952,35 @@ static void non_regular_files(void **state) {
   free(dir);
 }
 
+/* A special file is refused by name, before it is opened at all: opening one can act on it
+ * (a FIFO's waiting writer is released, a tape rewinds, a terminal becomes the controlling
+ * one). A writer blocked opening a FIFO shows it: it stays blocked. */
+static void special_file_refused_unopened(void **state) {
+  char *dir = sl_test_dir("source-unopened"), *fifo = sl_test_path(dir, "pipe.safetensors");
+  assert_int_equal(mkfifo(fifo, 0644), 0);
+  pid_t writer = fork();
+  assert_true(writer >= 0);
+  if (writer == 0) {
+    alarm(10);
+    int fd = open(fifo, O_WRONLY); /* blocks until some reader opens the FIFO */
+    _exit(fd >= 0 ? 0 : 1);
+  }
+  usleep(100 * 1000); /* let the writer reach its open */
+  sl_source *src = NULL;
+  assert_int_equal(sl_source_open(g_ctx, fifo, &src), SL_ERR_INVALID);
+  assert_non_null(strstr(sl_context_errmsg(g_ctx), "FIFO"));
+  usleep(200 * 1000);
+  int status = 0;
+  pid_t done = waitpid(writer, &status, WNOHANG);
+  /* release the writer either way */
+  int rd = open(fifo, O_RDONLY | O_NONBLOCK);
+  if (done == 0) assert_int_equal(waitpid(writer, &status, 0), writer);
+  if (rd >= 0) close(rd);
+  if (done != 0) fail_msg("opening %s released a writer waiting on it: the FIFO was opened", fifo);
+  free(fifo);
+  free(dir);
+}
+
 /* ---- a bounded number of open files ---------------------------------------------------- */
 
 static int count_open_fds(void) {
@@ -1087,6 +1116,7 @@ int main(void) {
       cmocka_unit_test(index_confinement),
       cmocka_unit_test(hf_cache_layout),
       cmocka_unit_test(non_regular_files),
+      cmocka_unit_test(special_file_refused_unopened),
       cmocka_unit_test(many_shards_low_fd_limit),
       cmocka_unit_test(reopen_checks_identity),
   };

@@ -63,6 +63,9 @@ void cli_fput_escaped(FILE *out, const char *s, int width);
  * dropped: OBJ[KEY] holds it with each invalid byte as U+FFFD and OBJ[KEY "_bytes_hex"] its
  * exact bytes as lower-case hex. */
 void cli_json_set_path(json_t *obj, const char *key, const char *path);
+/* PATH as JSON values for an array: *VALUE as in cli_json_set_path (U+FFFD for each invalid
+ * byte), *HEX its exact bytes as lower-case hex when it is not valid UTF-8, else NULL. */
+void cli_json_path_values(const char *path, json_t **value, json_t **hex);
 /* A JSON array of dims. */
 json_t *cli_json_dims(int ndim, const int64_t *dims);
 /* Adds one tensor entry {dtype, shape, data_offsets [off, off+nbytes]} to a safetensors header. */

@@ -32,10 +32,23 @@ static int print_json(const char *path, const sl_source *src) {
   json_t *root = json_object();
   cli_json_set_path(root, "path", path);
 
-  json_t *files = json_array();
-  for (size_t i = 0; i < sl_source_file_count(src); i++)
-    json_array_append_new(files, json_string(sl_source_file_at(src, i)));
+  /* "files": one string per file, in order, as "path" is written; when some name is not
+   * valid UTF-8, "files_bytes_hex" holds at the same index its exact bytes (null for the
+   * others) */
+  json_t *files = json_array(), *files_hex = json_array();
+  int any_hex = 0;
+  for (size_t i = 0; i < sl_source_file_count(src); i++) {
+    json_t *value, *hex;
+    cli_json_path_values(sl_source_file_at(src, i), &value, &hex);
+    any_hex |= hex != NULL;
+    json_array_append_new(files, value ? value : json_null());
+    json_array_append_new(files_hex, hex ? hex : json_null());
+  }
   json_object_set_new(root, "files", files);
+  if (any_hex)
+    json_object_set_new(root, "files_bytes_hex", files_hex);
+  else
+    json_decref(files_hex);
 
   json_t *meta = json_object();
   for (size_t i = 0; i < sl_source_metadata_count(src); i++) {

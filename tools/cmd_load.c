@@ -195,7 +195,10 @@ static int report_json(FILE *out, const sl_context *ctx, const cli_load_args *a,
   }
   json_object_set_new(sj, "peak_rss_bytes", json_integer((json_int_t)tot->peak_rss));
   json_object_set_new(root, "stats", sj);
-  json_object_set_new(root, "dump", dump_path ? json_string(dump_path) : json_null());
+  if (dump_path)
+    cli_json_set_path(root, "dump", dump_path);
+  else
+    json_object_set_new(root, "dump", json_null());
 
   int rc = cli_json_print(out, root);
   json_decref(root);
@@ -268,7 +271,11 @@ static void report_table(FILE *out, const sl_context *ctx, const sl_state *st, c
             cli_human_bytes(h5, sizeof h5, tot->stats.staging_bytes),
             cli_human_bytes(h6, sizeof h6, tot->peak_rss));
   }
-  if (dump_path) fprintf(out, "dump: %s\n", dump_path);
+  if (dump_path) {
+    fputs("dump: ", out);
+    cli_fput_escaped(out, dump_path, 0);
+    fputc('\n', out);
+  }
 }
 
 /* ---- test hook ---------------------------------------------------------------------------- */
@@ -404,18 +411,32 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
     cli_fail(a->path, s, ctx);
     goto out_ctx;
   }
-  if ((rc = cli_plan_build(ctx, &a->plan, &plan)) != CLI_EXIT_OK) goto out_source;
-  rc = CLI_EXIT_ERROR;
+  rc = cli_plan_build(ctx, &a->plan, &plan);
   /* --mesh against the world size: known only now that the rank knows its world */
-  if (a->plan.mesh_ndim) {
+  if (rc == CLI_EXIT_OK && a->plan.mesh_ndim) {
     long ranks = 1;
     for (int d = 0; d < a->plan.mesh_ndim; d++) ranks *= a->plan.mesh[d];
-    if (ranks != sl_context_world_size(ctx)) {
+    if (ranks != sl_context_world_size(ctx))
       rc = cli_usage_error("--mesh", "mesh holds %ld ranks but the job has %d; give a mesh whose sizes "
                            "multiply to %d", ranks, sl_context_world_size(ctx), sl_context_world_size(ctx));
-      goto out_plan;
+  }
+  /* A plan that fails on one rank only (a --plan file unreadable on its node) must not leave
+   * the others waiting in sl_load's first agreement until the timeout: all agree on it first.
+   * The failing rank printed its own line; the others name it. */
+  if (sl_context_world_size(ctx) > 1) {
+    if (rc != CLI_EXIT_OK) {
+      char why[1200];
+      snprintf(why, sizeof why, "its plan could not be built: %s",
+               sl_context_errmsg(ctx)[0] ? sl_context_errmsg(ctx) : "a usage error (see its error line)");
+      sl_context_set_error(ctx, SL_ERR_PLAN, why);
+    }
+    if ((s = sl_context_agree(ctx, rc == CLI_EXIT_OK ? SL_OK : SL_ERR_PLAN)) != SL_OK && rc == CLI_EXIT_OK) {
+      cli_fail(a->path, s, ctx);
+      rc = CLI_EXIT_ERROR;
     }
   }
+  if (rc != CLI_EXIT_OK) goto out_plan;
+  rc = CLI_EXIT_ERROR;
 
   progress_line pl = {0};
   sl_load_options lo;
@@ -500,7 +521,6 @@ out_state:
   sl_state_destroy(st);
 out_plan:
   sl_plan_destroy(plan);
-out_source:
   sl_source_destroy(src);
 out_ctx:
   sl_context_destroy(ctx);

@@ -312,8 +312,9 @@ int cli_cmd_plan(int argc, char **argv) {
     json_object_set_new(root, "ranks", ranks);
   } else {
     char m[160];
-    printf("plan for %s: world %ld, mesh %s, %zu tensors\n", path, world,
-           cli_dims_str(m, sizeof m, mesh_ndim, mesh), n);
+    fputs("plan for ", stdout);
+    cli_fput_escaped(stdout, path, 0);
+    printf(": world %ld, mesh %s, %zu tensors\n", world, cli_dims_str(m, sizeof m, mesh_ndim, mesh), n);
   }
   for (long rank = 0; rank < world; rank++) {
     if (only_rank >= 0 && rank != only_rank) continue;

@@ -35,32 +35,52 @@ out_fail:
   return -1;
 }
 
+/* Sets META[NAME SUFFIX] to the dims as a string; 0 on success. The key is as long as the name
+ * (a fixed buffer would cut a long name: two keys would collide, or a cut UTF-8 sequence would
+ * make jansson refuse the key and the dump silently lose it). */
+static int dump_meta_dims(json_t *meta, const char *name, const char *suffix, int ndim, const int64_t *dims) {
+  char *key = NULL, val[256];
+  if (asprintf(&key, "%s%s", name, suffix) < 0) return -1;
+  int rc = json_object_set_new(meta, key, json_string(cli_dims_str(val, sizeof val, ndim, dims)));
+  free(key);
+  return rc;
+}
+
 /* The safetensors header of the dump: tensors in state order with contiguous offsets, and the
- * global geometry in __metadata__ (whose values must be strings). */
-static json_t *dump_header(const sl_state *st, int rank, int world) {
+ * global geometry in __metadata__ (whose values must be strings). NULL when it cannot be
+ * built, with the tensor it failed at in *FAILED_AT (NULL: none in particular). */
+static json_t *dump_header(const sl_state *st, int rank, int world, const char **failed_at) {
   json_t *hdr = json_object(), *meta = json_object();
-  char key[1024], val[256];
+  char val[256];
   size_t n = sl_state_count(st);
-  json_object_set_new(hdr, "__metadata__", meta);
+  *failed_at = NULL;
+  if (json_object_set_new(hdr, "__metadata__", meta) != 0) goto fail;
   for (size_t i = 0; i < n; i++) {
     const sl_tensor *t = sl_state_tensor(st, i);
-    snprintf(key, sizeof key, "%s.global_shape", t->name);
-    json_object_set_new(meta, key, json_string(cli_dims_str(val, sizeof val, t->ndim, t->global_shape)));
-    snprintf(key, sizeof key, "%s.global_offset", t->name);
-    json_object_set_new(meta, key, json_string(cli_dims_str(val, sizeof val, t->ndim, t->global_offset)));
+    *failed_at = t->name;
+    if (dump_meta_dims(meta, t->name, ".global_shape", t->ndim, t->global_shape) != 0 ||
+        dump_meta_dims(meta, t->name, ".global_offset", t->ndim, t->global_offset) != 0)
+      goto fail;
   }
+  *failed_at = NULL;
   snprintf(val, sizeof val, "%d", rank);
-  json_object_set_new(meta, "rank", json_string(val));
+  if (json_object_set_new(meta, "rank", json_string(val)) != 0) goto fail;
   snprintf(val, sizeof val, "%d", world);
-  json_object_set_new(meta, "world_size", json_string(val));
+  if (json_object_set_new(meta, "world_size", json_string(val)) != 0) goto fail;
 
   uint64_t off = 0;
   for (size_t i = 0; i < n; i++) {
     const sl_tensor *t = sl_state_tensor(st, i);
+    *failed_at = t->name;
     cli_st_header_add(hdr, t->name, sl_dtype_name(t->dtype), t->ndim, t->local_shape, off, t->nbytes);
+    if (!json_object_get(hdr, t->name)) goto fail;
     off += t->nbytes;
   }
+  *failed_at = NULL;
   return hdr;
+fail:
+  json_decref(hdr);
+  return NULL;
 }
 
 /* A dump failure: prints the error line and leaves "SUBJECT: message" as the context's message,
@@ -128,13 +148,21 @@ sl_status cli_dump_rank(sl_context *ctx, const sl_state *st, const char *dir, in
   if (dirfd < 0)
     return dump_fail(ctx, dir, SL_ERR_IO, "cannot open the dump directory: %s; give a writable --dump DIR",
                      strerror(errno));
-  json_t *hdr = dump_header(st, rank, world);
+  const char *failed_at = NULL;
+  json_t *hdr = dump_header(st, rank, world, &failed_at);
   char *text = hdr ? json_dumps(hdr, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
   json_decref(hdr);
   char *buf = NULL;
   int fd = -1;
   if (!text) {
-    rc = dump_fail(ctx, path, SL_ERR_NOMEM, "cannot build the dump header");
+    /* every key is a tensor name and valid UTF-8 (it came from a JSON header), so only a lack
+     * of memory makes jansson refuse one */
+    if (failed_at)
+      rc = dump_fail(ctx, path, SL_ERR_NOMEM, "cannot build the dump header at tensor '%s' (out of memory); "
+                     "free memory and load again", failed_at);
+    else
+      rc = dump_fail(ctx, path, SL_ERR_NOMEM, "cannot build the dump header (out of memory); free memory and "
+                     "load again");
     goto out_dir;
   }
   buf = malloc(DUMP_CHUNK);

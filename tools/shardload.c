@@ -266,21 +266,21 @@ static size_t utf8_seq(const unsigned char *p) {
   return n;
 }
 
-void cli_json_set_path(json_t *obj, const char *key, const char *path) {
+void cli_json_path_values(const char *path, json_t **value, json_t **hex_out) {
   const unsigned char *p = (const unsigned char *)path;
   size_t n = strlen(path), valid = 1;
+  *value = *hex_out = NULL;
   for (size_t i = 0, k; i < n; i += k)
     if (!(k = utf8_seq(p + i))) {
       valid = 0;
       break;
     }
   if (valid) {
-    json_object_set_new(obj, key, json_string(path));
+    *value = json_string(path);
     return;
   }
-  /* "path": readable, each invalid byte as U+FFFD; "path_bytes_hex": exact */
+  /* readable, each invalid byte as U+FFFD; and exact, as hex */
   char *lossy = malloc(3 * n + 1), *hex = malloc(2 * n + 1);
-  char hkey[128];
   if (!lossy || !hex) goto out;
   size_t o = 0;
   for (size_t i = 0, k; i < n; i += k) {
@@ -296,12 +296,22 @@ void cli_json_set_path(json_t *obj, const char *key, const char *path) {
   lossy[o] = 0;
   for (size_t i = 0; i < n; i++) snprintf(hex + 2 * i, 3, "%02x", p[i]);
   hex[2 * n] = 0;
-  snprintf(hkey, sizeof hkey, "%s_bytes_hex", key);
-  json_object_set_new(obj, key, json_string(lossy));
-  json_object_set_new(obj, hkey, json_string(hex));
+  *value = json_string(lossy);
+  *hex_out = json_string(hex);
 out:
   free(lossy);
   free(hex);
+}
+
+void cli_json_set_path(json_t *obj, const char *key, const char *path) {
+  json_t *value, *hex;
+  cli_json_path_values(path, &value, &hex);
+  json_object_set_new(obj, key, value);
+  if (hex) {
+    char hkey[128];
+    snprintf(hkey, sizeof hkey, "%s_bytes_hex", key);
+    json_object_set_new(obj, hkey, hex);
+  }
 }
 
 json_t *cli_json_dims(int ndim, const int64_t *dims) {

@@ -44,6 +44,14 @@ void put_str(std::string &s, const std::string &v) {
   s += v;
 }
 
+// "A, B, C" for the first 8 items, then "and N more".
+std::string first_few(const std::vector<std::string> &items) {
+  std::string list;
+  for (size_t i = 0; i < items.size() && i < 8; i++) list += (i ? ", " : "") + items[i];
+  if (items.size() > 8) list += " and " + std::to_string(items.size() - 8) + " more";
+  return list;
+}
+
 } // namespace
 
 C10dStore::C10dStore(const std::string &host, int port, milliseconds timeout)
@@ -88,14 +96,13 @@ C10dStore::C10dStore(const std::string &host, int port, milliseconds timeout)
 
 C10dStore::~C10dStore() {
   if (fd_ < 0) return;
-  // Tells a later run of this rank that this one is over (see the head of c10d_store.h).
+  // Tells a later run of this rank that this one is over (see the head of c10d_store.h). An
+  // ADD, not a SET: its answer confirms the key is stored before the connection closes, so the
+  // next run's CHECK cannot overtake it (the server handles a connection's requests in order,
+  // so it confirms an abort SET sent before it too).
   if (!left_key_.empty()) {
     try {
-      std::string msg;
-      put<uint8_t>(msg, Q_SET);
-      put_str(msg, left_key_);
-      put_str(msg, "1");
-      send_all(msg, Clock::now() + std::min(timeout_, kLeaveLimit));
+      add(left_key_, 1, Clock::now() + std::min(timeout_, kLeaveLimit));
     } catch (...) {
     }
   }
@@ -138,8 +145,9 @@ void C10dStore::recv_exact(void *buf, size_t n, Clock::time_point deadline) {
   }
 }
 
-int64_t C10dStore::add(const std::string &key, int64_t delta) {
-  Clock::time_point deadline = Clock::now() + timeout_;
+int64_t C10dStore::add(const std::string &key, int64_t delta) { return add(key, delta, Clock::now() + timeout_); }
+
+int64_t C10dStore::add(const std::string &key, int64_t delta, Clock::time_point deadline) {
   std::string msg;
   put<uint8_t>(msg, Q_ADD);
   put_str(msg, key);
@@ -155,7 +163,6 @@ void C10dStore::claim(const std::string &prefix, int rank, int world, const std:
   int64_t n = add(prefix + "/sl_claim/" + r, 1);
   if (n < 1 || n > 1000000)
     lose("it answered an ADD on key '" + prefix + "/sl_claim/" + r + "' with " + std::to_string(n));
-  run_ = int(n);
   auto space = [&](int64_t k) { return prefix + "/run" + std::to_string(k) + "/"; };
   space_ = space(n);
   abort_key_ = space_ + "sl_abort";
@@ -199,25 +206,21 @@ void C10dStore::claim(const std::string &prefix, int rank, int world, const std:
       } catch (const gloo::IoException &) {
         if (fd_ < 0 || Clock::now() >= end) throw;
       }
-      between();
+      if (between) between();
     }
   } catch (const C10dRankTaken &) {
     throw;
   } catch (const gloo::IoException &) {
     if (fd_ < 0) throw;
-    std::string missing;
-    int count = 0;
-    for (int k = 0; k < world; k++) {
-      if (check({claimed[size_t(k)]})) continue;
-      if (count < 8) missing += (count ? ", " : "") + std::to_string(k);
-      count++;
-    }
-    if (!count) throw;
-    if (count > 8) missing += " and " + std::to_string(count - 8) + " more";
+    std::vector<std::string> missing;
+    for (int k = 0; k < world; k++)
+      if (!check({claimed[size_t(k)]})) missing.push_back(std::to_string(k));
+    if (missing.empty()) throw;
     throw gloo::IoException("timed out after " + std::to_string(timeout_.count()) + " ms waiting for " +
-                            (count == 1 ? "rank " : "ranks ") + missing + " to join in the torch c10d store at " +
-                            where_ + "; check that every rank started with the same world size and that the "
-                            "launcher started them all");
+                            (missing.size() == 1 ? "rank " : "ranks ") + first_few(missing) +
+                            " to join in the torch c10d store at " + where_ +
+                            "; check that every rank started with the same world size and that the launcher "
+                            "started them all");
   }
 }
 
@@ -293,10 +296,7 @@ void C10dStore::wait(const std::vector<std::string> &keys, const milliseconds &t
     std::this_thread::sleep_for(std::min(pause, milliseconds(left)));
     pause = std::min(pause * 2, milliseconds(50));
   }
-  std::string list;
-  for (size_t i = 0; i < keys.size() && i < 8; i++) list += (i ? ", " : "") + keys[i];
-  if (keys.size() > 8) list += " and " + std::to_string(keys.size() - 8) + " more";
-  throw gloo::IoException("Wait timeout after " + std::to_string(t.count()) + " ms for key(s) " + list +
+  throw gloo::IoException("Wait timeout after " + std::to_string(t.count()) + " ms for key(s) " + first_few(keys) +
                           " in the torch c10d store at " + where_);
 }
 

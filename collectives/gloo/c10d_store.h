@@ -81,10 +81,9 @@ class C10dStore : public gloo::rendezvous::Store {
   // outside this run's key space.
   int64_t add(const std::string &key, int64_t delta);
 
-  const std::string &where() const { return where_; }
-  int run() const { return run_; }
 
  private:
+  int64_t add(const std::string &key, int64_t delta, std::chrono::steady_clock::time_point deadline);
   std::string scoped(const std::string &key) const { return space_ + key; }
   bool check_raw(const std::vector<std::string> &keys, std::chrono::steady_clock::time_point deadline);
   void send_all(const std::string &msg, std::chrono::steady_clock::time_point deadline);
@@ -97,7 +96,6 @@ class C10dStore : public gloo::rendezvous::Store {
   std::string space_;     // "<prefix>/run<N>/" once claimed
   std::string abort_key_; // present once the run was aborted; holds the reason
   std::string left_key_;  // set when this rank leaves the store
-  int run_ = 0;
   const char *doing_ = ""; // what failed requests were part of, for messages
 };
 

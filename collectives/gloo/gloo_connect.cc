@@ -226,6 +226,8 @@ sl_status join(Comm &c, const std::string &where, Clock::time_point deadline) {
       return SL_OK;
     } catch (const shardload::TcpStoreRefused &e) {
       return init_fail(c, SL_ERR_INVALID, where + ": " + e.what());
+    } catch (const shardload::C10dRankTaken &e) { // the c10d store's run was aborted
+      return init_fail(c, SL_ERR_INVALID, where + ": " + e.what());
     } catch (const std::exception &e) {
       // Past the deadline, or the store failed rather than the slice expiring.
       if (Clock::now() >= deadline || (c.tcp && c.tcp->broken()) || Clock::now() - began < slice / 2) {
@@ -365,6 +367,9 @@ sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
   try {
     mesh->connect_mesh(*c.store, c.dev, deadline);
   } catch (const shardload::TcpStoreRefused &e) { // a rank number started twice
+    c.ctx.reset();
+    return init_fail(c, SL_ERR_INVALID, where + ": " + e.what());
+  } catch (const shardload::C10dRankTaken &e) { // the same, found by the c10d store
     c.ctx.reset();
     return init_fail(c, SL_ERR_INVALID, where + ": " + e.what());
   } catch (const std::exception &e) {

@@ -38,7 +38,7 @@ TcpStore::TcpStore(const std::string &host, int port, int rank, int world, const
     if (fd_ >= 0) {
       set_nodelay(fd_);
       try {
-        handshake(rank, world, key);
+        handshake(rank, world, key, deadline);
         return;
       } catch (const gloo::IoException &e) { // closed (rank 0 shed it, or exited): try again
         if (silent_ || remaining_ms(deadline) <= 0) throw;
@@ -58,7 +58,24 @@ TcpStore::TcpStore(const std::string &host, int port, int rank, int world, const
   }
 }
 
-void TcpStore::handshake(int rank, int world, const TcpStoreKey &key) {
+namespace {
+
+// Text from a peer that has not proved the job's token, fit for a message: at most 200
+// bytes, control characters replaced.
+std::string unverified(const std::string &s) {
+  const size_t max = 200;
+  std::string out = s.substr(0, max);
+  for (char &ch : out)
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+  if (s.size() > max) out += "... (" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
+} // namespace
+
+void TcpStore::handshake(int rank, int world, const TcpStoreKey &key, Clock::time_point deadline) {
+  // Both requests share the constructor's deadline: connecting is bounded by one timeout.
+  auto left = [&] { return milliseconds(std::max(1, remaining_ms(deadline))); };
   const std::string advice = ": ranks were started with different SHARDLOAD_TOKEN (or SHARDLOAD_TOKEN_FILE) "
                              "values, or another job's store serves this port; give every rank of a job the "
                              "same token";
@@ -69,8 +86,10 @@ void TcpStore::handshake(int rank, int world, const TcpStoreKey &key) {
   };
   std::string cn = random_nonce();
   uint8_t status;
-  auto f = request(OP_HELLO, {kProtocol, std::to_string(rank), std::to_string(world), cn}, timeout_, &status);
-  if (status == ST_DENIED && f.size() == 1) throw refused("the rendezvous store at " + where_ + " refused this rank: " + f[0]);
+  auto f = request(OP_HELLO, {kProtocol, std::to_string(rank), std::to_string(world), cn}, left(), &status);
+  if (status == ST_DENIED && f.size() == 1)
+    throw refused("the rendezvous store at " + where_ + " refused this rank, saying (unverified: it has not proved " +
+                  "the job's token): " + unverified(f[0]));
   if (status != ST_OK || f.size() != 2 || f[0].size() != kNonce) lose("malformed answer to the handshake");
   const std::string &sn = f[0];
   if (!proof_ok(key, f[1], 'S', rank, world, cn, sn)) {
@@ -80,7 +99,7 @@ void TcpStore::handshake(int rank, int world, const TcpStoreKey &key) {
     (void)ignored;
     throw refused("the rendezvous store at " + where_ + " did not prove the job's token" + advice);
   }
-  f = request(OP_AUTH, {proof(key, 'C', rank, world, cn, sn)}, timeout_, &status);
+  f = request(OP_AUTH, {proof(key, 'C', rank, world, cn, sn)}, left(), &status);
   if (status == ST_OK) return;
   if (status == ST_BAD && f.size() == 1)
     throw refused("rank 0 (serving the rendezvous store at " + where_ + ") runs a job of " + f[0] +
@@ -175,7 +194,9 @@ void TcpStore::wait(const std::vector<std::string> &keys) { wait(keys, timeout_)
 
 void TcpStore::wait(const std::vector<std::string> &keys, const milliseconds &timeout) {
   // Gloo's convention: zero means no timeout; ours never blocks past the store's own.
-  milliseconds t = timeout.count() > 0 ? timeout : timeout_;
+  // Within limit() (request's bound) too, with a quarter of it left for the answer: the
+  // server must time the wait out before this client gives up, or it reads as rank 0 stuck.
+  milliseconds t = std::min(timeout.count() > 0 ? timeout : timeout_, limit_ - limit_ / 4);
   std::vector<std::string> fields{std::to_string(t.count())};
   fields.insert(fields.end(), keys.begin(), keys.end());
   uint8_t status;

@@ -15,7 +15,7 @@
 // (request) or u8 status (response), u32 field count, and per field u32 length + bytes.
 //
 // Handshake (nothing else is served before it completes; docs/DESIGN.md#threat-model).
-// K = BLAKE2b-256("shardload rendezvous key v2" || token) (crypto_generichash), with
+// K = BLAKE2b-256("shardload rendezvous key v2" || 0x00 || token) (crypto_generichash), with
 // the empty token when none is set (loopback), so there is one protocol.
 //   HELLO [version, rank, world, cn]  -> OK [sn, server proof] | DENIED [why]
 //   AUTH  [client proof]              -> OK | BAD [world] | CONFLICT [why] | DENIED [why]
@@ -135,14 +135,13 @@ class TcpStore : public gloo::rendezvous::Store {
   // Bounds every later request, WAIT included, to LIMIT whatever its own timeout: after a
   // failure the diagnosis must not spend a second whole timeout on a store that is stuck too.
   void limit(std::chrono::milliseconds limit) { limit_ = limit; }
-  const std::string &where() const { return where_; }
 
  private:
   std::vector<std::string> request(uint8_t op, const std::vector<std::string> &fields,
                                    std::chrono::milliseconds timeout, uint8_t *status);
   // One handshake on a fresh connection (tcp_store.h). Throws TcpStoreRefused, or
   // gloo::IoException when the connection closed or went silent first.
-  void handshake(int rank, int world, const TcpStoreKey &key);
+  void handshake(int rank, int world, const TcpStoreKey &key, std::chrono::steady_clock::time_point deadline);
   [[noreturn]] void lose(const std::string &why, bool silent = false);
 
   int fd_ = -1;

@@ -33,6 +33,10 @@ using std::chrono::milliseconds;
 
 namespace {
 
+// How long the store lingers after a rank number was claimed twice: gloo.cc's grace for a
+// failed start (kFailedInitGrace).
+constexpr milliseconds kConflictGrace(2000);
+
 // A whole decimal string; false for anything else.
 bool parse_long(const std::string &s, long *out) {
   char *end = nullptr;
@@ -102,7 +106,7 @@ struct TcpStoreServer::State {
 
   mutable std::mutex m;
   bool stopping = false, only_connected = false;
-  Clock::time_point stop_deadline;
+  Clock::time_point stop_started, stop_deadline;
   std::vector<bool> skip;        // ranks shutdown() does not wait for
   std::vector<std::string> refused; // failed handshakes, for refusals(); under M
 
@@ -113,9 +117,11 @@ struct TcpStoreServer::State {
   std::vector<bool> hello, gone; // rank connected / connected and has since closed
   std::vector<std::string> first_from; // peer of each rank's admitted connection
   std::string conflict;                // set once a rank number was claimed twice
+  Clock::time_point conflict_at;       // when CONFLICT was set
   Clock::time_point accept_rest;       // no accept() before this (out of descriptors)
 
   void run();
+  void serve();
   // Whether every rank shutdown() waits for has closed its connection; under M. After a
   // rank number was claimed twice, never: the store lingers until the grace ends, so ranks
   // that arrive late are told why the job stopped rather than find no store.
@@ -173,12 +179,13 @@ struct TcpStoreServer::State {
 void TcpStoreServer::State::handshake(Conn &c, uint8_t op, std::vector<std::string> &f) {
   if (c.stage == Conn::NEW) {
     long r, w;
-    if (op != OP_HELLO || f.size() != 4) return drop(c);
+    // The version first: another version's HELLO may carry other fields, and is told why.
+    if (op != OP_HELLO || f.empty()) return drop(c);
     if (f[0] != kProtocol)
-      return refuse(c, ST_DENIED, std::string("it speaks rendezvous protocol ") + kProtocol + ", this rank " + f[0] +
-                                      "; run the same shardload version on every rank");
-    if (!parse_long(f[1], &r) || !parse_long(f[2], &w) || r < 0 || w < 1 || r > INT32_MAX || w > INT32_MAX ||
-        f[3].size() != kNonce)
+      return refuse(c, ST_DENIED, std::string("it speaks rendezvous protocol ") + kProtocol + ", this rank " +
+                                      f[0].substr(0, 32) + "; run the same shardload version on every rank");
+    if (f.size() != 4 || !parse_long(f[1], &r) || !parse_long(f[2], &w) || r < 0 || w < 1 || r > INT32_MAX ||
+        w > INT32_MAX || f[3].size() != kNonce)
       return drop(c);
     c.claimed_rank = r;
     c.claimed_world = w;
@@ -204,6 +211,7 @@ void TcpStoreServer::State::handshake(Conn &c, uint8_t op, std::vector<std::stri
   if (c.claimed_world != world || c.claimed_rank >= world) return reply(c, ST_BAD, {std::to_string(world)});
   size_t r = size_t(c.claimed_rank);
   if (hello[r]) {
+    conflict_at = Clock::now();
     conflict = "rank " + std::to_string(r) + " was started twice (first from " + first_from[r] + ", again from " +
                c.peer + "); no rank of this job can load. Start each rank number once (check RANK, SLURM_PROCID or " +
                "--rank, and that no rank of an earlier job on this port is still running)";
@@ -343,14 +351,41 @@ void TcpStoreServer::State::accept_all(int listen_fd, Clock::time_point now) {
   }
 }
 
+// The serving thread. Nothing may escape it (that would end rank 0): on any failure (out of
+// memory) every connection and listener is closed, and the clients fail as when rank 0 exits.
 void TcpStoreServer::State::run() {
+  bool failed = true;
+  try {
+    serve();
+    failed = false;
+  } catch (const std::exception &e) {
+    try {
+      note_refusal(std::string("the rendezvous store stopped serving: ") + e.what());
+    } catch (...) {
+    }
+  } catch (...) {
+  }
+  for (auto &c : conns) drop(*c);
+  conns.clear();
+  if (failed) { // the destructor closes them otherwise (after joining this thread)
+    for (int fd : listen_fds) ::close(fd);
+    listen_fds.clear();
+  }
+}
+
+void TcpStoreServer::State::serve() {
   std::vector<pollfd> pfds;
   for (;;) {
     Clock::time_point now = Clock::now(), next = now + milliseconds(1000);
     {
       std::lock_guard<std::mutex> lock(m);
-      if (stopping && (all_gone() || now >= stop_deadline)) break;
-      if (stopping) next = std::min(next, stop_deadline);
+      // After a conflict no rank can load: the store lingers (all_gone) for the grace of a
+      // failed start at most, not for a successful load's whole timeout.
+      Clock::time_point until = stop_deadline;
+      if (stopping && !conflict.empty())
+        until = std::min(until, std::max(stop_started, conflict_at) + kConflictGrace);
+      if (stopping && (all_gone() || now >= until)) break;
+      if (stopping) next = std::min(next, until);
     }
     for (auto &cp : conns) {
       Conn &c = *cp;
@@ -410,7 +445,10 @@ void TcpStoreServer::State::run() {
     for (size_t i = 0; i < known; i++) {
       Conn &c = *conns[i];
       // Each pass answers what is buffered, sends, and reads again while the queue allows.
-      if (pfds[first + i].revents & (POLLIN | POLLHUP | POLLERR)) receive(c);
+      short ev = pfds[first + i].revents;
+      if (ev & (POLLIN | POLLHUP | POLLERR)) receive(c);
+      // Reset or hung up: closed, even with a WAIT parked (poll would report it again at once).
+      if (ev & (POLLHUP | POLLERR)) c.eof = true;
       for (int pass = 0; pass < 4 && !c.dead; pass++) {
         size_t before = c.in.size() + c.out.size();
         process(c);
@@ -426,8 +464,6 @@ void TcpStoreServer::State::run() {
     conns.erase(std::remove_if(conns.begin(), conns.end(), [](const std::unique_ptr<Conn> &c) { return c->dead; }),
                 conns.end());
   }
-  for (auto &c : conns) drop(*c);
-  conns.clear();
 }
 
 namespace {
@@ -499,12 +535,15 @@ TcpStoreServer::TcpStoreServer(const std::string &host, int port, int world_size
     close_all();
     throw std::runtime_error("cannot listen on " + where + ": " + strerror(err));
   }
-  if (s.listen_fds.empty()) {
+  // Any address that is not this machine's is refused, not just left out: clients may dial it.
+  if (!foreign.empty()) {
+    close_all();
     std::string list;
     for (const auto &a : foreign) list += (list.empty() ? "" : ", ") + a;
-    throw std::runtime_error("the rendezvous host " + host + " (MASTER_ADDR) is " + list +
+    throw std::runtime_error("the rendezvous host " + host + " (MASTER_ADDR) " +
+                             (seen.size() > foreign.size() ? "also resolves to " : "is ") + list +
                              ", not an address of this machine; rank 0 serves the store, so the rendezvous "
-                             "host must name the machine rank 0 runs on");
+                             "host must name the machine rank 0 runs on (and only its addresses)");
   }
   if (::pipe2(s.wake, O_CLOEXEC | O_NONBLOCK) != 0) {
     err = errno;
@@ -537,7 +576,8 @@ void TcpStoreServer::shutdown(milliseconds grace, bool only_connected, const std
     s.only_connected = only_connected;
     for (int r : skip)
       if (r >= 0 && r < s.world) s.skip[size_t(r)] = true;
-    s.stop_deadline = Clock::now() + grace;
+    s.stop_started = Clock::now();
+    s.stop_deadline = s.stop_started + grace;
   }
   char b = 1;
   ssize_t ignored = ::write(s.wake[1], &b, 1);

@@ -56,7 +56,7 @@ static void store_prefix(const char *job_key, int world_size, char *out, size_t 
   char id[160];
   char key[24] = "-";
   unsigned gen = __atomic_fetch_add(&generation, 1, __ATOMIC_RELAXED);
-  if (job_key) snprintf(key, sizeof key, "%016llx", (unsigned long long)XXH3_64bits(job_key, strlen(job_key)));
+  if (job_key && *job_key) snprintf(key, sizeof key, "%016llx", (unsigned long long)XXH3_64bits(job_key, strlen(job_key)));
   job_id(id, sizeof id);
   snprintf(out, len, "shardload/%s/w%d/%s/%u/", id, world_size, key, gen);
   snprintf(lobby, lobby_len, "shardload/%s/w%d/lobby/%u/", id, world_size, gen);

@@ -85,10 +85,12 @@ typedef struct sl_collective_init {
   const sl_module_host *host;
   int rank;
   int world_size;
-  const char *rendezvous; /* "file://DIR" or "tcp://HOST:PORT"; NULL for world size 1 */
+  const char *rendezvous; /* "file://DIR", "tcp://HOST:PORT" or "c10d://HOST:PORT"; NULL for world size 1 */
   const char *prefix;     /* store key prefix, unique per job */
   int timeout_ms;
-  /* Appended (module ABI 1 keeps loading: a module that does not know them ignores them).
+  /* Appended (module ABI 1 keeps loading: a module that does not know them ignores them; no
+   * loadable collective exists yet, and the next ABI version gives this struct a size so that
+   * a newer module can tell an older core's shorter struct).
    * LOBBY: a key prefix shared by every job with the same launcher job id and world size, where
    * each rank leaves JOB_KEY (the caller's sl_context_options.job_key, "" when none) so that a
    * rank waiting for peers that joined under another job key can say so at once instead of

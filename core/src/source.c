@@ -256,9 +256,10 @@ static char *dir_of(const char *path) {
   return strndup(path, (size_t)(slash - path));
 }
 
+/* DIR/NAME. NAME is always relative: a constant, a directory entry, a weight_map name (the
+ * path rule refuses absolute ones, source_index.c) or a path without a leading '/'. */
 static char *join(const char *dir, const char *name) {
   char *p = NULL;
-  if (name[0] == '/') return sl__strdup(name);
   size_t n = strlen(dir);
   while (n > 1 && dir[n - 1] == '/') n--;
   if (asprintf(&p, "%.*s/%s", (int)n, dir, name) < 0) return NULL;

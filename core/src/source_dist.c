@@ -20,6 +20,7 @@
 #include <xxhash.h>
 
 #include "ranks_agree.h"
+#include "source_impl.h" /* the source's context, for messages */
 
 typedef struct open_verdict {
   int32_t status;
@@ -82,7 +83,7 @@ static sl_status identity_mismatch(sl_context *ctx, const char *path, const uint
 sl_status sl__source_fingerprint_all(sl_source *src, uint64_t *combined, uint64_t *per_file) {
   size_t nf = sl__source_file_count(src);
   XXH3_state_t *h = XXH3_createState();
-  if (!h) return sl__fail(NULL, SL_ERR_NOMEM, "out of memory");
+  if (!h) return sl__fail(src->ctx, SL_ERR_NOMEM, "out of memory while fingerprinting the checkpoint files");
   XXH3_64bits_reset(h);
   XXH3_64bits_update(h, &nf, sizeof nf);
   sl_status st = SL_OK;

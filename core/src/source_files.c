@@ -47,8 +47,13 @@ static sl_status not_regular(sl_context *ctx, const char *path, mode_t mode) {
 
 sl_status sl__source_open_regular(sl_context *ctx, const char *path, const char *why, int *fd, struct stat *st) {
   *fd = -1;
-  /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. */
-  int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  /* Opening a device can act on it (a tape rewinds, a terminal becomes the controlling one):
+   * refuse what is not a regular file by name first. The fstat below stays the authority,
+   * since the name can change between the two. */
+  if (stat(path, st) == 0 && !S_ISREG(st->st_mode)) return not_regular(ctx, path, st->st_mode);
+  /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever;
+   * O_NOCTTY: a terminal opened anyway never becomes the process's controlling one. */
+  int f = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (f < 0) {
     int e = errno;
     /* a socket cannot be opened at all (ENXIO): say what it is rather than "no such device" */
@@ -102,13 +107,15 @@ void sl__source_adopt_fd(sl_source *src, size_t f, int fd, const struct stat *st
   sf->fd = fd;
   sf->last_use = ++src->use_clock;
   src->open_count++;
-  if (!sf->seen) {
-    sf->seen = true;
-    sf->dev = st->st_dev;
-    sf->ino = st->st_ino;
-    sf->size = (uint64_t)st->st_size;
-  }
+  /* On a reopen sl__source_fd has checked that these are unchanged. */
+  sf->dev = st->st_dev;
+  sf->ino = st->st_ino;
+  sf->size = (uint64_t)st->st_size;
+  sf->mtime = st->st_mtim;
+  sf->ctime = st->st_ctim;
 }
+
+static bool same_time(struct timespec a, struct timespec b) { return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec; }
 
 void sl__source_set_max_open(sl_source *src, size_t n) {
   src->max_open = n ? n : 1;
@@ -128,13 +135,16 @@ sl_status sl__source_fd(sl_source *src, size_t f, int *fd) {
   sl_status s = sl__source_open_regular(src->ctx, sf->path, " again", &nfd, &st);
   if (s != SL_OK) return s;
   /* It was closed only to bound the open files: what we reopen must be what we validated. */
-  if (sf->seen && (st.st_dev != sf->dev || st.st_ino != sf->ino || (uint64_t)st.st_size != sf->size)) {
+  if (st.st_dev != sf->dev || st.st_ino != sf->ino || (uint64_t)st.st_size != sf->size ||
+      !same_time(st.st_mtim, sf->mtime) || !same_time(st.st_ctim, sf->ctime)) {
     close(nfd);
     return sl__fail(src->ctx, SL_ERR_IO,
                     "%s: the file changed during the load (first opened as inode %ju, %" PRIu64
-                    " bytes; now inode %ju, %" PRIu64
-                    " bytes): it was replaced or rewritten; load again once the checkpoint is stable",
-                    sf->path, (uintmax_t)sf->ino, sf->size, (uintmax_t)st.st_ino, (uint64_t)st.st_size);
+                    " bytes, modified at %lld.%09ld; now inode %ju, %" PRIu64
+                    " bytes, modified at %lld.%09ld): it was replaced or rewritten; load again once the "
+                    "checkpoint is stable",
+                    sf->path, (uintmax_t)sf->ino, sf->size, (long long)sf->mtime.tv_sec, sf->mtime.tv_nsec,
+                    (uintmax_t)st.st_ino, (uint64_t)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
   }
   sl__source_adopt_fd(src, f, nfd, &st);
   *fd = nfd;

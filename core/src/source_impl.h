@@ -19,10 +19,12 @@ typedef struct src_file {
   int fd;     /* -1 when not open (never opened, evicted, or a manifest-built source) */
   uint64_t last_use; /* LRU clock of the last read through fd */
   /* What the file was when this rank first opened it; a reopen must find the same file. */
-  bool seen;
   dev_t dev;
   ino_t ino;
   uint64_t size;
+  /* Modification and change times: a file unlinked and rewritten at the same size may get the
+   * freed inode number back (ext4, tmpfs); its times still differ. */
+  struct timespec mtime, ctime;
   uint64_t header_digest; /* XXH3-64 of 8 + N header bytes as first read; 0 if not read here */
 } src_file;
 

@@ -299,7 +299,6 @@ out_close:
     src_file *sf = &src->files[k];
     if (sf->fd >= 0) close(sf->fd);
     sf->fd = -1;
-    sf->seen = false;
   }
   src->open_count = 0;
   return s;

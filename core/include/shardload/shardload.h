@@ -141,9 +141,11 @@ typedef struct sl_context_options {
    * options (the shardload command does so). Hashed into the rendezvous key prefix, beside
    * the launcher's job id (SHARDLOAD_JOB_ID, TORCHELASTIC_RUN_ID with its restart count,
    * SLURM_JOB_ID, OMPI_MCA_ess_base_jobid) and the world size, so ranks of different jobs
-   * never see each other's keys. NULL: the launcher's job id and the world size alone; jobs
-   * that share those and a rendezvous then meet, and sl_source_open refuses the ranks whose
-   * checkpoint differs from rank 0's. */
+   * never see each other's keys; a rank that waits for a peer under another key names the
+   * first differing ';'-separated field of the two keys. NULL (or ""): the launcher's job id
+   * and the world size alone; jobs that share those and a rendezvous then meet, and
+   * sl_source_open refuses the ranks whose checkpoint differs from rank 0's (a rank may then
+   * be given another path to the same checkpoint, see sl_source_open). */
   const char *job_key;
 } sl_context_options;
 
