@@ -426,6 +426,42 @@ static void test_unrelated_jobs_do_not_meet(void **state) {
   }
 }
 
+/* A plan that fails on one rank only (here: a relative --plan file that exists in rank 0's
+ * working directory and not in rank 1's, so both have the same job key and meet) fails every
+ * rank at once with that rank's reason, instead of leaving rank 0 in sl_load's first agreement
+ * until it notices the lost peer or times out. */
+static void test_plan_fails_on_one_rank(void **state) {
+  (void)state;
+  char *d0 = sl_test_dir("cli-mr-plan-r0"), *d1 = sl_test_dir("cli-mr-plan-r1"), *out = NULL;
+  assert_non_null(d0);
+  assert_non_null(d1);
+  char *plan = sl_test_path(d0, "plan.json");
+  FILE *f = fopen(plan, "w");
+  assert_non_null(f);
+  fputs("{}\n", f);
+  fclose(f);
+  int port = sl_test_free_port();
+  double t0 = now_s();
+  int rc = sl_test_run(&out,
+                       "unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT SHARDLOAD_RENDEZVOUS SHARDLOAD_JOB_ID; "
+                       "(cd '%s' && timeout 60 %s load '%s' --backend cpu --rank 1 --world-size 2 "
+                       "--rendezvous tcp://127.0.0.1:%d --timeout 40 --plan plan.json > /dev/null 2>&1) & "
+                       "(cd '%s' && timeout 60 %s load '%s' --backend cpu --rank 0 --world-size 2 "
+                       "--rendezvous tcp://127.0.0.1:%d --timeout 40 --plan plan.json 2>&1 > /dev/null); r0=$?; "
+                       "wait $!; r1=$?; echo \"r0=$r0 r1=$r1\"",
+                       d1, sl_test_bin(), g_synth, port, d0, sl_test_bin(), g_synth, port);
+  double took = now_s() - t0;
+  assert_int_equal(rc, 0);
+  if (strstr(out, "has no Gloo")) skip();
+  if (!strstr(out, "r0=1 r1=1")) fail_msg("want both ranks to fail: %s", out);
+  if (!strstr(out, "rank 1: its plan could not be built")) fail_msg("want rank 1's reason on rank 0: %s", out);
+  if (took > 20.0) fail_msg("took %.1f s of a 40 s timeout: %s", took, out);
+  free(out);
+  free(plan);
+  free(d0);
+  free(d1);
+}
+
 /* Usage errors found after the ranks start (an uncastable --param-dtype, a mesh the world
  * does not fill) exit 2 through the launcher too, with the rank's one line. */
 static void test_usage_through_launcher(void **state) {
@@ -559,6 +595,7 @@ int main(void) {
       cmocka_unit_test(test_launcher_terminated),
       cmocka_unit_test(test_dump_agreed_across_ranks),
       cmocka_unit_test(test_unrelated_jobs_do_not_meet),
+      cmocka_unit_test(test_plan_fails_on_one_rank),
       cmocka_unit_test(test_usage_through_launcher),
       cmocka_unit_test(test_launcher_secret_and_insecure_flag),
   };
