@@ -184,6 +184,9 @@ sl_status sl__region_runs(const sl__region *r, uint64_t a, uint64_t b, sl__run_f
 char *sl__strdup(const char *s);
 /* Frees N key/value string pairs and both arrays (metadata maps). */
 void sl__free_pairs(char **keys, char **values, size_t n);
+/* Allocates the two zeroed arrays of a map of N key/value strings; false when out of memory
+ * (whatever was allocated stays in *KEYS / *VALUES for sl__free_pairs). */
+bool sl__alloc_pairs(size_t n, char ***keys, char ***values);
 /* Checked multiply; returns false on overflow. */
 static inline bool sl__mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
   return !__builtin_mul_overflow(a, b, out);

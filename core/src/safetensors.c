@@ -105,9 +105,8 @@ static sl_status parse_metadata(const json_t *meta, sl__st_header *out, char *er
                   "__metadata__ is a JSON %s; it must be an object of string values", json_kind(meta));
   size_t n = json_object_size(meta);
   if (n == 0) return SL_OK;
-  out->meta_keys = calloc(n, sizeof(char *));
-  out->meta_values = calloc(n, sizeof(char *));
-  if (!out->meta_keys || !out->meta_values) return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
+  if (!sl__alloc_pairs(n, &out->meta_keys, &out->meta_values))
+    return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
   const char *key;
   json_t *val;
   json_object_foreach((json_t *)meta, key, val) {

@@ -29,9 +29,8 @@ int sl__strp_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a
 static sl_status index_metadata(const json_t *meta, sl__index *out, char *err, size_t errlen) {
   size_t n = json_object_size(meta);
   if (!n) return SL_OK;
-  out->meta_keys = calloc(n, sizeof(char *));
-  out->meta_values = calloc(n, sizeof(char *));
-  if (!out->meta_keys || !out->meta_values) return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
+  if (!sl__alloc_pairs(n, &out->meta_keys, &out->meta_values))
+    return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory");
   const char *key;
   json_t *val;
   json_object_foreach((json_t *)meta, key, val) {

@@ -83,6 +83,12 @@ sl_status sl__errbuf(char *err, size_t errlen, sl_status s, const char *fmt, ...
   return s;
 }
 
+bool sl__alloc_pairs(size_t n, char ***keys, char ***values) {
+  *keys = calloc(n, sizeof(char *));
+  *values = calloc(n, sizeof(char *));
+  return *keys && *values;
+}
+
 void sl__free_pairs(char **keys, char **values, size_t n) {
   for (size_t i = 0; i < n; i++) {
     if (keys) free(keys[i]);
