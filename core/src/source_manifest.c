@@ -220,10 +220,7 @@ sl_status sl__source_deserialize(sl_context *ctx, const void *buf, size_t len, s
     src->file_of = calloc(nt, sizeof *src->file_of);
   }
   if (nf) src->files = calloc(nf, sizeof *src->files);
-  if (nm) {
-    src->meta_keys = calloc(nm, sizeof(char *));
-    src->meta_values = calloc(nm, sizeof(char *));
-  }
+  if (nm) sl__alloc_pairs(nm, &src->meta_keys, &src->meta_values); /* checked just below */
   if ((nt && (!src->tensors || !src->file_of)) || (nf && !src->files) ||
       (nm && (!src->meta_keys || !src->meta_values))) {
     s = sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
