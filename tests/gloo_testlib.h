@@ -24,14 +24,14 @@ static sl_status t_fail(void *core, sl_status s, const char *fmt, ...) {
   va_end(ap);
   return s;
 }
-static const sl_module_host g_host = {NULL, t_log, t_fail};
+static const sl_module_host g_host = {sizeof(sl_module_host), NULL, t_log, t_fail};
 
 /* The table, found the way the core finds it; NULL in a build without Gloo. */
 static const sl_collective_ops *gloo_ops(void) {
   static sl_context ctx;
   const sl_collective_ops *ops = NULL;
-  void *dl = NULL;
-  if (sl__collective_select(&ctx, "gloo", &ops, &dl) != SL_OK) return NULL;
+  void *dl = NULL, *shim = NULL;
+  if (sl__collective_select(&ctx, "gloo", &ops, &dl, &shim) != SL_OK) return NULL;
   return ops;
 }
 

@@ -462,6 +462,11 @@ static void run_load_and_check(const char *backend, const char *co, const char *
   json_t *j = load_json_file(jp);
   assert_int_equal(json_integer_value(json_object_get(j, "rank")), 0);
   assert_int_equal(json_integer_value(json_object_get(j, "world_size")), 1);
+  /* one rank: sim's device collective (the device route), host staging through local on cpu */
+  json_t *cj = json_object_get(j, "collective");
+  const char *coll = !strncmp(backend, "sim", 3) ? "simccl" : "local";
+  assert_string_equal(json_string_value(json_object_get(cj, "name")), coll);
+  assert_non_null(json_string_value(json_object_get(cj, "reason")));
   const char *want_pl;
   sl_placement_rule want_rule;
   expected_placement(co, pol, &want_pl, &want_rule);
@@ -499,6 +504,12 @@ static void run_load_and_check(const char *backend, const char *co, const char *
   assert_true(json_integer_value(json_object_get(stats, "staging_bytes")) > 0);
   assert_true(json_integer_value(json_object_get(stats, "peak_rss_bytes")) > 0);
   assert_true(json_is_number(json_object_get(stats, "seconds")));
+  static const char *const more[] = {"bytes_d2h", "device_staging_bytes", "transfers"};
+  for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
+    if (!json_is_integer(json_object_get(stats, more[i]))) fail_msg("stats.%s is missing", more[i]);
+  static const char *const times[] = {"seconds_read", "seconds_wait", "seconds_phase1"};
+  for (size_t i = 0; i < sizeof times / sizeof times[0]; i++)
+    if (!json_is_number(json_object_get(stats, times[i]))) fail_msg("stats.%s is missing", times[i]);
   assert_string_equal(json_string_value(json_object_get(j, "strategy")),
                       strstr(extra, "--strategy broadcast") ? "broadcast" : "scatter");
   assert_string_equal(json_string_value(json_object_get(j, "source")),
@@ -545,7 +556,52 @@ static void test_load_human(void **state) {
   assert_non_null(strstr(out, "GB/s"));
   assert_non_null(strstr(out, "stats: read "));
   assert_non_null(strstr(out, "peak RSS"));
+  assert_non_null(strstr(out, "rank 0 of 1: backend sim, collective simccl, device sim:0"));
+  assert_non_null(strstr(out, "\ncollective: simccl: preferred by backend sim and every rank runs it\n"));
+  assert_non_null(strstr(out, " transfers, "));
+  assert_non_null(strstr(out, "\ntime: "));
   free(out);
+}
+
+/* --collective: forced (and reported so), refused on a rank that cannot run it, unknown names
+ * refused; --device picks the device. */
+static void test_load_collective_and_device(void **state) {
+  char *out = NULL, *jp = sl_test_path(g_dir, "coll.json"), cmd[4096];
+  snprintf(cmd, sizeof cmd, ENV1 " %s load '%s' --backend sim --collective local --device 3 --json", sl_test_bin(),
+           g_single);
+  assert_int_equal(run_to_file(jp, cmd), 0);
+  json_t *j = load_json_file(jp);
+  json_t *cj = json_object_get(j, "collective");
+  assert_string_equal(json_string_value(json_object_get(cj, "name")), "local");
+  assert_non_null(strstr(json_string_value(json_object_get(cj, "reason")), "local: forced"));
+  assert_non_null(strstr(json_string_value(json_object_get(j, "device")), "sim:3"));
+  json_decref(j);
+
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --backend cpu --collective simccl", sl_test_bin(), g_single), 1);
+  assert_one_error_line(out, g_single);
+  assert_non_null(strstr(out, "SL_ERR_NO_DEVICE"));
+  assert_non_null(strstr(out, "rank 0 cannot run it"));
+  assert_non_null(strstr(out, "backend is cpu"));
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --collective nosuch", sl_test_bin(), g_single), 1);
+  assert_one_error_line(out, g_single);
+  assert_non_null(strstr(out, "collective 'nosuch' is unknown"));
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --collective ''", sl_test_bin(), g_single), 2);
+  assert_one_error_line(out, "--collective");
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --device -1", sl_test_bin(), g_single), 2);
+  assert_one_error_line(out, "--device");
+  free(out);
+  /* the node's rank count: a malformed LOCAL_WORLD_SIZE fails a load by name (the launcher's
+   * variables), never the one-rank commands that read no launcher variable */
+  assert_int_equal(sl_test_run(&out, ENV1 " LOCAL_WORLD_SIZE=two %s load '%s'", sl_test_bin(), g_single), 1);
+  assert_one_error_line(out, g_single);
+  assert_non_null(strstr(out, "LOCAL_WORLD_SIZE='two' is not an integer"));
+  free(out);
+  assert_int_equal(sl_test_run(&out, "LOCAL_WORLD_SIZE=two %s inspect '%s' >/dev/null", sl_test_bin(), g_single), 0);
+  free(out);
+  free(jp);
 }
 
 /* A plan file that names two tensors: the rest are skipped and reported, or, with --strict,
@@ -629,6 +685,11 @@ static void two_ranks(int explicit_flags) {
   for (int r = 0; r < 2; r++) {
     json_t *j = load_json_file(r ? j1 : j0);
     assert_int_equal(json_integer_value(json_object_get(j, "rank")), r);
+    /* rank 0 runs cpu: host staging, whatever rank 1's sim could do */
+    json_t *cj = json_object_get(j, "collective");
+    assert_string_equal(json_string_value(json_object_get(cj, "name")), "gloo");
+    assert_string_equal(json_string_value(json_object_get(cj, "reason")),
+                        "gloo: backend cpu of rank 0 stages through host memory");
     assert_int_equal(json_integer_value(json_object_get(j, "world_size")), 2);
     json_t *t0 = json_array_get(json_object_get(j, "tensors"), 0);
     assert_string_equal(json_string_value(json_object_get(t0, "placement")), "device");
@@ -1037,6 +1098,7 @@ int main(void) {
       cmocka_unit_test(test_load_matrix),
       cmocka_unit_test(test_load_cast_and_sharded),
       cmocka_unit_test(test_load_human),
+      cmocka_unit_test(test_load_collective_and_device),
       cmocka_unit_test(test_load_plan_file),
       cmocka_unit_test(test_load_two_ranks),
       cmocka_unit_test(test_load_two_ranks_explicit_flags),

@@ -167,13 +167,22 @@ static void run_case(const load_case *c) {
   assert_string_equal(json_string_value(json_object_get(j, "source")), c->source);
   json_t *ranks = json_object_get(j, "ranks");
   assert_int_equal(json_array_size(ranks), c->world);
+  /* the data collective the ranks agreed on: sim's device collective when every rank runs sim,
+   * else host staging; the launcher's report carries rank 0's, the same on every rank */
+  const char *coll = !strncmp(c->backend, "sim", 3) ? "simccl" : c->world > 1 ? "gloo" : "local";
+  assert_string_equal(json_string_value(json_object_get(json_object_get(j, "collective"), "name")), coll);
 
   uint64_t others = 0; /* bytes held by ranks 1.. */
   for (int r = 0; r < c->world; r++) {
     json_t *rj = json_array_get(ranks, (size_t)r);
     assert_int_equal(jint(rj, "rank", NULL), r);
     assert_int_equal(jint(rj, "world_size", NULL), c->world);
-    assert_string_equal(json_string_value(json_object_get(rj, "collective")), c->world > 1 ? "gloo" : "local");
+    json_t *cj = json_object_get(rj, "collective");
+    assert_string_equal(json_string_value(json_object_get(cj, "name")), coll);
+    const char *why = json_string_value(json_object_get(cj, "reason"));
+    assert_non_null(why);
+    assert_true(!strncmp(why, coll, strlen(coll)) && why[strlen(coll)] == ':'); /* "gloo: why" */
+    assert_true(json_is_integer(json_object_get(json_object_get(rj, "stats"), "transfers")));
     uint64_t held = jint(rj, "totals", "bytes");
     if (r) others += held;
     assert_true(jint(rj, "stats", "peak_rss_bytes") > 0);
@@ -254,6 +263,8 @@ static void test_human_output(void **state) {
   assert_non_null(strstr(out, "total: "));
   assert_non_null(strstr(out, "GB/s"));
   assert_non_null(strstr(out, "inferred: no offload policy"));
+  assert_non_null(strstr(out, "collective gloo"));
+  assert_non_null(strstr(out, "\ncollective: gloo: backend cpu of rank 0 stages through host memory\n"));
   assert_null(strstr(out, "model.embed_tokens.weight")); /* short: no per-tensor lines */
   assert_null(strstr(out, "launch: "));
   free(out);
@@ -327,14 +338,16 @@ static void test_rank_dies(void **state) {
 }
 
 /* Rank 1 alone cannot write its dump (its file name is taken by a directory): the load
- * succeeded everywhere, the launcher still exits 1 with rank 1's line naming the file. */
+ * succeeded everywhere, the launcher still exits 1 with rank 1's line naming the file, even
+ * when rank 0 (whose line only blames rank 1) ends first. */
 static void test_dump_fails_on_one_rank(void **state) {
   char *dump = sl_test_path(g_dir, "dump-blocked"), *blocked = sl_test_path(dump, "rank-1.safetensors");
   char *out = NULL, line[4096];
   assert_int_equal(sl_test_run(&out, "rm -rf '%s' && mkdir -p '%s'", dump, blocked), 0);
   free(out);
-  assert_int_equal(sl_test_run(&out, "%s load '%s' --nproc 2 --backend cpu --dump '%s'", sl_test_bin(),
-                               g_uneven, dump), 1);
+  /* rank 1 ends last: rank 0's line only blames it, the launcher still prints rank 1's own */
+  assert_int_equal(sl_test_run(&out, "SHARDLOAD_TEST_SLOW_EXIT_RANK=1 %s load '%s' --nproc 2 --backend cpu --dump '%s'",
+                               sl_test_bin(), g_uneven, dump), 1);
   assert_no_children();
   assert_one_error_line(the_error_line(out, line, sizeof line), blocked);
   assert_non_null(strstr(line, ": rank 1: "));
@@ -479,10 +492,46 @@ static void test_usage_through_launcher(void **state) {
   }
 }
 
+/* --collective reaches every rank of --nproc: forced onto cpu ranks, which cannot run sim's
+ * device collective, every rank fails at context creation naming rank 0 and why (without
+ * the option the ranks would choose gloo and succeed). */
+static void test_collective_through_launcher(void **state) {
+  char *out = NULL, line[4096];
+  double t0 = now_s();
+  int rc = sl_test_run(&out, "%s load '%s' --nproc 2 --backend cpu --collective simccl --timeout 60", sl_test_bin(),
+                       g_synth);
+  if (rc != 1) fail_msg("exit %d, want 1: %s", rc, out ? out : "");
+  assert_true(now_s() - t0 < 20); /* agreed, not timed out */
+  assert_no_children();
+  assert_one_error_line(the_error_line(out, line, sizeof line), g_synth);
+  assert_non_null(strstr(line, "SL_ERR_NO_DEVICE"));
+  assert_non_null(strstr(line, "rank 0 cannot run it"));
+  assert_non_null(strstr(line, "backend is cpu"));
+  free(out);
+  /* and forcing what every rank can run works, said so in the report */
+  char *jp = sl_test_path(g_dir, "forced.json"), cmd[4096];
+  snprintf(cmd, sizeof cmd, "%s load '%s' --nproc 2 --backend sim --collective gloo --timeout 60 --json", sl_test_bin(),
+           g_synth);
+  rc = run_to_file(jp, cmd);
+  if (rc != 0) {
+    sl_test_run(&out, "%s", cmd);
+    fail_msg("%s exited %d: %s", cmd, rc, out ? out : "");
+  }
+  json_t *j = load_json_file(jp);
+  for (int r = 0; r < 2; r++) {
+    json_t *cj = json_object_get(json_array_get(json_object_get(j, "ranks"), (size_t)r), "collective");
+    assert_string_equal(json_string_value(json_object_get(cj, "name")), "gloo");
+    assert_non_null(strstr(json_string_value(json_object_get(cj, "reason")), "gloo: forced"));
+  }
+  json_decref(j);
+  free(jp);
+}
+
 /* What `load --nproc` hands its ranks: a fresh 32-byte secret per job in SHARDLOAD_TOKEN (64
  * hex digits, the same on every rank, another for the next job), and with
- * --insecure-rendezvous, SHARDLOAD_INSECURE_RENDEZVOUS=1. The ranks report a digest of the
- * token through a test hook, never the token. */
+ * --insecure-rendezvous, SHARDLOAD_INSECURE_RENDEZVOUS=1; LOCAL_WORLD_SIZE=N (as torchrun
+ * does, for the backend's device choice). The ranks report a digest of the token through a
+ * test hook, never the token. */
 static int env_reports(const char *out, unsigned long long *digest, char insecure[][16]) {
   int n = 0;
   for (const char *p = out; (p = strstr(p, "test-hook: rank ")) != NULL; p++) {
@@ -491,9 +540,11 @@ static int env_reports(const char *out, unsigned long long *digest, char insecur
     char kind[16];
     unsigned long long d;
     char ins[16];
-    if (sscanf(p, "test-hook: rank %d: SHARDLOAD_TOKEN %zu %15s digits, digest %llx; "
-                  "SHARDLOAD_INSECURE_RENDEZVOUS=%15s", &r, &len, kind, &d, ins) != 5)
+    int lws = 0;
+    if (sscanf(p, "test-hook: rank %d: SHARDLOAD_TOKEN %zu %15s digits, digest %llx; LOCAL_WORLD_SIZE=%d; "
+                  "SHARDLOAD_INSECURE_RENDEZVOUS=%15s", &r, &len, kind, &d, &lws, ins) != 6)
       fail_msg("unreadable hook line in: %s", out);
+    assert_int_equal(lws, 2);
     assert_true(r >= 0 && r < 2);
     assert_int_equal(len, 64);
     assert_string_equal(kind, "hex");
@@ -597,6 +648,7 @@ int main(void) {
       cmocka_unit_test(test_unrelated_jobs_do_not_meet),
       cmocka_unit_test(test_plan_fails_on_one_rank),
       cmocka_unit_test(test_usage_through_launcher),
+      cmocka_unit_test(test_collective_through_launcher),
       cmocka_unit_test(test_launcher_secret_and_insecure_flag),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

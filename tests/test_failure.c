@@ -47,6 +47,8 @@ typedef struct fjob {
   sl_status want;     /* expected status on every surviving rank */
   const char *want_in_msg; /* substring each surviving rank's message must hold (rank 0's for deaths) */
   double max_seconds; /* each surviving rank must be done within this */
+  const char *collective; /* the data plane (NULL: auto) */
+  sl_dtype param;         /* parameter dtype (INVALID: the file's) */
 } fjob;
 
 static void *die_soon(void *arg) {
@@ -147,8 +149,9 @@ static void test_rank_dies_mid_load(void **state) {
 }
 
 /* A failure that only one rank sees in the data phase (here: rank 1's first device buffer is
- * released behind the loader's back, so its host-to-device copy fails): that rank keeps taking
- * part in the collectives, and every rank ends with its error, quickly. */
+ * released behind the loader's back, so its host-to-device copy fails on the host route, its
+ * device cast on the device route): that rank keeps taking part in the collectives, and every
+ * rank ends with its error, quickly. */
 typedef struct sabotage {
   sl_context *ctx;
   int rank;
@@ -169,13 +172,15 @@ static int local_failure_main(int rank, int world, void *arg) {
   fjob *j = arg;
   double t0 = now_s();
   sl_context_options co = {.size = sizeof co, .backend = "sim:strict", .world_size = world, .rank = rank,
-                           .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = j->timeout_ms};
+                           .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = j->timeout_ms,
+                           .collective = j->collective};
   sl_context *ctx = NULL;
   SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
   sl_source *src = NULL;
   SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: source", rank);
   sl_plan *plan = NULL;
   sl_plan_create(ctx, &plan);
+  if (j->param != SL_DTYPE_INVALID) sl_plan_set_param_dtype(plan, j->param);
   sabotage sb = {ctx, rank, NULL, 0};
   sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1 << 16, .bind = sabotage_bind, .bind_user = &sb,
                         .read_mode = j->differ_rank == 1 ? SL_READ_EVERY_RANK : SL_READ_RANK0};
@@ -196,10 +201,15 @@ static int local_failure_main(int rank, int world, void *arg) {
 }
 
 static void test_one_rank_fails_in_data_phase(void **state) {
-  for (int every = 0; every < 2; every++) {
-    /* a long timeout: the others must learn of the failure from rank 1, not by timing out */
-    fjob j = {.path = good, .timeout_ms = 60000, .die_rank = -1, .differ_rank = every ? 1 : -1, .max_seconds = 20};
-    j.rdzv = sl_test_rendezvous(every ? "fail-local-every" : "fail-local-rank0");
+  for (int every = 0; every < 3; every++) {
+    /* a long timeout: the others must learn of the failure from rank 1, not by timing out.
+     * 0: host staging; 1: every-rank reads; 2: the device route (simccl), F32 -> F64 so that the
+     * cast on the device is what fails */
+    fjob j = {.path = good, .timeout_ms = 60000, .die_rank = -1, .differ_rank = every == 1 ? 1 : -1, .max_seconds = 20,
+              .collective = every == 0 ? "gloo" : NULL, .param = every == 2 ? SL_DTYPE_F64 : SL_DTYPE_INVALID};
+    char sub[32];
+    snprintf(sub, sizeof sub, "fail-local-%d", every);
+    j.rdzv = sl_test_rendezvous(sub);
     int codes[3];
     int killed = sl_test_spawn(3, local_failure_main, &j, 60000, codes);
     free(j.rdzv);
@@ -235,7 +245,7 @@ static int bad_options_main(int rank, int world, void *arg) {
   if (rank != 1) SL_CHILD_CHECK(strstr(msg, "rank 1") != NULL, "rank %d: message '%s' does not name rank 1", rank, msg);
   SL_CHILD_CHECK(dt < j->max_seconds, "rank %d took %.1f s", rank, dt);
   /* every rank stays until all have their verdict: a rank that left early would look lost */
-  SL_CHILD_CHECK(ctx->coll->barrier(ctx->comm) == SL_OK, "rank %d: barrier", rank);
+  SL_CHILD_CHECK(sl__ctl_barrier(ctx) == SL_OK, "rank %d: barrier", rank);
   sl_plan_destroy(plan);
   sl_source_destroy(src);
   sl_context_destroy(ctx);
@@ -349,9 +359,16 @@ static int canary_main(int rank, int world, void *arg) {
     size_t n = (size_t)c.nbytes[i];
     SL_CHILD_CHECK(all_canary(c.bufs[i], GUARD) && all_canary(c.bufs[i] + GUARD + n, GUARD),
                    "rank %d: bytes written outside tensor %d's buffer", rank, i);
-    if (!j->data_phase || i == 2) {
-      /* phase 1 failed: untouched; data phase: the tensor after the failing one is untouched */
+    if (!j->data_phase || (i == 2 && rank == 0)) {
+      /* phase 1 failed: untouched; data phase: on rank 0, which saw its read fail, the tensor
+       * after the failing one is untouched */
       SL_CHILD_CHECK(all_canary(c.bufs[i] + GUARD, n), "rank %d: tensor %d's buffer was written", rank, i);
+    } else if (i == 2) {
+      /* the others learn of it at the end of the status window: until then rank 0 sent zeros
+       * in place of what it could not read (sl_bind_fn's contract) */
+      for (size_t k = 0; k < n; k++)
+        SL_CHILD_CHECK(c.bufs[i][GUARD + k] == CANARY || c.bufs[i][GUARD + k] == 0,
+                       "rank %d: t.c byte %zu is neither untouched nor zero", rank, k);
     } else if (i == 0) {
       for (size_t k = 0; k < n; k++)
         SL_CHILD_CHECK(c.bufs[i][GUARD + k] == sl_test_pattern_byte("t.a", (uint64_t)c.row0[i] * 64 + k),

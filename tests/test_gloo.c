@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -89,6 +90,7 @@ typedef struct job {
   size_t lost_bytes; /* what lost_rank_body broadcasts (0: LARGE) */
   bool freeze; /* the hanging victim stops its whole process (SIGSTOP), threads and all */
   int fini_limit_ms; /* fini must return within this (0: no limit) */
+  bool from_signal; /* abort_body: abort from a signal handler instead of another thread */
 } job;
 
 static int thread_count(void) {
@@ -116,7 +118,8 @@ static int child(const job *j, int rank) {
   if (j->chunk_env[rank]) setenv("SHARDLOAD_GLOO_CHUNK_BYTES", j->chunk_env[rank], 1);
   if (j->raw) return j->raw(ops, j, rank);
   int threads = thread_count();
-  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms, NULL, NULL};
+  sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = rank, .world_size = j->world,
+                           .rendezvous = j->url, .prefix = "test/", .timeout_ms = j->timeout_ms};
   void *comm = NULL;
   double t0 = now_ms();
   sl_status st = ops->init(&in, &comm);
@@ -199,7 +202,7 @@ static void check_broadcast(const sl_collective_ops *ops, void *comm, int rank, 
   if (rank == root) fill(buf, n, seed, 0);
   else memset(buf, 0xA5, n);
   buf[n] = 0x5A;
-  sl_status st = ops->broadcast(comm, buf, n, root);
+  sl_status st = ops->broadcast(comm, buf, n, root, NULL);
   CHECK(st == SL_OK, "broadcast %zu from %d: %s", n, root, sl_status_name(st));
   long at = mismatch(buf, n, seed, 0);
   CHECK(at < 0, "broadcast %zu bytes from %d differs at byte %ld", n, root, at);
@@ -233,7 +236,8 @@ static void check_scatterv(const sl_collective_ops *ops, void *comm, int rank, i
   CHECK(recv, "malloc");
   memset(recv, 0xA5, mine + 1);
   /* non-root ranks read only their own size: hand them no send arguments at all */
-  sl_status st = ops->scatterv(comm, send, rank == root ? counts : NULL, rank == root ? displs : NULL, recv, mine, root);
+  sl_status st =
+      ops->scatterv(comm, send, rank == root ? counts : NULL, rank == root ? displs : NULL, recv, mine, root, NULL);
   CHECK(st == SL_OK, "scatterv from %d: %s", root, sl_status_name(st));
   long at = mismatch(recv, mine, seed, displs[rank]);
   CHECK(at < 0, "scatterv share of %zu bytes from %d differs at byte %ld", mine, root, at);
@@ -253,7 +257,7 @@ static void check_allgather(const sl_collective_ops *ops, void *comm, int rank, 
     CHECK(in, "malloc");
   }
   fill(in, n, 1000 + (uint64_t)rank, 0);
-  sl_status st = ops->allgather(comm, in, out, n);
+  sl_status st = ops->allgather(comm, in, out, n, NULL);
   CHECK(st == SL_OK, "allgather %zu: %s", n, sl_status_name(st));
   for (int r = 0; r < world; r++) {
     long at = mismatch(out + (size_t)r * n, n, 1000 + (uint64_t)r, 0);
@@ -360,7 +364,7 @@ static int large_body(const sl_collective_ops *ops, void *comm, const job *j, in
   if (rank == 0) fill_words(buf, big, 1);
   else memset(buf, 0, big);
   double t0 = now_ms();
-  CHECK(ops->broadcast(comm, buf, big, 0) == SL_OK, "broadcast");
+  CHECK(ops->broadcast(comm, buf, big, 0, NULL) == SL_OK, "broadcast");
   double bcast_ms = now_ms() - t0;
   long at = words_mismatch(buf, big, 1);
   CHECK(at < 0, "broadcast of %zu bytes differs at %ld", big, at);
@@ -370,8 +374,8 @@ static int large_body(const sl_collective_ops *ops, void *comm, const job *j, in
   else memset(buf, 0, share);
   unsigned char own[5];
   t0 = now_ms();
-  sl_status st = rank == 0 ? ops->scatterv(comm, buf, counts, displs, own, 5, 0)
-                           : ops->scatterv(comm, NULL, NULL, NULL, buf, share, 0);
+  sl_status st = rank == 0 ? ops->scatterv(comm, buf, counts, displs, own, 5, 0, NULL)
+                           : ops->scatterv(comm, NULL, NULL, NULL, buf, share, 0, NULL);
   double t2 = now_ms();
   CHECK(st == SL_OK, "scatterv");
   if (rank == 1) {
@@ -462,7 +466,7 @@ static int lost_rank_body(const sl_collective_ops *ops, void *comm, const job *j
   CHECK(buf, "malloc");
   if (rank == root) fill(buf, bytes, 3, 0);
   double t0 = now_ms();
-  sl_status st = ops->broadcast(comm, buf, bytes, root);
+  sl_status st = ops->broadcast(comm, buf, bytes, root, NULL);
   if (st == SL_OK) { /* the tree may not pass through the victim; the barrier does */
     t0 = now_ms();
     st = ops->barrier(comm);
@@ -486,8 +490,8 @@ static int lost_rank_body(const sl_collective_ops *ops, void *comm, const job *j
   CHECK(strstr(g_msg, "failed earlier") && strstr(g_msg, first), "later call's message: %s", g_msg);
   CHECK(took < 200, "later call took %.0f ms", took);
   unsigned char small[8] = {0};
-  CHECK(ops->broadcast(comm, small, sizeof small, 0) == st, "later broadcast");
-  CHECK(ops->allgather(comm, small, small, 0) == st, "later allgather");
+  CHECK(ops->broadcast(comm, small, sizeof small, 0, NULL) == st, "later broadcast");
+  CHECK(ops->allgather(comm, small, small, 0, NULL) == st, "later allgather");
   return 0;
 }
 
@@ -508,10 +512,10 @@ static int mid_transfer_body(const sl_collective_ops *ops, void *comm, const job
   if (rank == j->victim) {
     pthread_t t;
     pthread_create(&t, NULL, die_soon, NULL);
-    ops->scatterv(comm, NULL, NULL, NULL, buf, big, 0);
+    ops->scatterv(comm, NULL, NULL, NULL, buf, big, 0, NULL);
     _exit(42);
   }
-  sl_status st = ops->scatterv(comm, buf, counts, displs, NULL, 0, 0);
+  sl_status st = ops->scatterv(comm, buf, counts, displs, NULL, 0, 0, NULL);
   if (st == SL_OK) st = ops->barrier(comm); /* the data may all have left before the death */
   fprintf(stderr, "rank %d: %s: %s\n", rank, sl_status_name(st), g_msg);
   CHECK(st == SL_ERR_PEER || st == SL_ERR_TIMEOUT, "status %s", sl_status_name(st));
@@ -577,11 +581,181 @@ static void test_frozen_rank0_tcp(void **state) {
   free(url);
 }
 
+
+/* ---- split and abort (module ABI 2) ---------------------------------------------------------- */
+
+/* The rows and columns of a 2x2 mesh (HSDP's shard and replica groups), alive at once, the
+ * columns ordered by keys that reverse the ranks; then a group of one, a rank outside every
+ * group, and a sub aborted alone. Subs are freed before their parent. */
+static int split_body(const sl_collective_ops *ops, void *comm, const job *j, int rank) {
+  void *row = NULL, *col = NULL, *solo = (void *)1, *three = (void *)1;
+  CHECK(ops->split(comm, rank / 2, rank, &row) == SL_OK && row, "row split");
+  CHECK(ops->split(comm, rank % 2, -rank, &col) == SL_OK && col, "column split");
+  /* row r is job ranks (2r, 2r+1); column c is (2+c, c): the larger key comes last */
+  unsigned char buf[1000];
+  uint64_t seed = 100 + (uint64_t)(rank / 2);
+  if (rank % 2 == 1) fill(buf, sizeof buf, seed, 0);
+  else memset(buf, 0, sizeof buf);
+  CHECK(ops->broadcast(row, buf, sizeof buf, 1, NULL) == SL_OK, "row broadcast");
+  CHECK(mismatch(buf, sizeof buf, seed, 0) < 0, "row broadcast from job rank %d", rank / 2 * 2 + 1);
+  seed = 200 + (uint64_t)(rank % 2);
+  if (rank >= 2) fill(buf, sizeof buf, seed, 0); /* member 0 of column c is job rank 2 + c */
+  else memset(buf, 0, sizeof buf);
+  CHECK(ops->broadcast(col, buf, sizeof buf, 0, NULL) == SL_OK, "column broadcast");
+  CHECK(mismatch(buf, sizeof buf, seed, 0) < 0, "column broadcast from job rank %d", 2 + rank % 2);
+  int32_t me = rank, got[2] = {-1, -1};
+  CHECK(ops->allgather(col, &me, got, sizeof me, NULL) == SL_OK, "column allgather");
+  CHECK(got[0] == 2 + rank % 2 && got[1] == rank % 2, "column order %d, %d", got[0], got[1]);
+  /* uneven shares, one empty, from member 1 of the row */
+  size_t counts[2] = {0, 777}, displs[2] = {5, 9};
+  unsigned char send[800], recv[800];
+  fill(send, sizeof send, 300 + (uint64_t)(rank / 2), 0);
+  size_t mine = counts[rank % 2];
+  CHECK(ops->scatterv(row, send, counts, displs, recv, mine, 1, NULL) == SL_OK, "row scatterv");
+  CHECK(mismatch(recv, mine, 300 + (uint64_t)(rank / 2), displs[rank % 2]) < 0, "row scatterv data");
+
+  /* a sub of a sub: member 0 of each row alone; member 1 in no group */
+  CHECK(ops->split(row, rank % 2 == 0 ? 7 : -1, 0, &solo) == SL_OK, "solo split");
+  CHECK((rank % 2 == 0) == (solo != NULL), "solo split result");
+  if (solo) {
+    CHECK(ops->broadcast(solo, buf, sizeof buf, 0, NULL) == SL_OK && ops->barrier(solo) == SL_OK, "solo ops");
+    CHECK(ops->broadcast(solo, buf, sizeof buf, 1, NULL) == SL_ERR_INVALID, "root 1 of a group of one");
+  }
+  /* rank 3 sits out */
+  CHECK(ops->split(comm, rank == 3 ? -1 : 0, 0, &three) == SL_OK, "three split");
+  CHECK((rank != 3) == (three != NULL), "three split result");
+  if (three) {
+    me = rank;
+    int32_t all3[3];
+    CHECK(ops->allgather(three, &me, all3, sizeof me, NULL) == SL_OK, "allgather of three");
+    CHECK(all3[0] == 0 && all3[1] == 1 && all3[2] == 2, "order of three");
+  }
+  /* a sub aborted alone fails at once; its parent carries on */
+  ops->abort(row);
+  double t0 = now_ms();
+  CHECK(ops->barrier(row) == SL_ERR_COMM && strstr(g_msg, "aborted (sl_context_abort)"), "aborted row");
+  CHECK(now_ms() - t0 < 100, "aborted row took %.0f ms", now_ms() - t0);
+  CHECK(ops->barrier(col) == SL_OK && ops->barrier(comm) == SL_OK, "the others after the row's abort");
+  if (three) ops->fini(three);
+  if (solo) ops->fini(solo);
+  ops->fini(col);
+  ops->fini(row);
+  CHECK(ops->barrier(comm) == SL_OK, "parent after its subs are gone");
+  return 0;
+}
+
+static void run_split(rdzv kind, const char *name) {
+  char *url = make_url(kind, name);
+  job j = {.world = 4, .url = url, .timeout_ms = 20000, .body = split_body, .deadline_s = 120};
+  run(&j);
+  free(url);
+}
+static void test_split_file(void **state) { run_split(FILE_RDZV, "split_file"); }
+static void test_split_tcp(void **state) { run_split(TCP_RDZV, "split_tcp"); }
+
+/* A rank of a row group dies while its row peer waits on it: the peer fails within the
+ * timeout and names it by its rank in the job (3), not by its place in the group (1). */
+static int split_lost_body(const sl_collective_ops *ops, void *comm, const job *j, int rank) {
+  void *row = NULL;
+  CHECK(ops->split(comm, rank / 2, rank, &row) == SL_OK && row, "row split");
+  CHECK(ops->barrier(row) == SL_OK, "row barrier");
+  if (rank == j->victim) {
+    usleep(300 * 1000);
+    _exit(42);
+  }
+  unsigned char *buf = malloc(LARGE);
+  CHECK(buf, "malloc");
+  memset(buf, 1, LARGE);
+  double t0 = now_ms();
+  sl_status st = ops->broadcast(row, buf, LARGE, 1, NULL); /* row 1's root is the victim */
+  double took = now_ms() - t0;
+  free(buf);
+  if (rank >= 2) {
+    fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", rank, sl_status_name(st), took, g_msg);
+    CHECK(st == SL_ERR_PEER || st == SL_ERR_TIMEOUT, "status %s", sl_status_name(st));
+    CHECK(names_rank(g_msg, j->victim) && !names_rank(g_msg, 1), "message does not name job rank %d only", j->victim);
+    CHECK(strstr(g_msg, "split group 1"), "message does not say which group");
+    CHECK(took < j->timeout_ms + 2500, "took %.0f ms", took);
+  } else {
+    CHECK(st == SL_OK, "the other row: %s", sl_status_name(st));
+  }
+  ops->fini(row);
+  return 0;
+}
+
+static void test_split_lost_rank(void **state) {
+  char *url = make_url(TCP_RDZV, "split_lost");
+  job j = {.world = 4, .url = url, .timeout_ms = 3000, .body = split_lost_body, .victim = 3, .deadline_s = 60};
+  j.expect_exit[3] = 42;
+  run(&j);
+  free(url);
+}
+
+/* abort from another thread or a signal handler ends a call that waits on a peer at once,
+ * and every later call fails at once; the peer learns that this rank went away. */
+static const sl_collective_ops *g_abort_ops;
+static void *g_abort_comm;
+static void abort_now(int sig) { g_abort_ops->abort(g_abort_comm); }
+static void *abort_later(void *arg) {
+  usleep(300 * 1000);
+  g_abort_ops->abort(g_abort_comm);
+  return NULL;
+}
+
+static int abort_body(const sl_collective_ops *ops, void *comm, const job *j, int rank) {
+  CHECK(ops->barrier(comm) == SL_OK, "barrier");
+  if (rank == 1) { /* the root that never sends */
+    usleep(1500 * 1000);
+    double t0 = now_ms();
+    sl_status st = ops->barrier(comm);
+    fprintf(stderr, "rank 1: %s after %.0f ms: %s\n", sl_status_name(st), now_ms() - t0, g_msg);
+    CHECK(st == SL_ERR_PEER && names_rank(g_msg, 0), "the aborted peer: %s", sl_status_name(st));
+    return 0;
+  }
+  g_abort_ops = ops;
+  g_abort_comm = comm;
+  pthread_t t;
+  if (j->from_signal) {
+    struct sigaction sa = {.sa_handler = abort_now};
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {.it_value = {0, 300 * 1000}};
+    setitimer(ITIMER_REAL, &it, NULL);
+  } else {
+    pthread_create(&t, NULL, abort_later, NULL);
+  }
+  unsigned char buf[1000];
+  double t0 = now_ms();
+  sl_status st = ops->broadcast(comm, buf, sizeof buf, 1, NULL);
+  double took = now_ms() - t0;
+  fprintf(stderr, "rank 0: %s after %.0f ms: %s\n", sl_status_name(st), took, g_msg);
+  if (!j->from_signal) pthread_join(t, NULL);
+  CHECK(st == SL_ERR_COMM && strstr(g_msg, "aborted (sl_context_abort)"), "status %s", sl_status_name(st));
+  CHECK(took < 2000, "the aborted call took %.0f ms (timeout %d ms)", took, j->timeout_ms);
+  t0 = now_ms();
+  CHECK(ops->barrier(comm) == SL_ERR_COMM && strstr(g_msg, "aborted"), "later barrier");
+  CHECK(ops->allgather(comm, buf, buf, 0, NULL) == SL_ERR_COMM, "later allgather");
+  void *sub = (void *)1;
+  CHECK(ops->split(comm, 0, 0, &sub) == SL_ERR_COMM && sub == NULL, "later split");
+  CHECK(now_ms() - t0 < 100, "later calls took %.0f ms", now_ms() - t0);
+  return 0;
+}
+
+static void run_abort(bool from_signal, const char *name) {
+  char *url = make_url(TCP_RDZV, name);
+  job j = {.world = 2, .url = url, .timeout_ms = 20000, .body = abort_body, .deadline_s = 60,
+           .from_signal = from_signal};
+  run(&j);
+  free(url);
+}
+static void test_abort_from_thread(void **state) { run_abort(false, "abort_thread"); }
+static void test_abort_from_signal(void **state) { run_abort(true, "abort_signal"); }
+
 static int junk_body(const sl_collective_ops *ops, void *comm, const job *j, int rank);
 
 /* Init with a rank missing must time out naming it. */
 static int init_alone(const sl_collective_ops *ops, const job *j, int rank) {
-  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms, NULL, NULL};
+  sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = rank, .world_size = j->world,
+                           .rendezvous = j->url, .prefix = "test/", .timeout_ms = j->timeout_ms};
   void *comm = NULL;
   double t0 = now_ms();
   sl_status st = ops->init(&in, &comm);
@@ -613,7 +787,8 @@ static void test_init_missing_rank0_tcp(void **state) { run_alone(TCP_RDZV, "alo
  * or that they timed out; rank 0 times out waiting for the rank it never got. */
 static int init_world_mismatch(const sl_collective_ops *ops, const job *j, int rank) {
   int world = rank == 0 ? 2 : 3;
-  sl_collective_init in = {&g_host, rank, world, j->url, "test/", j->timeout_ms, NULL, NULL};
+  sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = rank, .world_size = world,
+                           .rendezvous = j->url, .prefix = "test/", .timeout_ms = j->timeout_ms};
   void *comm = NULL;
   double t0 = now_ms();
   sl_status st = ops->init(&in, &comm);
@@ -640,7 +815,8 @@ static void test_world_size_mismatch(void **state) {
 
 /* A file:// directory left by an earlier job must be refused, not half-used. */
 static int init_stale(const sl_collective_ops *ops, const job *j, int rank) {
-  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms, NULL, NULL};
+  sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = rank, .world_size = j->world,
+                           .rendezvous = j->url, .prefix = "test/", .timeout_ms = j->timeout_ms};
   void *comm = NULL;
   double t0 = now_ms();
   sl_status st = ops->init(&in, &comm);
@@ -662,7 +838,8 @@ static void test_stale_file_rendezvous(void **state) {
 
 /* Rank 0 cannot serve the store on a port that is taken. */
 static int init_port_taken(const sl_collective_ops *ops, const job *j, int rank) {
-  sl_collective_init in = {&g_host, rank, j->world, j->url, "test/", j->timeout_ms, NULL, NULL};
+  sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = rank, .world_size = j->world,
+                           .rendezvous = j->url, .prefix = "test/", .timeout_ms = j->timeout_ms};
   void *comm = NULL;
   sl_status st = ops->init(&in, &comm);
   CHECK(st == SL_ERR_COMM, "init: %s", sl_status_name(st));
@@ -755,13 +932,22 @@ static void test_init_arguments(void **state) {
   assert_int_equal(ops->size, sizeof(sl_collective_ops));
   assert_string_equal(ops->name, "gloo");
   assert_null(ops->device_backend);
-  assert_true(ops->score() > 0);
+  assert_true(ops->probe("cpu", NULL, 0) > 0);
+  assert_true(ops->probe("sim", NULL, 0) > 0); /* any backend, through host staging */
+  assert_int_equal(ops->flags, SL_COLL_SYNC);
+  assert_int_equal(ops->domains, SL_MEM_HOST | SL_MEM_PINNED);
   void *comm = (void *)1;
 
-  sl_collective_init in = {&g_host, 0, 2, NULL, "t/", 1000, NULL, NULL};
+  sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = 0, .world_size = 2,
+                           .rendezvous = NULL, .prefix = "t/", .timeout_ms = 1000};
   assert_int_equal(ops->init(&in, &comm), SL_ERR_INVALID);
   assert_null(comm);
   assert_non_null(strstr(g_msg, "no rendezvous"));
+
+  in.size = offsetof(sl_collective_init, lobby); /* a struct that ends early */
+  assert_int_equal(ops->init(&in, &comm), SL_ERR_ABI);
+  assert_non_null(strstr(g_msg, "older than module ABI 2"));
+  in.size = sizeof in;
 
   in.rendezvous = "nfs://server/dir";
   assert_int_equal(ops->init(&in, &comm), SL_ERR_INVALID);
@@ -783,26 +969,80 @@ static void test_init_arguments(void **state) {
 static void test_single_rank(void **state) {
   NEED_GLOO();
   const sl_collective_ops *ops = gloo_ops();
-  sl_collective_init in = {&g_host, 0, 1, NULL, "t/", 1000, NULL, NULL};
+  sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = 0, .world_size = 1,
+                           .rendezvous = NULL, .prefix = "t/", .timeout_ms = 1000};
   void *comm = NULL;
   assert_int_equal(ops->init(&in, &comm), SL_OK);
   unsigned char a[64], b[64];
   fill(a, sizeof a, 1, 0);
   memset(b, 0, sizeof b);
-  assert_int_equal(ops->broadcast(comm, a, sizeof a, 0), SL_OK);
+  assert_int_equal(ops->broadcast(comm, a, sizeof a, 0, NULL), SL_OK);
   assert_int_equal(mismatch(a, sizeof a, 1, 0), -1);
   size_t counts[1] = {40}, displs[1] = {8};
-  assert_int_equal(ops->scatterv(comm, a, counts, displs, b, 40, 0), SL_OK);
+  assert_int_equal(ops->scatterv(comm, a, counts, displs, b, 40, 0, NULL), SL_OK);
   assert_memory_equal(b, a + 8, 40);
-  assert_int_equal(ops->scatterv(comm, a, counts, displs, b, 39, 0), SL_ERR_INVALID);
+  assert_int_equal(ops->scatterv(comm, a, counts, displs, b, 39, 0, NULL), SL_ERR_INVALID);
   memset(b, 0, sizeof b);
-  assert_int_equal(ops->allgather(comm, a, b, sizeof a), SL_OK);
+  assert_int_equal(ops->allgather(comm, a, b, sizeof a, NULL), SL_OK);
   assert_memory_equal(a, b, sizeof a);
   assert_int_equal(ops->barrier(comm), SL_OK);
-  assert_int_equal(ops->broadcast(comm, a, sizeof a, 1), SL_ERR_INVALID);
+  assert_int_equal(ops->broadcast(comm, a, sizeof a, 1, NULL), SL_ERR_INVALID);
   assert_non_null(strstr(g_msg, "root 1"));
+  /* split: a group of one, or none */
+  void *sub = (void *)1;
+  assert_int_equal(ops->split(comm, -1, 0, &sub), SL_OK);
+  assert_null(sub);
+  assert_int_equal(ops->split(comm, 3, 0, &sub), SL_OK);
+  assert_non_null(sub);
+  assert_int_equal(ops->allgather(sub, a, b, sizeof a, NULL), SL_OK);
+  ops->fini(sub);
+  /* abort: every call fails at once, naming the abort */
+  ops->abort(comm);
+  assert_int_equal(ops->barrier(comm), SL_ERR_COMM);
+  assert_non_null(strstr(g_msg, "aborted (sl_context_abort)"));
+  assert_int_equal(ops->broadcast(comm, a, sizeof a, 0, NULL), SL_ERR_COMM);
+  assert_int_equal(ops->allgather(comm, a, b, 0, NULL), SL_ERR_COMM);
   ops->fini(comm);
   ops->fini(NULL);
+}
+
+/* The one-rank collective has the same contract: split gives a group of one (or none), abort
+ * fails every later call, roots other than 0 are refused. */
+static void test_local_collective(void **state) {
+  const sl_collective_ops *ops = sl__collective_local();
+  assert_int_equal(ops->flags, SL_COLL_SYNC);
+  assert_int_equal(ops->domains, SL_MEM_HOST | SL_MEM_PINNED);
+  assert_true(ops->probe("sim", NULL, 0) > 0);
+  void *comm = NULL, *sub = (void *)1;
+  sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = 0, .world_size = 2, .timeout_ms = 1000};
+  assert_int_equal(ops->init(&in, &comm), SL_ERR_INVALID);
+  assert_non_null(strstr(g_msg, "this job has 2"));
+  in.world_size = 1;
+  in.size = offsetof(sl_collective_init, lobby); /* a struct that ends early */
+  assert_int_equal(ops->init(&in, &comm), SL_ERR_ABI);
+  in.size = sizeof in;
+  assert_int_equal(ops->init(&in, &comm), SL_OK);
+  unsigned char a[16] = "0123456789abcde", b[16] = {0};
+  size_t counts[1] = {8}, displs[1] = {4};
+  assert_int_equal(ops->scatterv(comm, a, counts, displs, b, 8, 0, NULL), SL_OK);
+  assert_memory_equal(b, a + 4, 8);
+  assert_int_equal(ops->scatterv(comm, a, counts, displs, b, 7, 0, NULL), SL_ERR_INVALID);
+  assert_non_null(strstr(g_msg, "sends itself 8 bytes but receives 7"));
+  assert_int_equal(ops->broadcast(comm, a, sizeof a, 1, NULL), SL_ERR_INVALID);
+  assert_non_null(strstr(g_msg, "root 1"));
+  assert_int_equal(ops->split(comm, -1, 0, &sub), SL_OK);
+  assert_null(sub);
+  assert_int_equal(ops->split(comm, 0, 5, &sub), SL_OK);
+  assert_non_null(sub);
+  assert_int_equal(ops->allgather(sub, a, b, sizeof a, NULL), SL_OK);
+  assert_memory_equal(a, b, sizeof a);
+  ops->abort(comm);
+  assert_int_equal(ops->barrier(comm), SL_ERR_COMM);
+  assert_non_null(strstr(g_msg, "aborted (sl_context_abort)"));
+  assert_int_equal(ops->allgather(comm, a, b, sizeof a, NULL), SL_ERR_COMM);
+  assert_int_equal(ops->barrier(sub), SL_OK); /* a sub has its own flag */
+  ops->fini(sub);
+  ops->fini(comm);
 }
 
 /* ---- memory running out: no C++ exception may reach the C caller --------------------------
@@ -859,7 +1099,8 @@ static void test_out_of_memory(void **state) {
   assert_true(pid >= 0);
   if (pid == 0) { /* a child: the parent's heap and cmocka stay out of it */
     g_rank = 0;
-    sl_collective_init in = {&g_host, 0, 1, NULL, "t/", 1000, NULL, NULL};
+    sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = 0, .world_size = 1,
+                             .rendezvous = NULL, .prefix = "t/", .timeout_ms = 1000};
     void *comm = NULL, *other = NULL;
     CHECK(ops->init(&in, &comm) == SL_OK, "init");
     unsigned char a[8] = {0}, b[8];
@@ -867,8 +1108,8 @@ static void test_out_of_memory(void **state) {
     void **hoard = hoard_all();
     sl_status st[4];
     st[0] = ops->barrier(comm);
-    st[1] = ops->allgather(comm, a, b, sizeof a);
-    st[2] = ops->scatterv(comm, a, counts, displs, b, sizeof b, 0);
+    st[1] = ops->allgather(comm, a, b, sizeof a, NULL);
+    st[2] = ops->scatterv(comm, a, counts, displs, b, sizeof b, 0, NULL);
     st[3] = ops->init(&in, &other);
     hoard_free(hoard);
     for (int i = 0; i < 4; i++) CHECK(st[i] == SL_ERR_NOMEM, "call %d: %s", i, sl_status_name(st[i]));
@@ -898,7 +1139,8 @@ static void test_store_thread_fails(void **state) {
   assert_true(pid >= 0);
   if (pid == 0) {
     g_rank = 0;
-    sl_collective_init in = {&g_host, 0, 2, url, "t/", 2000, NULL, NULL};
+    sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = 0, .world_size = 2,
+                             .rendezvous = url, .prefix = "t/", .timeout_ms = 2000};
     void *comm = NULL;
     int before = open_fds();
     FILE *f = fopen("/proc/self/statm", "r");
@@ -929,6 +1171,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_init_arguments),
       cmocka_unit_test(test_single_rank),
+      cmocka_unit_test(test_local_collective),
       cmocka_unit_test(test_out_of_memory),
       cmocka_unit_test(test_store_thread_fails),
       cmocka_unit_test(test_file_2_ranks),
@@ -956,6 +1199,11 @@ int main(void) {
       cmocka_unit_test(test_frozen_rank0_tcp),
       cmocka_unit_test(test_many_ranks_stuck_tcp),
       cmocka_unit_test(test_many_ranks_dead_tcp),
+      cmocka_unit_test(test_split_file),
+      cmocka_unit_test(test_split_tcp),
+      cmocka_unit_test(test_split_lost_rank),
+      cmocka_unit_test(test_abort_from_thread),
+      cmocka_unit_test(test_abort_from_signal),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

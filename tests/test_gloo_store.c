@@ -63,7 +63,8 @@ static int rank_main(const rank_spec *s) {
   else unsetenv("SHARDLOAD_INSECURE_RENDEZVOUS");
   char url[128];
   snprintf(url, sizeof url, "tcp://%s:%d", s->host ? s->host : "127.0.0.1", s->port);
-  sl_collective_init in = {&g_host, s->rank, s->world, url, "test/", s->timeout_ms, NULL, NULL};
+  sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = s->rank, .world_size = s->world,
+                           .rendezvous = url, .prefix = "test/", .timeout_ms = s->timeout_ms};
   void *comm = NULL;
   double t0 = now_ms();
   sl_status st = ops->init(&in, &comm);
@@ -456,7 +457,8 @@ static void test_token_sources(void **state) {
   char *path = sl_test_path(dir, "token");
   assert_int_equal(sl_test_write_bytes(path, "0123456789abcdef-long-enough\n", 29), 0);
   assert_int_equal(chmod(path, 0644), 0);
-  sl_collective_init in = {&g_host, 1, 2, "tcp://127.0.0.1:1", "t/", 300, NULL, NULL};
+  sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = 1, .world_size = 2,
+                           .rendezvous = "tcp://127.0.0.1:1", .prefix = "t/", .timeout_ms = 300};
   void *comm = NULL;
 
   setenv("SHARDLOAD_TOKEN_FILE", path, 1);
@@ -508,7 +510,8 @@ static void test_token_file_job(void **state) {
     unsetenv("SHARDLOAD_TOKEN");
     char url[64];
     snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port);
-    sl_collective_init in = {&g_host, 1, 2, url, "test/", 5000, NULL, NULL};
+    sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = 1, .world_size = 2,
+                             .rendezvous = url, .prefix = "test/", .timeout_ms = 5000};
     void *comm = NULL;
     CHECK(ops->init(&in, &comm) == SL_OK, "init");
     CHECK(ops->barrier(comm) == SL_OK, "barrier");

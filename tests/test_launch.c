@@ -12,7 +12,9 @@ static const char *const all_vars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
     "SLURM_LOCALID", "SLURM_LAUNCH_NODE_IPADDR", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK", "SHARDLOAD_RENDEZVOUS", "TORCHELASTIC_USE_AGENT_STORE",
+    "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE",
 };
+
 
 static sl_context ctx;
 
@@ -340,6 +342,44 @@ static void parse_bad(const char *url, const char *needle) {
   assert_non_null(strstr(err, "file://DIR")); /* says what is accepted */
 }
 
+/* The ranks on this node (sl_backend_init.local_world_size): torchrun, then Slurm (only a plain
+ * count: "2(x3)" names no single size), then Open MPI, else 1; a malformed value is refused by
+ * name. */
+static int local_world(void) {
+  int n = -7;
+  sl_status st = sl__launch_local_world_size(&ctx, &n);
+  if (st != SL_OK) fail_msg("unexpected %s: %s", sl_status_name(st), ctx.errmsg);
+  return n;
+}
+
+static void bad_local_world(const char *needle) {
+  int n = 0;
+  ctx.errmsg[0] = 0;
+  sl_status st = sl__launch_local_world_size(&ctx, &n);
+  if (st != SL_ERR_INVALID) fail_msg("expected SL_ERR_INVALID for '%s', got %s", needle, sl_status_name(st));
+  if (!strstr(ctx.errmsg, needle)) fail_msg("message '%s' lacks '%s'", ctx.errmsg, needle);
+}
+
+static void test_local_world_size(void **state) {
+  assert_int_equal(local_world(), 1);
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "3");
+  assert_int_equal(local_world(), 3);
+  set("SLURM_NTASKS_PER_NODE", "2(x3)"); /* uneven nodes: skipped */
+  assert_int_equal(local_world(), 3);
+  set("SLURM_NTASKS_PER_NODE", "6");
+  assert_int_equal(local_world(), 6);
+  set("LOCAL_WORLD_SIZE", "8"); /* torchrun under Slurm: torchrun's is the truth */
+  assert_int_equal(local_world(), 8);
+  set("LOCAL_WORLD_SIZE", "eight");
+  bad_local_world("LOCAL_WORLD_SIZE='eight' is not an integer");
+  set("LOCAL_WORLD_SIZE", "0");
+  bad_local_world("LOCAL_WORLD_SIZE=0 is out of range");
+  unsetenv("LOCAL_WORLD_SIZE");
+  unsetenv("SLURM_NTASKS_PER_NODE");
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "-2");
+  bad_local_world("OMPI_COMM_WORLD_LOCAL_SIZE=-2 is out of range");
+}
+
 static void test_rendezvous_parse(void **state) {
   parse_ok("file:///shared/rdzv", SL__RDZV_FILE, "/shared/rdzv", 0);
   parse_ok("file://relative/dir", SL__RDZV_FILE, "relative/dir", 0);
@@ -394,6 +434,7 @@ int main(void) {
       cmocka_unit_test_setup(test_relation_errors, clear_env),
       cmocka_unit_test_setup(test_rendezvous_errors, clear_env),
       cmocka_unit_test_setup(test_rendezvous_parse, clear_env),
+      cmocka_unit_test_setup(test_local_world_size, clear_env),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -117,15 +117,16 @@ static void test_null_options_infer_no_policy(void **state) {
     assert_int_equal(sl_load(e.ctx, e.plan, e.src, NULL, &st), SL_OK);
     check_placement(&e, st, SL_DEVICE_ACCELERATOR, SL_RULE_INFER_NO_POLICY, 0);
     check_same_as_file(&e, st);
-    /* a tiny checkpoint does not get the 64 MiB default staging: the largest tensor (60 BF16
-     * elements, 10 bytes each in the carve-up) fits in the 4 KiB minimum */
-    sl_load_stats stats;
+    /* a tiny checkpoint does not get the 64 MiB default staging: the whole checkpoint fits in
+     * one slot of a few KiB */
+    sl_load_stats stats = {.size = sizeof stats};
     assert_int_equal(sl_state_stats(st, &stats), SL_OK);
-    assert_int_equal(stats.staging_bytes, 4096);
+    assert_true(stats.staging_bytes <= 4096);
+    assert_true(stats.staging_bytes > 0);
     if (strcmp(sl_context_backend_name(e.ctx), "sim") == 0) {
       uint64_t h2d, d2h, total = 0;
       for (size_t i = 0; i < NT; i++) total += sl_state_tensor(st, i)->nbytes;
-      e.ctx->be->traffic(e.ctx->be_ctx, &h2d, &d2h);
+      ((sl_ext_traffic_fn)e.ctx->be->get_proc(SL_EXT_TRAFFIC))(e.ctx->be_ctx, &h2d, &d2h);
       assert_int_equal(h2d, total); /* every byte reached the device through the backend */
     }
     sl_state_destroy(st);
@@ -232,10 +233,10 @@ static void test_cast_to_f32_and_tiny_staging(void **state) {
     const sl_tensor *x = sl_state_tensor(st, i);
     want_h2d += x->nbytes / sl_dtype_size(x->dtype) * sl_dtype_size(x->file_dtype);
   }
-  sl_load_stats stats;
+  sl_load_stats stats = {.size = sizeof stats};
   assert_int_equal(sl_state_stats(st, &stats), SL_OK);
   assert_int_equal(stats.bytes_h2d, want_h2d);
-  e.ctx->be->traffic(e.ctx->be_ctx, &h2d, &d2h);
+  ((sl_ext_traffic_fn)e.ctx->be->get_proc(SL_EXT_TRAFFIC))(e.ctx->be_ctx, &h2d, &d2h);
   assert_int_equal(h2d, want_h2d);
   assert_true(want_h2d < 60 * 4 + 7 * 4 + 4 + 40 + 16); /* less than the F32 state */
   sl_state_destroy(st);
@@ -449,8 +450,11 @@ static void test_sgd_step_through_backend(void **state) {
     size_t n = t->nbytes / sl_dtype_size(t->dtype);
     void *g = NULL;
     assert_int_equal(sl_alloc(e.ctx, t->device, 0, t->nbytes, &g), SL_OK);
-    assert_int_equal(e.ctx->be->copy_d2d(e.ctx->be_ctx, g, t->data, t->nbytes), SL_OK); /* grad = x */
-    assert_int_equal(e.ctx->be->sgd_step(e.ctx->be_ctx, t->data, g, t->dtype, n, 0.5f), SL_OK);
+    assert_int_equal(e.ctx->be->copy_async(e.ctx->be_ctx, g, t->data, t->nbytes, SL_COPY_D2D, NULL), SL_OK);
+    assert_int_equal(e.ctx->be->stream_sync(e.ctx->be_ctx, NULL), SL_OK); /* grad = x */
+    sl_ext_sgd_step_fn sgd = (sl_ext_sgd_step_fn)e.ctx->be->get_proc(SL_EXT_SGD_STEP);
+    assert_non_null(sgd);
+    assert_int_equal(sgd(e.ctx->be_ctx, t->data, g, t->dtype, n, 0.5f), SL_OK);
     float *h = read_back(&e, t), *x0 = NULL;
     x0 = read_back(&e, &(sl_tensor){.data = g, .device = t->device, .nbytes = t->nbytes});
     for (size_t k = 0; k < n; k++) {
@@ -465,6 +469,136 @@ static void test_sgd_step_through_backend(void **state) {
   close_env(&e);
 }
 
+/* 10^3 small tensors of mixed dtypes (F32, BF16 cast to F32, I64) load in a handful of
+ * collective operations, not one per tensor, and every byte is right: the bucket's pieces are
+ * ordered so that every element stays aligned (docs/DESIGN.md#data-flow). */
+static void test_small_tensors_share_transfers(void **state) {
+  enum { N = 1200 };
+  static sl_test_tensor ts[N];
+  static char names[N][32];
+  static const char *dts[3] = {"F32", "BF16", "I64"};
+  for (int i = 0; i < N; i++) {
+    snprintf(names[i], sizeof names[i], "layer.%04d.%s", i, i % 3 == 1 ? "bf16" : "w");
+    ts[i] = (sl_test_tensor){names[i], dts[i % 3], 1, {1 + i % 37}, NULL};
+  }
+  char *path = sl_test_path(dir, "small.safetensors");
+  assert_int_equal(sl_test_write_st(path, ts, N, NULL), 0);
+  const char *backends[] = {"cpu", "sim", "sim:strict"};
+  for (size_t b = 0; b < 3; b++) {
+    sl_context_options co = {.size = sizeof co, .backend = backends[b], .world_size = 1};
+    env e;
+    assert_int_equal(sl_context_create(&co, &e.ctx), SL_OK);
+    assert_int_equal(sl_source_open(e.ctx, path, &e.src), SL_OK);
+    assert_int_equal(sl_plan_create(e.ctx, &e.plan), SL_OK);
+    assert_int_equal(sl_plan_add_rule(e.plan, "*.bf16", NULL, SL_DTYPE_F32), SL_OK); /* BF16 -> F32 */
+    sl_state *st = NULL;
+    assert_int_equal(sl_load(e.ctx, e.plan, e.src, NULL, &st), SL_OK);
+    sl_load_stats stats = {.size = sizeof stats};
+    assert_int_equal(sl_state_stats(st, &stats), SL_OK);
+    assert_true(stats.transfers >= 1 && stats.transfers <= 4);
+    for (int i = 0; i < N; i++) {
+      const sl_tensor *t = sl_state_find(st, names[i]);
+      assert_non_null(t);
+      unsigned char *h = read_back(&e, t);
+      uint64_t n = (uint64_t)(1 + i % 37);
+      for (uint64_t k = 0; k < n; k++) {
+        if (i % 3 == 1) { /* BF16 file bytes widened: the high half of each F32 */
+          uint32_t u;
+          memcpy(&u, h + 4 * k, 4);
+          uint16_t want = (uint16_t)(sl_test_pattern_byte(names[i], 2 * k) | sl_test_pattern_byte(names[i], 2 * k + 1) << 8);
+          /* NaN payloads are canonicalised; the pattern may contain them, skip those */
+          if ((want & 0x7F80) == 0x7F80 && (want & 0x7F)) continue;
+          assert_int_equal(u, (uint32_t)want << 16);
+        } else {
+          size_t es = i % 3 == 0 ? 4 : 8;
+          for (size_t q = 0; q < es; q++) assert_int_equal(h[k * es + q], sl_test_pattern_byte(names[i], k * es + q));
+        }
+      }
+      free(h);
+    }
+    sl_state_destroy(st);
+    close_env(&e);
+  }
+  free(path);
+}
+
+/* bind_buffer: a failure fails the load on every rank naming the tensor and the caller's
+ * message, before any byte moves; pinned-ness is reported as it truly is. */
+typedef struct buffer_binder {
+  int calls, fail_at, pinned;
+  void *bufs[NT];
+} buffer_binder;
+
+static sl_status bind_buffer_cb(void *user, const sl_tensor *t, sl_binding *out) {
+  buffer_binder *b = user;
+  assert_int_equal(out->size, sizeof *out);
+  if (b->calls == b->fail_at) {
+    snprintf(out->message, sizeof out->message, "no room left for %s in the model", t->name);
+    return SL_ERR_NOMEM;
+  }
+  out->data = b->bufs[b->calls++] = malloc(t->nbytes ? t->nbytes : 1);
+  out->pinned = b->pinned;
+  return SL_OK;
+}
+
+static void test_bind_buffer_fails_and_reports_pinned(void **state) {
+  env e;
+  open_env(&e, "sim");
+  sl_offload_policy pol = {SL_OFFLOAD_CPU, 1};
+  assert_int_equal(sl_plan_set_offload_policy(e.plan, &pol), SL_OK);
+  buffer_binder b = {.fail_at = 2};
+  sl_load_options o = {.size = sizeof o, .bind_buffer = bind_buffer_cb, .bind_buffer_user = &b};
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(e.ctx, e.plan, e.src, &o, &st), SL_ERR_NOMEM);
+  assert_null(st);
+  const char *msg = sl_context_errmsg(e.ctx);
+  assert_non_null(strstr(msg, tensors[2].name));
+  assert_non_null(strstr(msg, "no room left for"));
+  assert_non_null(strstr(msg, "rank 0"));
+  for (int i = 0; i < b.calls; i++) free(b.bufs[i]);
+  /* a plain host buffer under a pinned CPU policy: registered with the backend for the state's
+   * life and reported pinned; on cpu (no pinned memory) reported not pinned */
+  for (int be = 0; be < 2; be++) {
+    env f;
+    open_env(&f, be ? "cpu" : "sim");
+    assert_int_equal(sl_plan_set_offload_policy(f.plan, &pol), SL_OK);
+    buffer_binder c = {.fail_at = -1};
+    o.bind_buffer_user = &c;
+    assert_int_equal(sl_load(f.ctx, f.plan, f.src, &o, &st), SL_OK);
+    for (size_t i = 0; i < sl_state_count(st); i++) {
+      const sl_tensor *t = sl_state_tensor(st, i);
+      assert_true(t->caller_buffer);
+      assert_int_equal(t->device, SL_DEVICE_CPU);
+      assert_int_equal(t->pinned, be == 0 && t->nbytes > 0);
+      assert_int_equal(t->device_type, 1); /* kDLCPU (sim has no pinned-host DLPack type) */
+      if (be == 0 && t->nbytes) assert_int_equal(sl__sim_query(f.ctx->be_ctx, t->data), SL__SIM_PINNED);
+    }
+    check_same_as_file(&f, st);
+    sl_state_destroy(st); /* unregisters before the caller frees */
+    for (int i = 0; i < c.calls; i++) free(c.bufs[i]);
+    close_env(&f);
+  }
+  close_env(&e);
+}
+
+/* A state may outlive its context: it keeps the backend alive and frees through it. DLPack
+ * device types and ordinals are filled. */
+static void test_state_outlives_context(void **state) {
+  const char *backends[] = {"sim", "cpu"};
+  for (int b = 0; b < 2; b++) {
+    env e;
+    open_env(&e, backends[b]);
+    sl_state *st = NULL;
+    assert_int_equal(sl_load(e.ctx, e.plan, e.src, NULL, &st), SL_OK);
+    check_same_as_file(&e, st);
+    const sl_tensor *t = sl_state_tensor(st, 0);
+    assert_int_equal(t->device_type, b == 0 ? 12 : 1); /* sim device memory: kDLExtDev; cpu: kDLCPU */
+    assert_int_equal(t->device_id, 0);
+    close_env(&e); /* the context goes first */
+    sl_state_destroy(st);
+  }
+}
+
 static void test_context_errors(void **state) {
   sl_context *ctx = NULL;
   char err[256] = "";
@@ -472,7 +606,8 @@ static void test_context_errors(void **state) {
                            .errbuf_size = sizeof err};
   assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_INVALID);
   assert_null(ctx);
-  assert_non_null(strstr(err, "unknown backend 'simm' (did you mean 'sim'?)"));
+  assert_non_null(strstr(err, "unknown backend 'simm'"));
+  assert_non_null(strstr(err, "(did you mean 'sim'?)"));
   co.backend = "cpu:strict"; /* only sim has a strict variant */
   assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_INVALID);
   assert_null(ctx);
@@ -507,6 +642,9 @@ int main(void) {
       cmocka_unit_test(test_non_strict_plan_skips_and_reports),
       cmocka_unit_test(test_sgd_step_through_backend),
       cmocka_unit_test(test_context_errors),
+      cmocka_unit_test(test_small_tensors_share_transfers),
+      cmocka_unit_test(test_bind_buffer_fails_and_reports_pinned),
+      cmocka_unit_test(test_state_outlives_context),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

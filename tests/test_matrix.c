@@ -153,7 +153,9 @@ typedef struct job {
   const char *backend;
   int hsdp;
   char *rdzv;
-  int64_t caller_mode;
+  const char *collective; /* NULL: auto (simccl, the device route, for sim); "gloo": host staging */
+  const char *want_collective;
+  int slots;
 } job;
 
 typedef struct bind_ctx {
@@ -188,7 +190,7 @@ static int check_state(job *jb, sl_context *ctx, const sl_state *st, int rank, i
                            : o == SL_CPU_OFFLOAD_OFF ? SL_RULE_EXPLICIT_OFF
                            : pol.kind == SL_OFFLOAD_CPU ? SL_RULE_INFER_POLICY_CPU
                                                         : SL_RULE_INFER_NO_POLICY;
-  int is_sim = strcmp(jb->backend, "sim") == 0;
+  int is_sim = strncmp(jb->backend, "sim", 3) == 0;
   int pinned = dev == SL_DEVICE_CPU && pol.kind == SL_OFFLOAD_CPU && pol.pin_memory && is_sim;
   SL_CHILD_CHECK(sl_state_count(st) == NS, "%s: %zu tensors", combo, sl_state_count(st));
   for (size_t i = 0; i < NS; i++) {
@@ -237,11 +239,18 @@ static int check_state(job *jb, sl_context *ctx, const sl_state *st, int rank, i
     if (sl_dtype_is_castable(t->dtype) && n) {
       void *g = NULL;
       SL_CHILD_CHECK(sl_alloc(ctx, t->device, 0, t->nbytes, &g) == SL_OK, "%s: grad alloc", combo);
-      if (t->device == SL_DEVICE_ACCELERATOR) ctx->be->copy_d2d(ctx->be_ctx, g, t->data, t->nbytes);
-      else memcpy(g, t->data, t->nbytes);
+      if (t->device == SL_DEVICE_ACCELERATOR) {
+        SL_CHILD_CHECK(ctx->be->copy_async(ctx->be_ctx, g, t->data, t->nbytes, SL_COPY_D2D, NULL) == SL_OK &&
+                           ctx->be->stream_sync(ctx->be_ctx, NULL) == SL_OK,
+                       "%s: grad copy", combo);
+      } else {
+        memcpy(g, t->data, t->nbytes);
+      }
       sl_status ss;
       if (t->device == SL_DEVICE_ACCELERATOR) {
-        ss = ctx->be->sgd_step(ctx->be_ctx, t->data, g, t->dtype, n, 0.01f);
+        sl_ext_sgd_step_fn sgd = (sl_ext_sgd_step_fn)ctx->be->get_proc(SL_EXT_SGD_STEP);
+        SL_CHILD_CHECK(sgd != NULL, "%s: backend %s offers no SGD step", combo, jb->backend);
+        ss = sgd(ctx->be_ctx, t->data, g, t->dtype, n, 0.01f);
       } else {
         ss = sl__host_sgd_step(t->data, g, t->dtype, n, 0.01f);
       }
@@ -261,11 +270,16 @@ static int check_state(job *jb, sl_context *ctx, const sl_state *st, int rank, i
 
 static int rank_main(int rank, int world, void *arg) {
   job *jb = arg;
-  sl_context_options co = {.size = sizeof co, .backend = jb->backend, .world_size = world, .rank = rank,
-                           .local_rank = rank, .rendezvous = jb->rdzv, .timeout_ms = 60000};
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = jb->backend, .collective = jb->collective,
+                           .world_size = world, .rank = rank, .local_rank = rank, .rendezvous = jb->rdzv,
+                           .timeout_ms = 60000, .errbuf = err, .errbuf_size = sizeof err};
   sl_context *ctx = NULL;
   sl_status s = sl_context_create(&co, &ctx);
-  SL_CHILD_CHECK(s == SL_OK, "rank %d: context: %s", rank, sl_status_name(s));
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: context: %s %s", rank, sl_status_name(s), err);
+  /* the route under test is the one the ranks agreed on */
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), jb->want_collective) == 0, "rank %d: collective %s (%s), want %s",
+                 rank, sl_context_collective_name(ctx), sl_context_collective_reason(ctx), jb->want_collective);
   sl_source *src = NULL;
   s = sl_source_open(ctx, ckpt, &src);
   SL_CHILD_CHECK(s == SL_OK, "rank %d: source: %s %s", rank, sl_status_name(s), sl_context_errmsg(ctx));
@@ -278,8 +292,8 @@ static int rank_main(int rank, int world, void *arg) {
       for (int o = 0; o < 3; o++) {
         for (int p = 0; p < 3; p++, combo_no++) {
           char combo[160];
-          snprintf(combo, sizeof combo, "world %d%s %s %s %s cpu_offload=%s policy=%s %s", world,
-                   jb->hsdp ? " hsdp" : "", jb->backend, mode ? "every-rank" : "rank0",
+          snprintf(combo, sizeof combo, "world %d%s %s/%s %s %s cpu_offload=%s policy=%s %s", world,
+                   jb->hsdp ? " hsdp" : "", jb->backend, jb->want_collective, mode ? "every-rank" : "rank0",
                    strat ? "broadcast" : "scatter", onames[o], pnames[p], combo_no % 2 ? "caller" : "owned");
           sl_plan *plan = NULL;
           SL_CHILD_CHECK(sl_plan_create(ctx, &plan) == SL_OK, "plan");
@@ -300,6 +314,7 @@ static int rank_main(int rank, int world, void *arg) {
                                 .strategy = (sl_strategy)strat,
                                 .read_mode = (sl_read_mode)mode,
                                 .staging_bytes = 4096,
+                                .pipeline_slots = jb->slots,
                                 .bind = combo_no % 2 ? bind_cb : NULL,
                                 .bind_user = &b};
           sl_state *st = NULL;
@@ -324,15 +339,27 @@ static int rank_main(int rank, int world, void *arg) {
   return 0;
 }
 
-static void run_world(const char *backend, int world, int hsdp) {
-  char sub[64];
-  snprintf(sub, sizeof sub, "matrix-rdzv-%s-%d-%d", backend, world, hsdp);
-  job jb = {backend, hsdp, sl_test_rendezvous(sub), 0};
+static void run_job(const char *backend, const char *coll, const char *want, int world, int hsdp, int slots) {
+  char sub[96];
+  snprintf(sub, sizeof sub, "matrix-rdzv-%s-%s-%d-%d-%d", backend, coll ? coll : "auto", world, hsdp, slots);
+  for (char *c = sub; *c; c++)
+    if (*c == ':') *c = '-';
+  job jb = {backend, hsdp, sl_test_rendezvous(sub), coll, want, slots};
   int codes[8];
   int killed = sl_test_spawn(world, rank_main, &jb, 240000, codes);
   free(jb.rdzv);
   assert_int_equal(killed, 0);
   for (int r = 0; r < world; r++) assert_int_equal(codes[r], 0);
+}
+
+/* sim: the device route (simccl, the ranks' own choice) and host staging (gloo, forced) */
+static void run_world(const char *backend, int world, int hsdp) {
+  if (strncmp(backend, "sim", 3) == 0) {
+    run_job(backend, NULL, "simccl", world, hsdp, 0);
+    run_job(backend, "gloo", "gloo", world, hsdp, 3);
+  } else {
+    run_job(backend, NULL, "gloo", world, hsdp, 0);
+  }
 }
 
 /* Explicit rank and world size with no rendezvous option: the rendezvous comes from the
@@ -384,18 +411,141 @@ static void test_explicit_ranks_rendezvous_from_env(void **state) {
   assert_non_null(strstr(err, "nfs://x"));
 }
 
+/* HSDP: rank 0 scatters within replica 0 and the replicas pass their parts down a chain, so
+ * rank 0 sends each checkpoint byte once whatever the number of replicas (the issue's floor:
+ * (k-1)/k in the scatter plus its own shard to the next replica), each replica but the last
+ * forwards exactly its shard, and every rank still gets the right bytes. */
+typedef struct hsdp_job {
+  const char *path;
+  char *rdzv;
+  int replicas;
+  const char *backend;
+  uint64_t total;
+} hsdp_job;
+
+static int hsdp_main(int rank, int world, void *arg) {
+  hsdp_job *h = arg;
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = h->backend, .world_size = world, .rank = rank,
+                           .local_rank = rank, .rendezvous = h->rdzv, .timeout_ms = 60000, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context: %s", rank, err);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, h->path, &src) == SL_OK, "rank %d: source %s", rank, sl_context_errmsg(ctx));
+  sl_plan *plan = NULL;
+  int mesh[2] = {h->replicas, world / h->replicas};
+  SL_CHILD_CHECK(sl_plan_create(ctx, &plan) == SL_OK && sl_plan_set_mesh(plan, 2, mesh) == SL_OK, "plan");
+  sl_load_options lo = {.size = sizeof lo, .cpu_offload = SL_CPU_OFFLOAD_ON, .staging_bytes = 8192};
+  sl_state *st = NULL;
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: load: %s %s", rank, sl_status_name(s), sl_context_errmsg(ctx));
+  sl_load_stats stats = {.size = sizeof stats};
+  sl_state_stats(st, &stats);
+  int shard = rank % mesh[1], replica = rank / mesh[1];
+  uint64_t mine = 0;
+  for (size_t i = 0; i < sl_state_count(st); i++) {
+    const sl_tensor *t = sl_state_tensor(st, i);
+    /* [replicate, shard(0)]: rows split over the shard dim only, the same on every replica */
+    int64_t rows = t->global_shape[0], chunk = (rows + mesh[1] - 1) / mesh[1];
+    int64_t r0 = chunk * shard < rows ? chunk * shard : rows, r1 = chunk * (shard + 1) < rows ? chunk * (shard + 1) : rows;
+    SL_CHILD_CHECK(t->global_offset[0] == r0 && t->local_shape[0] == r1 - r0, "rank %d: %s rows", rank, t->name);
+    uint64_t row_bytes = t->nbytes / (uint64_t)(r1 - r0 ? r1 - r0 : 1);
+    for (uint64_t k = 0; k < t->nbytes; k++)
+      SL_CHILD_CHECK(((unsigned char *)t->data)[k] == sl_test_pattern_byte(t->name, (uint64_t)r0 * row_bytes + k),
+                     "rank %d: %s byte %llu", rank, t->name, (unsigned long long)k);
+    mine += t->nbytes;
+  }
+  uint64_t want_sent = rank == 0 ? h->total : replica < h->replicas - 1 ? mine : 0;
+  uint64_t want_recv = rank == 0 ? 0 : replica == 0 ? mine : mine;
+  SL_CHILD_CHECK(stats.bytes_sent == want_sent, "rank %d: sent %llu, expected %llu", rank,
+                 (unsigned long long)stats.bytes_sent, (unsigned long long)want_sent);
+  SL_CHILD_CHECK(stats.bytes_received == want_recv, "rank %d: received %llu, expected %llu", rank,
+                 (unsigned long long)stats.bytes_received, (unsigned long long)want_recv);
+  sl_state_destroy(st);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void run_hsdp_bytes(const char *backend, int replicas, int world) {
+  char *dir = sl_test_dir("matrix-hsdp");
+  char *path = sl_test_path(dir, "hsdp.safetensors");
+  free(dir);
+  const sl_test_tensor ts[] = {{"a.weight", "F32", 2, {37, 12}, NULL},
+                               {"b.weight", "BF16", 2, {64, 33}, NULL},
+                               {"c.bias", "F32", 1, {7}, NULL}};
+  assert_int_equal(sl_test_write_st(path, ts, 3, NULL), 0);
+  char sub[96];
+  snprintf(sub, sizeof sub, "matrix-hsdp-%s-%d-%d", backend, replicas, world);
+  hsdp_job h = {path, sl_test_rendezvous(sub), replicas, backend, 37 * 12 * 4 + 64 * 33 * 2 + 7 * 4};
+  int codes[8];
+  int killed = sl_test_spawn(world, hsdp_main, &h, 120000, codes);
+  free(h.rdzv);
+  free(path);
+  assert_int_equal(killed, 0);
+  for (int r = 0; r < world; r++) assert_int_equal(codes[r], 0);
+}
+
+static void test_hsdp_rank0_sends_each_byte_once(void **state) {
+  run_hsdp_bytes("cpu", 2, 4);
+  run_hsdp_bytes("cpu", 3, 6);
+  run_hsdp_bytes("cpu", 4, 4); /* a mesh of replicas only: [4, 1] */
+  run_hsdp_bytes("sim", 3, 6);
+}
+
 static void test_world2_sim(void **state) { run_world("sim", 2, 0); }
 static void test_world2_cpu(void **state) { run_world("cpu", 2, 0); }
 static void test_world4_sim(void **state) { run_world("sim", 4, 0); }
 static void test_world4_cpu(void **state) { run_world("cpu", 4, 0); }
 static void test_hsdp_2x2_sim(void **state) { run_world("sim", 4, 1); }
 static void test_hsdp_2x2_cpu(void **state) { run_world("cpu", 4, 1); }
+static void test_world2_sim_strict(void **state) { run_world("sim:strict", 2, 0); }
+static void test_hsdp_2x2_sim_strict(void **state) { run_world("sim:strict", 4, 1); }
+
+#ifdef SL_MATRIX_MUTANT
+/* Built against a loader with one wait or record removed (tests/mutants.cmake): the device
+ * route and host staging on sim, world 2 and the 2x2 HSDP mesh, run several times (the race a
+ * mutant opens is random); any failing rank kills the mutant. */
+static int run_mutant(void) {
+  static const struct { const char *coll, *want; int world, hsdp, slots; } runs[] = {
+      {NULL, "simccl", 2, 0, 0}, {"gloo", "gloo", 2, 0, 3}, {NULL, "simccl", 4, 1, 2}};
+  for (int rep = 0; rep < 3; rep++) {
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+      char sub[96];
+      snprintf(sub, sizeof sub, "mutant-%d-%d-%zu", SL_MATRIX_MUTANT, rep, i);
+      job jb = {"sim", runs[i].hsdp, sl_test_rendezvous(sub), runs[i].coll, runs[i].want, runs[i].slots};
+      int codes[8];
+      int killed = sl_test_spawn(runs[i].world, rank_main, &jb, 240000, codes);
+      free(jb.rdzv);
+      int bad = killed;
+      for (int r = 0; r < runs[i].world; r++) bad |= codes[r] != 0;
+      if (bad) {
+        printf("MUTANT KILLED: mutant %d failed the matrix (%s, world %d, repetition %d)\n", SL_MATRIX_MUTANT,
+               runs[i].want, runs[i].world, rep);
+        return 0;
+      }
+    }
+  }
+  printf("mutant %d SURVIVED: the matrix passed without that wait or record\n", SL_MATRIX_MUTANT);
+  return 1;
+}
+#endif
 
 int main(void) {
+#ifdef SL_MATRIX_MUTANT
+  if (setup(NULL) != 0) return 1;
+  int rc = run_mutant();
+  teardown(NULL);
+  return rc;
+#endif
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_world2_sim),  cmocka_unit_test(test_world2_cpu),
       cmocka_unit_test(test_world4_sim),  cmocka_unit_test(test_world4_cpu),
       cmocka_unit_test(test_hsdp_2x2_sim), cmocka_unit_test(test_hsdp_2x2_cpu),
+      cmocka_unit_test(test_world2_sim_strict), cmocka_unit_test(test_hsdp_2x2_sim_strict),
+      cmocka_unit_test(test_hsdp_rank0_sends_each_byte_once),
       cmocka_unit_test(test_explicit_ranks_rendezvous_from_env),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

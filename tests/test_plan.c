@@ -351,7 +351,7 @@ static void test_describe_and_geometry(void **state) {
   assert_int_equal(sl_plan_describe(f->plan, &w, small, sizeof small), SL_ERR_INVALID);
   assert_int_equal(sl_plan_set_mesh(f->plan, 2, (int[]){2, 2}), SL_OK);
   assert_int_equal(sl_plan_set_param_dtype(f->plan, SL_DTYPE_BF16), SL_OK);
-  sl_shard_geometry g;
+  sl_shard_geometry g = {.size = sizeof g};
   /* [replicate, shard(0)]: rows split over the second mesh dim; coordinates are row-major */
   static const int64_t rows[4] = {5, 5, 5, 5}, offs[4] = {0, 5, 0, 5};
   for (int rank = 0; rank < 4; rank++) {

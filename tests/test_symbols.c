@@ -1,5 +1,7 @@
 /* The shared library exports only the public sl_* API (built with -fvisibility=hidden);
- * internals (sl__*), module tables and vendored C++ stay hidden. argv[1]: libshardload.so. */
+ * internals (sl__*), module tables and vendored C++ stay hidden. argv[1]: libshardload.so.
+ * Loadable modules export only their entry symbols (docs/DESIGN.md#modules): the test modules
+ * in $SHARDLOAD_TEST_MODULES, built as out-of-tree modules are, are checked too. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -37,6 +39,46 @@ static void test_public_entry_points_present(void **state) {
   }
 }
 
+/* The entry symbols module NAME exports, space-separated and sorted. */
+static char *module_exports(const char *dir, const char *name) {
+  char *out = NULL;
+  int rc = sl_test_run(&out, "nm -D --defined-only '%s/libshardload-%s.so' | awk '{print $3}' | sort | tr '\\n' ' '", dir,
+                       name);
+  assert_int_equal(rc, 0);
+  return out;
+}
+
+static void test_modules_export_only_entry_symbols(void **state) {
+  const char *dir = getenv("SHARDLOAD_TEST_MODULES");
+  if (!dir || !*dir) fail_msg("SHARDLOAD_TEST_MODULES is not set (CTest sets it)");
+  static const struct {
+    const char *name, *exports;
+  } want[] = {
+      {"v1host", "sl_backend_module "},
+      {"v1other", "sl_backend_module "},
+      {"v1local", "sl_collective_module "},
+      {"hostmem", "sl_backend_module_v2 "},
+      {"probeno", "sl_backend_module_v2 "},
+      {"badabi", "sl_backend_module_v2 "},
+      {"dual", "sl_backend_module sl_backend_module_v2 "}, /* one binary, two core versions */
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    char *got = module_exports(dir, want[i].name);
+    if (strcmp(got, want[i].exports) != 0) fprintf(stderr, "libshardload-%s.so exports: %s\n", want[i].name, got);
+    assert_string_equal(got, want[i].exports);
+    free(got);
+  }
+  /* and no module in the directory exports anything else */
+  char *out = NULL;
+  int rc = sl_test_run(&out,
+                       "for f in '%s'/libshardload-*.so; do nm -D --defined-only \"$f\" | awk '{print $3}'; done | "
+                       "grep -Ev '^sl_(backend|collective)_module(_v2)?$' | wc -l",
+                       dir);
+  assert_int_equal(rc, 0);
+  assert_int_equal(atoi(out), 0);
+  free(out);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_symbols LIBSHARDLOAD.so\n");
@@ -46,6 +88,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_only_public_symbols_exported),
       cmocka_unit_test(test_public_entry_points_present),
+      cmocka_unit_test(test_modules_export_only_entry_symbols),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -130,6 +130,9 @@ int cli_cmd_synth(int argc, char **argv);
 typedef struct cli_load_args {
   const char *path;
   const char *backend;    /* NULL: auto */
+  const char *collective; /* --collective: the data plane; NULL: auto */
+  int device;             /* --device N, with device_set */
+  int device_set;
   const char *rendezvous; /* NULL: from the environment */
   int rank;               /* -1 with world_size 0: from the environment */
   int world_size;

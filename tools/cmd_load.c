@@ -29,18 +29,26 @@ static const char HELP[] =
     "MASTER_ADDR/MASTER_PORT, Slurm, Open MPI); without one the world size is 1. Prints,\n"
     "per tensor: dtype (file->param), local shape, global offset, placement and device, the\n"
     "rule of the placement contract that chose it, pinned-ness and bytes; then the totals\n"
-    "(GB/s is checkpoint bytes per second of the load) and the transfer statistics.\n"
+    "(GB/s is checkpoint bytes per second of the load) and the transfer statistics. The\n"
+    "header names the data collective the ranks agreed on and why.\n"
     "\n"
     "With --nproc N, starts N ranks on this host instead (local rank r = rank r), which meet\n"
     "through a private rendezvous directory and Gloo over loopback; when one rank fails the\n"
     "others are stopped and its error is printed. Prints one summary line per rank (tensors,\n"
     "local bytes, placement and rule, bytes sent and received, seconds, peak RSS) and the\n"
     "totals (wall time, GB/s = checkpoint bytes / wall time, bytes rank 0 sent per\n"
-    "checkpoint byte); --json prints {world_size, wall_seconds, checkpoint_bytes, ranks: [each\n"
-    "rank's report]}.\n"
+    "checkpoint byte); --json prints {world_size, collective: {name, reason}, wall_seconds,\n"
+    "checkpoint_bytes, ranks: [each rank's report]}.\n"
     "\n"
     "options:\n"
     "  --backend NAME          cpu, sim, sim:strict, cuda, ... or auto (default: auto)\n"
+    "  --collective NAME       the data collective that moves tensor bytes: gloo (host\n"
+    "                          staging), simccl (sim device memory), nccl, ... or auto\n"
+    "                          (default: the backend's device collective when every rank can\n"
+    "                          run it, else gloo; the report says which and why). A name fails\n"
+    "                          on every rank, naming one that cannot run it and why\n"
+    "  --device N              device ordinal on this node (default: the local rank modulo\n"
+    "                          the node's device count)\n"
     "  --cpu-offload MODE      on, off or infer (default: infer: follow the offload policy)\n"
     "  --offload-policy P      none, cpu or cpu-pinned (default: none, or the plan file's)\n"
     "  --param-dtype DT        cast floating tensors to DT (F32, BF16, F16, F64, torch names)\n"
@@ -143,7 +151,10 @@ static int report_json(FILE *out, const sl_context *ctx, const cli_load_args *a,
   json_object_set_new(root, "world_size", json_integer(sl_context_world_size(ctx)));
   cli_json_set_path(root, "path", a->path);
   json_object_set_new(root, "backend", json_string(sl_context_backend_name(ctx)));
-  json_object_set_new(root, "collective", json_string(sl_context_collective_name(ctx)));
+  json_t *cj = json_object();
+  json_object_set_new(cj, "name", json_string(sl_context_collective_name(ctx)));
+  json_object_set_new(cj, "reason", json_string(sl_context_collective_reason(ctx)));
+  json_object_set_new(root, "collective", cj);
   json_object_set_new(root, "device", json_string(sl_context_device_description(ctx)));
   json_object_set_new(root, "strategy", json_string(strategy_name(a->strategy)));
   json_object_set_new(root, "source", json_string(source_name(a->read_mode)));
@@ -182,7 +193,8 @@ static int report_json(FILE *out, const sl_context *ctx, const cli_load_args *a,
   json_object_set_new(to, "skipped", json_integer((json_int_t)sl_state_skipped_count(st)));
   json_object_set_new(root, "totals", to);
 
-  /* what moved: from storage, through the collective, host to device; the staging held; and
+  /* what moved: from storage, through the data collective, between host and device; the
+   * staging held (host and device); where the time went; and
    * this process's peak resident set at the end of the load (and dump) */
   json_t *sj = json_object();
   if (tot->have_stats) {
@@ -190,8 +202,14 @@ static int report_json(FILE *out, const sl_context *ctx, const cli_load_args *a,
     json_object_set_new(sj, "bytes_sent", json_integer((json_int_t)tot->stats.bytes_sent));
     json_object_set_new(sj, "bytes_received", json_integer((json_int_t)tot->stats.bytes_received));
     json_object_set_new(sj, "bytes_h2d", json_integer((json_int_t)tot->stats.bytes_h2d));
+    json_object_set_new(sj, "bytes_d2h", json_integer((json_int_t)tot->stats.bytes_d2h));
     json_object_set_new(sj, "staging_bytes", json_integer((json_int_t)tot->stats.staging_bytes));
+    json_object_set_new(sj, "device_staging_bytes", json_integer((json_int_t)tot->stats.device_staging_bytes));
+    json_object_set_new(sj, "transfers", json_integer((json_int_t)tot->stats.transfers));
     json_object_set_new(sj, "seconds", json_real(tot->stats.seconds));
+    json_object_set_new(sj, "seconds_read", json_real(tot->stats.seconds_read));
+    json_object_set_new(sj, "seconds_wait", json_real(tot->stats.seconds_wait));
+    json_object_set_new(sj, "seconds_phase1", json_real(tot->stats.seconds_phase1));
   }
   json_object_set_new(sj, "peak_rss_bytes", json_integer((json_int_t)tot->peak_rss));
   json_object_set_new(root, "stats", sj);
@@ -230,6 +248,7 @@ static void report_table(FILE *out, const sl_context *ctx, const sl_state *st, c
   fprintf(out, "rank %d of %d: backend %s, collective %s, device %s\n", sl_context_rank(ctx),
           sl_context_world_size(ctx), sl_context_backend_name(ctx), sl_context_collective_name(ctx),
           sl_context_device_description(ctx));
+  fprintf(out, "collective: %s\n", sl_context_collective_reason(ctx));
   fprintf(out, "%-*s  %-*s  %-*s  %-*s  %-9s  %-*s  %-*s  %-6s  %12s\n", wname, "NAME", wdt, "DTYPE",
           wls, "LOCAL SHAPE", wgo, "GLOBAL OFFSET", "PLACEMENT", wdev, "DEVICE", wrule, "RULE",
           "PINNED", "BYTES");
@@ -262,14 +281,18 @@ static void report_table(FILE *out, const sl_context *ctx, const sl_state *st, c
     fputc('\n', out);
   }
   if (tot->have_stats) {
-    char h3[32], h4[32], h5[32], h6[32];
-    fprintf(out, "stats: read %s, sent %s, received %s, host to device %s, staging %s, peak RSS %s\n",
-            cli_human_bytes(h1, sizeof h1, tot->stats.bytes_read),
-            cli_human_bytes(h2, sizeof h2, tot->stats.bytes_sent),
-            cli_human_bytes(h3, sizeof h3, tot->stats.bytes_received),
-            cli_human_bytes(h4, sizeof h4, tot->stats.bytes_h2d),
-            cli_human_bytes(h5, sizeof h5, tot->stats.staging_bytes),
-            cli_human_bytes(h6, sizeof h6, tot->peak_rss));
+    char h3[32], h4[32], h5[32], h6[32], h7[32], h8[32];
+    const sl_load_stats *s = &tot->stats;
+    fprintf(out, "stats: read %s, sent %s, received %s in %llu transfers, host to device %s, device to host "
+            "%s, staging %s host + %s device, peak RSS %s\n",
+            cli_human_bytes(h1, sizeof h1, s->bytes_read), cli_human_bytes(h2, sizeof h2, s->bytes_sent),
+            cli_human_bytes(h3, sizeof h3, s->bytes_received), (unsigned long long)s->transfers,
+            cli_human_bytes(h4, sizeof h4, s->bytes_h2d), cli_human_bytes(h5, sizeof h5, s->bytes_d2h),
+            cli_human_bytes(h6, sizeof h6, s->staging_bytes), cli_human_bytes(h7, sizeof h7, s->device_staging_bytes),
+            cli_human_bytes(h8, sizeof h8, tot->peak_rss));
+    fprintf(out, "time: %.3f s, of which agreeing and planning %.3f s, reading %.3f s, waiting for the data "
+            "plane %.3f s\n",
+            s->seconds, s->seconds_phase1, s->seconds_read, s->seconds_wait);
   }
   if (dump_path) {
     fputs("dump: ", out);
@@ -319,11 +342,12 @@ static void test_hook_report_env(int rank) {
   const char *v = getenv("SHARDLOAD_TEST_REPORT_ENV");
   if (!v || strcmp(v, "1") != 0) return;
   const char *tok = getenv("SHARDLOAD_TOKEN"), *insecure = getenv("SHARDLOAD_INSECURE_RENDEZVOUS");
+  const char *lws = getenv("LOCAL_WORLD_SIZE");
   size_t n = tok ? strlen(tok) : 0;
   int hex = n && strspn(tok, "0123456789abcdef") == n;
-  fprintf(stderr, "test-hook: rank %d: SHARDLOAD_TOKEN %zu %s digits, digest %016llx; "
+  fprintf(stderr, "test-hook: rank %d: SHARDLOAD_TOKEN %zu %s digits, digest %016llx; LOCAL_WORLD_SIZE=%s; "
           "SHARDLOAD_INSECURE_RENDEZVOUS=%s\n", rank, n, hex ? "hex" : "non-hex",
-          (unsigned long long)(tok ? XXH3_64bits(tok, n) : 0), insecure ? insecure : "(unset)");
+          (unsigned long long)(tok ? XXH3_64bits(tok, n) : 0), lws ? lws : "(unset)", insecure ? insecure : "(unset)");
 }
 
 /* ---- job key --------------------------------------------------------------------------------- */
@@ -336,7 +360,9 @@ static void key_str(FILE *f, const char *field, const char *value) {
 /* The job key (sl_context_options.job_key): what every rank of one job is given alike — the
  * world size as given, the checkpoint path as given, the plan arguments and the load options —
  * so that unrelated jobs sharing a rendezvous use different key namespaces. What may differ
- * between the ranks of one job (backend, local rank, timeout, dump, output) stays out. Written
+ * between the ranks of one job (backend, local rank, device, timeout, dump, output) stays out,
+ * and so does --collective: the ranks compare it themselves when they agree on the data
+ * collective, and name the rank that differs. Written
  * as readable "; "-separated fields: the library hashes it into the key prefix, and a rank that
  * meets a peer under another key names the first field that differs. Returns a malloc'd
  * string, or NULL when out of memory. */
@@ -380,6 +406,9 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
   memset(&co, 0, sizeof co);
   co.size = sizeof co;
   co.backend = a->backend && strcmp(a->backend, "auto") != 0 ? a->backend : NULL;
+  co.collective = a->collective; /* NULL or "auto": the ranks choose */
+  co.device = a->device;
+  co.device_set = a->device_set;
   co.rank = a->rank;
   co.world_size = a->world_size;
   co.local_rank = a->local_rank;
@@ -471,6 +500,7 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
 
   load_totals tot;
   memset(&tot, 0, sizeof tot);
+  tot.stats.size = sizeof tot.stats; /* the library writes within what this build knows */
   tot.checkpoint_bytes = sl_source_total_bytes(src);
   tot.seconds = t1 - t0;
   if (sl_state_stats(st, &tot.stats) == SL_OK) {
@@ -531,6 +561,8 @@ out_ctx:
 
 enum {
   OPT_BACKEND = 512,
+  OPT_COLLECTIVE,
+  OPT_DEVICE,
   OPT_CPU_OFFLOAD,
   OPT_POLICY,
   OPT_STAGING,
@@ -561,6 +593,8 @@ static int parse_timeout(const char *s, int *ms) {
 int cli_cmd_load(int argc, char **argv) {
   static const struct option longopts[] = {
       {"backend", required_argument, NULL, OPT_BACKEND},
+      {"collective", required_argument, NULL, OPT_COLLECTIVE},
+      {"device", required_argument, NULL, OPT_DEVICE},
       {"cpu-offload", required_argument, NULL, OPT_CPU_OFFLOAD},
       {"offload-policy", required_argument, NULL, OPT_POLICY},
       {"staging", required_argument, NULL, OPT_STAGING},
@@ -599,6 +633,16 @@ int cli_cmd_load(int argc, char **argv) {
     case OPT_BACKEND:
       if (!*optarg) return cli_usage_error("--backend", "empty name; use cpu, sim, sim:strict or auto");
       a.backend = optarg;
+      break;
+    case OPT_COLLECTIVE:
+      if (!*optarg) return cli_usage_error("--collective", "empty name; use gloo, simccl, nccl, ... or auto");
+      a.collective = optarg;
+      break;
+    case OPT_DEVICE:
+      if (cli_parse_int(optarg, 0, 1 << 20, &n))
+        return cli_usage_error("--device", "'%s' is not a device ordinal; give an integer from 0", optarg);
+      a.device = (int)n;
+      a.device_set = 1;
       break;
     case OPT_CPU_OFFLOAD:
       if (!strcmp(optarg, "on")) a.cpu_offload = SL_CPU_OFFLOAD_ON;

@@ -150,6 +150,7 @@ static int resolve_rank(sl_context *ctx, sl_plan *plan, const sl_source *src, in
   for (size_t i = 0; i < n; i++) {
     plan_row *w = &rows[k];
     w->t = sl_source_tensor_at(src, i);
+    w->g.size = sizeof w->g;
     sl_status s = sl_plan_geometry(plan, w->t, rank, world, &w->g);
     if (s == SL_OK && w->g.skipped) continue;
     if (s == SL_OK) s = sl_plan_describe(plan, w->t, w->placement, sizeof w->placement);

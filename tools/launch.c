@@ -32,6 +32,7 @@
 
 #define STOP_GRACE_S 2.0 /* SIGTERM, then SIGKILL after this */
 #define POLL_S 0.1       /* longest sleep of the wait loop */
+#define BLAME_WAIT_S 1.0 /* how long a rank that blames another waits for that one's own line */
 #define LAUNCH_TOKEN_BYTES 32 /* the per-job rendezvous secret */
 
 typedef struct rank_proc {
@@ -52,6 +53,8 @@ typedef struct launch {
   sigset_t old_mask;
   int alive;
   int first_failed; /* rank, or -1 */
+  int first_blames; /* first_failed's line blames another rank (SL_ERR_PEER) */
+  double blame_until; /* till then a rank with its own cause may replace a blaming first_failed */
   int got_signal;   /* a stop signal the launcher received, or 0 */
   double wall;
 } launch;
@@ -127,6 +130,13 @@ static void run_rank(launch *L, int r) {
     cli_error(L->dir, SL_ERR_NOMEM, "cannot set SHARDLOAD_TOKEN: %s", strerror(errno));
     _exit(CLI_EXIT_ERROR);
   }
+  /* the ranks of this node, as torchrun says it (sl_backend_init.local_world_size) */
+  char lws[16];
+  snprintf(lws, sizeof lws, "%d", L->n);
+  if (setenv("LOCAL_WORLD_SIZE", lws, 1) != 0) {
+    cli_error(L->dir, SL_ERR_NOMEM, "cannot set LOCAL_WORLD_SIZE: %s", strerror(errno));
+    _exit(CLI_EXIT_ERROR);
+  }
   /* Gloo over loopback unless the user chose an address or interface */
   if (!getenv("SHARDLOAD_GLOO_IFNAME")) setenv("SHARDLOAD_GLOO_IFACE_ADDR", "127.0.0.1", 0);
 
@@ -147,6 +157,10 @@ static void run_rank(launch *L, int r) {
   }
   if (table) fclose(table);
   fflush(NULL);
+  /* Test hook (ranks of --nproc only): SHARDLOAD_TEST_SLOW_EXIT_RANK=R makes rank R end 300 ms
+   * after its work, so the tests can order the ranks' exits (see reap). */
+  const char *slow = getenv("SHARDLOAD_TEST_SLOW_EXIT_RANK");
+  if (slow && *slow && atoi(slow) == r) usleep(300 * 1000);
   /* _exit: no atexit handlers or static destructors of the launcher's copy */
   _exit(rc);
 }
@@ -173,9 +187,10 @@ static void error_line_of(const rank_proc *p, char *buf, size_t len) {
   fclose(f);
 }
 
-/* Reaps every rank that has ended. The first failure decides the outcome: among ranks that
- * ended in the same round, one that blames another rank (SL_ERR_PEER) is the consequence,
- * not the cause, so it is chosen only when nothing else failed. */
+/* Reaps every rank that has ended. The first failure decides the outcome: a rank that blames
+ * another (SL_ERR_PEER) is the consequence, not the cause, so it is chosen only when nothing
+ * else failed in the same round or within BLAME_WAIT_S after it (the rank with the cause may
+ * simply exit later: both learn of the failure at the same agreement). */
 static void reap(launch *L) {
   int pick = -1, pick_is_peer = 1;
   int status;
@@ -187,10 +202,12 @@ static void reap(launch *L) {
       p->ended = 1;
       p->status = status;
       L->alive--;
-      if (L->first_failed >= 0 || L->got_signal || !rank_failed(p)) break;
+      if (L->got_signal || !rank_failed(p)) break;
+      if (L->first_failed >= 0 && !(L->first_blames && cli_now() < L->blame_until)) break;
       char line[4096];
       error_line_of(p, line, sizeof line);
       int peer = strstr(line, sl_status_name(SL_ERR_PEER)) != NULL;
+      if (L->first_failed >= 0 && peer) break; /* still only a blame */
       if (pick < 0 || (pick_is_peer && !peer)) {
         pick = r;
         pick_is_peer = peer;
@@ -198,7 +215,16 @@ static void reap(launch *L) {
       break;
     }
   }
-  if (pick >= 0) L->first_failed = pick;
+  if (pick < 0) return;
+  if (L->first_failed < 0) L->blame_until = cli_now() + BLAME_WAIT_S;
+  L->first_failed = pick;
+  L->first_blames = pick_is_peer;
+}
+
+/* Whether to stop the ranks still alive: after a stop signal, or once the first failure is
+ * known to be the cause (or its blame has waited long enough for the cause to show). */
+static int should_stop(const launch *L, double now) {
+  return L->got_signal || (L->first_failed >= 0 && !(L->first_blames && now < L->blame_until));
 }
 
 /* Waits for every rank; from the first failure (or a stop signal to the launcher) on, stops
@@ -223,7 +249,7 @@ static void wait_ranks(launch *L, double t0) {
     reap(L);
     if (L->alive == 0) break;
     double now = cli_now();
-    if (stop_at < 0 && (L->first_failed >= 0 || L->got_signal)) {
+    if (stop_at < 0 && should_stop(L, now)) {
       signal_alive(L, SIGTERM);
       stop_at = now;
     }
@@ -308,6 +334,11 @@ static const char *jget_str(json_t *o, const char *k) {
   return s ? s : "?";
 }
 
+/* O[K1][K2] as a string ("?" when absent). */
+static const char *jget_str2(json_t *o, const char *k1, const char *k2) {
+  return jget_str(json_object_get(o, k1), k2);
+}
+
 /* '97 x cpu by rule "cpu_offload=on"' for each (placement, rule) the rank's tensors used. */
 static void placement_summary(json_t *rank, char *buf, size_t len) {
   json_t *ts = json_object_get(rank, "tensors");
@@ -351,8 +382,10 @@ static void print_human(const launch *L, json_t **reports, uint64_t ckpt) {
   if (L->a->verbose)
     for (int r = 0; r < L->n; r++) print_table_file(L->ranks[r].table_path);
   printf("load %s: %d local ranks, backend %s, collective %s, strategy %s, source %s\n", L->a->path, L->n,
-         jget_str(r0, "backend"), jget_str(r0, "collective"), jget_str(r0, "strategy"),
+         jget_str(r0, "backend"), jget_str2(r0, "collective", "name"), jget_str(r0, "strategy"),
          jget_str(r0, "source"));
+  /* every rank agreed on it, so rank 0's reason is the job's */
+  printf("collective: %s\n", jget_str2(r0, "collective", "reason"));
   for (int r = 0; r < L->n; r++) {
     json_t *j = reports[r];
     placement_summary(j, pls, sizeof pls);
@@ -381,6 +414,8 @@ static int print_json(const launch *L, json_t **reports, uint64_t ckpt) {
   cli_json_set_path(root, "path", L->a->path);
   json_object_set_new(root, "strategy", json_string(jget_str(reports[0], "strategy")));
   json_object_set_new(root, "source", json_string(jget_str(reports[0], "source")));
+  json_t *coll = json_object_get(reports[0], "collective");
+  json_object_set_new(root, "collective", coll ? json_deep_copy(coll) : json_null());
   json_object_set_new(root, "wall_seconds", json_real(L->wall));
   json_object_set_new(root, "checkpoint_bytes", json_integer((json_int_t)ckpt));
   json_object_set_new(root, "gb_per_s", json_real(L->wall > 0 ? (double)ckpt / L->wall / 1e9 : 0.0));

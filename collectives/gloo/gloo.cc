@@ -80,14 +80,28 @@ std::string rank_list(const std::vector<int> &ranks) {
 }
 
 bool store_has(Comm &c, const std::string &key) {
+  if (!c.store) return false;
   try {
+    std::unique_lock<std::mutex> lock;
+    if (c.store_mu) lock = std::unique_lock<std::mutex>(*c.store_mu);
     return c.store->has(key);
   } catch (...) {
     return false;
   }
 }
 
+std::vector<int> job_ranks(const Comm &c, const std::vector<int> &ranks) {
+  std::vector<int> out;
+  for (int r : ranks) out.push_back(c.job_rank(r));
+  return out;
+}
+
+// A sub names its rank in the job first: that is the one its user knows.
 std::string describe(const Comm &c, const char *op) {
+  if (c.root)
+    return std::string("gloo ") + op + " on rank " + std::to_string(c.job_rank(c.rank)) + " of " +
+           std::to_string(c.job_world) + " (member " + std::to_string(c.rank) + " of " + std::to_string(c.world) +
+           " in split group " + std::to_string(c.color) + ")";
   return std::string("gloo ") + op + " on rank " + std::to_string(c.rank) + " of " + std::to_string(c.world);
 }
 
@@ -202,6 +216,7 @@ std::vector<int> named_by(Comm &c, const std::set<int> &reporters) {
   std::set<int> theirs;
   for (int r : reporters) {
     try {
+      std::lock_guard<std::mutex> lock(*c.store_mu);
       auto v = c.store->get(report_key(r));
       std::string s(v.begin(), v.end());
       for (size_t p = 0; p < s.size();) {
@@ -227,6 +242,11 @@ std::vector<int> named_by(Comm &c, const std::set<int> &reporters) {
 //      ranks that never report at all: stuck, not dead.
 Lost find_lost(Comm &c, sl_status kind) {
   Lost lost;
+  if (!c.store) { // bootstrapped over a control plane: no reports, only the connections tell
+    lost.ranks = broken_pairs(c);
+    lost.closed = !lost.ranks.empty();
+    return lost;
+  }
   // How long to wait for reports: a rank that failed a moment before us reports in moments.
   Clock::time_point deadline = Clock::now() + milliseconds(std::clamp(c.timeout_ms / 4, 50, 500));
   // A store that does not answer within this is stuck along with rank 0, its host.
@@ -235,6 +255,7 @@ Lost find_lost(Comm &c, sl_status kind) {
   std::string mine;
   for (int r : pairs) mine += (mine.empty() ? "" : ",") + std::to_string(r);
   try {
+    std::lock_guard<std::mutex> lock(*c.store_mu);
     c.store->set(report_key(c.rank), std::vector<char>(mine.begin(), mine.end()));
   } catch (...) {
   }
@@ -274,19 +295,20 @@ sl_status diagnose(Comm &c, const std::string &what, const char *exc) {
   sl_status kind = classify(detail);
   Lost lost = find_lost(c, kind);
   c.lost = lost.ranks;
+  std::vector<int> named = job_ranks(c, lost.ranks); // a sub's members by their job ranks
   std::string msg = what + ": ";
   std::string t = std::to_string(c.timeout_ms) + " ms";
   const char *advice = " (stuck, or slower than the timeout: check it, or raise timeout_ms)";
   sl_status s = kind;
   if (!lost.ranks.empty() && lost.closed) {
     s = SL_ERR_PEER;
-    msg += "lost " + rank_list(lost.ranks) + ": connection closed (the process exited or was killed; see its log)";
+    msg += "lost " + rank_list(named) + ": connection closed (the process exited or was killed; see its log)";
   } else if (!lost.ranks.empty()) {
     s = SL_ERR_TIMEOUT;
-    if (kind == SL_ERR_TIMEOUT) msg += "timed out after " + t + " waiting for " + rank_list(lost.ranks) + advice;
-    else msg += rank_list(lost.ranks) + " stopped responding and the others gave up after " + t + advice;
+    if (kind == SL_ERR_TIMEOUT) msg += "timed out after " + t + " waiting for " + rank_list(named) + advice;
+    else msg += rank_list(named) + " stopped responding and the others gave up after " + t + advice;
   } else if (kind == SL_ERR_TIMEOUT && c.waiting_for >= 0) {
-    msg += "timed out after " + t + " waiting for " + rank_list({c.waiting_for}) + advice;
+    msg += "timed out after " + t + " waiting for " + rank_list({c.job_rank(c.waiting_for)}) + advice;
   } else if (kind == SL_ERR_TIMEOUT) {
     msg += "timed out after " + t + " (" + detail + ")";
   } else {
@@ -295,6 +317,11 @@ sl_status diagnose(Comm &c, const std::string &what, const char *exc) {
   return report(c, s, msg);
 }
 
+// What every call on an aborted communicator says (module.h: abort).
+constexpr const char *kAborted = "aborted (sl_context_abort)";
+
+bool unusable(const Comm &c) { return c.failed != SL_OK || c.is_aborted(); }
+
 // Allocates nothing, for when nothing can be allocated.
 sl_status out_of_memory(const sl_module_host *h) { return h->fail(h->core, SL_ERR_NOMEM, "gloo: out of memory"); }
 
@@ -302,6 +329,7 @@ sl_status out_of_memory(const sl_module_host *h) { return h->fail(h->core, SL_ER
 // exception out, name the lost rank on failure.
 template <typename F>
 sl_status guarded(Comm &c, const std::string &what, F &&body) {
+  if (c.is_aborted()) return report(c, SL_ERR_COMM, what + ": " + kAborted);
   if (c.failed != SL_OK)
     return c.host->fail(c.host->core, c.failed, "%s: the communicator failed earlier and cannot be used: %s",
                         what.c_str(), c.failmsg.c_str());
@@ -314,6 +342,8 @@ sl_status guarded(Comm &c, const std::string &what, F &&body) {
     c.failed = SL_ERR_NOMEM; // poisoned (Gloo may be half way through) even if no message fits
     return report(c, SL_ERR_NOMEM, what + ": out of memory");
   } catch (const std::exception &e) {
+    // An abort closed the connections under the call: that is the whole story.
+    if (c.is_aborted()) return report(c, SL_ERR_COMM, what + ": " + kAborted);
     try {
       return diagnose(c, what, e.what());
     } catch (...) {
@@ -338,9 +368,10 @@ sl_status parse_chunk(Comm &c) {
   return SL_OK;
 }
 
-// Tears down in dependency order: connections, then the device (joins its event loop), then
-// this rank's store client, and last the server, which waits up to GRACE for the other ranks
-// to finish with it (all but those a failure was blamed on: a stuck one never lets go).
+// Tears down in dependency order: connections, then the device (joins its event loop; a sub
+// only drops its share of its root's), then this rank's store client, and last the server,
+// which waits up to GRACE for the other ranks to finish with it (all but those a failure was
+// blamed on: a stuck one never lets go).
 void destroy(Comm *c, milliseconds grace, bool failed_init = false) {
   try {
     SigpipeBlock block;
@@ -360,12 +391,24 @@ void destroy(Comm *c, milliseconds grace, bool failed_init = false) {
 
 // ---- the ops table ---------------------------------------------------------------------------
 
-int gloo_score(void) { return 2; }
+// Gloo moves host memory with any backend (a device backend stages through host memory).
+int gloo_probe(const char *backend, char *reason, size_t len) { return 1; }
 
-sl_status init_impl(const sl_collective_init *in, void **out) {
-  if (!in || !out || !in->host) return SL_ERR_INVALID;
+sl_status init_impl(const sl_collective_init *inp, void **out) {
+  if (!inp || !out) return SL_ERR_INVALID;
   *out = nullptr;
+  // A caller built against another shardload may pass a shorter or longer struct: read what
+  // both know; what it lacks is zero (module.h: every struct carries its size).
+  sl_collective_init copy;
+  sl__copy_sized(&copy, sizeof copy, inp, inp->size);
+  const sl_collective_init *in = &copy;
+  if (!in->host) return SL_ERR_INVALID;
   const sl_module_host *h = in->host;
+  if (inp->size < offsetof(sl_collective_init, backend))
+    return h->fail(h->core, SL_ERR_ABI,
+                   "gloo: sl_collective_init of %u bytes is older than module ABI 2 (%zu bytes); rebuild the "
+                   "caller against this shardload's shardload/module.h",
+                   inp->size, sizeof(sl_collective_init));
   if (in->world_size < 1 || in->rank < 0 || in->rank >= in->world_size)
     return h->fail(h->core, SL_ERR_INVALID, "gloo: rank %d is not in a job of %d ranks", in->rank, in->world_size);
   Comm *c = nullptr;
@@ -377,8 +420,17 @@ sl_status init_impl(const sl_collective_init *in, void **out) {
     c->timeout_ms = in->timeout_ms > 0 ? in->timeout_ms : kDefaultTimeoutMs;
     c->lobby_prefix = in->lobby ? in->lobby : "";
     c->job_key = in->job_key ? in->job_key : "";
+    c->store_mu = std::make_shared<std::mutex>();
     sl_status st = parse_chunk(*c);
-    if (st == SL_OK && c->world > 1) {
+    if (st == SL_OK && c->world > 1 && in->control) {
+      // A data collective's communicator: the control plane carries the addresses (simccl).
+      sl__rendezvous r;
+      char err[512];
+      bool have = in->rendezvous && sl__rendezvous_parse(in->rendezvous, &r, err, sizeof err) == SL_OK;
+      if (in->rendezvous) c->url = in->rendezvous;
+      SigpipeBlock block; // the device's event-loop thread inherits the blocked SIGPIPE
+      st = open_comm_over(*c, *in->control, have ? &r : nullptr);
+    } else if (st == SL_OK && c->world > 1) {
       if (!in->rendezvous) {
         st = init_fail(*c, SL_ERR_INVALID,
                        describe(*c, "init") +
@@ -419,6 +471,16 @@ void gloo_fini(void *comm) {
   if (comm) destroy(static_cast<Comm *>(comm), static_cast<Comm *>(comm)->timeout());
 }
 
+// Async-signal-safe (an atomic store and raw socket calls). A root's pending calls, and its
+// subs', end at once; a sub aborted alone shares its sockets with its family, so its pending
+// call ends at the timeout and every later call fails at once.
+void gloo_abort(void *comm) noexcept {
+  if (!comm) return;
+  Comm *c = static_cast<Comm *>(comm);
+  c->aborted.store(true);
+  if (!c->root && c->have_addrs) shutdown_sockets(*c);
+}
+
 sl_status bad_root(Comm &c, const char *op, int root) {
   return c.host->fail(c.host->core, SL_ERR_INVALID, "%s: root %d is not a rank of %d", describe(c, op).c_str(), root,
                       c.world);
@@ -427,9 +489,9 @@ sl_status bad_root(Comm &c, const char *op, int root) {
 sl_status broadcast_impl(void *comm, void *buf, size_t bytes, int root) {
   Comm &c = *static_cast<Comm *>(comm);
   if (root < 0 || root >= c.world) return bad_root(c, "broadcast", root);
-  if (c.world == 1 || bytes == 0) return c.failed ? guarded(c, describe(c, "broadcast"), [] {}) : SL_OK;
+  if (c.world == 1 || bytes == 0) return unusable(c) ? guarded(c, describe(c, "broadcast"), [] {}) : SL_OK;
   std::string what = describe(c, "broadcast") + " (" + std::to_string(bytes) + " bytes from rank " +
-                     std::to_string(root) + ")";
+                     std::to_string(c.job_rank(root)) + ")";
   return guarded(c, what, [&] {
     auto *p = static_cast<uint8_t *>(buf);
     for (size_t off = 0; off < bytes; off += c.chunk) {
@@ -459,9 +521,9 @@ sl_status scatterv_impl(void *comm, const void *sendbuf, const size_t *counts, c
     for (int r = 0; r < c.world; r++) sent += r == root ? 0 : counts[r];
     what += " (root, sending " + std::to_string(sent) + " bytes to the other ranks)";
   } else {
-    what += " (" + std::to_string(recvbytes) + " bytes from rank " + std::to_string(root) + ")";
+    what += " (" + std::to_string(recvbytes) + " bytes from rank " + std::to_string(c.job_rank(root)) + ")";
   }
-  if (c.failed) return guarded(c, what, [] {});
+  if (unusable(c)) return guarded(c, what, [] {});
   if (c.rank == root) {
     const char *own = static_cast<const char *>(sendbuf) + displs[root];
     if (recvbytes && own != recvbuf) memmove(recvbuf, own, recvbytes);
@@ -497,7 +559,7 @@ sl_status scatterv_impl(void *comm, const void *sendbuf, const size_t *counts, c
 sl_status allgather_impl(void *comm, const void *sendbuf, void *recvbuf, size_t bytes) {
   Comm &c = *static_cast<Comm *>(comm);
   std::string what = describe(c, "allgather") + " (" + std::to_string(bytes) + " bytes per rank)";
-  if (c.failed) return guarded(c, what, [] {});
+  if (unusable(c)) return guarded(c, what, [] {});
   uint64_t total;
   if (!sl__mul_u64(bytes, uint64_t(c.world), &total) || total > SIZE_MAX)
     return c.host->fail(c.host->core, SL_ERR_INVALID, "%s: %zu bytes x %d ranks overflows", what.c_str(), bytes,
@@ -539,7 +601,7 @@ sl_status allgather_impl(void *comm, const void *sendbuf, void *recvbuf, size_t 
 sl_status barrier_impl(void *comm) {
   Comm &c = *static_cast<Comm *>(comm);
   std::string what = describe(c, "barrier");
-  if (c.world == 1) return c.failed ? guarded(c, what, [] {}) : SL_OK;
+  if (c.world == 1) return unusable(c) ? guarded(c, what, [] {}) : SL_OK;
   return guarded(c, what, [&] {
     gloo::BarrierOptions o(c.ctx);
     o.setTag(c.tag++);
@@ -548,19 +610,81 @@ sl_status barrier_impl(void *comm) {
   });
 }
 
+// Collective over COMM: every rank's (color, key) goes round; the ranks of one color form a
+// group ordered by (key, parent rank) and connect point to point over the parent, through the
+// root's device (no new listener, no store keys). Bounded by the timeout like every call.
+sl_status split_impl(void *comm, int color, int key, void **sub) {
+  Comm &p = *static_cast<Comm *>(comm);
+  if (!sub)
+    return p.host->fail(p.host->core, SL_ERR_INVALID, "%s: no place for the result", describe(p, "split").c_str());
+  *sub = nullptr;
+  std::string what = describe(p, "split") + " (color " + std::to_string(color) + ", key " + std::to_string(key) + ")";
+  if (unusable(p)) return guarded(p, what, [] {});
+  int32_t mine[2] = {color < 0 ? -1 : int32_t(color), int32_t(key)};
+  std::vector<int32_t> all(size_t(p.world) * 2);
+  sl_status st = allgather_impl(comm, mine, all.data(), sizeof mine);
+  if (st != SL_OK) return st;
+  p.splits++;
+  uint32_t tag = p.tag++; // the address exchange's, taken on every rank, members or not
+  if (color < 0) return SL_OK;
+  std::vector<int> members;
+  for (int r = 0; r < p.world; r++)
+    if (all[size_t(r) * 2] == mine[0]) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return all[size_t(a) * 2 + 1] < all[size_t(b) * 2 + 1]; });
+  Comm *s = new Comm;
+  s->host = p.host;
+  s->world = int(members.size());
+  s->rank = int(std::find(members.begin(), members.end(), p.rank) - members.begin());
+  s->timeout_ms = p.timeout_ms;
+  s->chunk = p.chunk;
+  s->url = p.url;
+  s->root = p.root ? p.root : &p;
+  s->job_world = p.root ? p.job_world : p.world;
+  s->color = color;
+  for (int m : members) s->job_ranks.push_back(p.job_rank(m));
+  s->tcp = p.tcp;
+  s->store_mu = p.store_mu;
+  if (p.store) {
+    ProbingPrefixStore *ps = p.store.get();
+    s->store = std::make_unique<ProbingPrefixStore>(
+        "split" + std::to_string(p.splits) + "/" + std::to_string(color), *ps,
+        [ps](const std::vector<std::string> &k) { return ps->has(k.at(0)); });
+  }
+  if (s->world > 1) {
+    SigpipeBlock block;
+    st = guarded(p, what, [&] { connect_split(p, *s, members, tag); });
+    if (st != SL_OK) {
+      destroy(s, milliseconds(0));
+      return st;
+    }
+  }
+  *sub = s;
+  return SL_OK;
+}
+
 // The C entry points. No exception may cross into C: everything that talks to Gloo or the
 // store runs under guarded() or init's own handlers, so what is left to catch here is an
-// allocation failure while building a message, answered by out_of_memory().
+// allocation failure while building a message, answered by out_of_memory(). Every call is
+// complete on return (SL_COLL_SYNC): the stream arguments are ignored.
 
 sl_status gloo_init(const sl_collective_init *in, void **out) noexcept {
   try {
     return init_impl(in, out);
   } catch (...) {
-    return out_of_memory(in->host);
+    return in && in->host ? out_of_memory(in->host) : SL_ERR_NOMEM;
   }
 }
 
-sl_status gloo_broadcast(void *comm, void *buf, size_t bytes, int root) noexcept {
+sl_status gloo_split(void *comm, int color, int key, void **sub) noexcept {
+  try {
+    return split_impl(comm, color, key, sub);
+  } catch (...) {
+    return out_of_memory(static_cast<Comm *>(comm)->host);
+  }
+}
+
+sl_status gloo_broadcast(void *comm, void *buf, size_t bytes, int root, void *stream) noexcept {
   try {
     return broadcast_impl(comm, buf, bytes, root);
   } catch (...) {
@@ -569,7 +693,7 @@ sl_status gloo_broadcast(void *comm, void *buf, size_t bytes, int root) noexcept
 }
 
 sl_status gloo_scatterv(void *comm, const void *sendbuf, const size_t *counts, const size_t *displs, void *recvbuf,
-                        size_t recvbytes, int root) noexcept {
+                        size_t recvbytes, int root, void *stream) noexcept {
   try {
     return scatterv_impl(comm, sendbuf, counts, displs, recvbuf, recvbytes, root);
   } catch (...) {
@@ -577,7 +701,7 @@ sl_status gloo_scatterv(void *comm, const void *sendbuf, const size_t *counts, c
   }
 }
 
-sl_status gloo_allgather(void *comm, const void *sendbuf, void *recvbuf, size_t bytes) noexcept {
+sl_status gloo_allgather(void *comm, const void *sendbuf, void *recvbuf, size_t bytes, void *stream) noexcept {
   try {
     return allgather_impl(comm, sendbuf, recvbuf, bytes);
   } catch (...) {
@@ -594,8 +718,21 @@ sl_status gloo_barrier(void *comm) noexcept {
 }
 
 const sl_collective_ops kGlooOps = {
-    SL_COLLECTIVE_ABI_VERSION, sizeof(sl_collective_ops), "gloo", nullptr, gloo_score, gloo_init, gloo_fini,
-    gloo_broadcast,            gloo_scatterv,             gloo_allgather, gloo_barrier,
+    SL_COLLECTIVE_ABI_VERSION,
+    sizeof(sl_collective_ops),
+    "gloo",
+    SL_COLL_SYNC,
+    SL_MEM_HOST | SL_MEM_PINNED,
+    nullptr, // device_backend: host memory only
+    gloo_probe,
+    gloo_init,
+    gloo_fini,
+    gloo_abort,
+    gloo_split,
+    gloo_broadcast,
+    gloo_scatterv,
+    gloo_allgather,
+    gloo_barrier,
 };
 
 } // namespace

@@ -12,16 +12,21 @@
 #include <vector>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <gloo/broadcast.h>
+#include <gloo/types.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include <sodium.h>
 
@@ -51,6 +56,13 @@ class ProbingFileStore : public gloo::rendezvous::FileStore {
   bool has(const std::vector<std::string> &keys) { return check(keys); }
 };
 
+// Where the pairs of a mesh connect: this rank's address for some peer (its device's listener
+// plus a sequence number) and each peer's address for this rank (null for itself).
+struct MeshAddrs {
+  std::vector<char> mine;
+  std::vector<std::vector<char>> theirs;
+};
+
 // gloo::rendezvous::Context::connectFullMesh (the same keys and address layout), bounded by
 // one deadline. Gloo's own gives every store wait the whole timeout and creates its tcp pairs
 // with it, and a pair waits 5x its timeout for its first connection (tcp/pair.h, waitUntil):
@@ -60,30 +72,84 @@ class MeshContext : public gloo::rendezvous::Context {
  public:
   using gloo::rendezvous::Context::Context;
   void connect_mesh(gloo::rendezvous::Store &store, std::shared_ptr<gloo::transport::Device> &dev,
-                    Clock::time_point deadline) {
+                    Clock::time_point deadline, MeshAddrs *addrs) {
     auto left = [deadline] {
       return std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1));
     };
     auto tc = dev->createContext(rank, size);
     tc->setTimeout(std::max(left() / 5, milliseconds(1)));
     std::vector<char> all;
+    addrs->theirs.assign(size_t(size), {});
     for (int i = 0; i < size; i++) {
       if (i == rank) continue;
       auto bytes = tc->createPair(i)->address().bytes();
       all.insert(all.end(), bytes.begin(), bytes.end());
+      addrs->mine = bytes;
     }
     store.set(std::to_string(rank), all);
     for (int i = 0; i < size; i++) {
       if (i == rank) continue;
       std::string key = std::to_string(i);
       store.wait({key}, left());
-      auto addrs = store.get(key);
-      tc->getPair(i)->connect(extractAddress(addrs, i));
+      auto got = store.get(key);
+      auto peer = extractAddress(got, i);
+      addrs->theirs[size_t(i)] = peer;
+      tc->getPair(i)->connect(peer);
     }
     device_ = dev;
     transportContext_ = std::move(tc);
   }
+
+  // The same with the addresses handed over by EXCHANGE instead of a store: it gets this
+  // rank's address for each peer (empty for itself) and returns each peer's address for this
+  // rank. Bounded by DEADLINE like connect_mesh.
+  using Exchange = std::function<std::vector<std::vector<char>>(const std::vector<std::vector<char>> &)>;
+  void connect_with(std::shared_ptr<gloo::transport::Device> &dev, const Exchange &exchange,
+                    Clock::time_point deadline, MeshAddrs *addrs) {
+    auto tc = dev->createContext(rank, size);
+    tc->setTimeout(std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) / 5, milliseconds(1)));
+    std::vector<std::vector<char>> mine(static_cast<size_t>(size));
+    for (int i = 0; i < size; i++)
+      if (i != rank) mine[size_t(i)] = tc->createPair(i)->address().bytes();
+    std::vector<std::vector<char>> theirs = exchange(mine);
+    for (int i = 0; i < size; i++)
+      if (i != rank) tc->getPair(i)->connect(theirs[size_t(i)]);
+    addrs->mine = mine[size_t(rank == 0 ? 1 : 0)];
+    addrs->theirs = std::move(theirs);
+    device_ = dev;
+    transportContext_ = std::move(tc);
+  }
+
 };
+
+// Keeps the listeners' socket addresses for abort (shutdown_sockets): a pair's socket is
+// either accepted by this rank's listener (its local address is the listener's) or connected
+// to a peer's listener (its peer address is that listener's).
+void note_listeners(Comm &c, const MeshAddrs &a) {
+  c.listen_addr = gloo::transport::tcp::Address(a.mine).getSockaddr();
+  for (const auto &t : a.theirs)
+    if (!t.empty()) c.peer_listen.push_back(gloo::transport::tcp::Address(t).getSockaddr());
+  c.have_addrs = true;
+}
+
+// Every rank must split transfers the same way; rank 0's setting rules, so one node's
+// environment differing from another's cannot make pieces mismatch.
+sl_status agree_chunk(Comm &c, const std::string &where, Clock::time_point deadline) {
+  uint64_t chunk = c.chunk;
+  try {
+    gloo::BroadcastOptions o(c.ctx);
+    o.setOutput<uint64_t>(&chunk, 1);
+    o.setRoot(0);
+    o.setTag(c.tag++);
+    o.setTimeout(std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1)));
+    gloo::broadcast(o);
+  } catch (const std::exception &e) {
+    std::string detail = gloo_text(e.what());
+    return init_fail(c, classify(detail), where + ": first exchange with the other ranks failed: " + detail);
+  }
+  c.chunk = size_t(chunk);
+  return SL_OK;
+}
 
 bool resolves(const std::string &host, int family, std::string *addr, bool *loopback) {
   addrinfo hints{}, *res = nullptr;
@@ -134,6 +200,9 @@ bool route_to(const std::string &host, int port, std::string *addr) {
   freeaddrinfo(res);
   return ok;
 }
+
+// Slot prefix of the split's address exchange, apart from Gloo's (0x01..0x0d) and gloo.cc's.
+constexpr uint8_t kSplitSlotPrefix = 0x55;
 
 // Where this rank's Gloo device listens, and why (for messages). See the head of gloo.cc.
 gloo::transport::tcp::attr device_attr(const sl__rendezvous &r, std::string *why) {
@@ -365,7 +434,9 @@ sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
   c.ctx = mesh;
   c.ctx->setTimeout(c.timeout());
   try {
-    mesh->connect_mesh(*c.store, c.dev, deadline);
+    MeshAddrs addrs;
+    mesh->connect_mesh(*c.store, c.dev, deadline, &addrs);
+    note_listeners(c, addrs);
   } catch (const shardload::TcpStoreRefused &e) { // a rank number started twice
     c.ctx.reset();
     return init_fail(c, SL_ERR_INVALID, where + ": " + e.what());
@@ -380,22 +451,172 @@ sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
                      where + ": connecting to the other ranks from " + why + " failed: " + detail +
                          "; check that they can reach this address (SHARDLOAD_GLOO_IFACE_ADDR)" + hint);
   }
-  // Every rank must split transfers the same way; rank 0's setting rules, so one node's
-  // environment differing from another's cannot make pieces mismatch.
-  uint64_t chunk = c.chunk;
+  return agree_chunk(c, where, deadline);
+}
+
+sl_status open_comm_over(Comm &c, const sl_control_plane &ctl, const sl__rendezvous *r) {
+  Clock::time_point deadline = Clock::now() + c.timeout();
+  std::string where = describe(c, "bootstrap") + " over the control plane";
+  sl__rendezvous none{};
+  none.kind = SL__RDZV_FILE; // no rendezvous host to route toward: this host's name
+  std::string why;
+  auto attr = device_attr(r ? *r : none, &why);
   try {
-    gloo::BroadcastOptions o(c.ctx);
-    o.setOutput<uint64_t>(&chunk, 1);
-    o.setRoot(0);
-    o.setTag(c.tag++);
-    o.setTimeout(std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1)));
-    gloo::broadcast(o);
+    c.dev = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception &e) {
-    std::string detail = gloo_text(e.what());
-    return init_fail(c, classify(detail), where + ": first exchange with the other ranks failed: " + detail);
+    return init_fail(c, SL_ERR_COMM,
+                     where + ": cannot open a Gloo device on " + why + ": " + gloo_text(e.what()) +
+                         "; set SHARDLOAD_GLOO_IFACE_ADDR to this host's address on the network the ranks share");
   }
-  c.chunk = size_t(chunk);
-  return SL_OK;
+  auto mesh = std::make_shared<MeshContext>(c.rank, c.world);
+  c.ctx = mesh;
+  c.ctx->setTimeout(c.timeout());
+  // Every rank sends the address of its pair toward each rank; the control plane's failures
+  // carry their own message (naming the rank it lost), which this keeps.
+  sl_status st = SL_OK;
+  auto exchange = [&](const std::vector<std::vector<char>> &mine) {
+    size_t a = mine[size_t(c.rank == 0 ? 1 : 0)].size();
+    std::vector<uint64_t> sizes(size_t(c.world));
+    uint64_t a64 = a;
+    if ((st = ctl.allgather(ctl.ctx, &a64, sizes.data(), sizeof a64)) != SL_OK) throw std::runtime_error("control");
+    for (int i = 0; i < c.world; i++)
+      if (sizes[size_t(i)] != a64) {
+        st = init_fail(c, SL_ERR_MISMATCH,
+                       where + ": rank " + std::to_string(i) + " sends Gloo addresses of " +
+                           std::to_string(sizes[size_t(i)]) + " bytes, this rank " + std::to_string(a) +
+                           "; run the same shardload build on every rank");
+        throw std::runtime_error("sizes");
+      }
+    std::vector<char> out(size_t(c.world) * a), all(size_t(c.world) * size_t(c.world) * a);
+    for (int i = 0; i < c.world; i++)
+      if (i != c.rank) memcpy(out.data() + size_t(i) * a, mine[size_t(i)].data(), a);
+    if ((st = ctl.allgather(ctl.ctx, out.data(), all.data(), out.size())) != SL_OK) throw std::runtime_error("control");
+    std::vector<std::vector<char>> theirs(size_t(c.world));
+    for (int i = 0; i < c.world; i++) {
+      if (i == c.rank) continue;
+      const char *p = all.data() + (size_t(i) * size_t(c.world) + size_t(c.rank)) * a;
+      theirs[size_t(i)].assign(p, p + a);
+    }
+    return theirs;
+  };
+  try {
+    MeshAddrs addrs;
+    mesh->connect_with(c.dev, exchange, deadline, &addrs);
+    note_listeners(c, addrs);
+  } catch (const std::exception &e) {
+    c.ctx.reset();
+    if (st != SL_OK) return st;
+    std::string detail = gloo_text(e.what());
+    return init_fail(c, classify(detail) == SL_ERR_TIMEOUT ? SL_ERR_TIMEOUT : SL_ERR_COMM,
+                     where + ": connecting to the other ranks from " + why + " failed: " + detail +
+                         "; check that they can reach this address (SHARDLOAD_GLOO_IFACE_ADDR)");
+  }
+  return agree_chunk(c, where, deadline);
+}
+
+void connect_split(Comm &parent, Comm &sub, const std::vector<int> &members, uint32_t tag) {
+  Clock::time_point deadline = Clock::now() + parent.timeout();
+  auto mesh = std::make_shared<MeshContext>(sub.rank, sub.world);
+  sub.ctx = mesh;
+  sub.ctx->setTimeout(sub.timeout());
+  sub.dev = parent.dev;
+  // Each member sends every other member the address of its pair toward it, point to point
+  // over the parent (a slot of the parent's tag sequence, the same on every rank).
+  uint64_t slot = gloo::Slot::build(kSplitSlotPrefix, tag);
+  auto exchange = [&](const std::vector<std::vector<char>> &mine) {
+    size_t a = mine[size_t(sub.rank == 0 ? 1 : 0)].size();
+    std::vector<std::vector<char>> theirs(size_t(sub.world));
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends, recvs;
+    std::vector<std::vector<char>> out = mine;
+    for (int i = 0; i < sub.world; i++) {
+      if (i == sub.rank) continue;
+      theirs[size_t(i)].resize(a);
+      auto in = parent.ctx->createUnboundBuffer(theirs[size_t(i)].data(), a);
+      in->recv(members[size_t(i)], slot, 0, a);
+      recvs.push_back(std::move(in));
+      auto o = parent.ctx->createUnboundBuffer(out[size_t(i)].data(), a);
+      o->send(members[size_t(i)], slot, 0, a);
+      sends.push_back(std::move(o));
+    }
+    auto left = [deadline] {
+      return std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1));
+    };
+    size_t k = 0;
+    for (int i = 0; i < sub.world; i++) {
+      if (i == sub.rank) continue;
+      parent.waiting_for = members[size_t(i)];
+      sends[k]->waitSend(left());
+      recvs[k]->waitRecv(left());
+      k++;
+    }
+    parent.waiting_for = -1;
+    return theirs;
+  };
+  MeshAddrs addrs; // a sub's sockets are its root's device's: the root's addresses cover them
+  mesh->connect_with(sub.dev, exchange, deadline, &addrs);
+}
+
+namespace {
+
+bool same_endpoint(const sockaddr_storage &a, const sockaddr_storage &b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    auto &x = reinterpret_cast<const sockaddr_in &>(a), &y = reinterpret_cast<const sockaddr_in &>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    auto &x = reinterpret_cast<const sockaddr_in6 &>(a), &y = reinterpret_cast<const sockaddr_in6 &>(b);
+    return x.sin6_port == y.sin6_port && memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+  }
+  return false;
+}
+
+// The layout getdents64(2) fills (glibc declares no wrapper for it before 2.30).
+struct Dirent64 {
+  uint64_t d_ino;
+  int64_t d_off;
+  unsigned short d_reclen;
+  unsigned char d_type;
+  char d_name[1];
+};
+
+} // namespace
+
+// Gloo keeps its sockets to itself and closes a context's pairs without waking the calls
+// waiting on them; a socket shut down under it, though, reads as end of file on its event
+// loop, which fails the pair and every call pending on it ("Connection closed by peer"), as
+// a dead peer would. The sockets are found by address, live, so a descriptor number that
+// Gloo closed and the process reused is never touched.
+void shutdown_sockets(const Comm &c) {
+  int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return;
+  alignas(8) char buf[4096];
+  for (;;) {
+    long n = syscall(SYS_getdents64, dir, buf, sizeof buf);
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      const auto *d = reinterpret_cast<const Dirent64 *>(buf + off);
+      off += d->d_reclen;
+      int fd = 0;
+      const char *p = d->d_name;
+      if (*p < '0' || *p > '9') continue;
+      for (; *p >= '0' && *p <= '9'; p++) fd = fd * 10 + (*p - '0');
+      if (fd == dir) continue;
+      sockaddr_storage ss;
+      socklen_t len = sizeof ss;
+      if (getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &len) != 0) continue; // not a socket
+      int listening = 0;
+      socklen_t ll = sizeof listening;
+      if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ll) == 0 && listening) continue;
+      bool ours = same_endpoint(ss, c.listen_addr);
+      len = sizeof ss;
+      if (!ours && getpeername(fd, reinterpret_cast<sockaddr *>(&ss), &len) == 0)
+        for (const auto &peer : c.peer_listen)
+          if (same_endpoint(ss, peer)) ours = true;
+      if (ours) shutdown(fd, SHUT_RDWR);
+    }
+  }
+  close(dir);
 }
 
 } // namespace shardload::gloo_internal

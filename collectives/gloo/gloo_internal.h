@@ -3,11 +3,15 @@
 // both use. Internal to the Gloo module; nothing here is exported (-fvisibility=hidden).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
+
+#include <sys/socket.h>
 
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -40,7 +44,9 @@ class ProbingPrefixStore : public gloo::rendezvous::PrefixStore {
 };
 
 // One rank's communicator: what open_comm connected, and the state of the calls made on it
-// (the tag sequence, and the failure that poisoned it).
+// (the tag sequence, and the failure that poisoned it). A communicator made by split (a "sub")
+// shares its root's device and store connection; its ranks are indices into
+// its group, and JOB_RANKS turns them back into the ranks of the job for every message.
 struct Comm {
   const sl_module_host *host = nullptr;
   int rank = 0, world = 1, timeout_ms = kDefaultTimeoutMs;
@@ -48,8 +54,8 @@ struct Comm {
   std::string url;
   std::unique_ptr<shardload::TcpStoreServer> server; // rank 0 of a tcp:// rendezvous
   std::unique_ptr<gloo::rendezvous::Store> base;     // FileStore or TcpStore
-  shardload::TcpStore *tcp = nullptr;                 // BASE when it is a TcpStore
-  std::unique_ptr<ProbingPrefixStore> store;
+  shardload::TcpStore *tcp = nullptr;                 // BASE when it is a TcpStore (a sub: its root's)
+  std::unique_ptr<ProbingPrefixStore> store;         // null: bootstrapped over a control plane
   std::string lobby_prefix, job_key;           // sl_collective_init's lobby and job_key
   std::unique_ptr<gloo::rendezvous::Store> lobby_conn; // c10d: an unclaimed connection for the lobby
   std::unique_ptr<shardload::Lobby> lobby;     // on BASE (or LOBBY_CONN); null: no lobby
@@ -61,7 +67,26 @@ struct Comm {
   std::string failmsg;
   std::vector<int> lost; // the ranks the failure was blamed on: fini does not wait for them
 
+  // ---- split (docs/DESIGN.md#modules; HSDP replica and shard groups) ----
+  Comm *root = nullptr;          // the communicator this one was split from, transitively; null: a root
+  std::vector<int> job_ranks;    // a sub: the job rank of each member; empty: ranks are job ranks
+  int job_world = 0;             // a sub: the job's world size
+  int color = -1;                // a sub: its split color
+  uint32_t splits = 0;           // splits made from this communicator (the same count on every rank)
+  std::shared_ptr<std::mutex> store_mu; // the store connection is shared by a root and its subs
+
+  // ---- abort (module.h): a flag any thread or a signal handler may set; a root also shuts
+  // down its sockets, found by address (this device's listener, the peers' listeners), so
+  // that the pending calls of the whole family end at once ----
+  std::atomic<bool> aborted{false};
+  bool have_addrs = false;                      // a root once connected: the addresses below are set
+  struct sockaddr_storage listen_addr {};      // this rank's Gloo device listens here
+  std::vector<struct sockaddr_storage> peer_listen; // the other ranks' devices listen here
+
   milliseconds timeout() const { return milliseconds(timeout_ms); }
+  // The job rank of member R (a sub's index, or R itself).
+  int job_rank(int r) const { return job_ranks.empty() || r < 0 ? r : job_ranks[size_t(r)]; }
+  bool is_aborted() const { return aborted.load() || (root && root->aborted.load()); }
 };
 
 // ---- helpers both files use (gloo.cc) --------------------------------------------------------
@@ -75,6 +100,8 @@ sl_status classify(const std::string &m);
 std::string rank_list(const std::vector<int> &ranks);
 // Whether KEY is in the store now; false when the store cannot tell.
 bool store_has(Comm &c, const std::string &key);
+// Job ranks of members RANKS (see Comm::job_rank).
+std::vector<int> job_ranks(const Comm &c, const std::vector<int> &ranks);
 // "gloo OP on rank R of W", the head of every message.
 std::string describe(const Comm &c, const char *op);
 // Reports a failed init (the communicator is destroyed after, so nothing is poisoned).
@@ -86,5 +113,18 @@ sl_status init_fail(Comm &c, sl_status s, const std::string &msg);
 // the store (served by rank 0 for tcp://), the lobby, the join, the device and the pairs, then
 // rank 0's chunk size. On failure C holds what was opened, for the caller to destroy.
 sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix);
+// The same without a store: the pair addresses go through the control plane CTL (an allgather),
+// as a data collective bootstraps (simccl's inner communicator). R (may be null) only says
+// where this rank's device listens.
+sl_status open_comm_over(Comm &c, const sl_control_plane &ctl, const sl__rendezvous *r);
+// Connects SUB, the group of PARENT's ranks MEMBERS (parent ranks, in group order; SUB's rank
+// and world set), sharing PARENT's device: addresses go point to point over PARENT, on the slot
+// of TAG (one of PARENT's tag sequence). Runs under the caller's guarded(PARENT): throws on
+// failure.
+void connect_split(Comm &parent, Comm &sub, const std::vector<int> &members, uint32_t tag);
+// Shuts down the sockets of C's family (C a root: its own and its subs' connections, which share
+// its device), so that every pending call throws at once. Async-signal-safe: raw system calls,
+// no allocation, no lock.
+void shutdown_sockets(const Comm &c);
 
 } // namespace shardload::gloo_internal

@@ -17,8 +17,11 @@ SL_API sl_status sl_context_set_error(sl_context *ctx, sl_status s, const char *
 
 SL_API sl_status sl_context_agree(sl_context *ctx, sl_status local) {
   if (!ctx) return SL_ERR_INVALID;
-  if (ctx->world_size > 1 && (!ctx->coll || !ctx->comm))
-    return sl__fail(ctx, SL_ERR_INVALID, "sl_context_agree: the context has no collective");
+  /* even with one rank, where there is nobody to wait for: an aborted context agrees on nothing */
+  if (__atomic_load_n(&ctx->aborted, __ATOMIC_ACQUIRE))
+    return sl__fail(ctx, SL_ERR_COMM, "sl_context_agree: the context was aborted (sl_context_abort); destroy it");
+  if (ctx->world_size > 1 && (!ctx->ctl || !ctx->ctl_comm))
+    return sl__fail(ctx, SL_ERR_INVALID, "sl_context_agree: the context has no control plane");
   /* A failing rank's record already reads "rank R: message", the form every rank reports. */
   if (local != SL_OK)
     sl__fail(ctx, local, "rank %d: %s", ctx->rank, ctx->errmsg[0] ? ctx->errmsg : sl_strerror(local));

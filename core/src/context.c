@@ -1,5 +1,5 @@
-/* The context: one rank's view of the job — its backend (memory), its collective (data
- * movement), its message buffer and logger. */
+/* The context: one rank's view of the job — its backend (memory), its control and data planes
+ * (planes.c), its message buffer and logger. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "internal.h"
+#include "planes.h"
 
 /* The module host: modules report through the context's logger and message buffer. */
 static void host_log(void *core, sl_log_level level, const char *fmt, ...) {
@@ -62,6 +63,52 @@ static void store_prefix(const char *job_key, int world_size, char *out, size_t 
   snprintf(lobby, lobby_len, "shardload/%s/w%d/lobby/%u/", id, world_size, gen);
 }
 
+/* The rank's backend: selected, started on its device and held by a reference that the
+ * states it loads share (they may outlive the context; backend_ref.c). */
+static sl_status open_backend(sl_context *ctx, const sl_context_options *o) {
+  if (o->device_set && o->device < 0)
+    return sl__fail(ctx, SL_ERR_INVALID, "device %d is not a device ordinal; give 0 or more", o->device);
+  const sl_backend_ops *ops = NULL;
+  void *dl = NULL, *shim = NULL, *handle = NULL;
+  char variant[64] = "";
+  sl_status st = sl__backend_select(ctx, o->backend, &ops, &dl, &shim, variant, sizeof variant);
+  if (st != SL_OK) return st;
+  /* the reference first: the backend reports through the reference's host, which outlives the
+   * context as the backend may (states free through it after sl_context_destroy) */
+  if (!(ctx->beref = sl__backend_ref_new(ops, NULL, dl, shim, ctx))) {
+    st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory starting backend %s", ops->name);
+    goto out_close;
+  }
+  sl_backend_init bi = {
+      .size = sizeof bi,
+      .host = &ctx->beref->host,
+      .local_rank = ctx->local_rank,
+      .local_world_size = ctx->local_world_size,
+      .device = o->device_set ? o->device : -1,
+      .variant = variant[0] ? variant : NULL,
+      .ops = ops,
+  };
+  if ((st = ops->init(&bi, &handle)) != SL_OK) {
+    sl__backend_ref_put(ctx->beref); /* closes the module: no handle, no fini */
+    ctx->beref = NULL;
+    return st;
+  }
+  ctx->beref->handle = handle;
+  ctx->be = ops;
+  ctx->be_ctx = handle;
+  ctx->device_ordinal = SL_HAS_OP(ops, device_ordinal) ? ops->device_ordinal(handle)
+                        : o->device_set                 ? o->device
+                                                        : ctx->local_rank;
+  if (SL_HAS_OP(ops, describe)) ops->describe(handle, ctx->device_desc, sizeof ctx->device_desc);
+  else snprintf(ctx->device_desc, sizeof ctx->device_desc, "%s:%d", ops->name, ctx->device_ordinal);
+  return SL_OK;
+
+out_close:
+  free(shim);
+  if (dl) dlclose(dl);
+  return st;
+}
+
 SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **out) {
   if (!out) return SL_ERR_INVALID;
   *out = NULL;
@@ -75,7 +122,7 @@ SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **
   ctx->log_user = o.log_user;
   ctx->log_level = o.log_level;
   ctx->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 300000;
-  ctx->host = (sl_module_host){ctx, host_log, host_fail};
+  ctx->host = (sl_module_host){sizeof(sl_module_host), ctx, host_log, host_fail};
   sl_status st;
 
   if (o.world_size == 0) {
@@ -99,45 +146,24 @@ SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **
     else if (o.world_size > 1 && (st = sl__launch_rendezvous(ctx, false, &ctx->rendezvous)) != SL_OK)
       goto out_free;
   }
-
-  char variant[64];
-  if ((st = sl__backend_select(ctx, o.backend, &ctx->be, &ctx->be_dl, variant, sizeof variant)) != SL_OK)
+  /* The node's rank count, from the launcher; a one-rank context given explicitly (the
+   * command's inspect and plan) reads no launcher variable at all. */
+  ctx->local_world_size = 1;
+  if ((o.world_size == 0 || o.world_size > 1) &&
+      (st = sl__launch_local_world_size(ctx, &ctx->local_world_size)) != SL_OK)
     goto out_free;
-  sl_backend_init bi = {&ctx->host, ctx->local_rank, variant[0] ? variant : NULL};
-  if ((st = ctx->be->init(&bi, &ctx->be_ctx)) != SL_OK) goto out_close_backend;
-  if (SL_HAS_OP(ctx->be, describe)) ctx->be->describe(ctx->be_ctx, ctx->device_desc, sizeof ctx->device_desc);
-  else snprintf(ctx->device_desc, sizeof ctx->device_desc, "%s:%d", ctx->be->name, ctx->local_rank);
+  if ((st = open_backend(ctx, &o)) != SL_OK) goto out_free;
 
-  const char *coll = o.collective;
-  if (!coll || !*coll || strcmp(coll, "auto") == 0) {
-    /* Device collectives need every rank to run them; until ranks have agreed on one, host
-     * staging through Gloo is the choice that always works. */
-    coll = ctx->world_size == 1 ? "local" : "gloo";
-  }
-  if ((st = sl__collective_select(ctx, coll, &ctx->coll, &ctx->coll_dl)) != SL_OK) goto out_fini_backend;
-  if (ctx->world_size > 1 && !ctx->rendezvous) {
-    st = sl__fail(ctx, SL_ERR_INVALID,
-                  "rank %d of %d has no rendezvous: set MASTER_ADDR and MASTER_PORT, SHARDLOAD_RENDEZVOUS, "
-                  "or the rendezvous option (file://DIR or tcp://HOST:PORT)",
-                  ctx->rank, ctx->world_size);
-    goto out_close_collective;
-  }
   char prefix[256], lobby[256];
   store_prefix(o.job_key, ctx->world_size, prefix, sizeof prefix, lobby, sizeof lobby);
-  sl_collective_init ci = {&ctx->host, ctx->rank,      ctx->world_size, ctx->rendezvous, prefix,
-                           ctx->timeout_ms, lobby, o.job_key ? o.job_key : ""};
-  if ((st = ctx->coll->init(&ci, &ctx->comm)) != SL_OK) goto out_close_collective;
-  sl__log(ctx, SL_LOG_INFO, "rank %d/%d: backend %s (%s), collective %s", ctx->rank, ctx->world_size,
-          ctx->be->name, ctx->device_desc, ctx->coll->name);
+  if ((st = sl__planes_open(ctx, o.collective, prefix, lobby, o.job_key)) != SL_OK) goto out_put_backend;
+  sl__log(ctx, SL_LOG_INFO, "rank %d/%d: backend %s (%s)", ctx->rank, ctx->world_size, ctx->be->name,
+          ctx->device_desc);
   *out = ctx;
   return SL_OK;
 
-out_close_collective:
-  if (ctx->coll_dl) dlclose(ctx->coll_dl);
-out_fini_backend:
-  ctx->be->fini(ctx->be_ctx);
-out_close_backend:
-  if (ctx->be_dl) dlclose(ctx->be_dl);
+out_put_backend:
+  sl__backend_ref_put(ctx->beref);
 out_free:
   /* the caller has no context to read the message from: log it before it goes */
   sl__log(ctx, SL_LOG_ERROR, "%s: %s", sl_status_name(st), ctx->errmsg);
@@ -147,12 +173,13 @@ out_free:
   return st;
 }
 
+/* The data plane first (it may sit on the control plane's bootstrap), then the control plane,
+ * then the context's hold on the backend: states that still hold tensors keep it alive. */
 SL_API void sl_context_destroy(sl_context *ctx) {
   if (!ctx) return;
-  if (ctx->comm) ctx->coll->fini(ctx->comm);
-  if (ctx->coll_dl) dlclose(ctx->coll_dl);
-  ctx->be->fini(ctx->be_ctx);
-  if (ctx->be_dl) dlclose(ctx->be_dl);
+  sl__planes_close(ctx);
+  sl__backend_ref_detach(ctx->beref);
+  sl__backend_ref_put(ctx->beref);
   free(ctx->rendezvous);
   free(ctx);
 }
@@ -161,7 +188,6 @@ SL_API const char *sl_context_errmsg(const sl_context *ctx) { return ctx ? ctx->
 SL_API int sl_context_rank(const sl_context *ctx) { return ctx ? ctx->rank : -1; }
 SL_API int sl_context_world_size(const sl_context *ctx) { return ctx ? ctx->world_size : 0; }
 SL_API const char *sl_context_backend_name(const sl_context *ctx) { return ctx ? ctx->be->name : NULL; }
-SL_API const char *sl_context_collective_name(const sl_context *ctx) { return ctx ? ctx->coll->name : NULL; }
 SL_API const char *sl_context_device_description(const sl_context *ctx) { return ctx ? ctx->device_desc : NULL; }
 
 bool sl__device_is_host(const sl_context *ctx) { return (ctx->be->flags & SL_BACKEND_DEVICE_IS_HOST) != 0; }
@@ -186,19 +212,21 @@ SL_API sl_status sl_alloc(sl_context *ctx, sl_device_kind where, int pinned, siz
 }
 
 SL_API void sl_free(sl_context *ctx, sl_device_kind where, int pinned, void *ptr) {
-  if (!ctx || !ptr) return;
-  if (where == SL_DEVICE_ACCELERATOR) ctx->be->free_device(ctx->be_ctx, ptr);
-  else if (pinned && sl__has_pinned(ctx)) ctx->be->free_pinned(ctx->be_ctx, ptr);
-  else sl__host_free(ptr);
+  if (ctx) sl__backend_free(ctx->beref, where, pinned, ptr);
+}
+
+/* The public copies are complete on return: enqueued on the default stream, then waited for
+ * (module.h's asynchronous contract). */
+static sl_status copy_sync(sl_context *ctx, void *dst, const void *src, size_t bytes, sl_copy_kind kind) {
+  sl_status st = ctx->be->copy_async(ctx->be_ctx, dst, src, bytes, kind, NULL);
+  sl_status ss = ctx->be->stream_sync(ctx->be_ctx, NULL); /* also after a failed enqueue: errors are sticky */
+  return st != SL_OK ? st : ss;
 }
 
 SL_API sl_status sl_copy_to_host(sl_context *ctx, void *dst, const void *src, sl_device_kind src_where,
                                  size_t bytes) {
   if (!ctx || (bytes && (!dst || !src))) return SL_ERR_INVALID;
-  if (src_where == SL_DEVICE_ACCELERATOR) {
-    sl_status st = ctx->be->copy_d2h(ctx->be_ctx, dst, src, bytes);
-    return st != SL_OK ? st : ctx->be->synchronize(ctx->be_ctx);
-  }
+  if (src_where == SL_DEVICE_ACCELERATOR) return copy_sync(ctx, dst, src, bytes, SL_COPY_D2H);
   if (bytes) memmove(dst, src, bytes);
   return SL_OK;
 }
@@ -206,10 +234,7 @@ SL_API sl_status sl_copy_to_host(sl_context *ctx, void *dst, const void *src, sl
 SL_API sl_status sl_copy_from_host(sl_context *ctx, void *dst, sl_device_kind dst_where, const void *src,
                                    size_t bytes) {
   if (!ctx || (bytes && (!dst || !src))) return SL_ERR_INVALID;
-  if (dst_where == SL_DEVICE_ACCELERATOR) {
-    sl_status st = ctx->be->copy_h2d(ctx->be_ctx, dst, src, bytes);
-    return st != SL_OK ? st : ctx->be->synchronize(ctx->be_ctx);
-  }
+  if (dst_where == SL_DEVICE_ACCELERATOR) return copy_sync(ctx, dst, src, bytes, SL_COPY_H2D);
   if (bytes) memmove(dst, src, bytes);
   return SL_OK;
 }

@@ -145,3 +145,19 @@ uint64_t sl__region_extract(const sl__region *r, size_t esize, const void *chunk
   sl__region_runs(r, a, b, extract_run, &x);
   return x.written;
 }
+
+sl_status sl__shard_of(sl_plan *plan, const sl_source_tensor *t, int mesh_ndim, const int *mesh, const int *coord,
+                       sl__resolved *res, sl__region *reg, uint64_t *nbytes) {
+  sl_context *ctx = sl__plan_context(plan);
+  sl_status st = sl__plan_resolve(plan, t, res);
+  if (st != SL_OK) return st;
+  if (sl__region_compute(t->shape, t->ndim, mesh_ndim, mesh, res->placements, coord, reg) != SL_OK)
+    return sl__fail(ctx, SL_ERR_PLAN, "%s: placement does not fit its shape (ndim %d)", t->name, t->ndim);
+  uint64_t elems = 1;
+  for (int d = 0; d < t->ndim; d++)
+    if (!sl__mul_u64(elems, (uint64_t)reg->len[d], &elems))
+      return sl__fail(ctx, SL_ERR_SHAPE, "%s: shard size overflows", t->name);
+  if (!sl__mul_u64(elems, sl_dtype_size(res->dtype), nbytes))
+    return sl__fail(ctx, SL_ERR_SHAPE, "%s: shard size overflows", t->name);
+  return SL_OK;
+}

@@ -13,23 +13,62 @@
 
 #define SL__ERRMSG_LEN 1024
 
+/* A backend instance shared by the context and every state it loaded: states free their
+ * tensors through it and may outlive the context (sl_tensor's rule in shardload.h). fini and
+ * dlclose run when the last reference goes (backend_ref.c). */
+typedef struct sl__backend_ref {
+  const sl_backend_ops *ops;
+  void *handle;
+  void *dl;   /* dlopen handle of a loadable backend, or NULL */
+  void *shim; /* the registry's v1 adapter, freed with the reference, or NULL */
+  int refs;   /* atomic */
+  /* The host lent to the backend: it reports to the context while one is attached and is
+   * silent after sl__backend_ref_detach (a state freeing tensors after its context is gone). */
+  sl_module_host host;
+  sl_context *ctx;
+} sl__backend_ref;
+sl__backend_ref *sl__backend_ref_new(const sl_backend_ops *ops, void *handle, void *dl, void *shim, sl_context *ctx);
+void sl__backend_ref_detach(sl__backend_ref *r);
+void sl__backend_ref_get(sl__backend_ref *r);
+void sl__backend_ref_put(sl__backend_ref *r);
+/* Frees memory of the backend (device, pinned or plain host) through a reference. */
+void sl__backend_free(sl__backend_ref *r, sl_device_kind where, int pinned, void *ptr);
+
 struct sl_context {
   char errmsg[SL__ERRMSG_LEN];
   sl_log_fn log;
   void *log_user;
   sl_log_level log_level;
-  int rank, world_size, local_rank;
+  int rank, world_size, local_rank, local_world_size;
   int timeout_ms;
   char *rendezvous;
   sl_module_host host;
-  const sl_backend_ops *be;
-  void *be_ctx;
-  void *be_dl; /* dlopen handle of a loadable backend, or NULL */
-  const sl_collective_ops *coll;
-  void *comm;
-  void *coll_dl;
+  sl__backend_ref *beref;
+  const sl_backend_ops *be; /* == beref->ops */
+  void *be_ctx;             /* == beref->handle */
+  int device_ordinal;
+  /* Control plane: agreements, manifests, status; host memory, synchronous (Gloo, or local for
+   * one rank). Data plane: tensor bytes; may be a device collective. When the data plane is
+   * the control plane's module (host staging), they share one communicator. */
+  const sl_collective_ops *ctl;
+  void *ctl_comm;
+  void *ctl_dl;
+  void *ctl_shim; /* the registry's v1 adapter for ctl, freed after fini, or NULL */
+  const sl_collective_ops *data;
+  void *data_comm;
+  void *data_dl;
+  void *data_shim; /* same for data (NULL when data_is_ctl) */
+  bool data_is_ctl;
+  sl_control_plane control; /* what data modules bootstrap through */
+  char data_reason[256];
   char device_desc[256];
+  volatile int aborted;
 };
+
+/* Control-plane collectives (synchronous, host memory): what agreements and manifests use. */
+sl_status sl__ctl_broadcast(sl_context *ctx, void *buf, size_t bytes, int root);
+sl_status sl__ctl_allgather(sl_context *ctx, const void *sendbuf, void *recvbuf, size_t bytes);
+sl_status sl__ctl_barrier(sl_context *ctx);
 
 /* Records the specific message in ctx (when ctx is not NULL) and returns s. */
 sl_status sl__fail(sl_context *ctx, sl_status s, const char *fmt, ...)
@@ -37,6 +76,9 @@ sl_status sl__fail(sl_context *ctx, sl_status s, const char *fmt, ...)
 void sl__log(sl_context *ctx, sl_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 sl_status sl__vfail(sl_context *ctx, sl_status s, const char *fmt, va_list ap);
+/* Redirects this thread's sl__fail messages into BUF (NULL: back to the context). For helper
+ * threads of the core, whose messages the owning thread hands over itself. */
+void sl__thread_errbuf(char *buf, size_t len);
 void sl__vlog(sl_context *ctx, sl_log_level level, const char *fmt, va_list ap);
 /* Formats a message into ERR (when given) and returns s: for parsers that report to a caller's
  * buffer rather than a context. */
@@ -177,6 +219,11 @@ uint64_t sl__region_extract(const sl__region *r, size_t esize, const void *chunk
                             uint64_t b, void *dst);
 /* Calls FN(user, global_start, local_start, count) for each maximal contiguous run of the
  * region clipped to [A, B), in order. Returns the first non-OK status of FN. */
+/* The one computation of a tensor's shard (the loader and sl_plan_geometry both use it): the
+ * resolved placement and dtype, the region of the rank at COORD, and its local bytes, with
+ * overflow checks; failures name the tensor. */
+sl_status sl__shard_of(sl_plan *plan, const sl_source_tensor *t, int mesh_ndim, const int *mesh, const int *coord,
+                       sl__resolved *res, sl__region *reg, uint64_t *nbytes);
 typedef sl_status (*sl__run_fn)(void *user, uint64_t gstart, uint64_t lstart, uint64_t count);
 sl_status sl__region_runs(const sl__region *r, uint64_t a, uint64_t b, sl__run_fn fn, void *user);
 
@@ -206,12 +253,45 @@ sl_status sl__host_sgd_step(void *x, const void *g, sl_dtype dt, size_t count, f
 /* sim backend introspection for tests: what kind of buffer PTR is (or lies inside). */
 typedef enum sl__sim_kind { SL__SIM_NONE = 0, SL__SIM_DEVICE = 1, SL__SIM_PINNED = 2 } sl__sim_kind;
 sl__sim_kind sl__sim_query(void *be, const void *ptr);
+/* For the simccl collective (a device-memory collective over sim memory, Gloo underneath):
+ * enqueue FN(ARG) on a sim stream (NULL: the default stream); it runs in stream order on the
+ * stream's worker, its failure is the stream's sticky error (its message through
+ * sl__sim_task_error); FN must not call host->fail or any sync of the backend (it would wait
+ * for itself). FREE_ARG(ARG) runs after it, or at once when enqueueing fails. */
+typedef sl_status (*sl__sim_task_fn)(void *arg);
+sl_status sl__sim_enqueue(void *be, void *stream, sl__sim_task_fn fn, void *arg, void (*free_arg)(void *));
+/* Called from inside a task run by sl__sim_enqueue (the worker thread): records the message
+ * of the failure the task is about to return; the next sync reports it through host->fail
+ * on the caller's thread as the stream's sticky error. */
+void sl__sim_task_error(void *be, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Opens (OPEN = 1) or closes (0) device memory [PTR, PTR+BYTES) for host access (strict mode
+ * maps it; in every mode the range must lie inside one device buffer and opens are counted per
+ * buffer: freeing an open buffer aborts). SL_ERR_BACKEND (message via the host, or via
+ * sl__sim_task_error on a worker) when the range is not inside one device buffer. */
+sl_status sl__sim_access(void *be, const void *ptr, size_t bytes, int open);
+/* Host copies counted by kind and whether the host side was pinned (benchmarks, tests). */
+typedef struct sl__sim_counters {
+  uint64_t h2d, d2h, d2d, h2d_pageable, d2h_pageable, tasks;
+} sl__sim_counters;
+void sl__sim_counters_get(void *be, sl__sim_counters *out);
+const sl_collective_ops *sl__collective_simccl(void);
 
 /* ---- registry (registry.c) ---------------------------------------------------------------- */
-/* SPEC: "auto", "NAME" or "NAME:VARIANT". DL receives the dlopen handle of a loadable module. */
+/* SPEC: "auto", "NAME" or "NAME:VARIANT". DL receives the dlopen handle of a loadable module;
+ * SHIM the v1 adapter's allocation (NULL for v2 modules), freed after the module is done with.
+ * *OPS is always a v2 table (a v1 module's is adapted, see module.h). For "auto" the best probe
+ * wins and the reasons the others gave are logged at INFO. */
 sl_status sl__backend_select(sl_context *ctx, const char *spec, const sl_backend_ops **ops, void **dl,
-                             char *variant, size_t variant_len);
-sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_collective_ops **ops, void **dl);
+                             void **shim, char *variant, size_t variant_len);
+/* A collective by exact name (built-in or loadable), adapted to v2 like backends. */
+sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_collective_ops **ops, void **dl,
+                                void **shim);
+/* The collective names this build knows (built-in first, then loadable), for the data-plane
+ * agreement: at most MAX, returns the count. Stable order on every rank of one build. */
+size_t sl__collective_names(const char **names, size_t max);
+/* Whether this rank could run collective NAME with backend BACKEND (its probe, after loading the
+ * module if it is loadable; the module is closed again): > 0 yes, else 0 and REASON. */
+int sl__collective_probe(const char *name, const char *backend, char *reason, size_t len);
 #ifdef SHARDLOAD_HAVE_GLOO
 const sl_collective_ops *sl__collective_gloo(void);
 #endif
@@ -234,6 +314,10 @@ typedef struct sl__launch_info {
 /* Reads the launcher variables (torchrun, then Slurm, then Open MPI; none: rank 0 of 1) and
  * SHARDLOAD_RENDEZVOUS; every malformed value is SL_ERR_INVALID naming the variable. */
 sl_status sl__launch_env(sl_context *ctx, sl__launch_info *out);
+/* Ranks of this job on this node: LOCAL_WORLD_SIZE (torchrun), SLURM_NTASKS_PER_NODE
+ * (when a plain integer), OMPI_COMM_WORLD_LOCAL_SIZE, else 1; a malformed value is
+ * SL_ERR_INVALID naming the variable. */
+sl_status sl__launch_local_world_size(sl_context *ctx, int *out);
 /* The rendezvous the environment names: SHARDLOAD_RENDEZVOUS, else MASTER_ADDR/MASTER_PORT (under
  * Slurm, the launch node and port 29500 stand in). Under torchrun's agent store
  * (TORCHELASTIC_USE_AGENT_STORE=True, torch's default) MASTER_ADDR/MASTER_PORT name the agent's

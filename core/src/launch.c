@@ -191,6 +191,24 @@ out_fail:
   return st;
 }
 
+/* The ranks of this job on this node, for backends that split a node's devices (and data
+ * collectives that group a node's ranks). torchrun says LOCAL_WORLD_SIZE; Slurm says
+ * SLURM_NTASKS_PER_NODE only with --ntasks-per-node, and writes it as "2(x3)" or "4,2" for
+ * uneven nodes, which names no single size: such a value is skipped rather than refused;
+ * Open MPI says OMPI_COMM_WORLD_LOCAL_SIZE; in the precedence of sl__launch_env. The context
+ * reads it for explicit multi-rank jobs too (`load --nproc` sets LOCAL_WORLD_SIZE). */
+sl_status sl__launch_local_world_size(sl_context *ctx, int *out) {
+  *out = 1;
+  bool present;
+  sl_status st = env_int(ctx, "LOCAL_WORLD_SIZE", 1, INT_MAX, &present, out);
+  if (st != SL_OK || present) return st;
+  const char *slurm = getenv("SLURM_NTASKS_PER_NODE");
+  if (slurm && *slurm && strspn(slurm, "0123456789") == strlen(slurm)) {
+    if ((st = env_int(ctx, "SLURM_NTASKS_PER_NODE", 1, INT_MAX, &present, out)) != SL_OK || present) return st;
+  }
+  return env_int(ctx, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, INT_MAX, &present, out);
+}
+
 /* Fails with a message in ERR; always SL_ERR_INVALID. */
 static sl_status bad_url(char *err, size_t errlen, const char *url, const char *why) {
   /* echo at most 160 characters of the URL, so the reason always fits in 512 */

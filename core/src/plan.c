@@ -706,36 +706,51 @@ uint64_t sl__plan_digest(const sl_plan *plan) {
 
 /* ---- dry run ------------------------------------------------------------------------- */
 
+/* Computes into a full struct and copies out only out->size bytes: a caller compiled against an
+ * older, shorter sl_shard_geometry gets the members it knows (shardload.h). */
+static sl_status plan_geometry(sl_plan *plan, const sl_source_tensor *t, int rank, int world,
+                               sl_shard_geometry *out);
+
 SL_API sl_status sl_plan_geometry(sl_plan *plan, const sl_source_tensor *t, int rank, int world,
                                   sl_shard_geometry *out) {
   if (!plan || !t || !out) return SL_ERR_INVALID;
+  if (out->size < sizeof out->size)
+    return sl__fail(plan->ctx, SL_ERR_INVALID,
+                    "sl_plan_geometry: set sl_shard_geometry.size to sizeof(sl_shard_geometry) (got %zu)", out->size);
+  size_t n = out->size < sizeof *out ? out->size : sizeof *out;
+  sl_shard_geometry full;
+  sl_status st = plan_geometry(plan, t, rank, world, &full);
+  if (st != SL_OK) return st;
+  full.size = out->size; /* the caller's own value stays */
+  memcpy(out, &full, n);
+  return SL_OK;
+}
+
+static sl_status plan_geometry(sl_plan *plan, const sl_source_tensor *t, int rank, int world,
+                               sl_shard_geometry *out) {
   if (world < 1 || rank < 0 || rank >= world)
     return sl__fail(plan->ctx, SL_ERR_INVALID, "rank %d is not in a job of %d ranks", rank, world);
   sl_status st = check_world(plan, world);
   if (st != SL_OK) return st;
-  sl__resolved r;
-  if ((st = sl__plan_resolve(plan, t, &r)) != SL_OK) return st;
   int mesh[SL_MAX_MESH_DIMS], coord[SL_MAX_MESH_DIMS];
   int mesh_ndim = sl__plan_mesh(plan, world, mesh);
   sl__mesh_coord(rank, mesh_ndim, mesh, coord);
+  /* the one computation the loader uses too (sl__shard_of) */
+  sl__resolved r;
   sl__region reg;
-  if ((st = sl__region_compute(t->shape, t->ndim, mesh_ndim, mesh, r.placements, coord, &reg)) != SL_OK)
-    return sl__fail(plan->ctx, st, "%s: cannot compute the shard geometry", t->name);
+  uint64_t nbytes;
+  if ((st = sl__shard_of(plan, t, mesh_ndim, mesh, coord, &r, &reg, &nbytes)) != SL_OK) return st;
   memset(out, 0, sizeof *out);
   out->ndim = t->ndim;
   out->dtype = r.dtype;
+  out->nbytes = nbytes;
   out->replicated = 1;
   for (int m = 0; m < mesh_ndim; m++)
     if (r.placements[m].kind == SL_SHARD) out->replicated = 0;
-  uint64_t elems = 1;
   for (int d = 0; d < t->ndim; d++) {
     out->local_shape[d] = reg.len[d];
     out->global_offset[d] = reg.off[d];
-    if (!sl__mul_u64(elems, (uint64_t)reg.len[d], &elems))
-      return sl__fail(plan->ctx, SL_ERR_SHAPE, "%s: shard size overflows", t->name);
   }
-  if (!sl__mul_u64(elems, sl_dtype_size(r.dtype), &out->nbytes))
-    return sl__fail(plan->ctx, SL_ERR_SHAPE, "%s: shard size overflows", t->name);
   /* as sl__plan_check decides: a plan with entries loads only the tensors it names */
   out->skipped = !takes(plan, t->name);
   return SL_OK;

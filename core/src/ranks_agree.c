@@ -1,5 +1,7 @@
 /* Agreement across ranks (see ranks_agree.h). Fixed-size records, so one allgather serves any
- * world; messages are cut to what fits a record, texts of any length go by sl__bcast_text. */
+ * world; messages are cut to what fits a record, texts of any length go by sl__bcast_text. All
+ * of it runs on the control plane (host memory, synchronous; docs/DESIGN.md#modules), never on
+ * the data collective, which may move device memory only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +29,7 @@ sl_status sl__agree(sl_context *ctx, sl_status local, const uint64_t *facts, con
     /* without the table this rank cannot take part; its peers learn of it by timeout */
     return sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate the agreement table of %d ranks in %s", world, phase);
   }
-  sl_status st = ctx->coll->allgather(ctx->comm, &mine, all, sizeof mine);
+  sl_status st = sl__ctl_allgather(ctx, &mine, all, sizeof mine);
   if (st != SL_OK) goto out_free;
   for (int r = 0; r < world; r++) {
     if (all[r].status == SL_OK) continue;
@@ -58,16 +60,13 @@ int sl__agree_first_differing(const sl_context *ctx, const uint64_t *table, int 
   return -1;
 }
 
-typedef struct root_rec {
-  int32_t status;
-  char msg[252];
-} root_rec;
-
+/* The same record as sl__agree's, broadcast from ROOT instead of gathered from all: one record
+ * shape for every status and message the ranks exchange. */
 sl_status sl__share_root_status(sl_context *ctx, sl_status local, int root) {
   if (ctx->world_size == 1) return local;
-  root_rec c = {.status = (int32_t)local};
+  agree_rec c = {.status = (int32_t)local, .rank = root};
   if (ctx->rank == root && local != SL_OK) snprintf(c.msg, sizeof c.msg, "%.*s", (int)sizeof c.msg - 1, ctx->errmsg);
-  sl_status st = ctx->coll->broadcast(ctx->comm, &c, sizeof c, root);
+  sl_status st = sl__ctl_broadcast(ctx, &c, sizeof c, root);
   if (st != SL_OK) return st;
   if (c.status != SL_OK && ctx->rank != root) {
     c.msg[sizeof c.msg - 1] = 0;
@@ -83,7 +82,7 @@ sl_status sl__share_root_status(sl_context *ctx, sl_status local, int root) {
 sl_status sl__bcast_text(sl_context *ctx, char **text, int root) {
   bool is_root = ctx->rank == root;
   uint64_t len = is_root ? (*text ? strlen(*text) : 0) + 1 : 0;
-  sl_status st = ctx->coll->broadcast(ctx->comm, &len, sizeof len, root);
+  sl_status st = sl__ctl_broadcast(ctx, &len, sizeof len, root);
   if (st != SL_OK) return st;
   char *buf = is_root ? *text : malloc((size_t)len);
   char scratch[TEXT_PIECE];
@@ -91,7 +90,7 @@ sl_status sl__bcast_text(sl_context *ctx, char **text, int root) {
     size_t n = len - off < TEXT_PIECE ? (size_t)(len - off) : TEXT_PIECE;
     char *piece = buf ? buf + off : scratch;
     if (is_root && !*text) piece = (char *)"";
-    st = ctx->coll->broadcast(ctx->comm, piece, n, root);
+    st = sl__ctl_broadcast(ctx, piece, n, root);
   }
   if (is_root) return st;
   if (st != SL_OK || !buf) {

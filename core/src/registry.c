@@ -1,15 +1,23 @@
-/* Module registry: built-in modules are listed here; GPU modules are shared objects
- * (libshardload-<name>.so) found next to libshardload, in $SHARDLOAD_MODULE_PATH, or on the
- * loader's path, and opened only when asked for (or probed for "auto"). A machine without a
- * vendor runtime thus reports that module unavailable instead of failing to start. */
+/* Module registry (docs/DESIGN.md#modules): built-in modules are listed here; other modules are
+ * shared objects (libshardload-<name>.so) found in $SHARDLOAD_MODULE_PATH, next to
+ * libshardload, or on the loader's path, and opened only when asked for (or probed for "auto").
+ * A machine without a vendor runtime thus reports that module unavailable instead of failing
+ * to start.
+ *
+ * Entry symbols are versioned: the newest the core knows first (sl_backend_module_v2), then
+ * the older one (sl_backend_module), whose table registry_v1.c adapts, so every caller sees a
+ * v2 table. A table is checked before use, and a module that fails the check is named by its
+ * file. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <limits.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#include "internal.h"
+#include "registry_v1.h"
 
 typedef struct builtin_backend {
   const char *name;
@@ -25,6 +33,8 @@ static const builtin_backend builtin_backends[] = {
     {"cpu", sl__backend_cpu},
     {"sim", sl__backend_sim},
 };
+/* Probed by "auto", in this order (an accelerator wins a tie with a built-in). Any other valid
+ * name is a loadable module too (out-of-tree backends), but "auto" does not look for it. */
 static const char *const loadable_backends[] = {"cuda", "hip", "level_zero"};
 
 static const builtin_collective builtin_collectives[] = {
@@ -32,10 +42,28 @@ static const builtin_collective builtin_collectives[] = {
 #ifdef SHARDLOAD_HAVE_GLOO
     {"gloo", sl__collective_gloo},
 #endif
+    {"simccl", sl__collective_simccl},
 };
 static const char *const loadable_collectives[] = {"nccl", "rccl"};
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+#define NAME_MAX_LEN 32
+#define REASON_LEN 512
+
+/* A module name is [a-z0-9_]{1,32}: it becomes part of a file name. */
+static bool valid_name(const char *name) {
+  size_t n = strlen(name);
+  if (n == 0 || n > NAME_MAX_LEN) return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= '0' && name[i] <= '9') || name[i] == '_')) return false;
+  return true;
+}
+
+static bool in_list(const char *name, const char *const *names, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(name, names[i]) == 0) return true;
+  return false;
+}
 
 /* Levenshtein distance, for "did you mean" suggestions on mistyped module names. */
 static size_t edit_distance(const char *a, const char *b) {
@@ -70,182 +98,390 @@ static const char *nearest(const char *name, const char *const *names, size_t n)
   return best;
 }
 
+/* ---- finding and opening module files ---------------------------------------------------- */
+
 /* dlopen libshardload-NAME.so: $SHARDLOAD_MODULE_PATH entries, then the directory of this
- * library, then the dynamic loader's own search. Records dlerror() of the last try. */
-static void *open_module(const char *name, char *why, size_t whylen) {
-  char file[128], path[PATH_MAX];
+ * library, then the dynamic loader's own search. PATH receives the file that opened. A file
+ * that exists but fails to load stops the search (*FOUND = true): its error is the useful one
+ * (a missing vendor runtime), not "not found" from the places after it. */
+static void *open_module(const char *name, char *path, size_t pathlen, bool *found, char *why, size_t whylen) {
+  char file[64], cand[PATH_MAX];
   snprintf(file, sizeof file, "libshardload-%s.so", name);
+  *found = false;
   const char *env = getenv("SHARDLOAD_MODULE_PATH");
-  if (env && *env) {
-    char *copy = sl__strdup(env), *save = NULL;
-    for (char *dir = strtok_r(copy, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
-      snprintf(path, sizeof path, "%s/%s", dir, file);
-      void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-      if (h) {
-        free(copy);
-        return h;
-      }
-    }
-    free(copy);
-  }
+  char here[PATH_MAX] = "";
   Dl_info info;
   if (dladdr((void *)open_module, &info) && info.dli_fname) {
     const char *slash = strrchr(info.dli_fname, '/');
-    if (slash) {
-      snprintf(path, sizeof path, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname, file);
-      void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-      if (h) return h;
+    if (slash) snprintf(here, sizeof here, "%.*s", (int)(slash - info.dli_fname), info.dli_fname);
+  }
+  char *dirs = NULL;
+  if (asprintf(&dirs, "%s:%s", env ? env : "", here) < 0) {
+    snprintf(why, whylen, "out of memory");
+    return NULL;
+  }
+  void *h = NULL;
+  char *save = NULL;
+  for (char *dir = strtok_r(dirs, ":", &save); dir && !h && !*found; dir = strtok_r(NULL, ":", &save)) {
+    snprintf(cand, sizeof cand, "%s/%s", dir, file);
+    if (access(cand, F_OK) != 0) continue;
+    *found = true;
+    h = dlopen(cand, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      const char *e = dlerror();
+      snprintf(why, whylen, "%s", e ? e : "dlopen failed");
     }
   }
-  void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char *e = dlerror();
-    snprintf(why, whylen, "%s", e ? e : "not found");
+  free(dirs);
+  if (!h && !*found) {
+    h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      const char *e = dlerror();
+      snprintf(why, whylen, "%s", e ? e : "not found");
+      *found = e && !strstr(e, "No such file"); /* on the loader's path, but broken */
+    }
+  }
+  if (h) {
+    struct link_map *lm = NULL;
+    if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && *lm->l_name)
+      snprintf(path, pathlen, "%s", lm->l_name);
+    else
+      snprintf(path, pathlen, "%s", file);
   }
   return h;
 }
 
-static bool backend_table_ok(const sl_backend_ops *o) {
-  return o && o->abi_version == SL_BACKEND_ABI_VERSION &&
-         o->size >= offsetof(sl_backend_ops, synchronize) + sizeof(o->synchronize) && o->name && o->score &&
-         o->init && o->fini && o->alloc_device && o->free_device && o->copy_h2d && o->copy_d2h &&
-         o->copy_d2d && o->synchronize;
-}
-
-static bool collective_table_ok(const sl_collective_ops *o) {
-  return o && o->abi_version == SL_COLLECTIVE_ABI_VERSION &&
-         o->size >= offsetof(sl_collective_ops, barrier) + sizeof(o->barrier) && o->name && o->init &&
-         o->fini && o->broadcast && o->scatterv && o->allgather && o->barrier;
-}
-
-static sl_status load_backend(sl_context *ctx, const char *name, const sl_backend_ops **ops, void **dl) {
-  char why[512] = "";
-  void *h = open_module(name, why, sizeof why);
-  if (!h)
-    return sl__fail(ctx, SL_ERR_NO_DEVICE,
-                    "backend '%s' is not available here (%s); build it with -DSHARDLOAD_WITH_%s=ON on a "
-                    "machine with its runtime, or use --backend cpu",
-                    name, why, strcmp(name, "level_zero") == 0 ? "LEVEL_ZERO" : strcmp(name, "hip") == 0 ? "HIP" : "CUDA");
-  sl_backend_entry_fn entry = (sl_backend_entry_fn)dlsym(h, SL_BACKEND_ENTRY);
-  const sl_backend_ops *o = entry ? entry() : NULL;
-  if (!backend_table_ok(o)) {
-    dlclose(h);
-    return sl__fail(ctx, SL_ERR_ABI,
-                    "libshardload-%s.so does not export a usable %s table of ABI version %u; rebuild the "
-                    "module with this shardload",
-                    name, SL_BACKEND_ENTRY, SL_BACKEND_ABI_VERSION);
+/* What is wrong with a v2 table, or NULL. Built-in tables pass the same check. */
+static bool backend_table_ok(const sl_backend_ops *o, char *problem, size_t len) {
+  const char *missing = NULL;
+  if (!o) missing = "the table (the entry returned NULL)";
+  else if (o->abi_version != SL_BACKEND_ABI_VERSION) {
+    snprintf(problem, len, "its table says ABI version %u under %s (this shardload loads 1 and %u)", o->abi_version,
+             SL_BACKEND_ENTRY, SL_BACKEND_ABI_VERSION);
+    return false;
+  } else if (o->size < offsetof(sl_backend_ops, copy_async) + sizeof o->copy_async) {
+    snprintf(problem, len, "its table is %u bytes, too short to hold the required members", o->size);
+    return false;
   }
-  *ops = o;
-  *dl = h;
+#define REQUIRE(m) else if (!o->m) missing = #m;
+  REQUIRE(name) REQUIRE(probe) REQUIRE(init) REQUIRE(fini) REQUIRE(alloc_device) REQUIRE(free_device)
+  REQUIRE(stream_create) REQUIRE(stream_destroy) REQUIRE(event_create) REQUIRE(event_destroy) REQUIRE(event_record)
+  REQUIRE(stream_wait_event) REQUIRE(event_query) REQUIRE(event_sync) REQUIRE(stream_sync) REQUIRE(synchronize)
+  REQUIRE(copy_async)
+#undef REQUIRE
+  if (missing) snprintf(problem, len, "its table lacks %s", missing);
+  return missing == NULL;
+}
+
+static bool collective_table_ok(const sl_collective_ops *o, char *problem, size_t len) {
+  const char *missing = NULL;
+  if (!o) missing = "the table (the entry returned NULL)";
+  else if (o->abi_version != SL_COLLECTIVE_ABI_VERSION) {
+    snprintf(problem, len, "its table says ABI version %u under %s (this shardload loads 1 and %u)", o->abi_version,
+             SL_COLLECTIVE_ENTRY, SL_COLLECTIVE_ABI_VERSION);
+    return false;
+  } else if (o->size < offsetof(sl_collective_ops, barrier) + sizeof o->barrier) {
+    snprintf(problem, len, "its table is %u bytes, too short to hold the required members", o->size);
+    return false;
+  }
+#define REQUIRE(m) else if (!o->m) missing = #m;
+  REQUIRE(name) REQUIRE(probe) REQUIRE(init) REQUIRE(fini) REQUIRE(broadcast) REQUIRE(scatterv) REQUIRE(allgather)
+  REQUIRE(barrier)
+#undef REQUIRE
+  if (missing) snprintf(problem, len, "its table lacks %s", missing);
+  return missing == NULL;
+}
+
+/* A module opened and its table checked (and adapted when it is v1). */
+typedef struct loaded {
+  void *dl;
+  void *shim; /* the v1 adapter's allocation, or NULL */
+  const void *ops;
+  char path[PATH_MAX];
+} loaded;
+
+static void loaded_close(loaded *m) {
+  free(m->shim);
+  if (m->dl) dlclose(m->dl);
+  *m = (loaded){0};
+}
+
+/* Why a module could not be taken: no such file anywhere (WHY is the loader's message); a file
+ * that does not load (a missing vendor runtime: WHY is the loader's message); a table that is
+ * unusable (WHY names the file and says what is wrong). */
+typedef enum { MODULE_ABSENT = 1, MODULE_UNLOADABLE = 2, MODULE_BAD_ABI = 3 } module_error;
+
+/* Opens libshardload-NAME.so and takes its table; on failure returns a module_error and leaves
+ * nothing open. */
+static int load_module(const char *name, bool collective, loaded *m, char *why, size_t whylen) {
+  *m = (loaded){0};
+  bool found;
+  m->dl = open_module(name, m->path, sizeof m->path, &found, why, whylen);
+  if (!m->dl) return found ? MODULE_UNLOADABLE : MODULE_ABSENT;
+  char problem[256];
+  const char *entry = collective ? SL_COLLECTIVE_ENTRY : SL_BACKEND_ENTRY;
+  const char *entry1 = collective ? SL_COLLECTIVE_ENTRY_V1 : SL_BACKEND_ENTRY_V1;
+  void *e2 = dlsym(m->dl, entry), *e1 = e2 ? NULL : dlsym(m->dl, entry1);
+  bool ok;
+  if (e2) {
+    m->ops = collective ? (const void *)((sl_collective_entry_fn)e2)() : (const void *)((sl_backend_entry_fn)e2)();
+    ok = collective ? collective_table_ok(m->ops, problem, sizeof problem)
+                    : backend_table_ok(m->ops, problem, sizeof problem);
+  } else if (e1) {
+    /* ABI v1: the entry returns the frozen v1 table (core/src/module.h) */
+    typedef const sl_backend_ops_v1 *(*entry_v1_b)(void);
+    typedef const sl_collective_ops_v1 *(*entry_v1_c)(void);
+    if (collective) {
+      const sl_collective_ops_v1 *o1 = ((entry_v1_c)e1)();
+      ok = sl__v1_collective_ok(o1, problem, sizeof problem);
+      if (ok && !(m->ops = m->shim = sl__v1_collective_adapt(o1))) snprintf(problem, sizeof problem, "out of memory");
+    } else {
+      const sl_backend_ops_v1 *o1 = ((entry_v1_b)e1)();
+      ok = sl__v1_backend_ok(o1, problem, sizeof problem);
+      if (ok && !(m->ops = m->shim = sl__v1_backend_adapt(o1))) snprintf(problem, sizeof problem, "out of memory");
+    }
+    ok = ok && m->shim;
+  } else {
+    snprintf(problem, sizeof problem, "it exports neither %s nor %s: not a shardload %s module", entry, entry1,
+             collective ? "collective" : "backend");
+    ok = false;
+  }
+  if (!ok) {
+    snprintf(why, whylen, "%.200s: %.200s; rebuild it against this shardload's shardload/module.h", m->path, problem);
+    loaded_close(m);
+    return MODULE_BAD_ABI;
+  }
+  return 0;
+}
+
+/* ---- probing ----------------------------------------------------------------------------- */
+
+/* The module's probe, with a reason whatever it wrote (NUL-terminated, naming the module). */
+static int probe_backend(const sl_backend_ops *o, const void *shim, char *reason, size_t len) {
+  reason[0] = 0;
+  int score = shim ? sl__v1_backend_probe(o, reason, len) : o->probe(reason, len);
+  reason[len - 1] = 0;
+  if (score <= 0 && !reason[0]) snprintf(reason, len, "%s: probe said no and gave no reason", o->name);
+  return score > 0 ? score : 0;
+}
+
+static int probe_collective(const sl_collective_ops *o, const void *shim, const char *backend, char *reason, size_t len) {
+  reason[0] = 0;
+  int score = shim ? sl__v1_collective_probe(o, backend, reason, len) : o->probe(backend, reason, len);
+  reason[len - 1] = 0;
+  if (score <= 0 && !reason[0]) snprintf(reason, len, "%s: probe said no and gave no reason", o->name);
+  return score > 0 ? score : 0;
+}
+
+/* ---- backends ---------------------------------------------------------------------------- */
+
+static const char *vendor_option(const char *name) {
+  return strcmp(name, "level_zero") == 0 ? "LEVEL_ZERO" : strcmp(name, "hip") == 0 ? "HIP" : "CUDA";
+}
+
+/* "auto": every loadable backend the core knows, then the built-ins; the best probe wins (a tie
+ * keeps the earlier, so an accelerator beats cpu), and the others' reasons are logged. */
+static sl_status select_auto(sl_context *ctx, const sl_backend_ops **ops, void **dl, void **shim) {
+  enum { N = COUNT(loadable_backends) + COUNT(builtin_backends) };
+  loaded cand[N] = {{0}};
+  int score[N] = {0};
+  bool warn[N] = {false}; /* an installed module is broken: worth more than INFO */
+  char reason[N][REASON_LEN];
+  const char *name[N];
+  int best = -1;
+  for (size_t i = 0; i < N; i++) {
+    reason[i][0] = 0;
+    if (i < COUNT(loadable_backends)) {
+      name[i] = loadable_backends[i];
+      char why[REASON_LEN];
+      int e = load_module(name[i], false, &cand[i], why, sizeof why);
+      if (e) {
+        snprintf(reason[i], REASON_LEN, "%s: %s (%.440s)", name[i], e == MODULE_ABSENT ? "not available" : "unusable",
+                 why);
+        warn[i] = e == MODULE_BAD_ABI;
+        continue;
+      }
+    } else {
+      const builtin_backend *b = &builtin_backends[i - COUNT(loadable_backends)];
+      name[i] = b->name;
+      cand[i].ops = b->get();
+      char problem[256];
+      if (!backend_table_ok(cand[i].ops, problem, sizeof problem)) {
+        snprintf(reason[i], REASON_LEN, "%s: built-in table is broken: %s", name[i], problem);
+        continue;
+      }
+    }
+    score[i] = probe_backend(cand[i].ops, cand[i].shim, reason[i], REASON_LEN);
+    if (score[i] > 0 && (best < 0 || score[i] > score[best])) best = (int)i;
+  }
+  for (size_t i = 0; i < N; i++) {
+    if ((int)i == best) continue;
+    if (score[i] > 0)
+      sl__log(ctx, SL_LOG_INFO, "backend auto: %s: usable (probe %d), %s probes %d", name[i], score[i], name[best],
+              score[best]);
+    else
+      sl__log(ctx, warn[i] ? SL_LOG_WARN : SL_LOG_INFO, "backend auto: %s", reason[i]);
+    loaded_close(&cand[i]);
+  }
+  if (best < 0) {
+    char all[SL__ERRMSG_LEN - 64] = ""; /* the message buffer's size bounds it anyway */
+    for (size_t i = 0; i < N; i++) {
+      size_t used = strlen(all);
+      snprintf(all + used, sizeof all - used, "%s%.*s", i ? "; " : "", (int)(sizeof all - used), reason[i]);
+    }
+    return sl__fail(ctx, SL_ERR_NO_DEVICE, "no usable backend on this machine (%s)", all);
+  }
+  sl__log(ctx, SL_LOG_INFO, "backend auto: chose %s (probe %d)", name[best], score[best]);
+  *ops = cand[best].ops;
+  *dl = cand[best].dl;
+  *shim = cand[best].shim;
   return SL_OK;
 }
 
-sl_status sl__backend_select(sl_context *ctx, const char *spec, const sl_backend_ops **ops, void **dl,
+static sl_status unknown_backend(sl_context *ctx, const char *spec, const char *why) {
+  const char *all[] = {"auto", "cpu", "sim", "sim:strict", "cuda", "hip", "level_zero"};
+  const char *near = nearest(spec, all, COUNT(all));
+  return sl__fail(ctx, SL_ERR_INVALID,
+                  "unknown backend '%s'%s%s%s%s%s%s; choose one of auto, cpu, sim, sim:strict, cuda, hip, level_zero, "
+                  "or NAME for a module libshardload-NAME.so (NAME: a-z, 0-9, _) on SHARDLOAD_MODULE_PATH",
+                  spec, why ? " (" : "", why ? why : "", why ? ")" : "", near ? " (did you mean '" : "",
+                  near ? near : "", near ? "'?)" : "");
+}
+
+sl_status sl__backend_select(sl_context *ctx, const char *spec, const sl_backend_ops **ops, void **dl, void **shim,
                              char *variant, size_t variant_len) {
   *ops = NULL;
   *dl = NULL;
+  *shim = NULL;
   variant[0] = 0;
-  if (!spec || !*spec || strcmp(spec, "auto") == 0) {
-    /* best score wins; GPU modules are probed first so a tie keeps the accelerator */
-    int best = 0;
-    for (size_t i = 0; i < COUNT(loadable_backends); i++) {
-      const sl_backend_ops *o;
-      void *h;
-      char saved[SL__ERRMSG_LEN];
-      memcpy(saved, ctx->errmsg, sizeof saved);
-      if (load_backend(ctx, loadable_backends[i], &o, &h) != SL_OK) {
-        memcpy(ctx->errmsg, saved, sizeof saved); /* absent modules are not errors for auto */
-        continue;
-      }
-      int sc = o->score();
-      if (sc > best) {
-        if (*dl) dlclose(*dl);
-        best = sc;
-        *ops = o;
-        *dl = h;
-      } else {
-        dlclose(h);
-      }
-    }
-    for (size_t i = 0; i < COUNT(builtin_backends); i++) {
-      const sl_backend_ops *o = builtin_backends[i].get();
-      int sc = o->score();
-      if (sc > best) {
-        if (*dl) dlclose(*dl);
-        *dl = NULL;
-        best = sc;
-        *ops = o;
-      }
-    }
-    return *ops ? SL_OK : sl__fail(ctx, SL_ERR_NO_DEVICE, "no usable backend on this machine");
-  }
-  char name[64];
+  if (!spec || !*spec || strcmp(spec, "auto") == 0) return select_auto(ctx, ops, dl, shim);
+  char name[NAME_MAX_LEN + 1];
   const char *colon = strchr(spec, ':');
   size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
-  if (nlen >= sizeof name) nlen = sizeof name - 1;
+  if (nlen > NAME_MAX_LEN) return unknown_backend(ctx, spec, NULL);
   memcpy(name, spec, nlen);
   name[nlen] = 0;
+  if (!valid_name(name)) return unknown_backend(ctx, spec, NULL);
   if (colon) snprintf(variant, variant_len, "%s", colon + 1);
   for (size_t i = 0; i < COUNT(builtin_backends); i++) {
-    if (strcmp(name, builtin_backends[i].name) == 0) {
-      *ops = builtin_backends[i].get();
-      return SL_OK;
-    }
+    if (strcmp(name, builtin_backends[i].name) != 0) continue;
+    const sl_backend_ops *o = builtin_backends[i].get();
+    char problem[256];
+    if (!backend_table_ok(o, problem, sizeof problem)) /* a core bug, said plainly */
+      return sl__fail(ctx, SL_ERR_ABI, "built-in backend '%s': %s", name, problem);
+    /* not probed: built-ins run anywhere, and a probe of 0 only keeps one out of "auto" (sim) */
+    *ops = o;
+    return SL_OK;
   }
-  for (size_t i = 0; i < COUNT(loadable_backends); i++) {
-    if (strcmp(name, loadable_backends[i]) == 0) {
-      sl_status st = load_backend(ctx, name, ops, dl);
-      if (st != SL_OK) return st;
-      if ((*ops)->score() <= 0) {
-        dlclose(*dl);
-        *dl = NULL;
-        *ops = NULL;
-        return sl__fail(ctx, SL_ERR_NO_DEVICE,
-                        "backend '%s' found no usable device on this machine (driver or device missing); "
-                        "use --backend cpu", name);
-      }
-      return SL_OK;
-    }
+  loaded m;
+  char why[REASON_LEN], reason[REASON_LEN];
+  int e = load_module(name, false, &m, why, sizeof why);
+  if (e == MODULE_ABSENT && !in_list(name, loadable_backends, COUNT(loadable_backends)))
+    return unknown_backend(ctx, spec, why);
+  if (e == MODULE_ABSENT)
+    return sl__fail(ctx, SL_ERR_NO_DEVICE,
+                    "backend '%s' is not available here (%s); build it with -DSHARDLOAD_WITH_%s=ON on a machine with "
+                    "its runtime and put it on SHARDLOAD_MODULE_PATH, or use --backend cpu",
+                    name, why, vendor_option(name));
+  if (e == MODULE_UNLOADABLE)
+    return sl__fail(ctx, SL_ERR_NO_DEVICE, "backend '%s' cannot be loaded (%s); install its runtime or use --backend cpu",
+                    name, why);
+  if (e == MODULE_BAD_ABI) return sl__fail(ctx, SL_ERR_ABI, "backend '%s': %s", name, why);
+  if (probe_backend(m.ops, m.shim, reason, sizeof reason) == 0) {
+    loaded_close(&m);
+    return sl__fail(ctx, SL_ERR_NO_DEVICE, "backend '%s' cannot run on this machine: %s; use --backend cpu", name,
+                    reason);
   }
-  const char *all[] = {"auto", "cpu", "sim", "sim:strict", "cuda", "hip", "level_zero"};
-  const char *near = nearest(spec, all, COUNT(all));
-  return sl__fail(ctx, SL_ERR_INVALID, "unknown backend '%s'%s%s%s; choose one of auto, cpu, sim, sim:strict, cuda, hip, level_zero",
-                  spec, near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "");
+  *ops = m.ops;
+  *dl = m.dl;
+  *shim = m.shim;
+  return SL_OK;
 }
 
-sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_collective_ops **ops, void **dl) {
-  *ops = NULL;
-  *dl = NULL;
-  for (size_t i = 0; i < COUNT(builtin_collectives); i++) {
-    if (strcmp(spec, builtin_collectives[i].name) == 0) {
-      *ops = builtin_collectives[i].get();
-      return SL_OK;
-    }
-  }
-  for (size_t i = 0; i < COUNT(loadable_collectives); i++) {
-    if (strcmp(spec, loadable_collectives[i]) == 0) {
-      char why[512] = "";
-      void *h = open_module(spec, why, sizeof why);
-      if (!h) return sl__fail(ctx, SL_ERR_NO_DEVICE, "collective '%s' is not available here (%s)", spec, why);
-      sl_collective_entry_fn entry = (sl_collective_entry_fn)dlsym(h, SL_COLLECTIVE_ENTRY);
-      const sl_collective_ops *o = entry ? entry() : NULL;
-      if (!collective_table_ok(o)) {
-        dlclose(h);
-        return sl__fail(ctx, SL_ERR_ABI, "libshardload-%s.so does not export a usable %s table of ABI version %u",
-                        spec, SL_COLLECTIVE_ENTRY, SL_COLLECTIVE_ABI_VERSION);
-      }
-      *ops = o;
-      *dl = h;
-      return SL_OK;
-    }
-  }
-  const char *all[] = {"local", "gloo", "nccl", "rccl"};
+/* ---- collectives ------------------------------------------------------------------------- */
+
+size_t sl__collective_names(const char **names, size_t max) {
+  size_t n = 0;
+  for (size_t i = 0; i < COUNT(builtin_collectives) && n < max; i++) names[n++] = builtin_collectives[i].name;
+  for (size_t i = 0; i < COUNT(loadable_collectives) && n < max; i++) names[n++] = loadable_collectives[i];
+  return n;
+}
+
+static const sl_collective_ops *builtin_collective_ops(const char *name) {
+  for (size_t i = 0; i < COUNT(builtin_collectives); i++)
+    if (strcmp(name, builtin_collectives[i].name) == 0) return builtin_collectives[i].get();
+  return NULL;
+}
+
+static sl_status unknown_collective(sl_context *ctx, const char *spec, const char *why) {
+  const char *all[] = {"local", "gloo", "simccl", "nccl", "rccl"};
   const char *near = nearest(spec, all, COUNT(all));
 #ifdef SHARDLOAD_HAVE_GLOO
   const char *gloo_note = "";
 #else
   const char *gloo_note = " (this build has no Gloo: -DSHARDLOAD_WITH_GLOO=ON)";
 #endif
-  return sl__fail(ctx, SL_ERR_INVALID, "unknown or unavailable collective '%s'%s%s%s; choose local, gloo, nccl or rccl%s",
-                  spec, near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "", gloo_note);
+  return sl__fail(ctx, SL_ERR_INVALID,
+                  "unknown collective '%s'%s%s%s%s%s%s; choose local, gloo, simccl, nccl or rccl, or NAME for a module "
+                  "libshardload-NAME.so on SHARDLOAD_MODULE_PATH%s",
+                  spec, why ? " (" : "", why ? why : "", why ? ")" : "", near ? " (did you mean '" : "",
+                  near ? near : "", near ? "'?)" : "", gloo_note);
+}
+
+sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_collective_ops **ops, void **dl,
+                                void **shim) {
+  *ops = NULL;
+  *dl = NULL;
+  *shim = NULL;
+  if (!spec || !valid_name(spec)) return unknown_collective(ctx, spec ? spec : "(null)", NULL);
+  char problem[256];
+  const sl_collective_ops *b = builtin_collective_ops(spec);
+  if (b) {
+    if (!collective_table_ok(b, problem, sizeof problem))
+      return sl__fail(ctx, SL_ERR_ABI, "built-in collective '%s': %s", spec, problem);
+    *ops = b;
+    return SL_OK;
+  }
+  loaded m;
+  char why[REASON_LEN];
+  int e = load_module(spec, true, &m, why, sizeof why);
+  if (e == MODULE_ABSENT && !in_list(spec, loadable_collectives, COUNT(loadable_collectives)))
+    return unknown_collective(ctx, spec, why);
+  if (e == MODULE_ABSENT)
+    return sl__fail(ctx, SL_ERR_NO_DEVICE, "collective '%s' is not available here (%s)", spec, why);
+  if (e == MODULE_UNLOADABLE)
+    return sl__fail(ctx, SL_ERR_NO_DEVICE, "collective '%s' cannot be loaded (%s); install its runtime", spec, why);
+  if (e == MODULE_BAD_ABI) return sl__fail(ctx, SL_ERR_ABI, "collective '%s': %s", spec, why);
+  *ops = m.ops;
+  *dl = m.dl;
+  *shim = m.shim;
+  return SL_OK;
+}
+
+int sl__collective_probe(const char *name, const char *backend, char *reason, size_t len) {
+  if (!len) return 0;
+  reason[0] = 0;
+  if (!name || !valid_name(name)) {
+    snprintf(reason, len, "%s: not a collective name", name ? name : "(null)");
+    return 0;
+  }
+  const sl_collective_ops *b = builtin_collective_ops(name);
+  char problem[256];
+  if (b) {
+    if (!collective_table_ok(b, problem, sizeof problem)) {
+      snprintf(reason, len, "%s: built-in table is broken: %s", name, problem);
+      return 0;
+    }
+    return probe_collective(b, NULL, backend, reason, len);
+  }
+  loaded m;
+  char why[REASON_LEN];
+  int e = load_module(name, true, &m, why, sizeof why);
+  if (e) {
+    snprintf(reason, len, "%s: %s (%s)", name, e == MODULE_ABSENT ? "not available here" : "unusable", why);
+    return 0;
+  }
+  int score = probe_collective(m.ops, m.shim, backend, reason, len);
+  loaded_close(&m);
+  return score;
 }

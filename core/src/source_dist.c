@@ -146,7 +146,7 @@ SL_API sl_status sl_source_open(sl_context *ctx, const char *path, sl_source **o
     v.status = (int32_t)st;
     if (st != SL_OK) snprintf(v.msg, sizeof v.msg, "%.*s", (int)sizeof v.msg - 1, ctx->errmsg);
   }
-  sl_status st = ctx->coll->broadcast(ctx->comm, &v, sizeof v, 0);
+  sl_status st = sl__ctl_broadcast(ctx, &v, sizeof v, 0);
   if (st != SL_OK) goto out_free;
   if (v.status != SL_OK) {
     st = (sl_status)v.status;
@@ -161,8 +161,8 @@ SL_API sl_status sl_source_open(sl_context *ctx, const char *path, sl_source **o
     st = sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate a %llu-byte manifest", (unsigned long long)v.manifest_len);
   }
   char small[1];
-  sl_status bs = ctx->coll->broadcast(ctx->comm, manifest ? manifest : small,
-                                      manifest ? (size_t)v.manifest_len : 0, 0);
+  sl_status bs = sl__ctl_broadcast(ctx, manifest ? manifest : small,
+                                   manifest ? (size_t)v.manifest_len : 0, 0);
   if (st == SL_OK) st = bs;
   if (st == SL_OK && ctx->rank != 0) st = sl__source_deserialize(ctx, manifest, (size_t)v.manifest_len, &src);
   if (bs != SL_OK) goto out_free;

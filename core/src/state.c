@@ -1,4 +1,7 @@
-/* The loaded state: a rank's local shards and how they were placed. */
+/* The loaded state: a rank's local shards and how they were placed. It holds a reference of
+ * its own on the backend (shardload.h at sl_tensor: tensors may outlive the context), so
+ * freeing works after sl_context_destroy. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,7 +10,7 @@
 void sl__state_free_tensors(sl_state *st) {
   for (size_t i = 0; i < st->count; i++) {
     sl_tensor *t = &st->tensors[i];
-    if (t->data && !t->caller_buffer) sl_free(st->ctx, t->device, t->pinned, t->data);
+    if (t->data && !t->caller_buffer) sl__backend_free(st->be, t->device, t->pinned, t->data);
     t->data = NULL;
   }
 }
@@ -15,6 +18,11 @@ void sl__state_free_tensors(sl_state *st) {
 SL_API void sl_state_destroy(sl_state *st) {
   if (!st) return;
   sl__state_free_tensors(st);
+  /* caller buffers the load page-locked for itself: the caller keeps the memory, not the pin */
+  if (st->be && SL_HAS_OP(st->be->ops, unregister_host))
+    for (size_t i = 0; i < st->nregistered; i++) st->be->ops->unregister_host(st->be->handle, st->registered[i]);
+  free(st->registered);
+  sl__backend_ref_put(st->be); /* the last reference (the context may be gone) finalises the backend */
   for (size_t i = 0; i < st->count; i++) free((char *)st->tensors[i].name);
   for (size_t i = 0; i < st->nskipped; i++) free(st->skipped[i]);
   free(st->tensors);
@@ -53,8 +61,13 @@ SL_API const char *sl_state_skipped_at(const sl_state *st, size_t i) {
   return st && i < st->nskipped ? st->skipped[i] : NULL;
 }
 
+/* A caller compiled against an older, shorter sl_load_stats gets the members it knows: the
+ * library writes only within out->size (shardload.h). */
 SL_API sl_status sl_state_stats(const sl_state *st, sl_load_stats *out) {
-  if (!st || !out) return SL_ERR_INVALID;
-  *out = st->stats;
+  if (!st || !out || out->size < sizeof out->size) return SL_ERR_INVALID;
+  size_t n = out->size < sizeof *out ? out->size : sizeof *out;
+  sl_load_stats full = st->stats;
+  full.size = out->size; /* the caller's own value stays */
+  memcpy(out, &full, n);
   return SL_OK;
 }

@@ -14,11 +14,25 @@ sl_status sl__fail(sl_context *ctx, sl_status s, const char *fmt, ...) {
   return s;
 }
 
+/* Set by a helper thread of the core (the loader's reader) so that its failures land in its
+ * own buffer: the context's message buffer belongs to the caller's thread. */
+static __thread char *tls_errbuf;
+static __thread size_t tls_errlen;
+
+void sl__thread_errbuf(char *buf, size_t len) {
+  tls_errbuf = buf;
+  tls_errlen = len;
+}
+
 sl_status sl__vfail(sl_context *ctx, sl_status s, const char *fmt, va_list ap) {
   if (!ctx) return s;
   /* through a scratch buffer: callers may pass the previous message as an argument */
   char msg[SL__ERRMSG_LEN];
   vsnprintf(msg, sizeof msg, fmt, ap);
+  if (tls_errbuf) {
+    snprintf(tls_errbuf, tls_errlen, "%s", msg);
+    return s; /* no logging from helper threads either: the caller's log callback is not told to expect them */
+  }
   memcpy(ctx->errmsg, msg, sizeof msg);
   if (ctx->log && ctx->log_level >= SL_LOG_DEBUG) {
     char line[SL__ERRMSG_LEN + 64];

@@ -118,9 +118,12 @@ typedef void (*sl_log_fn)(void *user, sl_log_level level, const char *msg);
 
 typedef struct sl_context_options {
   size_t size;             /* sizeof(sl_context_options) as the caller compiled it */
-  const char *backend;     /* "cpu", "sim", "sim-strict", "cuda", ... or NULL/"auto": best score */
-  const char *collective;  /* NULL/"auto": "local" for one rank, else "gloo" (host staging). Choosing a
-                              device collective when every rank can run it comes with the GPU modules */
+  const char *backend;     /* "cpu", "sim", "sim:strict", "cuda", any NAME of a module libshardload-NAME.so, or NULL/"auto": the best probe */
+  /* The data plane. NULL/"auto": the backend's device collective (nccl for cuda, simccl for
+   * sim) when every rank can run it, else host staging ("gloo"; "local" for one rank); ranks
+   * agree on it at creation over the control plane, and sl_context_collective_reason says why.
+   * A name forces it: creation fails on every rank, naming a rank that cannot run it and why. */
+  const char *collective;
   int world_size;          /* 0 (the zero value): rank, world size, local rank and rendezvous
                               come from the launcher environment (torchrun, Slurm, Open MPI;
                               none: rank 0 of 1). > 0: the three fields below are used. */
@@ -147,6 +150,10 @@ typedef struct sl_context_options {
    * sl_source_open refuses the ranks whose checkpoint differs from rank 0's (a rank may then
    * be given another path to the same checkpoint, see sl_source_open). */
   const char *job_key;
+  /* An explicit device ordinal on the rank's node (the zero value 0 is ordinal 0 only with
+   * device_set = 1); otherwise local_rank % device count. */
+  int device;
+  int device_set;
 } sl_context_options;
 
 SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **out);
@@ -156,7 +163,18 @@ SL_API const char *sl_context_errmsg(const sl_context *ctx);
 SL_API int sl_context_rank(const sl_context *ctx);
 SL_API int sl_context_world_size(const sl_context *ctx);
 SL_API const char *sl_context_backend_name(const sl_context *ctx);
+/* The data collective (tensor bytes) the ranks agreed on, and why ("simccl: preferred by backend
+ * sim and every rank runs it", "gloo: rank 1 cannot run simccl (simccl: moves sim device memory
+ * only; this rank's backend is cpu)", "gloo: backend cpu of rank 0 stages through host memory",
+ * "nccl: forced (--collective, sl_context_options.collective)"). The control plane
+ * (agreements, manifests, status) is always host memory (Gloo, or local for one rank). */
 SL_API const char *sl_context_collective_name(const sl_context *ctx);
+SL_API const char *sl_context_collective_reason(const sl_context *ctx);
+/* For a caller's signal handler: makes pending and later collective operations of this
+ * context fail within the timeout (ncclCommAbort-shaped), sl_context_agree included; the
+ * context is then only good for sl_context_destroy. Async-signal-safe as far as the modules'
+ * abort is (Gloo's sets a flag and shuts its sockets down). */
+SL_API void sl_context_abort(sl_context *ctx);
 /* A one-line description of the rank's device ("sim:0 (simulated accelerator)"). */
 SL_API const char *sl_context_device_description(const sl_context *ctx);
 
@@ -237,6 +255,7 @@ SL_API sl_status sl_plan_load_json(sl_plan *plan, const char *path);
 
 /* ---- dry run: per-rank geometry ------------------------------------------ */
 typedef struct sl_shard_geometry {
+  size_t size; /* sizeof(sl_shard_geometry) as the caller compiled it; the library writes within it */
   int ndim;
   int64_t local_shape[SL_MAX_DIMS];
   int64_t global_offset[SL_MAX_DIMS];
@@ -279,7 +298,13 @@ typedef struct sl_tensor {
   int caller_buffer;      /* filled in place in a caller's buffer */
   void *data;             /* host pointer, or a backend device pointer */
   uint64_t nbytes;        /* local bytes */
+  /* DLPack's device (DLDeviceType, device_id): kDLCPU 1, kDLCUDA 2, kDLCUDAHost 3, kDLROCM 10,
+   * kDLROCMHost 11, kDLOneAPI 14; the sim backend's device memory reports kDLExtDev 12. */
+  int device_type;
+  int device_id;
 } sl_tensor;
+/* Tensors belong to their state (sl_state_destroy frees them), and the state keeps alive what
+ * it needs to free them: it may outlive its context (sl_context_destroy first is fine). */
 
 /* Called once per tensor, in file order, once every rank agreed on the plan (and, reading on
  * every rank, on the checkpoint's bytes) and before any byte moves. Return a buffer of at least
@@ -292,11 +317,29 @@ typedef struct sl_tensor {
  * - Data phase: tensors load one after another in file order. On a rank, the buffers of the
  *   tensors before the one it was loading when it learned of the failure may hold their new
  *   bytes, that tensor's may hold part of them (any mix of old and new bytes), and the buffers
- *   of later tensors are untouched. A failure that only one rank sees (a copy to its device, a
+ *   of later tensors are untouched. Rank 0 learns of its own read failures at once; the other
+ *   ranks learn of them once per status window (16 transfers, docs/DESIGN.md#data-flow), and
+ *   until then place zeros where rank 0 could not read. A failure that only one rank sees (a copy to its device, a
  *   cast, its own read in every-rank mode) stops that rank placing bytes at once, but reaches
  *   the others only at the closing agreement: their buffers may hold every tensor.
  * - Never, in any case, a byte outside [data, data + t->nbytes) of a buffer. */
 typedef void *(*sl_bind_fn)(void *user, const sl_tensor *t);
+
+/* The bind callback that can fail and says what it gave (same timing and buffer contract as
+ * sl_bind_fn; it wins over bind when both are set). Return SL_OK with out->data set to have the
+ * tensor filled in place, SL_OK with out->data NULL to let the state own a buffer, or a failure
+ * with out->message: the load then fails on every rank before any byte moves, naming this rank,
+ * the tensor and the message. out->pinned: the buffer is page-locked host memory (a CPU
+ * placement); when the placement wants pinned memory and it is not, the library registers it
+ * with the backend for the load where the backend can (register_host) and reports t->pinned as
+ * it ends up. */
+typedef struct sl_binding {
+  size_t size; /* set by the library */
+  void *data;
+  int pinned;
+  char message[256];
+} sl_binding;
+typedef sl_status (*sl_bind_buffer_fn)(void *user, const sl_tensor *t, sl_binding *out);
 
 typedef struct sl_load_options {
   size_t size;                /* sizeof(sl_load_options) as the caller compiled it */
@@ -309,6 +352,13 @@ typedef struct sl_load_options {
   /* progress: called on rank 0 after each tensor (may be NULL) */
   void (*progress)(void *user, uint64_t done_bytes, uint64_t total_bytes);
   void *progress_user;
+  sl_bind_buffer_fn bind_buffer; /* wins over bind */
+  void *bind_buffer_user;
+  /* Staging slots of the pipeline (rank 0 reads transfer k+1 while transfer k moves); 0: 2,
+   * at most 8; 1 runs every stage strictly after the previous one (the baseline benchmarks
+   * compare against). The staging budget is split between them. */
+  int pipeline_slots;
+  int reserved_;
 } sl_load_options;
 
 /* Collective over the context's ranks. opts NULL, or from an older smaller struct, means the
@@ -325,12 +375,19 @@ SL_API size_t sl_state_skipped_count(const sl_state *st);
 SL_API const char *sl_state_skipped_at(const sl_state *st, size_t i);
 
 typedef struct sl_load_stats {
+  size_t size;             /* sizeof(sl_load_stats) as the caller compiled it; the library writes within it */
   uint64_t bytes_read;     /* from storage by this rank */
   uint64_t bytes_sent;     /* by this rank through the collective */
   uint64_t bytes_received;
   uint64_t bytes_h2d;      /* host to accelerator copies */
-  uint64_t staging_bytes;  /* staging buffers held at the peak */
+  uint64_t staging_bytes;  /* host staging buffers held at the peak */
   double seconds;          /* wall time of sl_load on this rank */
+  uint64_t bytes_d2h;      /* accelerator to host copies (CPU placements under a device collective) */
+  uint64_t device_staging_bytes; /* device staging buffers held at the peak */
+  uint64_t transfers;      /* data collective operations (small tensors share one) */
+  double seconds_read;     /* of which reading storage */
+  double seconds_wait;     /* of which waiting for the data plane (collectives, copies) */
+  double seconds_phase1;   /* of which agreeing, planning and allocating */
 } sl_load_stats;
 SL_API sl_status sl_state_stats(const sl_state *st, sl_load_stats *out);
 

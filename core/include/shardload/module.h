@@ -1,0 +1,247 @@
+/* shardload module ABI, version 2: backends (memory, copies, streams and events) and
+ * collectives (data movement between ranks). Installed with the public headers so that
+ * vendor modules build out of tree against an installed shardload (docs/DESIGN.md#modules).
+ *
+ * A module is one const ops table that starts with its ABI version and its size, exported by
+ * a versioned entry symbol (sl_backend_module_v2 / sl_collective_module_v2; the core falls
+ * back to the v1 symbols, so one core loads modules of both versions, and a module may export
+ * several versions to serve several cores). The core tests optional members with SL_HAS_OP,
+ * so a module built against an older, shorter table keeps working. Every struct that crosses
+ * the boundary in either direction starts with (or, for tables, carries) its size. Modules
+ * never print: they report through the sl_module_host the core lends them.
+ *
+ * ---- The asynchronous contract -------------------------------------------------------------
+ * Device work is ordered on streams (CUDA streams, HIP streams, Level Zero command lists).
+ * Every op below says in one sentence whether it is COMPLETE ON RETURN (its effects are
+ * visible to the host and to every stream when it returns) or ENQUEUED (it returns once the
+ * work is queued on the stream; it runs after the work queued on that stream before it and
+ * before the work queued after it, and nothing else is promised). For an enqueued op:
+ * - the memory it reads must not be written, and the memory it writes must not be read or
+ *   written, by the host or by another stream, until an event recorded after it on its stream
+ *   has completed (event_sync / event_query) or another stream waits for such an event;
+ * - its failure may be reported by the enqueuing call or by any later call on the module; it
+ *   is sticky: stream_sync, event_sync and synchronize return it.
+ * The NULL stream is the backend's default stream and obeys the same rules (it does not
+ * synchronise with other streams). A backend whose work is synchronous (cpu) meets this
+ * contract trivially; the core must not rely on that (the sim backend runs enqueued work
+ * later, on a worker thread, so a missing wait reads stale or torn data in tests).
+ *
+ * Collectives say whether they are synchronous (SL_COLL_SYNC: every op is complete on return
+ * and its stream argument is ignored; the caller makes device buffers ready before calling) or
+ * stream-ordered (ops enqueue on the stream they are given, as above). */
+#ifndef SHARDLOAD_MODULE_H
+#define SHARDLOAD_MODULE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shardload/shardload.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SL_BACKEND_ABI_VERSION 2u
+#define SL_COLLECTIVE_ABI_VERSION 2u
+
+/* True when the module's table is long enough to hold member M and M is set. */
+#define SL_HAS_OP(ops, M) \
+  ((ops)->size >= offsetof(__typeof__(*(ops)), M) + sizeof((ops)->M) && (ops)->M != NULL)
+
+/* What the core lends a module: a logger and an error sink (the context's message buffer).
+ * Complete on return; callable from any thread. */
+typedef struct sl_module_host {
+  uint32_t size; /* sizeof(sl_module_host) as the core was built */
+  void *core;
+  void (*log)(void *core, sl_log_level level, const char *fmt, ...)
+      __attribute__((format(printf, 3, 4)));
+  /* Records the specific message and returns s, so modules write `return host->fail(...)`. */
+  sl_status (*fail)(void *core, sl_status s, const char *fmt, ...)
+      __attribute__((format(printf, 3, 4)));
+} sl_module_host;
+
+/* Memory domains: where a buffer lives, and which ones a collective can move. */
+typedef enum sl_mem_domain {
+  SL_MEM_HOST = 1u << 0,   /* pageable host memory */
+  SL_MEM_PINNED = 1u << 1, /* page-locked host memory (alloc_pinned or register_host) */
+  SL_MEM_DEVICE = 1u << 2  /* the backend's device memory */
+} sl_mem_domain;
+
+typedef enum sl_copy_kind { SL_COPY_H2D = 1, SL_COPY_D2H = 2, SL_COPY_D2D = 3 } sl_copy_kind;
+
+/* ---- backends --------------------------------------------------------------------------- */
+enum {
+  SL_BACKEND_DEVICE_IS_HOST = 1u << 0, /* "device" memory is plain host memory (cpu backend) */
+  SL_BACKEND_HAS_PINNED = 1u << 1      /* alloc_pinned gives page-locked host memory */
+};
+
+typedef struct sl_backend_init {
+  uint32_t size; /* sizeof(sl_backend_init) as the core was built */
+  const sl_module_host *host;
+  int local_rank;       /* with device < 0 picks the device: local_rank % device count */
+  int local_world_size; /* ranks of this job on this node (1 when unknown) */
+  int device;           /* explicit device ordinal, or -1 */
+  const char *variant;  /* text after ':' in the backend name ("strict" in "sim:strict"), or NULL */
+  /* The table the core calls init through (what the entry symbol returned, or the core's
+   * adapter of an older table); a module that exports one table may ignore it. */
+  const struct sl_backend_ops *ops;
+} sl_backend_init;
+
+typedef struct sl_backend_ops {
+  uint32_t abi_version; /* SL_BACKEND_ABI_VERSION */
+  uint32_t size;        /* sizeof(sl_backend_ops) as the module was built */
+  const char *name;
+  uint32_t flags;
+  /* The data collective this backend's device memory wants ("nccl", "rccl"); NULL or "gloo":
+   * host staging. Ranks use it only when every rank can (docs/DESIGN.md#modules). */
+  const char *preferred_collective;
+  /* Complete on return; cheap: creates no context and allocates no device memory. > 0: usable
+   * on this machine (higher wins for backend "auto"); 0: not usable, and REASON says why in
+   * one line naming the module ("cuda: no device"). */
+  int (*probe)(char *reason, size_t len);
+  sl_status (*init)(const sl_backend_init *init, void **be); /* complete on return */
+  void (*fini)(void *be); /* complete on return; the core has synchronised first */
+  /* Complete on return. One line naming the device ("cuda:0 NVIDIA H200, 141 GiB, sm_90"). */
+  void (*describe)(void *be, char *buf, size_t len);
+  /* Device ordinal in use (DLPack's device_id). Complete on return. */
+  int (*device_ordinal)(void *be);
+  /* Allocation: complete on return. free_*: the caller guarantees no pending work uses PTR. */
+  sl_status (*alloc_device)(void *be, size_t bytes, void **ptr);
+  void (*free_device)(void *be, void *ptr);
+  sl_status (*alloc_pinned)(void *be, size_t bytes, void **ptr);
+  void (*free_pinned)(void *be, void *ptr);
+  /* Streams and events. Create/destroy: complete on return. Destroying a stream first finishes
+   * its queued work; destroying an event that queued work still records or waits on is a bug. */
+  sl_status (*stream_create)(void *be, void **stream);
+  void (*stream_destroy)(void *be, void *stream);
+  sl_status (*event_create)(void *be, void **event);
+  void (*event_destroy)(void *be, void *event);
+  /* Enqueued: EVENT completes once every op queued on STREAM before it has completed. */
+  sl_status (*event_record)(void *be, void *event, void *stream);
+  /* Enqueued: ops queued on STREAM after this call start only after EVENT's last record
+   * completed (a never-recorded event: no wait). */
+  sl_status (*stream_wait_event)(void *be, void *stream, void *event);
+  /* Complete on return: 1 when EVENT's last record has completed (or it was never recorded), 0
+   * when not yet, < 0 when the work before it failed. Never blocks. */
+  int (*event_query)(void *be, void *event);
+  /* Complete on return: blocks until EVENT's last record completed; returns sticky errors. */
+  sl_status (*event_sync)(void *be, void *event);
+  /* Complete on return: blocks until everything queued on STREAM completed. */
+  sl_status (*stream_sync)(void *be, void *stream);
+  /* Complete on return: blocks until everything queued on every stream completed. */
+  sl_status (*synchronize)(void *be);
+  /* Enqueued: copies BYTES from SRC to DST; KIND names the domains (host sides may be pinned or
+   * pageable; a backend may stage pageable memory, but must still honour the contract). */
+  sl_status (*copy_async)(void *be, void *dst, const void *src, size_t bytes, sl_copy_kind kind,
+                          void *stream);
+  /* ---- optional: the core falls back to host work when absent ---- */
+  /* Enqueued: casts COUNT elements in device memory (no overlap), bit-exact with sl_convert. */
+  sl_status (*cast_async)(void *be, void *dst, sl_dtype dst_dt, const void *src, sl_dtype src_dt,
+                          size_t count, void *stream);
+  /* Enqueued: HEIGHT rows of WIDTH bytes, row r from SRC + r*SPITCH to DST + r*DPITCH (pack and
+   * unpack of strided regions). */
+  sl_status (*copy_2d_async)(void *be, void *dst, size_t dpitch, const void *src, size_t spitch,
+                             size_t width, size_t height, sl_copy_kind kind, void *stream);
+  /* Complete on return: page-locks a caller's host range (BYTES > 0) so copies treat it as
+   * pinned; unregister before the caller frees it. */
+  sl_status (*register_host)(void *be, void *ptr, size_t bytes);
+  void (*unregister_host)(void *be, void *ptr);
+  /* Complete on return: whether [ptr, ptr+bytes) is device memory of this backend. */
+  int (*is_device_ptr)(void *be, const void *ptr, size_t bytes);
+  /* Complete on return: an extension function by name, or NULL (see SL_EXT_* below). Test
+   * instruments live here, not in the production table. */
+  void *(*get_proc)(const char *name);
+} sl_backend_ops;
+
+/* Extensions a backend may offer through get_proc. */
+#define SL_EXT_SGD_STEP "sl_ext_sgd_step" /* sl_ext_sgd_step_fn: complete on return */
+typedef sl_status (*sl_ext_sgd_step_fn)(void *be, void *x, const void *g, sl_dtype dt, size_t count, float lr);
+#define SL_EXT_TRAFFIC "sl_ext_traffic" /* sl_ext_traffic_fn: bytes copied each way since init */
+typedef void (*sl_ext_traffic_fn)(void *be, uint64_t *h2d, uint64_t *d2h);
+
+/* ---- collectives ------------------------------------------------------------------------ */
+/* The control plane as a module sees it: host memory, synchronous, bounded by the timeout.
+ * A data collective bootstraps through it (an NCCL unique id from rank 0 to every rank). */
+typedef struct sl_control_plane {
+  uint32_t size;
+  void *ctx;
+  sl_status (*broadcast)(void *ctx, void *buf, size_t bytes, int root);
+  sl_status (*allgather)(void *ctx, const void *sendbuf, void *recvbuf, size_t bytes);
+} sl_control_plane;
+
+typedef struct sl_collective_init {
+  uint32_t size; /* sizeof(sl_collective_init) as the core was built */
+  const sl_module_host *host;
+  int rank;
+  int world_size;
+  const char *rendezvous; /* "file://DIR", "tcp://HOST:PORT" or "c10d://HOST:PORT"; NULL for world size 1 */
+  const char *prefix;     /* store key prefix, unique per job */
+  int timeout_ms;
+  /* LOBBY: a key prefix shared by every job with the same launcher job id and world size, where
+   * each rank leaves JOB_KEY (the caller's sl_context_options.job_key, "" when none) so that a
+   * rank waiting for peers that joined under another job key can say so at once instead of
+   * timing out (docs/DESIGN.md#rendezvous). */
+  const char *lobby;
+  const char *job_key;
+  /* Data collectives: the rank's backend (its streams, events and memory), the device it uses,
+   * and the control plane to bootstrap through (NULL for the control plane itself). */
+  const sl_backend_ops *backend;
+  void *backend_handle;
+  int device;
+  int local_rank;
+  int local_world_size;
+  const sl_control_plane *control;
+  /* The table the core calls init through (see sl_backend_init.ops). */
+  const struct sl_collective_ops *ops;
+} sl_collective_init;
+
+enum {
+  SL_COLL_SYNC = 1u << 0 /* every op is complete on return; stream arguments are ignored */
+};
+
+typedef struct sl_collective_ops {
+  uint32_t abi_version; /* SL_COLLECTIVE_ABI_VERSION */
+  uint32_t size;
+  const char *name;
+  uint32_t flags;
+  uint32_t domains; /* sl_mem_domain bits its buffers may live in (Gloo: host|pinned; NCCL: device) */
+  /* Device memory of which backend it moves, or NULL for host memory only. */
+  const char *device_backend;
+  /* Complete on return; cheap (no communicator, no allocation): > 0 when this rank can run it
+   * with BACKEND (the rank's backend name), else 0 and REASON says why. */
+  int (*probe)(const char *backend, char *reason, size_t len);
+  sl_status (*init)(const sl_collective_init *init, void **comm); /* collective, complete on return */
+  void (*fini)(void *comm);
+  /* Optional. Callable from any thread (a signal handler's thread included, as far as the
+   * transport allows): pending and later ops on COMM fail (SL_ERR_COMM) within the timeout. */
+  void (*abort)(void *comm);
+  /* Optional. Collective over COMM, complete on return: ranks with the same COLOR (>= 0) form a
+   * sub-communicator ordered by KEY; COLOR < 0 takes part without joining one (*SUB = NULL).
+   * Sub-communicators are freed with fini before their parent. */
+  sl_status (*split)(void *comm, int color, int key, void **sub);
+  /* Data ops (SL_COLL_SYNC or enqueued on STREAM, see the flags). All fail with
+   * SL_ERR_TIMEOUT/SL_ERR_PEER past the timeout and name the rank they lost. */
+  sl_status (*broadcast)(void *comm, void *buf, size_t bytes, int root, void *stream);
+  /* Root sends counts[r] bytes at sendbuf + displs[r] to rank r; every rank receives
+   * recvbytes (== counts[rank]) into recvbuf. sendbuf/counts/displs are read on root only
+   * (stream-ordered modules copy counts and displs before returning). */
+  sl_status (*scatterv)(void *comm, const void *sendbuf, const size_t *counts, const size_t *displs,
+                        void *recvbuf, size_t recvbytes, int root, void *stream);
+  /* Every rank contributes BYTES; recvbuf holds world_size * BYTES in rank order. */
+  sl_status (*allgather)(void *comm, const void *sendbuf, void *recvbuf, size_t bytes, void *stream);
+  sl_status (*barrier)(void *comm); /* complete on return */
+} sl_collective_ops;
+
+/* Entry symbols of loadable modules (libshardload-<name>.so). The core looks for the newest
+ * version it knows first. */
+typedef const sl_backend_ops *(*sl_backend_entry_fn)(void);
+typedef const sl_collective_ops *(*sl_collective_entry_fn)(void);
+#define SL_BACKEND_ENTRY "sl_backend_module_v2"
+#define SL_COLLECTIVE_ENTRY "sl_collective_module_v2"
+#define SL_BACKEND_ENTRY_V1 "sl_backend_module"
+#define SL_COLLECTIVE_ENTRY_V1 "sl_collective_module"
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,209 @@
+/* Phase 1 of sl_load: the plan against the manifest gives one job per tensor (its placement,
+ * dtype, region and wire dtype: the geometry computed once, by sl__shard_of), then, once
+ * every rank agreed, the shards are bound to caller buffers or allocated
+ * (docs/DESIGN.md#data-flow). */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader.h"
+
+static uint64_t mix64(uint64_t h, uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xBF58476D1CE4E5B9ull;
+  return h ^ (h >> 29);
+}
+
+char *sl__load_canonical(const sl_plan *plan, const sl_load_options *o) {
+  char *p = sl__plan_canonical(plan), *out = NULL;
+  if (!p) return NULL;
+  if (asprintf(&out, "%scpu_offload %d\nstrategy %d\nread_mode %d\nstaging %zu\npipeline_slots %d\n", p,
+               (int)o->cpu_offload, (int)o->strategy, (int)o->read_mode, o->staging_bytes, o->pipeline_slots) < 0)
+    out = NULL;
+  free(p);
+  return out;
+}
+
+/* DLPack's device of a tensor placed by this backend (sl_tensor.device_type). */
+static int dlpack_device_type(const sl_context *ctx, sl_device_kind where, int pinned) {
+  const char *be = ctx->be->name;
+  if (sl__device_is_host(ctx)) return 1; /* kDLCPU */
+  if (where == SL_DEVICE_CPU) {
+    if (!pinned) return 1;
+    if (strcmp(be, "cuda") == 0) return 3; /* kDLCUDAHost */
+    if (strcmp(be, "hip") == 0) return 11; /* kDLROCMHost */
+    return 1;
+  }
+  if (strcmp(be, "cuda") == 0) return 2;        /* kDLCUDA */
+  if (strcmp(be, "hip") == 0) return 10;        /* kDLROCM */
+  if (strcmp(be, "level_zero") == 0) return 14; /* kDLOneAPI */
+  return 12;                                    /* kDLExtDev: sim and unknown backends */
+}
+
+sl_status sl__loader_plan(loader *L) {
+  sl_context *ctx = L->ctx;
+  size_t n = sl_source_tensor_count(L->src);
+  unsigned char *take = calloc(n ? n : 1, 1);
+  if (!take) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory planning %zu tensors", n);
+  sl_status st = sl__plan_check(L->plan, L->src, L->world, take);
+  if (st != SL_OK) goto out_free_take;
+  L->mesh_ndim = sl__plan_mesh(L->plan, L->world, L->mesh);
+  sl__mesh_coord(L->rank, L->mesh_ndim, L->mesh, L->coord);
+  size_t ntake = 0, nskip = 0;
+  for (size_t i = 0; i < n; i++) ntake += take[i], nskip += !take[i];
+  L->jobs = calloc(ntake ? ntake : 1, sizeof *L->jobs);
+  L->st->tensors = calloc(ntake ? ntake : 1, sizeof *L->st->tensors);
+  L->st->skipped = calloc(nskip ? nskip : 1, sizeof *L->st->skipped);
+  if (!L->jobs || !L->st->tensors || !L->st->skipped) {
+    st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory planning %zu tensors", n);
+    goto out_free_take;
+  }
+  uint64_t h = sl__plan_digest(L->plan);
+  h = mix64(h, (uint64_t)L->o.cpu_offload);
+  h = mix64(h, (uint64_t)L->o.strategy);
+  h = mix64(h, (uint64_t)L->o.read_mode);
+  h = mix64(h, (uint64_t)L->o.staging_bytes);
+  h = mix64(h, (uint64_t)L->o.pipeline_slots);
+  for (size_t i = 0; i < n; i++) {
+    const sl_source_tensor *t = sl_source_tensor_at(L->src, i);
+    if (!take[i]) {
+      if (!(L->st->skipped[L->st->nskipped++] = sl__strdup(t->name))) {
+        st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+        goto out_free_take;
+      }
+      continue;
+    }
+    tensor_job *j = &L->jobs[L->njobs];
+    sl_tensor *o = &L->st->tensors[L->njobs];
+    j->src_index = i;
+    j->src = t;
+    j->out = o;
+    uint64_t nbytes;
+    if ((st = sl__shard_of(L->plan, t, L->mesh_ndim, L->mesh, L->coord, &j->res, &j->mine, &nbytes)) != SL_OK)
+      goto out_free_take;
+    j->elems = 1; /* the reader checked that this product times the element size fits */
+    for (int d = 0; d < t->ndim; d++) j->elems *= (uint64_t)t->shape[d];
+    j->replicated = true;
+    j->klass = 0;
+    for (int m = 0; m < L->mesh_ndim; m++)
+      if (j->res.placements[m].kind == SL_SHARD) {
+        j->replicated = false;
+        j->klass |= 1u << m;
+      }
+    /* HSDP: a replicate mesh dim 0 over a mesh of 2+ dims: replicas hold identical shards */
+    j->hsdp = L->mesh_ndim >= 2 && L->mesh[0] > 1 && j->res.placements[0].kind == SL_REPLICATE;
+    j->klass |= (uint32_t)j->hsdp << 8;
+    j->wire = sl_dtype_size(j->res.dtype) < sl_dtype_size(t->dtype) ? j->res.dtype : t->dtype;
+    if (!(o->name = sl__strdup(t->name))) {
+      st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+      goto out_free_take;
+    }
+    L->njobs++;
+    L->st->count = L->njobs;
+    o->dtype = j->res.dtype;
+    o->file_dtype = t->dtype;
+    o->ndim = t->ndim;
+    o->nbytes = nbytes;
+    for (int d = 0; d < t->ndim; d++) {
+      o->global_shape[d] = t->shape[d];
+      o->local_shape[d] = j->mine.len[d];
+      o->global_offset[d] = j->mine.off[d];
+    }
+    o->device = L->place.device;
+    o->rule = L->place.rule;
+    o->pinned = o->device == SL_DEVICE_CPU && L->pinned;
+    o->device_type = dlpack_device_type(ctx, o->device, o->pinned);
+    o->device_id = o->device == SL_DEVICE_ACCELERATOR || o->device_type != 1 ? ctx->device_ordinal : 0;
+    L->total_bytes += t->nbytes;
+    h = mix64(h, i);
+    h = mix64(h, (uint64_t)j->res.dtype);
+    for (int m = 0; m < L->mesh_ndim; m++)
+      h = mix64(h, (uint64_t)(j->res.placements[m].kind * 64 + j->res.placements[m].dim));
+  }
+  L->digest = h;
+out_free_take:
+  free(take);
+  return st;
+}
+
+/* A caller buffer for tensor T, checked against its placement. *P is NULL when the caller
+ * leaves it to the state. */
+static sl_status bind_one(loader *L, sl_tensor *t, void **p) {
+  sl_context *ctx = L->ctx;
+  *p = NULL;
+  int pinned = 0;
+  if (L->o.bind_buffer) {
+    sl_binding b;
+    memset(&b, 0, sizeof b);
+    b.size = sizeof b;
+    sl_status st = L->o.bind_buffer(L->o.bind_buffer_user, t, &b);
+    if (st != SL_OK) {
+      b.message[sizeof b.message - 1] = 0;
+      return sl__fail(ctx, st, "%s: the caller's bind_buffer failed on rank %d: %s", t->name, L->rank,
+                      b.message[0] ? b.message : sl_strerror(st));
+    }
+    *p = b.data;
+    pinned = b.pinned;
+  } else if (L->o.bind) {
+    *p = L->o.bind(L->o.bind_user, t);
+    pinned = t->pinned; /* sl_bind_fn's contract: pinned when t->pinned asks for it */
+  }
+  if (!*p) return SL_OK;
+  bool dev_ptr = SL_HAS_OP(ctx->be, is_device_ptr) && !sl__device_is_host(ctx);
+  if (t->device == SL_DEVICE_CPU && dev_ptr && ctx->be->is_device_ptr(ctx->be_ctx, *p, 1))
+    return sl__fail(ctx, SL_ERR_BUFFER,
+                    "%s: the caller's buffer is device memory of backend %s, but the tensor is placed "
+                    "on the CPU; pass host memory (sl_alloc(ctx, SL_DEVICE_CPU, ...))",
+                    t->name, ctx->be->name);
+  if (t->device == SL_DEVICE_ACCELERATOR && dev_ptr && !ctx->be->is_device_ptr(ctx->be_ctx, *p, (size_t)t->nbytes)) {
+    /* device memory that ends before the shard does is a size mistake, not a kind mistake */
+    if (t->nbytes > 1 && ctx->be->is_device_ptr(ctx->be_ctx, *p, 1))
+      return sl__fail(ctx, SL_ERR_BUFFER,
+                      "%s: the caller's device buffer ends before the tensor's %llu bytes; bind a "
+                      "buffer of at least t->nbytes",
+                      t->name, (unsigned long long)t->nbytes);
+    return sl__fail(ctx, SL_ERR_BUFFER,
+                    "%s: the caller's buffer is not device memory of backend %s; allocate it with "
+                    "sl_alloc(ctx, SL_DEVICE_ACCELERATOR, ...)",
+                    t->name, ctx->be->name);
+  }
+  if (t->device == SL_DEVICE_CPU) {
+    /* pinned-ness as it truly is: what the caller says, or a registration of ours */
+    if (!pinned && t->pinned && t->nbytes && SL_HAS_OP(ctx->be, register_host) &&
+        SL_HAS_OP(ctx->be, unregister_host) && ctx->be->register_host(ctx->be_ctx, *p, (size_t)t->nbytes) == SL_OK) {
+      void **r = realloc(L->st->registered, (L->st->nregistered + 1) * sizeof *r);
+      if (!r) {
+        ctx->be->unregister_host(ctx->be_ctx, *p);
+        return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+      }
+      L->st->registered = r;
+      r[L->st->nregistered++] = *p;
+      pinned = 1;
+    }
+    t->pinned = pinned;
+    t->device_type = dlpack_device_type(ctx, t->device, t->pinned);
+  }
+  return SL_OK;
+}
+
+sl_status sl__loader_bind(loader *L) {
+  sl_context *ctx = L->ctx;
+  for (size_t i = 0; i < L->njobs; i++) {
+    sl_tensor *t = L->jobs[i].out;
+    void *p;
+    sl_status st = bind_one(L, t, &p);
+    if (st != SL_OK) return st;
+    if (p) {
+      t->data = p;
+      t->caller_buffer = 1;
+      continue;
+    }
+    st = sl_alloc(ctx, t->device, t->pinned, (size_t)t->nbytes, &t->data);
+    if (st != SL_OK)
+      return sl__fail(ctx, st, "%s: cannot allocate %llu bytes on %s: %s", t->name, (unsigned long long)t->nbytes,
+                      sl_device_kind_name(t->device), ctx->errmsg);
+  }
+  return SL_OK;
+}

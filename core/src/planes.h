@@ -1,0 +1,20 @@
+/* The two planes of a context (docs/DESIGN.md#modules, "Two planes"): a control plane in host
+ * memory for agreements, manifests and status, and a data plane for tensor bytes that the
+ * ranks agree on at creation. context.c creates and destroys them; planes.c holds the rest. */
+#ifndef SHARDLOAD_PLANES_H
+#define SHARDLOAD_PLANES_H
+
+#include "internal.h"
+
+/* Collective. Connects the control plane ("local" for one rank, else "gloo") under PREFIX and
+ * LOBBY, then agrees with every rank on the data collective (WANT: NULL/"auto" or a name) and
+ * starts it (under PREFIX "data/" unless it is the control plane's module). Every rank returns
+ * the same verdict; ctx->data_reason says what was chosen and why. On failure nothing is left
+ * open. Needs ctx's backend. */
+sl_status sl__planes_open(sl_context *ctx, const char *want, const char *prefix, const char *lobby,
+                          const char *job_key);
+/* Closes the data plane (unless it shares the control plane's communicator), then the control
+ * plane. Safe on a context whose planes are not (or only partly) open. */
+void sl__planes_close(sl_context *ctx);
+
+#endif

@@ -1,0 +1,596 @@
+/* The module ABI (docs/DESIGN.md#modules): versioned entry symbols, the ABI v1 adapter, probe
+ * reasons, extension lookup, ABI errors naming the file, and the sizes of structs that cross
+ * the public boundary. The modules are real shared objects built from tests/modules/ into
+ * $SHARDLOAD_TEST_MODULES (tests/CMakeLists.txt). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#include "internal.h"
+#include "loader.h"
+#include "registry_v1.h"
+
+static const char *moddir;
+
+/* ---- a bare context: the registry only uses its message buffer and logger ------------------ */
+typedef struct logbuf {
+  char text[16384];
+} logbuf;
+
+static void capture(void *user, sl_log_level level, const char *msg) {
+  logbuf *lb = user;
+  size_t used = strlen(lb->text);
+  snprintf(lb->text + used, sizeof lb->text - used, "[%d] %s\n", (int)level, msg);
+}
+
+static sl_context *bare_ctx(logbuf *lb) {
+  sl_context *c = calloc(1, sizeof *c);
+  assert_non_null(c);
+  c->log = capture;
+  c->log_user = lb;
+  c->log_level = SL_LOG_INFO;
+  c->rank = 0;
+  c->world_size = 1;
+  return c;
+}
+
+static void host_log(void *core, sl_log_level level, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  sl__vlog(core, level, fmt, ap);
+  va_end(ap);
+}
+
+static sl_status host_fail(void *core, sl_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  sl__vfail(core, s, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+static sl_module_host host_of(sl_context *c) { return (sl_module_host){sizeof(sl_module_host), c, host_log, host_fail}; }
+
+static void use_modules(void) { setenv("SHARDLOAD_MODULE_PATH", moddir, 1); }
+
+/* Registry select + init through the v2 table, as the context does. */
+typedef struct opened {
+  const sl_backend_ops *ops;
+  void *dl, *shim, *be;
+  sl_module_host host;
+} opened;
+
+static sl_status open_backend(sl_context *c, const char *spec, opened *o) {
+  memset(o, 0, sizeof *o);
+  char variant[64];
+  sl_status st = sl__backend_select(c, spec, &o->ops, &o->dl, &o->shim, variant, sizeof variant);
+  if (st != SL_OK) return st;
+  o->host = host_of(c);
+  sl_backend_init bi = {.size = sizeof bi,
+                        .host = &o->host,
+                        .local_rank = 0,
+                        .local_world_size = 1,
+                        .device = -1,
+                        .variant = variant[0] ? variant : NULL,
+                        .ops = o->ops};
+  st = o->ops->init(&bi, &o->be);
+  if (st != SL_OK) {
+    free(o->shim);
+    if (o->dl) dlclose(o->dl);
+    memset(o, 0, sizeof *o);
+  }
+  return st;
+}
+
+static void close_backend(opened *o) {
+  o->ops->fini(o->be);
+  free(o->shim);
+  if (o->dl) dlclose(o->dl);
+}
+
+/* ---- entry symbols ------------------------------------------------------------------------ */
+
+/* A module exporting both entries is used through the newest one, unadapted. */
+static void test_v2_entry_is_preferred(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  assert_int_equal(open_backend(c, "dual", &o), SL_OK);
+  assert_null(o.shim);
+  assert_int_equal(o.ops->abi_version, SL_BACKEND_ABI_VERSION);
+  char desc[128];
+  o.ops->describe(o.be, desc, sizeof desc);
+  assert_non_null(strstr(desc, "ABI v2 entry"));
+  /* the same binary's v1 entry still serves a core that knows only v1 (here: the adapter) */
+  typedef const sl_backend_ops_v1 *(*entry_v1)(void);
+  entry_v1 e1 = (entry_v1)dlsym(o.dl, SL_BACKEND_ENTRY_V1);
+  assert_non_null(e1);
+  const sl_backend_ops_v1 *t1 = e1();
+  assert_int_equal(t1->abi_version, 1);
+  sl_backend_ops *adapted = sl__v1_backend_adapt(t1);
+  assert_non_null(adapted);
+  sl_backend_init bi = {.size = sizeof bi, .host = &o.host, .device = -1, .ops = adapted};
+  void *be1 = NULL;
+  assert_int_equal(adapted->init(&bi, &be1), SL_OK);
+  adapted->describe(be1, desc, sizeof desc);
+  assert_non_null(strstr(desc, "ABI v1 entry"));
+  adapted->fini(be1);
+  free(adapted);
+  close_backend(&o);
+  free(c);
+}
+
+/* A v1-only backend is adapted: the core sees a v2 table whose ops reach the v1 module. */
+static void test_v1_backend_adapted(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  c->log_level = SL_LOG_DEBUG;
+  opened o;
+  assert_int_equal(open_backend(c, "v1host", &o), SL_OK);
+  assert_non_null(o.shim);
+  assert_ptr_equal(o.shim, o.ops); /* the core frees the shim: the table is its first member */
+  assert_int_equal(o.ops->abi_version, SL_BACKEND_ABI_VERSION);
+  assert_int_equal(o.ops->size, sizeof(sl_backend_ops));
+  assert_string_equal(o.ops->name, "v1host");
+  assert_true(o.ops->flags & SL_BACKEND_HAS_PINNED);
+  assert_true(SL_HAS_OP(o.ops, alloc_pinned));
+  assert_false(SL_HAS_OP(o.ops, cast_async)); /* v1host has no cast_device */
+  assert_false(SL_HAS_OP(o.ops, register_host));
+  assert_non_null(strstr(lb.text, "v1host: device 0 ready")); /* the v1 host logs through the core */
+  char desc[128];
+  o.ops->describe(o.be, desc, sizeof desc);
+  assert_string_equal(desc, "v1host:0 (ABI v1 test backend)");
+
+  /* streams and events are tokens; a copy is complete when it returns */
+  void *stream = NULL, *ev = NULL, *dev = NULL;
+  assert_int_equal(o.ops->stream_create(o.be, &stream), SL_OK);
+  assert_int_equal(o.ops->event_create(o.be, &ev), SL_OK);
+  assert_non_null(stream);
+  assert_non_null(ev);
+  assert_int_equal(o.ops->alloc_device(o.be, 64, &dev), SL_OK);
+  unsigned char src[64], back[64];
+  for (int i = 0; i < 64; i++) src[i] = (unsigned char)(i * 7 + 1);
+  assert_int_equal(o.ops->copy_async(o.be, dev, src, 64, SL_COPY_H2D, stream), SL_OK);
+  assert_int_equal(o.ops->event_record(o.be, ev, stream), SL_OK);
+  assert_int_equal(o.ops->event_query(o.be, ev), 1);
+  assert_int_equal(o.ops->stream_wait_event(o.be, NULL, ev), SL_OK);
+  memset(back, 0, sizeof back);
+  /* 2-D: 4 rows of 8 bytes from every other 16-byte row */
+  assert_int_equal(o.ops->copy_2d_async(o.be, back, 8, dev, 16, 8, 4, SL_COPY_D2H, NULL), SL_OK);
+  for (int r = 0; r < 4; r++) assert_memory_equal(back + r * 8, src + r * 16, 8);
+  assert_int_equal(o.ops->copy_async(o.be, back, dev, 64, SL_COPY_D2H, NULL), SL_OK);
+  assert_memory_equal(back, src, 64);
+  assert_int_equal(o.ops->event_sync(o.be, ev), SL_OK);
+  assert_int_equal(o.ops->stream_sync(o.be, stream), SL_OK);
+  assert_int_equal(o.ops->synchronize(o.be), SL_OK);
+
+  /* extensions: v1's sgd_step and traffic, found by name */
+  assert_true(SL_HAS_OP(o.ops, get_proc));
+  sl_ext_traffic_fn traffic = (sl_ext_traffic_fn)o.ops->get_proc(SL_EXT_TRAFFIC);
+  sl_ext_sgd_step_fn sgd = (sl_ext_sgd_step_fn)o.ops->get_proc(SL_EXT_SGD_STEP);
+  assert_non_null(traffic);
+  assert_non_null(sgd);
+  assert_null(o.ops->get_proc("sl_ext_no_such_thing"));
+  uint64_t h2d = 0, d2h = 0;
+  traffic(o.be, &h2d, &d2h);
+  assert_int_equal(h2d, 64);
+  assert_int_equal(d2h, 64 + 32);
+  float x[2] = {1.0f, 2.0f}, g[2] = {0.5f, -1.0f};
+  assert_int_equal(sgd(o.be, x, g, SL_DTYPE_F32, 2, 2.0f), SL_OK);
+  assert_true(x[0] == 0.0f && x[1] == 4.0f);
+  o.ops->stream_destroy(o.be, stream);
+  o.ops->event_destroy(o.be, ev);
+  o.ops->free_device(o.be, dev);
+  close_backend(&o);
+  free(c);
+}
+
+/* The v1 module's failure message, through the v1 host the adapter built, reaches the core. */
+static void test_v1_host_reaches_core(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  assert_int_equal(open_backend(c, "v1host:fail", &o), SL_ERR_BACKEND);
+  assert_string_equal(c->errmsg, "v1host: asked to fail (variant 'fail')");
+  free(c);
+}
+
+/* Two v1 modules at once: each adapted table serves its own module (no global state). */
+static void test_two_v1_modules_at_once(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened a, b;
+  assert_int_equal(open_backend(c, "v1host", &a), SL_OK);
+  const sl_collective_ops *cops;
+  void *cdl, *cshim, *comm = NULL;
+  assert_int_equal(sl__collective_select(c, "v1local", &cops, &cdl, &cshim), SL_OK);
+  assert_int_equal(open_backend(c, "v1other", &b), SL_OK);
+  assert_ptr_not_equal(a.shim, b.shim);
+  sl_module_host h = host_of(c);
+  sl_collective_init ci = {.size = sizeof ci, .host = &h, .rank = 0, .world_size = 1, .prefix = "t/", .timeout_ms = 1000,
+                           .device = -1, .ops = cops};
+  assert_int_equal(cops->init(&ci, &comm), SL_OK);
+  char d1[64], d2[64];
+  a.ops->describe(a.be, d1, sizeof d1);
+  b.ops->describe(b.be, d2, sizeof d2);
+  assert_string_equal(d1, "v1host:0 (ABI v1 test backend)");
+  assert_string_equal(d2, "v1other:0 (ABI v1 test backend)");
+  close_backend(&a);
+  b.ops->describe(b.be, d2, sizeof d2); /* still its own after the other one closed */
+  assert_string_equal(d2, "v1other:0 (ABI v1 test backend)");
+  uint32_t x = 0x01020304, y = 0;
+  assert_int_equal(cops->allgather(comm, &x, &y, sizeof x, NULL), SL_OK);
+  assert_int_equal(y, x);
+  cops->fini(comm);
+  free(cshim);
+  dlclose(cdl);
+  close_backend(&b);
+  free(c);
+}
+
+/* Test instruments are extensions found by name, not members of the production table. */
+static void test_production_extensions_by_name(void **state) {
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  assert_int_equal(open_backend(c, "cpu", &o), SL_OK);
+  assert_true(SL_HAS_OP(o.ops, get_proc));
+  sl_ext_sgd_step_fn sgd = (sl_ext_sgd_step_fn)o.ops->get_proc(SL_EXT_SGD_STEP);
+  assert_non_null(sgd);
+  assert_null(o.ops->get_proc(SL_EXT_TRAFFIC)); /* cpu copies nothing it could count */
+  assert_null(o.ops->get_proc("sl_ext_no_such_thing"));
+  float x[2] = {1.0f, 2.0f}, g[2] = {1.0f, 1.0f};
+  assert_int_equal(sgd(o.be, x, g, SL_DTYPE_F32, 2, 0.5f), SL_OK);
+  assert_true(x[0] == 0.5f && x[1] == 1.5f);
+  close_backend(&o);
+  const sl_backend_ops *sim = sl__backend_sim();
+  assert_true(SL_HAS_OP(sim, get_proc));
+  assert_non_null(sim->get_proc(SL_EXT_SGD_STEP));
+  assert_non_null(sim->get_proc(SL_EXT_TRAFFIC));
+  /* a module without extensions leaves get_proc out */
+  use_modules();
+  assert_int_equal(open_backend(c, "hostmem", &o), SL_OK);
+  assert_false(SL_HAS_OP(o.ops, get_proc));
+  close_backend(&o);
+  free(c);
+}
+
+/* ---- collectives -------------------------------------------------------------------------- */
+
+static void test_v1_collective_adapted(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  const sl_collective_ops *ops;
+  void *dl, *shim, *comm = NULL;
+  assert_int_equal(sl__collective_select(c, "v1local", &ops, &dl, &shim), SL_OK);
+  assert_non_null(shim);
+  assert_non_null(dl);
+  assert_int_equal(ops->abi_version, SL_COLLECTIVE_ABI_VERSION);
+  assert_int_equal(ops->flags & SL_COLL_SYNC, SL_COLL_SYNC);
+  assert_int_equal(ops->domains, SL_MEM_HOST | SL_MEM_PINNED);
+  assert_null(ops->device_backend);
+  assert_false(SL_HAS_OP(ops, split));
+  assert_false(SL_HAS_OP(ops, abort));
+  sl_module_host h = host_of(c);
+  /* the v1 init learns every field it knew, and its failure message reaches the core */
+  sl_collective_init ci = {.size = sizeof ci, .host = &h, .rank = 0, .world_size = 2, .prefix = "t/", .timeout_ms = 1000,
+                           .device = -1, .ops = ops};
+  assert_int_equal(ops->init(&ci, &comm), SL_ERR_INVALID);
+  assert_string_equal(c->errmsg, "v1local: world size 2; this test collective serves one rank");
+  ci.world_size = 1;
+  assert_int_equal(ops->init(&ci, &comm), SL_OK);
+  unsigned char send[16], recv[8];
+  for (int i = 0; i < 16; i++) send[i] = (unsigned char)i;
+  size_t counts[1] = {8}, displs[1] = {4};
+  assert_int_equal(ops->scatterv(comm, send, counts, displs, recv, 8, 0, NULL), SL_OK);
+  assert_memory_equal(recv, send + 4, 8);
+  assert_int_equal(ops->broadcast(comm, recv, 8, 0, NULL), SL_OK);
+  assert_int_equal(ops->barrier(comm), SL_OK);
+  ops->fini(comm);
+  free(shim);
+  dlclose(dl);
+
+  /* a table handed to init without the core's adapted table is refused, not guessed */
+  assert_int_equal(sl__collective_select(c, "v1local", &ops, &dl, &shim), SL_OK);
+  ci.ops = NULL;
+  assert_int_equal(ops->init(&ci, &comm), SL_ERR_ABI);
+  free(shim);
+  dlclose(dl);
+  free(c);
+}
+
+static void test_collective_names_and_probe(void **state) {
+  use_modules();
+  const char *names[16], *two[2];
+  size_t n = sl__collective_names(names, 16);
+  const char *want[] = {"local", "simccl", "nccl", "rccl"};
+  for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
+    size_t i = 0;
+    while (i < n && strcmp(names[i], want[w]) != 0) i++;
+    assert_true(i < n);
+  }
+  assert_int_equal(sl__collective_names(two, 2), 2); /* bounded by MAX */
+  /* every built-in table passes the check loadable ones must pass */
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  for (size_t i = 0; i + 2 < n; i++) { /* built-ins first, then nccl and rccl */
+    const sl_collective_ops *ops;
+    void *dl, *shim;
+    sl_status st = sl__collective_select(c, names[i], &ops, &dl, &shim);
+    if (st != SL_OK) fprintf(stderr, "%s: %s\n", names[i], c->errmsg);
+    assert_int_equal(st, SL_OK);
+    assert_null(dl);
+    assert_null(shim);
+  }
+  assert_string_equal(names[n - 2], "nccl");
+  opened o;
+  assert_int_equal(open_backend(c, "sim", &o), SL_OK);
+  close_backend(&o);
+  free(c);
+  char reason[512];
+  assert_true(sl__collective_probe("local", "cpu", reason, sizeof reason) > 0);
+  assert_true(sl__collective_probe("v1local", "cpu", reason, sizeof reason) > 0);
+  /* an absent loadable module: its reason names it and the file the loader could not find */
+  assert_int_equal(sl__collective_probe("nccl", "cpu", reason, sizeof reason), 0);
+  assert_non_null(strstr(reason, "nccl: not available here (libshardload-nccl.so"));
+  assert_int_equal(sl__collective_probe("Bad Name", "cpu", reason, sizeof reason), 0);
+  assert_non_null(strstr(reason, "not a collective name"));
+  /* a backend module is not a collective module */
+  assert_int_equal(sl__collective_probe("hostmem", "cpu", reason, sizeof reason), 0);
+  assert_non_null(strstr(reason, "exports neither sl_collective_module_v2 nor sl_collective_module"));
+}
+
+static void test_unknown_collective(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  const sl_collective_ops *ops;
+  void *dl, *shim;
+  assert_int_equal(sl__collective_select(c, "glo", &ops, &dl, &shim), SL_ERR_INVALID);
+  assert_non_null(strstr(c->errmsg, "unknown collective 'glo'"));
+  assert_non_null(strstr(c->errmsg, "did you mean"));
+  assert_int_equal(sl__collective_select(c, "rccl", &ops, &dl, &shim), SL_ERR_NO_DEVICE);
+  assert_non_null(strstr(c->errmsg, "collective 'rccl' is not available here"));
+  free(c);
+}
+
+/* ---- probe reasons and errors --------------------------------------------------------------- */
+
+static void test_probe_reasons_reach_the_message(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  assert_int_equal(open_backend(c, "probeno", &o), SL_ERR_NO_DEVICE);
+  assert_non_null(strstr(c->errmsg, "backend 'probeno' cannot run on this machine: probeno: no widget on this machine"));
+  /* a v1 module cannot say why: the message says so */
+  setenv("SL_TEST_V1_SCORE", "0", 1);
+  assert_int_equal(open_backend(c, "v1host", &o), SL_ERR_NO_DEVICE);
+  unsetenv("SL_TEST_V1_SCORE");
+  assert_non_null(strstr(c->errmsg, "v1host: score() returned 0 (ABI v1 module gives no reason)"));
+  free(c);
+}
+
+static void test_wrong_abi_names_the_file(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  assert_int_equal(open_backend(c, "badabi", &o), SL_ERR_ABI);
+  char want[4200];
+  snprintf(want, sizeof want, "%s/libshardload-badabi.so: its table says ABI version 99", moddir);
+  assert_non_null(strstr(c->errmsg, want));
+  assert_non_null(strstr(c->errmsg, "rebuild it"));
+  /* a collective module is not a backend */
+  assert_int_equal(open_backend(c, "v1local", &o), SL_ERR_ABI);
+  assert_non_null(strstr(c->errmsg, "exports neither sl_backend_module_v2 nor sl_backend_module"));
+  free(c);
+}
+
+static void test_unknown_and_absent_backends(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  assert_int_equal(open_backend(c, "cpx", &o), SL_ERR_INVALID);
+  assert_non_null(strstr(c->errmsg, "unknown backend 'cpx'"));
+  assert_non_null(strstr(c->errmsg, "did you mean 'cpu'?"));
+  assert_non_null(strstr(c->errmsg, "choose one of auto, cpu, sim, sim:strict, cuda, hip, level_zero"));
+  assert_int_equal(open_backend(c, "Bad-Name", &o), SL_ERR_INVALID);
+  assert_non_null(strstr(c->errmsg, "unknown backend 'Bad-Name'"));
+  assert_int_equal(open_backend(c, "../../etc/x", &o), SL_ERR_INVALID); /* never a path */
+  assert_int_equal(open_backend(c, "level_zero", &o), SL_ERR_NO_DEVICE);
+  assert_non_null(strstr(c->errmsg, "backend 'level_zero' is not available here (libshardload-level_zero.so"));
+  assert_non_null(strstr(c->errmsg, "-DSHARDLOAD_WITH_LEVEL_ZERO=ON"));
+  /* any valid name is a module: found on SHARDLOAD_MODULE_PATH, used as is */
+  assert_int_equal(open_backend(c, "hostmem", &o), SL_OK);
+  assert_null(o.shim);
+  close_backend(&o);
+  free(c);
+}
+
+/* "auto" probes the accelerator modules first, keeps the best (an accelerator wins a tie) and
+ * logs why each other one was not taken. Accelerator names are played by links to test
+ * modules in a directory of their own. */
+static void test_auto_probes_and_logs_reasons(void **state) {
+  char *dir = sl_test_dir("auto");
+  char target[4200], link[4200];
+  snprintf(target, sizeof target, "%s/libshardload-probeno.so", moddir);
+  snprintf(link, sizeof link, "%s/libshardload-cuda.so", dir);
+  assert_int_equal(symlink(target, link), 0);
+  setenv("SHARDLOAD_MODULE_PATH", dir, 1);
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  assert_int_equal(open_backend(c, "auto", &o), SL_OK);
+  assert_string_equal(o.ops->name, "cpu");
+  close_backend(&o);
+  assert_non_null(strstr(lb.text, "backend auto: probeno: no widget on this machine"));
+  assert_non_null(strstr(lb.text, "backend auto: hip: not available (libshardload-hip.so"));
+  assert_non_null(strstr(lb.text, "backend auto: chose cpu"));
+  assert_non_null(strstr(lb.text, "backend auto: sim: ")); /* sim says why it is never chosen */
+  /* a usable accelerator module beats the built-ins */
+  snprintf(target, sizeof target, "%s/libshardload-hostmem.so", moddir);
+  snprintf(link, sizeof link, "%s/libshardload-hip.so", dir);
+  assert_int_equal(symlink(target, link), 0);
+  lb.text[0] = 0;
+  assert_int_equal(open_backend(c, "auto", &o), SL_OK);
+  assert_string_equal(o.ops->name, "hostmem");
+  assert_non_null(strstr(lb.text, "backend auto: cpu: usable (probe 1), hip probes 1"));
+  close_backend(&o);
+  free(c);
+  free(dir);
+}
+
+/* ---- sizes of structs that cross the public boundary ---------------------------------------- */
+
+/* A caller compiled against a shorter sl_load_stats gets only what it knows: nothing past its
+ * size is written. */
+static void test_stats_write_within_size(void **state) {
+  sl_state *st = calloc(1, sizeof *st);
+  assert_non_null(st);
+  st->stats.bytes_read = 11;
+  st->stats.bytes_sent = 22;
+  st->stats.seconds_phase1 = 3.5;
+  unsigned char raw[sizeof(sl_load_stats) + 16];
+  memset(raw, 0xA5, sizeof raw);
+  sl_load_stats *out = (sl_load_stats *)raw;
+  size_t old = offsetof(sl_load_stats, bytes_sent); /* an old caller: size + bytes_read */
+  out->size = old;
+  assert_int_equal(sl_state_stats(st, out), SL_OK);
+  assert_int_equal(out->size, old);
+  assert_int_equal(out->bytes_read, 11);
+  assert_true(sl_test_all_bytes(raw + old, sizeof raw - old, 0xA5));
+  out->size = sizeof(sl_load_stats);
+  assert_int_equal(sl_state_stats(st, out), SL_OK);
+  assert_true(out->seconds_phase1 == 3.5);
+  assert_true(sl_test_all_bytes(raw + sizeof(sl_load_stats), 16, 0xA5));
+  out->size = 0;
+  assert_int_equal(sl_state_stats(st, out), SL_ERR_INVALID);
+  sl_state_destroy(st);
+}
+
+static void test_geometry_writes_within_size(void **state) {
+  sl_context_options o = {.size = sizeof o, .backend = "cpu", .world_size = 1};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&o, &ctx), SL_OK);
+  sl_plan *plan = NULL;
+  assert_int_equal(sl_plan_create(ctx, &plan), SL_OK);
+  sl_source_tensor t = {.name = "w", .dtype = SL_DTYPE_F32, .ndim = 2, .shape = {10, 6}};
+  unsigned char raw[sizeof(sl_shard_geometry) + 16];
+  memset(raw, 0xA5, sizeof raw);
+  sl_shard_geometry *g = (sl_shard_geometry *)raw;
+  size_t old = offsetof(sl_shard_geometry, local_shape); /* size + ndim (+ padding) */
+  g->size = old;
+  assert_int_equal(sl_plan_geometry(plan, &t, 3, 4, g), SL_OK);
+  assert_int_equal(g->ndim, 2);
+  assert_int_equal(g->size, old);
+  assert_true(sl_test_all_bytes(raw + old, sizeof raw - old, 0xA5));
+  g->size = sizeof *g;
+  assert_int_equal(sl_plan_geometry(plan, &t, 3, 4, g), SL_OK);
+  assert_int_equal(g->local_shape[0], 1); /* 10 over 4: 3,3,3,1 */
+  assert_true(sl_test_all_bytes(raw + sizeof *g, 16, 0xA5));
+  g->size = 2;
+  assert_int_equal(sl_plan_geometry(plan, &t, 3, 4, g), SL_ERR_INVALID);
+  assert_non_null(strstr(sl_context_errmsg(ctx), "set sl_shard_geometry.size"));
+  sl_plan_destroy(plan);
+  sl_context_destroy(ctx);
+}
+
+/* ---- a whole load on an ABI v1 backend -------------------------------------------------------- */
+
+static void test_world1_load_on_v1_modules(void **state) {
+  use_modules();
+  char *dir = sl_test_dir("v1load");
+  char *path = sl_test_path(dir, "m.safetensors");
+  const sl_test_tensor ts[] = {
+      {"a.weight", "F32", 2, {6, 4}, NULL},
+      {"b.bias", "BF16", 1, {3}, NULL},
+      {"scale", "F32", 0, {0}, NULL},
+  };
+  assert_int_equal(sl_test_write_st(path, ts, 3, NULL), 0);
+  char err[1024] = "";
+  /* both modules ABI v1: the v1 collective is the data plane the loader moves bytes through */
+  sl_context_options co = {.size = sizeof co, .backend = "v1host", .collective = "v1local", .world_size = 1,
+                           .errbuf = err, .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  sl_status s = sl_context_create(&co, &ctx);
+  if (s != SL_OK) fprintf(stderr, "context: %s\n", err);
+  assert_int_equal(s, SL_OK);
+  assert_string_equal(sl_context_backend_name(ctx), "v1host");
+  assert_string_equal(sl_context_device_description(ctx), "v1host:0 (ABI v1 test backend)");
+  assert_string_equal(sl_context_collective_name(ctx), "v1local");
+  sl_source *src = NULL;
+  sl_plan *plan = NULL;
+  sl_state *st = NULL;
+  assert_int_equal(sl_source_open(ctx, path, &src), SL_OK);
+  assert_int_equal(sl_plan_create(ctx, &plan), SL_OK);
+  sl_load_options lo = {.size = sizeof lo, .cpu_offload = SL_CPU_OFFLOAD_OFF};
+  s = sl_load(ctx, plan, src, &lo, &st);
+  if (s != SL_OK) fprintf(stderr, "load: %s\n", sl_context_errmsg(ctx));
+  assert_int_equal(s, SL_OK);
+  assert_int_equal(sl_state_count(st), 3);
+  uint64_t total = 0;
+  for (size_t i = 0; i < 3; i++) {
+    const sl_tensor *t = sl_state_find(st, ts[i].name);
+    assert_non_null(t);
+    assert_int_equal(t->device, SL_DEVICE_ACCELERATOR);
+    unsigned char *back = malloc(t->nbytes + 1);
+    assert_int_equal(sl_copy_to_host(ctx, back, t->data, SL_DEVICE_ACCELERATOR, t->nbytes), SL_OK);
+    for (uint64_t b = 0; b < t->nbytes; b++) assert_int_equal(back[b], sl_test_pattern_byte(ts[i].name, b));
+    total += t->nbytes;
+    free(back);
+  }
+  /* the bytes went through the v1 module's copies (its traffic extension counts them) */
+  sl_ext_traffic_fn traffic = (sl_ext_traffic_fn)ctx->be->get_proc(SL_EXT_TRAFFIC);
+  assert_non_null(traffic);
+  uint64_t h2d = 0, d2h = 0;
+  traffic(ctx->be_ctx, &h2d, &d2h);
+  assert_true(h2d >= total);
+  sl_load_stats stats = {.size = sizeof stats};
+  assert_int_equal(sl_state_stats(st, &stats), SL_OK);
+  /* the state outlives its context: it frees its shards through its own backend reference (the
+   * v1host module aborts on any use after its fini) */
+  sl_source_destroy(src);
+  sl_plan_destroy(plan);
+  sl_context_destroy(ctx);
+  assert_non_null(sl_state_find(st, "a.weight"));
+  sl_state_destroy(st);
+  free(path);
+  free(dir);
+}
+
+int main(void) {
+  moddir = getenv("SHARDLOAD_TEST_MODULES");
+  if (!moddir || !*moddir) {
+    fprintf(stderr, "test_modules: set SHARDLOAD_TEST_MODULES to the test modules' directory (CTest does)\n");
+    return 2;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_v2_entry_is_preferred),
+      cmocka_unit_test(test_v1_backend_adapted),
+      cmocka_unit_test(test_v1_host_reaches_core),
+      cmocka_unit_test(test_two_v1_modules_at_once),
+      cmocka_unit_test(test_production_extensions_by_name),
+      cmocka_unit_test(test_v1_collective_adapted),
+      cmocka_unit_test(test_collective_names_and_probe),
+      cmocka_unit_test(test_unknown_collective),
+      cmocka_unit_test(test_probe_reasons_reach_the_message),
+      cmocka_unit_test(test_wrong_abi_names_the_file),
+      cmocka_unit_test(test_unknown_and_absent_backends),
+      cmocka_unit_test(test_auto_probes_and_logs_reasons),
+      cmocka_unit_test(test_stats_write_within_size),
+      cmocka_unit_test(test_geometry_writes_within_size),
+      cmocka_unit_test(test_world1_load_on_v1_modules),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
