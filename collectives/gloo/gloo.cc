@@ -26,6 +26,9 @@
 //   SHARDLOAD_INSECURE_RENDEZVOUS=1 (every rank) opts out of authentication.
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
 #include <csignal>
 #include <cstring>
 #include <memory>
@@ -166,23 +169,80 @@ std::string report_key(int rank) { return "sl_fail/" + std::to_string(rank); }
 // Peers whose connection failed under us (closed, reset), as opposed to connections our own
 // timeout closed. A zero-byte send throws the pair's recorded error if it has one; on a
 // healthy pair it only queues a notice nobody matches, harmless on a poisoned communicator.
+bool pair_broken(Comm &c, int r) {
+  char dummy = 0;
+  try {
+    auto buf = c.ctx->createUnboundBuffer(&dummy, 0);
+    buf->send(r, gloo::Slot::build(kProbeSlotPrefix, 0), 0, 0);
+  } catch (const std::exception &e) {
+    return !contains(e.what(), "Application timeout");
+  } catch (...) {
+    return true;
+  }
+  return false;
+}
+
 std::vector<int> broken_pairs(Comm &c) {
   std::vector<int> out;
   if (!c.ctx) return out;
-  char dummy = 0;
-  for (int r = 0; r < c.world; r++) {
-    if (r == c.rank) continue;
-    try {
-      auto buf = c.ctx->createUnboundBuffer(&dummy, 0);
-      buf->send(r, gloo::Slot::build(kProbeSlotPrefix, 0), 0, 0);
-    } catch (const std::exception &e) {
-      if (!contains(e.what(), "Application timeout")) out.push_back(r);
-    } catch (...) {
-      out.push_back(r);
-    }
-  }
+  for (int r = 0; r < c.world; r++)
+    if (r != c.rank && pair_broken(c, r)) out.push_back(r);
   return out;
 }
+
+// Gloo does not wake a send that waits on a peer whose connection goes away under it (a rank
+// killed while the root's bytes are in flight to it): the wait would last the whole timeout
+// while the other ranks, done with this call, wait for the next. So while the root waits on a
+// send for more than kWatchAfter, a watchdog probes that peer's connection every kWatchEvery
+// and aborts the wait once it is broken; the caller then fails naming the peer, at once.
+constexpr milliseconds kWatchAfter(500), kWatchEvery(250);
+
+class SendWatch {
+ public:
+  explicit SendWatch(Comm &c) : c_(c), thread_([this] { run(); }) {}
+  ~SendWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Waits on BUF's next send to PEER like waitSend; false when the watchdog found PEER gone.
+  bool wait(gloo::transport::UnboundBuffer *buf, int peer) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      buf_ = buf;
+      peer_ = peer;
+      since_ = Clock::now();
+    }
+    bool done = buf->waitSend(c_.timeout());
+    std::lock_guard<std::mutex> lock(mu_); // the watchdog never touches BUF after this
+    buf_ = nullptr;
+    return done;
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, kWatchEvery);
+      if (stop_ || !buf_ || Clock::now() - since_ < kWatchAfter) continue;
+      if (pair_broken(c_, peer_)) {
+        buf_->abortWaitSend();
+        buf_ = nullptr;
+      }
+    }
+  }
+  Comm &c_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  gloo::transport::UnboundBuffer *buf_ = nullptr;
+  int peer_ = -1;
+  Clock::time_point since_;
+  std::thread thread_;
+};
 
 struct Lost {
   std::vector<int> ranks;
@@ -540,10 +600,14 @@ sl_status scatterv_impl(void *comm, const void *sendbuf, const size_t *counts, c
         for (size_t off = 0; off < counts[r]; off += c.chunk)
           bufs[size_t(r)]->send(r, slot, off, std::min(c.chunk, counts[r] - off));
       }
+      SendWatch watch(c);
       for (int r = 0; r < c.world; r++) {
         if (!bufs[size_t(r)]) continue;
         c.waiting_for = r;
-        for (size_t off = 0; off < counts[r]; off += c.chunk) bufs[size_t(r)]->waitSend(c.timeout());
+        for (size_t off = 0; off < counts[r]; off += c.chunk)
+          if (!watch.wait(bufs[size_t(r)].get(), r))
+            throw std::runtime_error("Connection closed by peer " + std::to_string(c.job_rank(r)) +
+                                     " while sending to it");
       }
     } else if (recvbytes > 0) {
       auto buf = c.ctx->createUnboundBuffer(recvbuf, recvbytes);

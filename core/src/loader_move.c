@@ -357,11 +357,6 @@ static void place_parts(loader *L, const transfer *x, slot *s, const carve *c, c
   }
 }
 
-static sl_status data_op_failed(loader *L, sl_status st) {
-  /* a collective that fails is the job's failure: the others see it too (or lose this rank) */
-  return st;
-}
-
 /* HSDP sub-communicators: replica 0 (where rank 0 scatters) and the chain links between
  * neighbouring replicas (r even: link a, r odd: link b). */
 static void *link_comm(loader *L, int lower_replica) { return lower_replica % 2 == 0 ? L->g_pair_a : L->g_pair_b; }
@@ -379,7 +374,7 @@ static sl_status scatter_transfer(loader *L, const transfer *x, slot *s, const c
     if (L->rank == 0 && (st = root_layout(L, x, s, c, S, nranks, &sendbuf)) != SL_OK) return st;
     void *comm = hsdp ? L->g_shard0 : ctx->data_comm;
     st = ctx->data->scatterv(comm, sendbuf, L->counts, L->displs, recv, (size_t)mine, 0, L->s_comm);
-    if (st != SL_OK) return data_op_failed(L, st);
+    if (st != SL_OK) return st; /* the data plane failed: the job did (the others see it or lose this rank) */
     L->st->stats.transfers++;
     if (L->rank == 0)
       for (int r = 1; r < nranks; r++) L->st->stats.bytes_sent += L->counts[r];
@@ -391,13 +386,13 @@ static sl_status scatter_transfer(loader *L, const transfer *x, slot *s, const c
      * once whatever the number of replicas (docs/DESIGN.md#data-flow) */
     if (L->my_replica > 0) {
       st = ctx->data->broadcast(link_comm(L, L->my_replica - 1), recv, (size_t)mine, 0, L->s_comm);
-      if (st != SL_OK) return data_op_failed(L, st);
+      if (st != SL_OK) return st;
       L->st->stats.transfers++;
       L->st->stats.bytes_received += mine;
     }
     if (L->my_replica < L->replicas - 1) {
       st = ctx->data->broadcast(link_comm(L, L->my_replica), recv, (size_t)mine, 0, L->s_comm);
-      if (st != SL_OK) return data_op_failed(L, st);
+      if (st != SL_OK) return st;
       L->st->stats.transfers++;
       L->st->stats.bytes_sent += mine;
     }
@@ -413,7 +408,7 @@ static sl_status broadcast_transfer(loader *L, const transfer *x, slot *s, const
   unsigned char *stage = L->device_route ? s->dev : s->host;
   unsigned char *buf = L->rank == 0 ? (unsigned char *)S : stage + c->V;
   sl_status st = ctx->data->broadcast(ctx->data_comm, buf, (size_t)x->wire_bytes, 0, L->s_comm);
-  if (st != SL_OK) return data_op_failed(L, st);
+  if (st != SL_OK) return st;
   L->st->stats.transfers++;
   if (L->rank == 0) L->st->stats.bytes_sent += x->wire_bytes * (uint64_t)(L->world - 1);
   else L->st->stats.bytes_received += x->wire_bytes;
@@ -451,7 +446,6 @@ typedef struct own_read {
   const carve *c;
   tensor_job *j;
   size_t roff, yoff;
-  sl_status st;
 } own_read;
 
 static sl_status read_own_run(void *user, uint64_t gs, uint64_t ls, uint64_t count) {
