@@ -599,6 +599,20 @@ static void test_state_outlives_context(void **state) {
   }
 }
 
+/* Why the backend: auto names what it beat and why, an explicit one says so. */
+static void test_backend_reason(void **state) {
+  env e;
+  open_env(&e, "auto");
+  const char *why = sl_context_backend_reason(e.ctx);
+  assert_non_null(strstr(why, ": auto"));
+  assert_non_null(strstr(why, "cuda: ")); /* absent here, or a probe's reason where built */
+  assert_int_equal(strncmp(why, sl_context_backend_name(e.ctx), strlen(sl_context_backend_name(e.ctx))), 0);
+  close_env(&e);
+  open_env(&e, "sim");
+  assert_string_equal(sl_context_backend_reason(e.ctx), "sim: asked for");
+  close_env(&e);
+}
+
 static void test_context_errors(void **state) {
   sl_context *ctx = NULL;
   char err[256] = "";
@@ -645,6 +659,7 @@ int main(void) {
       cmocka_unit_test(test_small_tensors_share_transfers),
       cmocka_unit_test(test_bind_buffer_fails_and_reports_pinned),
       cmocka_unit_test(test_state_outlives_context),
+      cmocka_unit_test(test_backend_reason),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

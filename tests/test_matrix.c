@@ -495,6 +495,90 @@ static void test_hsdp_rank0_sends_each_byte_once(void **state) {
   run_hsdp_bytes("sim", 3, 6);
 }
 
+/* Many small pieces of mixed dtypes in one transfer, sharded on dim 1 (every rank's part of
+ * every piece is two or more runs, so everything is packed), through both strategies and both
+ * routes: the packed parts must neither overlap what is being received nor each other. */
+enum { NSMALL = 3000 };
+static char small_names[NSMALL][32];
+static const char *small_dt(int i) { return i % 3 == 0 ? "I8" : i % 3 == 1 ? "BF16" : "F32"; }
+
+typedef struct small_job {
+  const char *path, *backend;
+  char *rdzv;
+} small_job;
+
+static int small_main(int rank, int world, void *arg) {
+  small_job *sj = arg;
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = sj->backend, .world_size = world, .rank = rank,
+                           .local_rank = rank, .rendezvous = sj->rdzv, .timeout_ms = 60000, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context: %s", rank, err);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, sj->path, &src) == SL_OK, "rank %d: source %s", rank, sl_context_errmsg(ctx));
+  for (int strat = 0; strat < 2; strat++) {
+    sl_plan *plan = NULL;
+    SL_CHILD_CHECK(sl_plan_create(ctx, &plan) == SL_OK, "plan");
+    sl_plan_set_default_placement(plan, "shard(1)");
+    sl_load_options lo = {.size = sizeof lo, .strategy = (sl_strategy)strat, .staging_bytes = 1 << 20};
+    sl_state *st = NULL;
+    sl_status s = sl_load(ctx, plan, src, &lo, &st);
+    SL_CHILD_CHECK(s == SL_OK, "rank %d: load: %s %s", rank, sl_status_name(s), sl_context_errmsg(ctx));
+    sl_load_stats stats = {.size = sizeof stats};
+    sl_state_stats(st, &stats);
+    SL_CHILD_CHECK(stats.transfers < NSMALL / 10, "rank %d: %llu transfers", rank, (unsigned long long)stats.transfers);
+    for (int i = 0; i < NSMALL; i++) {
+      const sl_tensor *t = sl_state_find(st, small_names[i]);
+      SL_CHILD_CHECK(t != NULL, "rank %d: %s missing", rank, small_names[i]);
+      size_t es = sl_dtype_size(t->dtype);
+      int64_t rows = t->global_shape[0], cols = t->global_shape[1], c0 = t->global_offset[1], lc = t->local_shape[1];
+      unsigned char *h = malloc(t->nbytes + 1);
+      SL_CHILD_CHECK(sl_copy_to_host(ctx, h, t->data, t->device, t->nbytes) == SL_OK, "read back");
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < lc; c++)
+          for (size_t b = 0; b < es; b++) {
+            uint64_t g = (uint64_t)((r * cols + c0 + c) * (int64_t)es) + b;
+            if (h[(size_t)((r * lc + c) * (int64_t)es) + b] != sl_test_pattern_byte(small_names[i], g)) {
+              free(h);
+              SL_CHILD_CHECK(0, "rank %d %s: %s byte differs at row %lld col %lld", rank, strat ? "broadcast" : "scatter",
+                             small_names[i], (long long)r, (long long)(c0 + c));
+            }
+          }
+      free(h);
+    }
+    sl_state_destroy(st);
+    sl_plan_destroy(plan);
+  }
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_many_small_pieces_packed(void **state) {
+  static sl_test_tensor ts[NSMALL];
+  for (int i = 0; i < NSMALL; i++) {
+    snprintf(small_names[i], sizeof small_names[i], "small.%04d", i);
+    ts[i] = (sl_test_tensor){small_names[i], small_dt(i), 2, {2 + i % 3, 3 + i % 5}, NULL};
+  }
+  char *dir = sl_test_dir("matrix-small");
+  char *path = sl_test_path(dir, "small.safetensors");
+  free(dir);
+  assert_int_equal(sl_test_write_st(path, ts, NSMALL, NULL), 0);
+  const char *backends[] = {"cpu", "sim"};
+  for (int b = 0; b < 2; b++) {
+    char sub[64];
+    snprintf(sub, sizeof sub, "matrix-small-%s", backends[b]);
+    small_job sj = {path, backends[b], sl_test_rendezvous(sub)};
+    int codes[2];
+    int killed = sl_test_spawn(2, small_main, &sj, 120000, codes);
+    free(sj.rdzv);
+    assert_int_equal(killed, 0);
+    for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+  }
+  free(path);
+}
+
 static void test_world2_sim(void **state) { run_world("sim", 2, 0); }
 static void test_world2_cpu(void **state) { run_world("cpu", 2, 0); }
 static void test_world4_sim(void **state) { run_world("sim", 4, 0); }
@@ -546,6 +630,7 @@ int main(void) {
       cmocka_unit_test(test_hsdp_2x2_sim), cmocka_unit_test(test_hsdp_2x2_cpu),
       cmocka_unit_test(test_world2_sim_strict), cmocka_unit_test(test_hsdp_2x2_sim_strict),
       cmocka_unit_test(test_hsdp_rank0_sends_each_byte_once),
+      cmocka_unit_test(test_many_small_pieces_packed),
       cmocka_unit_test(test_explicit_ranks_rendezvous_from_env),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -151,6 +151,7 @@ static int report_json(FILE *out, const sl_context *ctx, const cli_load_args *a,
   json_object_set_new(root, "world_size", json_integer(sl_context_world_size(ctx)));
   cli_json_set_path(root, "path", a->path);
   json_object_set_new(root, "backend", json_string(sl_context_backend_name(ctx)));
+  json_object_set_new(root, "backend_reason", json_string(sl_context_backend_reason(ctx)));
   json_t *cj = json_object();
   json_object_set_new(cj, "name", json_string(sl_context_collective_name(ctx)));
   json_object_set_new(cj, "reason", json_string(sl_context_collective_reason(ctx)));
@@ -248,6 +249,7 @@ static void report_table(FILE *out, const sl_context *ctx, const sl_state *st, c
   fprintf(out, "rank %d of %d: backend %s, collective %s, device %s\n", sl_context_rank(ctx),
           sl_context_world_size(ctx), sl_context_backend_name(ctx), sl_context_collective_name(ctx),
           sl_context_device_description(ctx));
+  fprintf(out, "backend: %s\n", sl_context_backend_reason(ctx));
   fprintf(out, "collective: %s\n", sl_context_collective_reason(ctx));
   fprintf(out, "%-*s  %-*s  %-*s  %-*s  %-9s  %-*s  %-*s  %-6s  %12s\n", wname, "NAME", wdt, "DTYPE",
           wls, "LOCAL SHAPE", wgo, "GLOBAL OFFSET", "PLACEMENT", wdev, "DEVICE", wrule, "RULE",

@@ -385,6 +385,7 @@ static void print_human(const launch *L, json_t **reports, uint64_t ckpt) {
          jget_str(r0, "backend"), jget_str2(r0, "collective", "name"), jget_str(r0, "strategy"),
          jget_str(r0, "source"));
   /* every rank agreed on it, so rank 0's reason is the job's */
+  printf("backend: %s\n", jget_str(r0, "backend_reason"));
   printf("collective: %s\n", jget_str2(r0, "collective", "reason"));
   for (int r = 0; r < L->n; r++) {
     json_t *j = reports[r];

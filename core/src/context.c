@@ -73,6 +73,7 @@ static sl_status open_backend(sl_context *ctx, const sl_context_options *o) {
   char variant[64] = "";
   sl_status st = sl__backend_select(ctx, o->backend, &ops, &dl, &shim, variant, sizeof variant);
   if (st != SL_OK) return st;
+  if (!ctx->backend_reason[0]) snprintf(ctx->backend_reason, sizeof ctx->backend_reason, "%s: asked for", ops->name);
   /* the reference first: the backend reports through the reference's host, which outlives the
    * context as the backend may (states free through it after sl_context_destroy) */
   if (!(ctx->beref = sl__backend_ref_new(ops, NULL, dl, shim, ctx))) {
@@ -188,6 +189,7 @@ SL_API const char *sl_context_errmsg(const sl_context *ctx) { return ctx ? ctx->
 SL_API int sl_context_rank(const sl_context *ctx) { return ctx ? ctx->rank : -1; }
 SL_API int sl_context_world_size(const sl_context *ctx) { return ctx ? ctx->world_size : 0; }
 SL_API const char *sl_context_backend_name(const sl_context *ctx) { return ctx ? ctx->be->name : NULL; }
+SL_API const char *sl_context_backend_reason(const sl_context *ctx) { return ctx ? ctx->backend_reason : ""; }
 SL_API const char *sl_context_device_description(const sl_context *ctx) { return ctx ? ctx->device_desc : NULL; }
 
 bool sl__device_is_host(const sl_context *ctx) { return (ctx->be->flags & SL_BACKEND_DEVICE_IS_HOST) != 0; }

@@ -61,6 +61,7 @@ struct sl_context {
   bool data_is_ctl;
   sl_control_plane control; /* what data modules bootstrap through */
   char data_reason[256];
+  char backend_reason[512]; /* "cpu: auto, cuda: no CUDA driver (...)"; "NAME: asked for" */
   char device_desc[256];
   volatile int aborted;
 };

@@ -166,6 +166,7 @@ typedef struct loader {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   bool stop;
+  bool reader_halt; /* rank 0 failed on its own: the reader reads no more (under lock) */
   double read_seconds;
 
   /* The first failure local to this rank in phase 2 (a copy to the device, a cast, a read in

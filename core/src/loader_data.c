@@ -25,6 +25,10 @@ double sl__now_s(void) {
 
 void sl__loader_defer(loader *L, const char *name, sl_status st) {
   if (L->deferred != SL_OK) return;
+  /* the reader reads no more: later transfers may read straight into caller buffers */
+  pthread_mutex_lock(&L->lock);
+  L->reader_halt = true;
+  pthread_mutex_unlock(&L->lock);
   L->deferred = st;
   if (name) snprintf(L->deferred_msg, sizeof L->deferred_msg, "%.200s: %.800s", name, L->ctx->errmsg);
   else snprintf(L->deferred_msg, sizeof L->deferred_msg, "%s", L->ctx->errmsg);
@@ -111,8 +115,11 @@ static void *reader_main(void *arg) {
      * buffers, which must stay untouched (sl_bind_fn's contract) */
     sl_status st = failed;
     s->direct = false;
+    pthread_mutex_lock(&L->lock);
+    if (L->reader_halt && st == SL_OK) st = failed = SL_ERR_PEER;
+    pthread_mutex_unlock(&L->lock);
     if (st == SL_OK) st = failed = read_transfer(L, &L->xfers[k], s);
-    else snprintf(s->read_msg, sizeof s->read_msg, "not read after an earlier read failed");
+    else snprintf(s->read_msg, sizeof s->read_msg, "not read after an earlier failure on rank 0");
     sl__thread_errbuf(NULL, 0);
     double dt = sl__now_s() - t0;
     pthread_mutex_lock(&L->lock);
@@ -267,19 +274,22 @@ static sl_status setup(loader *L) {
   L->group_of_key = calloc(w, sizeof *L->group_of_key);
   if (!L->counts || !L->displs || !L->group || !L->regions || !L->part_off || !L->group_of_key)
     return sl__fail(ctx, SL_ERR_NOMEM, "out of memory for %d ranks' scatter tables", L->world);
-  return setup_hsdp(L);
+  return SL_OK;
 }
 
 sl_status sl__loader_data(loader *L) {
   sl_context *ctx = L->ctx;
   sl_status st = setup(L);
-  if (st != SL_OK) return st;
   bool reader = L->rank == 0 && L->o.read_mode == SL_READ_RANK0 && L->nxfers > 0;
-  if (reader) {
+  if (st == SL_OK && reader) {
     if (pthread_create(&L->reader, NULL, reader_main, L) != 0)
-      return sl__fail(ctx, SL_ERR_NOMEM, "cannot start the reader thread");
-    L->reader_running = true;
+      st = sl__fail(ctx, SL_ERR_NOMEM, "cannot start the reader thread");
+    else L->reader_running = true;
   }
+  /* staging, streams and the reader are local: a rank that could not set them up (its device
+   * out of memory) fails every rank here, before any of them waits in a data operation */
+  if ((st = sl__loader_agree(L, st, "preparing the data path (staging, streams)")) != SL_OK) goto out_fail;
+  if ((st = setup_hsdp(L)) != SL_OK) goto out_fail; /* collective: a failure is every rank's */
   for (size_t k = 0; k < L->nxfers; k++) {
     slot *s = &L->slots[k % (size_t)L->nslots];
     /* free this transfer's slot (it held transfer k-N) and, on rank 0, the one the reader fills
@@ -311,6 +321,11 @@ sl_status sl__loader_data(loader *L) {
   retire_until(L, L->nxfers);
   stop_reader(L);
   L->st->stats.seconds_read += L->read_seconds;
+  /* A stream-ordered data collective may report a failure of its last operations only at its
+   * next call (an NCCL watchdog's abort lets the stream drain): its barrier is that call. */
+  if (!(ctx->data->flags & SL_COLL_SYNC) && L->o.read_mode == SL_READ_RANK0 && L->nxfers &&
+      (st = ctx->data->barrier(ctx->data_comm)) != SL_OK)
+    return st;
   return SL_OK;
 out_fail:
   stop_reader(L);

@@ -247,14 +247,16 @@ static void region_of_rank(loader *L, const tensor_job *j, int r, sl__region *ou
 }
 
 /* Rank 0: counts and displacements of the scatter to ranks [0, NRANKS) (every rank, or
- * replica 0's under HSDP). A rank's bytes are its parts of the pieces, each starting at a
- * multiple of 16 (the layout my_part gives). When every part already lies in S at exactly
- * that layout they are sent from there; otherwise every distinct part is packed once into P
- * (the staging domain's pack area). */
+ * replica 0's under HSDP). A rank's bytes are its parts of the pieces one after another (the
+ * layout my_part gives; aligned because pieces are ordered by element size). When every part
+ * already lies in S at exactly that layout they are sent from there; otherwise every distinct
+ * part is packed once into P (the staging domain's pack area, each rank's block at a multiple
+ * of 16). */
 static sl_status root_layout(loader *L, const transfer *x, slot *s, const carve *c, const unsigned char *S, int nranks,
                              const unsigned char **sendbuf) {
   compute_groups(L, sl__job_of(L, &L->pieces[x->first]), nranks);
   bool pack_all = false;
+  sl_status pst = SL_OK;
   for (int r = 0; r < nranks; r++) {
     L->counts[r] = 0;
     L->displs[r] = 0;
@@ -300,11 +302,11 @@ static sl_status root_layout(loader *L, const transfer *x, slot *s, const carve 
         const piece *p = &L->pieces[i];
         const tensor_job *j = sl__job_of(L, p);
         size_t ew = sl_dtype_size(j->wire);
-        uint64_t n;
+        uint64_t n = 0;
         region_of_rank(L, j, r, &L->regions[r]);
         if (sl__region_rank_of(&L->regions[r], p->b) > sl__region_rank_of(&L->regions[r], p->a)) {
           sl_status st = pack(L, &L->regions[r], ew, S + poff, p->a, p->b, P + off + at, L->device_route, &n);
-          if (st != SL_OK) return st;
+          if (st != SL_OK && pst == SL_OK) pst = st; /* the layout is still completed: rank 0 takes part */
           at += n * ew;
         }
         poff += (p->b - p->a) * ew;
@@ -317,7 +319,7 @@ static sl_status root_layout(loader *L, const transfer *x, slot *s, const carve 
     L->counts[r] = L->counts[L->group[r]];
     L->displs[r] = L->displs[L->group[r]];
   }
-  return SL_OK;
+  return pst;
 }
 
 /* This rank's part of a transfer: its bytes per piece follow one another in the receive
@@ -357,6 +359,32 @@ static void place_parts(loader *L, const transfer *x, slot *s, const carve *c, c
   }
 }
 
+/* Rank 0's own failure in phase 2: the first one is what the status window tells every rank;
+ * rank 0 places nothing more from here on. */
+static void root_failed(loader *L, sl_status st, const char *msg) {
+  if (L->root_st != SL_OK) return;
+  L->root_st = st;
+  snprintf(L->root_msg, sizeof L->root_msg, "%s", msg);
+  sl__fail(L->ctx, st, "%s", L->root_msg);
+  sl__loader_defer(L, NULL, st);
+}
+
+/* The collective's completion rule (module.h): a synchronous collective reads and writes device
+ * buffers when it is called, so on the device route the data stream's earlier work (the copy
+ * up, casts, packs) must be done first; a stream-ordered collective on the host route has not
+ * filled the host buffer when it returns, so the stream must be done before the host reads it. */
+static sl_status before_data_op(loader *L) {
+  sl_context *ctx = L->ctx;
+  if (L->device_route && (ctx->data->flags & SL_COLL_SYNC)) return ctx->be->stream_sync(ctx->be_ctx, L->s_comm);
+  return SL_OK;
+}
+
+static sl_status after_data_op(loader *L) {
+  sl_context *ctx = L->ctx;
+  if (!L->device_route && !(ctx->data->flags & SL_COLL_SYNC)) return ctx->be->stream_sync(ctx->be_ctx, L->s_comm);
+  return SL_OK;
+}
+
 /* HSDP sub-communicators: replica 0 (where rank 0 scatters) and the chain links between
  * neighbouring replicas (r even: link a, r odd: link b). */
 static void *link_comm(loader *L, int lower_replica) { return lower_replica % 2 == 0 ? L->g_pair_a : L->g_pair_b; }
@@ -367,11 +395,15 @@ static sl_status scatter_transfer(loader *L, const transfer *x, slot *s, const c
   unsigned char *direct, *stage = L->device_route ? s->dev : s->host;
   uint64_t mine = my_part(L, x, &direct);
   unsigned char *recv = direct ? direct : stage + c->V;
-  sl_status st = SL_OK;
+  sl_status st = before_data_op(L);
+  if (st != SL_OK) return st;
   if (!hsdp || L->my_replica == 0) {
     int nranks = hsdp ? L->shard_ranks : L->world;
     const unsigned char *sendbuf = NULL;
-    if (L->rank == 0 && (st = root_layout(L, x, s, c, S, nranks, &sendbuf)) != SL_OK) return st;
+    if (L->rank == 0 && (st = root_layout(L, x, s, c, S, nranks, &sendbuf)) != SL_OK) {
+      root_failed(L, st, L->ctx->errmsg); /* a pack that could not be enqueued: still take part */
+      if (!sendbuf) sendbuf = S;
+    }
     void *comm = hsdp ? L->g_shard0 : ctx->data_comm;
     st = ctx->data->scatterv(comm, sendbuf, L->counts, L->displs, recv, (size_t)mine, 0, L->s_comm);
     if (st != SL_OK) return st; /* the data plane failed: the job did (the others see it or lose this rank) */
@@ -397,6 +429,7 @@ static sl_status scatter_transfer(loader *L, const transfer *x, slot *s, const c
       L->st->stats.bytes_sent += mine;
     }
   }
+  if ((st = after_data_op(L)) != SL_OK) return st;
   if (!direct) place_parts(L, x, s, c, recv);
   return SL_OK;
 }
@@ -407,7 +440,9 @@ static sl_status broadcast_transfer(loader *L, const transfer *x, slot *s, const
   sl_context *ctx = L->ctx;
   unsigned char *stage = L->device_route ? s->dev : s->host;
   unsigned char *buf = L->rank == 0 ? (unsigned char *)S : stage + c->V;
-  sl_status st = ctx->data->broadcast(ctx->data_comm, buf, (size_t)x->wire_bytes, 0, L->s_comm);
+  sl_status st = before_data_op(L);
+  if (st == SL_OK) st = ctx->data->broadcast(ctx->data_comm, buf, (size_t)x->wire_bytes, 0, L->s_comm);
+  if (st == SL_OK) st = after_data_op(L);
   if (st != SL_OK) return st;
   L->st->stats.transfers++;
   if (L->rank == 0) L->st->stats.bytes_sent += x->wire_bytes * (uint64_t)(L->world - 1);
@@ -421,7 +456,6 @@ static sl_status broadcast_transfer(loader *L, const transfer *x, slot *s, const
     uint64_t la = sl__region_rank_of(&j->mine, p->a), n = sl__region_rank_of(&j->mine, p->b) - la, first;
     const unsigned char *part = buf + poff;
     yoff = (size_t)SL__A16(yoff);
-    at = SL__A16(at);
     if (n && single_run(&j->mine, p->a, p->b, &first)) {
       part = buf + poff + (first - p->a) * ew;
     } else if (n) {
@@ -497,12 +531,8 @@ sl_status sl__loader_run_transfer(loader *L, size_t k, slot *s) {
     if (s->read_st != SL_OK) {
       /* the window's verdict fails every rank; until then the transfer goes out as zeros, and
        * rank 0 itself places nothing more */
-      if (L->root_st == SL_OK) {
-        L->root_st = s->read_st;
-        snprintf(L->root_msg, sizeof L->root_msg, "%s", s->read_msg);
-        sl__fail(L->ctx, s->read_st, "%s", s->read_msg);
-        sl__loader_defer(L, NULL, s->read_st);
-      }
+      if (L->deferred != SL_OK) root_failed(L, L->deferred, L->deferred_msg); /* why the reader stopped */
+      else root_failed(L, s->read_st, s->read_msg);
       memset(s->host, 0, sl__carve_of(x, L->world).Y);
       s->direct = false;
     }
@@ -510,14 +540,12 @@ sl_status sl__loader_run_transfer(loader *L, size_t k, slot *s) {
     if (s->direct) return SL_OK; /* world 1, read in place: nothing else to do */
     sl_status st = root_wire(L, x, s, &c, &S);
     if (st != SL_OK) {
-      /* a local failure of rank 0 before sending: it still sends (zeros), and says so in the window */
-      if (L->root_st == SL_OK) {
-        L->root_st = st;
-        snprintf(L->root_msg, sizeof L->root_msg, "%s", L->ctx->errmsg);
-      }
+      /* a local failure of rank 0 before sending: it still takes part (the others must not be
+       * left waiting in this transfer), sending bytes that are not the checkpoint's (zeros,
+       * or on the device route whatever its staging holds), and the window says why */
+      root_failed(L, st, L->ctx->errmsg);
       memset(s->host, 0, sl__carve_of(x, L->world).Y);
-      if (L->device_route) return st; /* the device staging is in an unknown state: give up now */
-      S = s->host + c.R;
+      S = (L->device_route ? s->dev : s->host) + c.R;
     }
   }
   return L->o.strategy == SL_STRATEGY_BROADCAST ? broadcast_transfer(L, x, s, &c, S) : scatter_transfer(L, x, s, &c, S);

@@ -57,7 +57,7 @@ static sl_status control_allgather(void *c, const void *sendbuf, void *recvbuf, 
 /* ---- the agreement on the data collective ---------------------------------------------------- */
 
 #define PLANE_COLLS 8      /* collectives one record describes (this build knows 5) */
-#define PLANE_NAME 24
+#define PLANE_NAME 33 /* a module name is at most 32 characters (registry.c) */
 #define PLANE_REASON 400   /* a probe's reason, cut to fit: the record stays under 4 KiB */
 
 typedef struct plane_entry {

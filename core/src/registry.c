@@ -332,6 +332,13 @@ static sl_status select_auto(sl_context *ctx, const sl_backend_ops **ops, void *
     return sl__fail(ctx, SL_ERR_NO_DEVICE, "no usable backend on this machine (%s)", all);
   }
   sl__log(ctx, SL_LOG_INFO, "backend auto: chose %s (probe %d)", name[best], score[best]);
+  /* why, for the report: the candidates the choice beat, in probe order */
+  size_t used = (size_t)snprintf(ctx->backend_reason, sizeof ctx->backend_reason, "%s: auto", name[best]);
+  for (size_t i = 0; i < N && used < sizeof ctx->backend_reason; i++) {
+    if ((int)i == best || i >= COUNT(loadable_backends)) continue; /* the built-ins always load */
+    used += (size_t)snprintf(ctx->backend_reason + used, sizeof ctx->backend_reason - used, "%s %s", i ? ";" : ",",
+                             score[i] > 0 ? name[i] : reason[i]);
+  }
   *ops = cand[best].ops;
   *dl = cand[best].dl;
   *shim = cand[best].shim;

@@ -163,6 +163,10 @@ SL_API const char *sl_context_errmsg(const sl_context *ctx);
 SL_API int sl_context_rank(const sl_context *ctx);
 SL_API int sl_context_world_size(const sl_context *ctx);
 SL_API const char *sl_context_backend_name(const sl_context *ctx);
+/* Why this backend: "cpu: auto, cuda: no CUDA driver (libcuda.so.1 not found: ...)" when
+ * "auto" chose it (each loadable backend it beat, with the reason its probe gave), or
+ * "NAME: asked for". */
+SL_API const char *sl_context_backend_reason(const sl_context *ctx);
 /* The data collective (tensor bytes) the ranks agreed on, and why ("simccl: preferred by backend
  * sim and every rank runs it", "gloo: rank 1 cannot run simccl (simccl: moves sim device memory
  * only; this rank's backend is cpu)", "gloo: backend cpu of rank 0 stages through host memory",
@@ -319,7 +323,8 @@ typedef struct sl_tensor {
  *   bytes, that tensor's may hold part of them (any mix of old and new bytes), and the buffers
  *   of later tensors are untouched. Rank 0 learns of its own read failures at once; the other
  *   ranks learn of them once per status window (16 transfers, docs/DESIGN.md#data-flow), and
- *   until then place zeros where rank 0 could not read. A failure that only one rank sees (a copy to its device, a
+ *   until then place what rank 0 sent instead (zeros, or on the device route whatever its
+ *   staging held). A failure that only one rank sees (a copy to its device, a
  *   cast, its own read in every-rank mode) stops that rank placing bytes at once, but reaches
  *   the others only at the closing agreement: their buffers may hold every tensor.
  * - Never, in any case, a byte outside [data, data + t->nbytes) of a buffer. */
