@@ -6,13 +6,18 @@
 #                              cross-checks and torchrun tests run against (torch, safetensors,
 #                              accelerate from PyPI; torch is a large download the first time).
 #                              Prints the venv's python on stdout.
+#   scripts/deps.sh --cuda     installs nothing more (the CUDA toolkit and NCCL are NVIDIA's
+#                              multi-GB installs, made by the machine's image): prints the nvcc
+#                              the CUDA modules build with when nvcc and nccl.h are both there,
+#                              else nothing, and says on stderr what is missing. No GPU needed.
 # The venv lives at $SHARDLOAD_VENV (default ~/.cache/shardload/venv) so it outlives clones.
 set -euo pipefail
-fuzz=0 python=0
+fuzz=0 python=0 cuda=0
 for a in "$@"; do
   case "$a" in
     --fuzz) fuzz=1 ;;
     --python) python=1 ;;
+    --cuda) cuda=1 ;;
     *) echo "deps: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -38,4 +43,17 @@ if [ "$python" = 1 ]; then
     "$venv/bin/pip" install -q --disable-pip-version-check 'torch>=2.15' safetensors accelerate numpy >&2
   fi
   echo "$venv/bin/python"
+fi
+if [ "$cuda" = 1 ]; then
+  # nvcc on PATH first (what CMake's CUDA detection uses), then the toolkit's default prefix
+  nvcc="$(command -v nvcc || true)"
+  [ -n "$nvcc" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || nvcc=/usr/local/cuda/bin/nvcc
+  cuda_root="${CUDA_HOME:-${CUDA_PATH:-$(dirname "$(dirname "${nvcc:-/usr/local/cuda/bin/nvcc}")")}}"
+  if [ -z "$nvcc" ]; then
+    echo "deps: no nvcc (PATH, /usr/local/cuda/bin): the CUDA and NCCL modules are not built" >&2
+  elif [ ! -f "$cuda_root/include/nccl.h" ] && [ ! -f /usr/include/nccl.h ]; then
+    echo "deps: $nvcc found but no nccl.h ($cuda_root/include, /usr/include): the CUDA and NCCL modules are not built; install NVIDIA's libnccl-dev" >&2
+  else
+    echo "$nvcc"
+  fi
 fi

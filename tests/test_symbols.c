@@ -1,7 +1,9 @@
 /* The shared library exports only the public sl_* API (built with -fvisibility=hidden);
  * internals (sl__*), module tables and vendored C++ stay hidden. argv[1]: libshardload.so.
  * Loadable modules export only their entry symbols (docs/DESIGN.md#modules): the test modules
- * in $SHARDLOAD_TEST_MODULES, built as out-of-tree modules are, are checked too. */
+ * in $SHARDLOAD_TEST_MODULES, built as out-of-tree modules are, are checked too, and so are the
+ * CUDA and NCCL modules in $SHARDLOAD_CUDA_MODULES (set where -DSHARDLOAD_WITH_CUDA=ON built
+ * them): they link the CUDA runtime statically, whose symbols must stay inside. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -79,6 +81,21 @@ static void test_modules_export_only_entry_symbols(void **state) {
   free(out);
 }
 
+/* Each CUDA module exports its v2 entry and nothing else: no cudart, no kernel stubs, no
+ * helper. Skipped (not passed) in builds without them. */
+static void test_cuda_modules_export_only_entry_symbols(void **state) {
+  const char *dir = getenv("SHARDLOAD_CUDA_MODULES");
+  if (!dir || !*dir) skip();
+  char *got = module_exports(dir, "cuda");
+  fprintf(stderr, "libshardload-cuda.so exports: %s\n", got);
+  assert_string_equal(got, "sl_backend_module_v2 ");
+  free(got);
+  got = module_exports(dir, "nccl");
+  fprintf(stderr, "libshardload-nccl.so exports: %s\n", got);
+  assert_string_equal(got, "sl_collective_module_v2 ");
+  free(got);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_symbols LIBSHARDLOAD.so\n");
@@ -89,6 +106,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_only_public_symbols_exported),
       cmocka_unit_test(test_public_entry_points_present),
       cmocka_unit_test(test_modules_export_only_entry_symbols),
+      cmocka_unit_test(test_cuda_modules_export_only_entry_symbols),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,104 @@
+/* What the CUDA backend's host files share: the backend's state, error reporting and the
+ * bounded waits. cuda.c holds the ops table, probe, init/fini, describe and the extensions;
+ * cuda_mem.c memory and the allocation table; cuda_stream.c streams, events, copies, casts and
+ * synchronisation. Private to the module (exports.map exports only sl_backend_module_v2). */
+#ifndef SHARDLOAD_CUDA_INTERNAL_H
+#define SHARDLOAD_CUDA_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "shardload/module.h"
+
+#define CU_MSG_LEN 1024
+/* How long a sync waits before it gives up; the backend has no job timeout of its own (the
+ * NCCL module's watchdog aborts hung collectives long before this). */
+#define CU_DEFAULT_SYNC_TIMEOUT_S 600u
+
+typedef struct cu_alloc {
+  uintptr_t base;
+  size_t bytes;
+} cu_alloc;
+
+typedef struct cu_backend {
+  const sl_module_host *host;
+  int dev;
+  int local_rank;
+  unsigned sync_timeout_s;
+  cudaStream_t alloc_stream; /* allocations and frees only: completes on return */
+  cudaStream_t def;          /* the ABI's NULL stream: non-blocking, never CUDA's legacy stream */
+  cudaMemPool_t pool;        /* the module's own pool, so trimming it touches nobody else's */
+  void *libcuda;             /* for cuMemGetAddressRange (is_device_ptr on foreign pointers) */
+  int (*get_range)(unsigned long long *base, size_t *size, unsigned long long ptr);
+  pthread_mutex_t lock; /* the tables below and the sticky error */
+  cu_alloc *allocs;     /* live device allocations, sorted by base */
+  size_t nallocs, cap;
+  cudaStream_t *streams; /* streams created through the ABI (synchronize polls them) */
+  size_t nstreams, scap;
+  sl_status err; /* sticky: the first failure of enqueued work */
+  char errmsg[CU_MSG_LEN];
+  uint64_t h2d, d2h; /* bytes copied each way (atomics) */
+  char desc[256];
+} cu_backend;
+
+/* Dtype names and sizes without calling into libshardload: the module is self-contained (linked
+ * with -z defs), so it loads even where the core was opened RTLD_LOCAL. 0 / "?" when not one
+ * of the castable dtypes. */
+static inline size_t cu__dt_size(sl_dtype dt) {
+  return dt == SL_DTYPE_F64 ? 8 : dt == SL_DTYPE_F32 ? 4 : dt == SL_DTYPE_F16 || dt == SL_DTYPE_BF16 ? 2 : 0;
+}
+static inline const char *cu__dt_name(sl_dtype dt) {
+  return dt == SL_DTYPE_F64 ? "F64" : dt == SL_DTYPE_F32 ? "F32" : dt == SL_DTYPE_F16 ? "F16" : dt == SL_DTYPE_BF16 ? "BF16" : "a non-castable dtype";
+}
+
+/* Makes S's device current on the calling thread (CUDA's current device is per thread, and the
+ * core calls from several); returns the CUDA error. */
+cudaError_t cu__bind(cu_backend *s);
+
+/* Reports a failure through the host: "cuda:DEV: CALL failed: cudaErrorX (text); WHAT". With
+ * STICKY the failure is also remembered and returned by later syncs. */
+__attribute__((format(printf, 5, 6))) sl_status cu__fail_cuda(cu_backend *s, int sticky, const char *call,
+                                                              cudaError_t e, const char *fmt, ...);
+/* A failure that is not a CUDA error (bad argument, timeout). */
+__attribute__((format(printf, 4, 5))) sl_status cu__fail(cu_backend *s, int sticky, sl_status st, const char *fmt,
+                                                         ...);
+/* The sticky error (reported again through the host), or SL_OK. */
+sl_status cu__sticky(cu_backend *s);
+
+/* ---- cuda_mem.c ---------------------------------------------------------------------------- */
+sl_status cu__alloc_device(void *be, size_t bytes, void **ptr);
+void cu__free_device(void *be, void *ptr);
+sl_status cu__alloc_pinned(void *be, size_t bytes, void **ptr);
+void cu__free_pinned(void *be, void *ptr);
+sl_status cu__register_host(void *be, void *ptr, size_t bytes);
+void cu__unregister_host(void *be, void *ptr);
+int cu__is_device_ptr(void *be, const void *ptr, size_t bytes);
+/* Whether [p, p+n) lies inside one live allocation of the table (lock taken inside); with
+ * INSIDE, whether P itself lies in one (whatever N). */
+int cu__in_table(cu_backend *s, const void *p, size_t n);
+int cu__in_table_ex(cu_backend *s, const void *p, size_t n, int *inside);
+
+/* ---- cuda_stream.c ------------------------------------------------------------------------- */
+cudaStream_t cu__stream_of(cu_backend *s, void *stream);
+sl_status cu__stream_create(void *be, void **stream);
+void cu__stream_destroy(void *be, void *stream);
+sl_status cu__event_create(void *be, void **event);
+void cu__event_destroy(void *be, void *event);
+sl_status cu__event_record(void *be, void *event, void *stream);
+sl_status cu__stream_wait_event(void *be, void *stream, void *event);
+int cu__event_query(void *be, void *event);
+sl_status cu__event_sync(void *be, void *event);
+sl_status cu__stream_sync(void *be, void *stream);
+sl_status cu__synchronize(void *be);
+sl_status cu__copy_async(void *be, void *dst, const void *src, size_t bytes, sl_copy_kind kind, void *stream);
+sl_status cu__copy_2d_async(void *be, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                            size_t height, sl_copy_kind kind, void *stream);
+sl_status cu__cast_async(void *be, void *dst, sl_dtype dst_dt, const void *src, sl_dtype src_dt, size_t count,
+                         void *stream);
+/* Polls STREAM (cudaStreamQuery) until it is idle, within the sync timeout; WHAT names the wait. */
+sl_status cu__wait_stream(cu_backend *s, cudaStream_t stream, const char *what);
+
+#endif

@@ -1,0 +1,252 @@
+/* The CUDA backend's asynchronous half: ABI streams and events mapped one to one onto CUDA
+ * streams (non-blocking) and events (no timing), copies, 2-D copies and casts enqueued on them,
+ * and the synchronisation ops.
+ *
+ * No wait is unbounded: syncs poll cudaEventQuery / cudaStreamQuery with a short back-off
+ * instead of cudaEventSynchronize (which cannot be interrupted), and give up after the sync
+ * timeout (SHARDLOAD_CUDA_SYNC_TIMEOUT_S, default 600 s) with a sticky SL_ERR_TIMEOUT. A failed
+ * enqueue or sync is sticky too, as in sim: every later sync reports the first failure. */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_internal.h"
+#include "cuda_kernels.h"
+
+cudaStream_t cu__stream_of(cu_backend *s, void *stream) { return stream ? (cudaStream_t)stream : s->def; }
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Polls EVENT (or STREAM when EVENT is NULL) until it completes, then returns the sticky error.
+ * Spins briefly (copies of a staging slot finish in tens of microseconds), then sleeps up to
+ * 100 us between queries. */
+static sl_status poll_done(cu_backend *s, cudaEvent_t event, cudaStream_t stream, const char *what) {
+  const double deadline = now_s() + s->sync_timeout_s;
+  long sleep_ns = 1000;
+  for (unsigned i = 0;; i++) {
+    cudaError_t e = event ? cudaEventQuery(event) : cudaStreamQuery(stream);
+    if (e == cudaSuccess) return cu__sticky(s);
+    if (e != cudaErrorNotReady)
+      return cu__fail_cuda(s, 1, event ? "cudaEventQuery" : "cudaStreamQuery", e, "%s: work queued before it failed",
+                           what);
+    if (now_s() > deadline)
+      return cu__fail(s, 1, SL_ERR_TIMEOUT,
+                      "%s: work queued on the device did not complete within %u s (SHARDLOAD_CUDA_SYNC_TIMEOUT_S, "
+                      "default %u): a kernel or a collective is stuck; check the other ranks",
+                      what, s->sync_timeout_s, CU_DEFAULT_SYNC_TIMEOUT_S);
+    if (i < 64) {
+      sched_yield();
+      continue;
+    }
+    struct timespec ts = {0, sleep_ns};
+    nanosleep(&ts, NULL);
+    if (sleep_ns < 100000) sleep_ns *= 2;
+  }
+}
+
+sl_status cu__wait_stream(cu_backend *s, cudaStream_t stream, const char *what) {
+  cudaError_t e = cu__bind(s);
+  if (e != cudaSuccess) return cu__fail_cuda(s, 1, "cudaSetDevice", e, "%s", what);
+  return poll_done(s, NULL, stream, what);
+}
+
+/* ---- streams and events -------------------------------------------------------------------- */
+sl_status cu__stream_create(void *be, void **stream) {
+  cu_backend *s = be;
+  cudaStream_t q = NULL;
+  cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&q, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return cu__fail_cuda(s, 0, "cudaStreamCreateWithFlags", e, NULL);
+  pthread_mutex_lock(&s->lock);
+  int ok = 1;
+  if (s->nstreams == s->scap) {
+    size_t cap = s->scap ? 2 * s->scap : 16;
+    cudaStream_t *n = realloc(s->streams, cap * sizeof *n);
+    if (n) {
+      s->streams = n;
+      s->scap = cap;
+    } else {
+      ok = 0;
+    }
+  }
+  if (ok) s->streams[s->nstreams++] = q;
+  pthread_mutex_unlock(&s->lock);
+  if (!ok) {
+    cudaStreamDestroy(q);
+    return cu__fail(s, 0, SL_ERR_NOMEM, "out of host memory tracking a stream");
+  }
+  *stream = (void *)q;
+  return SL_OK;
+}
+
+/* The NULL stream is the module's own. Another stream finishes its queued work first (the ABI
+ * promises it; cudaStreamDestroy alone would return at once). */
+void cu__stream_destroy(void *be, void *stream) {
+  cu_backend *s = be;
+  if (!stream) return;
+  cudaStream_t q = (cudaStream_t)stream;
+  cu__wait_stream(s, q, "stream_destroy");
+  pthread_mutex_lock(&s->lock);
+  for (size_t i = 0; i < s->nstreams; i++)
+    if (s->streams[i] == q) {
+      s->streams[i] = s->streams[--s->nstreams];
+      break;
+    }
+  pthread_mutex_unlock(&s->lock);
+  cudaStreamDestroy(q);
+}
+
+sl_status cu__event_create(void *be, void **event) {
+  cu_backend *s = be;
+  cudaEvent_t ev = NULL;
+  cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e != cudaSuccess) return cu__fail_cuda(s, 0, "cudaEventCreateWithFlags", e, NULL);
+  *event = (void *)ev;
+  return SL_OK;
+}
+
+void cu__event_destroy(void *be, void *event) {
+  cu_backend *s = be;
+  if (!event) return;
+  cu__bind(s);
+  cudaError_t e = cudaEventDestroy((cudaEvent_t)event);
+  if (e != cudaSuccess) cu__fail_cuda(s, 0, "cudaEventDestroy", e, "event %p", event);
+}
+
+sl_status cu__event_record(void *be, void *event, void *stream) {
+  cu_backend *s = be;
+  cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess) e = cudaEventRecord((cudaEvent_t)event, cu__stream_of(s, stream));
+  return e == cudaSuccess ? SL_OK : cu__fail_cuda(s, 1, "cudaEventRecord", e, "event %p on stream %p", event, stream);
+}
+
+sl_status cu__stream_wait_event(void *be, void *stream, void *event) {
+  cu_backend *s = be;
+  cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(cu__stream_of(s, stream), (cudaEvent_t)event, 0);
+  return e == cudaSuccess ? SL_OK
+                          : cu__fail_cuda(s, 1, "cudaStreamWaitEvent", e, "stream %p waiting on event %p", stream, event);
+}
+
+int cu__event_query(void *be, void *event) {
+  cu_backend *s = be;
+  if (cu__sticky(s) != SL_OK) return -1;
+  cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess) e = cudaEventQuery((cudaEvent_t)event);
+  if (e == cudaSuccess) return 1;
+  if (e == cudaErrorNotReady) return 0;
+  cu__fail_cuda(s, 1, "cudaEventQuery", e, "event %p: work queued before it failed", event);
+  return -1;
+}
+
+sl_status cu__event_sync(void *be, void *event) {
+  cu_backend *s = be;
+  cudaError_t e = cu__bind(s);
+  if (e != cudaSuccess) return cu__fail_cuda(s, 1, "cudaSetDevice", e, "event_sync");
+  return poll_done(s, (cudaEvent_t)event, NULL, "event_sync");
+}
+
+sl_status cu__stream_sync(void *be, void *stream) {
+  cu_backend *s = be;
+  return cu__wait_stream(s, cu__stream_of(s, stream), "stream_sync");
+}
+
+/* Every stream of the module, one after the other: the module's two and those created through
+ * the ABI (a snapshot: a stream created meanwhile is not covered, as with any sync). */
+sl_status cu__synchronize(void *be) {
+  cu_backend *s = be;
+  sl_status st = cu__wait_stream(s, s->def, "synchronize");
+  if (st == SL_OK) st = cu__wait_stream(s, s->alloc_stream, "synchronize");
+  for (size_t i = 0; st == SL_OK; i++) {
+    pthread_mutex_lock(&s->lock);
+    cudaStream_t q = i < s->nstreams ? s->streams[i] : NULL;
+    pthread_mutex_unlock(&s->lock);
+    if (!q) break;
+    st = cu__wait_stream(s, q, "synchronize");
+  }
+  return st;
+}
+
+/* ---- copies and casts ---------------------------------------------------------------------- */
+static const char *kind_name(sl_copy_kind k) {
+  return k == SL_COPY_H2D ? "H2D" : k == SL_COPY_D2H ? "D2H" : k == SL_COPY_D2D ? "D2D" : "?";
+}
+
+static int cuda_kind(sl_copy_kind k, enum cudaMemcpyKind *out) {
+  switch (k) {
+    case SL_COPY_H2D: *out = cudaMemcpyHostToDevice; return 1;
+    case SL_COPY_D2H: *out = cudaMemcpyDeviceToHost; return 1;
+    case SL_COPY_D2D: *out = cudaMemcpyDeviceToDevice; return 1;
+    default: return 0;
+  }
+}
+
+static void count_traffic(cu_backend *s, sl_copy_kind kind, uint64_t bytes) {
+  if (kind == SL_COPY_H2D) __atomic_fetch_add(&s->h2d, bytes, __ATOMIC_RELAXED);
+  else if (kind == SL_COPY_D2H) __atomic_fetch_add(&s->d2h, bytes, __ATOMIC_RELAXED);
+}
+
+/* Host sides may be pageable: cudaMemcpyAsync stages them (an H2D returns once the source is
+ * staged, a D2H waits for its stream), which honours the contract. */
+sl_status cu__copy_async(void *be, void *dst, const void *src, size_t bytes, sl_copy_kind kind, void *stream) {
+  cu_backend *s = be;
+  enum cudaMemcpyKind k;
+  if (!cuda_kind(kind, &k)) return cu__fail(s, 1, SL_ERR_INVALID, "copy_async: unknown copy kind %d", (int)kind);
+  if (!bytes) return SL_OK;
+  cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, k, cu__stream_of(s, stream));
+  if (e != cudaSuccess)
+    return cu__fail_cuda(s, 1, "cudaMemcpyAsync", e, "%s of %zu bytes from %p to %p on stream %p", kind_name(kind),
+                         bytes, src, dst, stream);
+  count_traffic(s, kind, bytes);
+  return SL_OK;
+}
+
+sl_status cu__copy_2d_async(void *be, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                            size_t height, sl_copy_kind kind, void *stream) {
+  cu_backend *s = be;
+  enum cudaMemcpyKind k;
+  if (!cuda_kind(kind, &k)) return cu__fail(s, 1, SL_ERR_INVALID, "copy_2d_async: unknown copy kind %d", (int)kind);
+  if (!width || !height) return SL_OK;
+  if (height == 1) return cu__copy_async(s, dst, src, width, kind, stream); /* pitches do not matter */
+  uint64_t total;
+  if (dpitch < width || spitch < width || __builtin_mul_overflow((uint64_t)width, (uint64_t)height, &total))
+    return cu__fail(s, 1, SL_ERR_INVALID, "copy_2d_async (%s): rows of %zu bytes do not fit pitches %zu (dst) / %zu "
+                                          "(src)", kind_name(kind), width, dpitch, spitch);
+  cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess) e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, k, cu__stream_of(s, stream));
+  if (e != cudaSuccess)
+    return cu__fail_cuda(s, 1, "cudaMemcpy2DAsync", e, "%s of %zu rows of %zu bytes (pitches %zu/%zu) from %p to %p",
+                         kind_name(kind), height, width, spitch, dpitch, src, dst);
+  count_traffic(s, kind, total);
+  return SL_OK;
+}
+
+sl_status cu__cast_async(void *be, void *dst, sl_dtype dst_dt, const void *src, sl_dtype src_dt, size_t count,
+                         void *stream) {
+  cu_backend *s = be;
+  size_t ds = cu__dt_size(dst_dt), ss = cu__dt_size(src_dt), dbytes, sbytes;
+  if (!ds || !ss)
+    return cu__fail(s, 1, SL_ERR_DTYPE, "cast_async: cannot cast dtype %d to %d (only F64, F32, F16 and BF16 are "
+                                        "castable)", (int)src_dt, (int)dst_dt);
+  if (__builtin_mul_overflow(count, ds, &dbytes) || __builtin_mul_overflow(count, ss, &sbytes))
+    return cu__fail(s, 1, SL_ERR_INVALID, "cast_async: %zu elements overflow", count);
+  if (!count) return SL_OK;
+  const unsigned char *d = dst, *c = src;
+  if (d < c + sbytes && c < d + dbytes)
+    return cu__fail(s, 1, SL_ERR_INVALID, "cast_async: source %p and destination %p overlap", src, dst);
+  if (dst_dt == src_dt) return cu__copy_async(s, dst, src, dbytes, SL_COPY_D2D, stream);
+  cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess) e = sl_cuda_launch_cast(dst, (int)dst_dt, src, (int)src_dt, count, cu__stream_of(s, stream));
+  if (e != cudaSuccess)
+    return cu__fail_cuda(s, 1, "cast kernel launch", e, "%zu elements %s to %s from %p to %p on stream %p", count,
+                         cu__dt_name(src_dt), cu__dt_name(dst_dt), src, dst, stream);
+  return SL_OK;
+}

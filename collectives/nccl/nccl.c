@@ -1,0 +1,370 @@
+/* nccl: the data collective of the cuda backend (docs/DESIGN.md#modules), a loadable module
+ * (libshardload-nccl.so) in the shape of simccl: it moves CUDA device memory only, its ops are
+ * stream-ordered (ENQUEUED on the stream they are given, module.h), it bootstraps through the
+ * control plane (nccl_init.c) and it aborts. NCCL itself is opened at run time (nccl_lib.c),
+ * so the module loads, and probe() explains, where NCCL or the driver is missing.
+ *
+ * Streams: a stream handle of the cuda backend IS a cudaStream_t (the cuda backend's contract;
+ * this module assumes it). NULL is the backend's default stream, which this module cannot name
+ * as a cudaStream_t (it need not be CUDA's legacy stream), so an op on NULL runs on a backend
+ * stream of the module's own, after an event the backend records on NULL and before one NULL
+ * then waits for: ordered exactly as if it ran on NULL.
+ *
+ * Failures: every NCCL call is non-blocking (config.blocking = 0) and polled against the
+ * timeout; a watchdog thread (nccl_watch.c) aborts the communicator when an op stalls or NCCL
+ * reports an error, and the next call on the caller's thread reports why. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nccl_internal.h"
+
+/* "cuda" or "cuda:VARIANT". */
+static bool is_cuda(const char *backend) {
+  return backend && strncmp(backend, "cuda", 4) == 0 && (backend[4] == 0 || backend[4] == ':');
+}
+
+static int nccl_probe(const char *backend, char *reason, size_t len) {
+  char buf[512];
+  if (!is_cuda(backend)) {
+    snprintf(buf, sizeof buf, "nccl: moves CUDA device memory only; this rank's backend is %s",
+             backend ? backend : "(none)");
+    goto no;
+  }
+  if (!sl__nccl_lib(buf, sizeof buf)) goto no;
+  /* counts devices without creating a context (the runtime opens libcuda.so.1 here) */
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    snprintf(buf, sizeof buf, "nccl: no CUDA driver/device (%s: %s)", cudaGetErrorName(e), cudaGetErrorString(e));
+    goto no;
+  }
+  if (n == 0) {
+    snprintf(buf, sizeof buf, "nccl: no CUDA driver/device (no device visible; check CUDA_VISIBLE_DEVICES)");
+    goto no;
+  }
+  return 1;
+no:
+  if (reason && len) snprintf(reason, len, "%s", buf);
+  return 0;
+}
+
+static sl_status nccl_init(const sl_collective_init *in, void **out) {
+  if (!in || !out || !in->host) return SL_ERR_INVALID;
+  *out = NULL;
+  const sl_module_host *h = in->host;
+  if (in->size < offsetof(sl_collective_init, control) + sizeof in->control)
+    return h->fail(h->core, SL_ERR_ABI,
+                   "nccl: sl_collective_init of %u bytes lacks the backend and control plane of module ABI 2; "
+                   "rebuild the caller against this shardload's shardload/module.h",
+                   in->size);
+  if (in->world_size < 1 || in->rank < 0 || in->rank >= in->world_size)
+    return h->fail(h->core, SL_ERR_INVALID, "nccl: rank %d is not in a job of %d ranks", in->rank, in->world_size);
+  if (!in->backend || !in->backend_handle || !is_cuda(in->backend->name))
+    return h->fail(h->core, SL_ERR_INVALID,
+                   "nccl init on rank %d: needs this rank's cuda backend (sl_collective_init.backend and "
+                   "backend_handle); it has %s (use --backend cuda, or --collective gloo)",
+                   in->rank, in->backend ? in->backend->name : "none");
+  if (in->world_size > 1 && (!in->control || !in->control->broadcast || !in->control->allgather))
+    return h->fail(h->core, SL_ERR_INVALID,
+                   "nccl init on rank %d of %d: no control plane to bootstrap through (sl_collective_init.control)",
+                   in->rank, in->world_size);
+  nccl_comm *c = NULL;
+  sl_status st = sl__nccl_init(in, &c);
+  if (st == SL_OK) *out = c;
+  return st;
+}
+
+/* ---- reporting a dead communicator (the caller's thread) ------------------------------------ */
+
+/* Why C died, on every call after. The module never asks the control plane itself: peers that
+ * are fine would not make the same call, and the job-wide control plane's sequence would break.
+ * The core's next agreement over the control plane (the status window, the closing one) is what
+ * names a lost rank, through Gloo's diagnosis. */
+static sl_status report_dead(nccl_comm *c, const char *op) {
+  const sl_module_host *h = c->host;
+  pthread_mutex_lock(&c->mu);
+  if (!atomic_load(&c->dead)) /* abort() was called and the watchdog has not acted yet */
+    sl__nccl_kill(c, SL_ERR_COMM, "nccl on rank %d (cuda:%d): aborted (sl_context_abort)", c->job_rank, c->device);
+  sl_status why_st = c->why_status ? c->why_status : SL_ERR_COMM;
+  char why[NCCL_MSG_LEN];
+  snprintf(why, sizeof why, "%s", c->why);
+  pthread_mutex_unlock(&c->mu);
+  return h->fail(h->core, why_st, "nccl %s: %s", op, why);
+}
+
+/* ---- issuing an op (caller holds MU) ------------------------------------------------------- */
+
+/* The cudaStream_t the op goes on; for NULL the module's own stream, after the default's work. */
+static sl_status begin(nccl_comm *c, void *stream, cudaStream_t *s) {
+  if (stream) {
+    *s = (cudaStream_t)stream;
+    return SL_OK;
+  }
+  *s = (cudaStream_t)c->own_stream;
+  sl_status st = c->be_ops->event_record(c->be, c->ev_in, NULL);
+  return st == SL_OK ? c->be_ops->stream_wait_event(c->be, c->own_stream, c->ev_in) : st;
+}
+
+/* ... and the default stream's later work after the op. */
+static sl_status end(nccl_comm *c, void *stream) {
+  if (stream) return SL_OK;
+  sl_status st = c->be_ops->event_record(c->be, c->ev_out, c->own_stream);
+  return st == SL_OK ? c->be_ops->stream_wait_event(c->be, NULL, c->ev_out) : st;
+}
+
+/* After an NCCL call: waits out ncclInProgress (the enqueue itself, bounded) and kills the
+ * communicator on failure (a rank that skips an op would leave its peers' kernels waiting). */
+static sl_status after_call(nccl_comm *c, const char *op, ncclResult_t r) {
+  char what[NCCL_MSG_LEN / 2];
+  sl_status st = SL_OK;
+  if (r == ncclInProgress) {
+    st = sl__nccl_settle(c, c->comm, what, sizeof what);
+  } else if (r != ncclSuccess) {
+    sl__nccl_describe(c->L, c->comm, r, what, sizeof what);
+    st = SL_ERR_COMM;
+  }
+  if (st != SL_OK)
+    sl__nccl_kill(c, st, "nccl %s on rank %d (cuda:%d): NCCL failed (%s); the communicator was aborted", op,
+                  c->job_rank, c->device, what);
+  return st;
+}
+
+static sl_status cuda_step(nccl_comm *c, const char *op, cudaError_t e) {
+  if (e == cudaSuccess) return SL_OK;
+  sl__nccl_kill(c, SL_ERR_BACKEND, "nccl %s on rank %d (cuda:%d): %s: %s", op, c->job_rank, c->device,
+                cudaGetErrorName(e), cudaGetErrorString(e));
+  return SL_ERR_BACKEND;
+}
+
+typedef struct nccl_args {
+  const void *send;
+  void *recv;
+  size_t bytes, recvbytes;
+  const size_t *counts, *displs;
+  int root;
+} nccl_args;
+
+typedef enum nccl_op { OP_BROADCAST, OP_SCATTERV, OP_ALLGATHER } nccl_op;
+static const char *const op_name[] = {"broadcast", "scatterv", "allgather"};
+
+/* The NCCL calls of one op on S (caller holds MU, COMM is live). */
+static sl_status enqueue(nccl_comm *c, nccl_op op, const nccl_args *a, cudaStream_t s) {
+  const sl_nccl_lib *L = c->L;
+  const char *name = op_name[op];
+  switch (op) {
+  case OP_BROADCAST:
+    return after_call(c, name, L->Broadcast(a->send, a->recv, a->bytes, ncclUint8, a->root, c->comm, s));
+  case OP_ALLGATHER:
+    return after_call(c, name, L->AllGather(a->send, a->recv, a->bytes, ncclUint8, c->comm, s));
+  case OP_SCATTERV: {
+    /* root: one send per rank with bytes (its own part is a device copy); the others: one receive */
+    ncclResult_t r = L->GroupStart();
+    if (r == ncclSuccess) {
+      if (c->rank == a->root) {
+        for (int p = 0; p < c->world && r == ncclSuccess; p++)
+          if (p != a->root && a->counts[p])
+            r = L->Send((const char *)a->send + a->displs[p], a->counts[p], ncclUint8, p, c->comm, s);
+      } else if (a->recvbytes) {
+        r = L->Recv(a->recv, a->recvbytes, ncclUint8, a->root, c->comm, s);
+      }
+      ncclResult_t e = L->GroupEnd(); /* always closes the group it opened */
+      if (r == ncclSuccess) r = e;
+    }
+    sl_status st = after_call(c, name, r);
+    if (st == SL_OK && c->rank == a->root && a->recvbytes) {
+      const char *own = (const char *)a->send + a->displs[a->root];
+      if (own != a->recv) st = cuda_step(c, name, cudaMemcpyAsync(a->recv, own, a->recvbytes, cudaMemcpyDeviceToDevice, s));
+    }
+    return st;
+  }
+  }
+  return SL_ERR_INVALID;
+}
+
+/* Enqueues OP on STREAM and hands it to the watchdog. */
+static sl_status issue(nccl_comm *c, nccl_op op, const nccl_args *a, void *stream) {
+  const char *name = op_name[op];
+  pthread_mutex_lock(&c->mu);
+  if (atomic_load(&c->dead) || !c->comm) {
+    pthread_mutex_unlock(&c->mu);
+    return report_dead(c, name);
+  }
+  cudaStream_t s;
+  sl_status st = begin(c, stream, &s);
+  if (st != SL_OK) {
+    pthread_mutex_unlock(&c->mu);
+    return st; /* the backend said why; nothing was queued */
+  }
+  st = enqueue(c, op, a, s);
+  if (st == SL_OK) st = sl__nccl_track(c, name, s);
+  sl_status se = end(c, stream); /* even after a failure: the default stream stays ordered */
+  pthread_mutex_unlock(&c->mu);
+  if (atomic_load(&c->dead)) return report_dead(c, name);
+  return st != SL_OK ? st : se;
+}
+
+/* ---- the ops ---------------------------------------------------------------------------- */
+
+static sl_status check_root(nccl_comm *c, const char *op, int root) {
+  if (root >= 0 && root < c->world) return SL_OK;
+  return c->host->fail(c->host->core, SL_ERR_INVALID, "nccl %s on rank %d: root %d is not a rank of %d", op,
+                       c->job_rank, root, c->world);
+}
+
+static sl_status nccl_broadcast(void *comm, void *buf, size_t bytes, int root, void *stream) {
+  nccl_comm *c = comm;
+  sl_status st;
+  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return report_dead(c, "broadcast");
+  if ((st = check_root(c, "broadcast", root)) != SL_OK) return st;
+  if (bytes == 0) return SL_OK;
+  nccl_args a = {.send = buf, .recv = buf, .bytes = bytes, .root = root};
+  return issue(c, OP_BROADCAST, &a, stream);
+}
+
+static sl_status nccl_scatterv(void *comm, const void *sendbuf, const size_t *counts, const size_t *displs,
+                               void *recvbuf, size_t recvbytes, int root, void *stream) {
+  nccl_comm *c = comm;
+  sl_status st;
+  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return report_dead(c, "scatterv");
+  if ((st = check_root(c, "scatterv", root)) != SL_OK) return st;
+  if (c->rank == root && counts[root] != recvbytes)
+    return c->host->fail(c->host->core, SL_ERR_INVALID,
+                         "nccl scatterv on rank %d: the root sends itself %zu bytes but receives %zu", c->job_rank,
+                         counts[root], recvbytes);
+  /* counts and displs are read before issue() returns: nothing keeps them (module.h) */
+  nccl_args a = {.send = sendbuf, .recv = recvbuf, .recvbytes = recvbytes, .counts = counts, .displs = displs,
+                 .root = root};
+  return issue(c, OP_SCATTERV, &a, stream);
+}
+
+static sl_status nccl_allgather(void *comm, const void *sendbuf, void *recvbuf, size_t bytes, void *stream) {
+  nccl_comm *c = comm;
+  size_t total;
+  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return report_dead(c, "allgather");
+  if (__builtin_mul_overflow(bytes, (size_t)c->world, &total))
+    return c->host->fail(c->host->core, SL_ERR_INVALID, "nccl allgather on rank %d: %zu bytes x %d ranks overflows",
+                         c->job_rank, bytes, c->world);
+  if (bytes == 0) return SL_OK;
+  nccl_args a = {.send = sendbuf, .recv = recvbuf, .bytes = bytes};
+  return issue(c, OP_ALLGATHER, &a, stream);
+}
+
+/* Complete on return: every op issued before it completed here, then a one-byte allgather on
+ * the module's stream completed on every rank. Both waits are bounded by the watchdog. */
+static sl_status nccl_barrier(void *comm) {
+  nccl_comm *c = comm;
+  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return report_dead(c, "barrier");
+  if (sl__nccl_drain(c, "barrier") != SL_OK) return report_dead(c, "barrier");
+  nccl_args a = {.send = (char *)c->barrier_buf + c->rank, .recv = c->barrier_buf, .bytes = 1};
+  pthread_mutex_lock(&c->mu);
+  sl_status st = SL_ERR_COMM;
+  if (!atomic_load(&c->dead) && c->comm) {
+    cudaStream_t s = (cudaStream_t)c->own_stream;
+    st = enqueue(c, OP_ALLGATHER, &a, s);
+    if (st == SL_OK) st = sl__nccl_track(c, "barrier", s);
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (st == SL_OK) st = sl__nccl_drain(c, "barrier");
+  return st == SL_OK ? SL_OK : report_dead(c, "barrier");
+}
+
+/* Async-signal-safe: one atomic store. The watchdog sees it within 100 ms and calls
+ * ncclCommAbort (which is not signal-safe); a caller polling NCCL sees it at once. */
+static void nccl_abort(void *comm) {
+  nccl_comm *c = comm;
+  if (c) atomic_store(&c->abort_req, 1);
+}
+
+/* Healthy: ncclCommFinalize (flushes NCCL's work, polled) then ncclCommDestroy; else
+ * ncclCommAbort. Bounded by the timeout either way. */
+static void nccl_fini(void *comm) {
+  nccl_comm *c = comm;
+  if (!c) return;
+  if (!atomic_load(&c->dead)) sl__nccl_drain(c, "fini");
+  sl__nccl_watch_stop(c); /* from here on only this thread calls NCCL */
+  if (c->comm && !atomic_load(&c->dead) && !sl__nccl_aborted(c)) {
+    char what[NCCL_MSG_LEN / 2];
+    ncclResult_t r = c->L->CommFinalize(c->comm);
+    sl_status st = r == ncclSuccess || r == ncclInProgress ? sl__nccl_settle(c, c->comm, what, sizeof what) : SL_ERR_COMM;
+    if (st == SL_OK && c->L->CommDestroy(c->comm) == ncclSuccess) c->comm = NULL;
+    else sl__nccl_kill(c, st, "nccl fini on rank %d (cuda:%d): ncclCommFinalize failed; aborted", c->job_rank, c->device);
+  }
+  if (c->comm) sl__nccl_kill(c, SL_ERR_COMM, "nccl fini on rank %d (cuda:%d): aborted", c->job_rank, c->device);
+  if (atomic_load(&c->dead) && c->host->log)
+    c->host->log(c->host->core, SL_LOG_DEBUG, "nccl fini on rank %d: communicator was aborted (%s)", c->job_rank, c->why);
+  sl__nccl_comm_free(c);
+}
+
+/* Collective over C, complete on return: ncclCommSplit, the sub wrapped like its parent (its
+ * own watchdog; an abort of the parent reaches it through PARENT). */
+static sl_status nccl_split(void *comm, int color, int key, void **out) {
+  nccl_comm *c = comm;
+  *out = NULL;
+  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return report_dead(c, "split");
+  ncclConfig_t cfg;
+  sl__nccl_config(&cfg);
+  ncclComm_t sub = NULL;
+  char what[NCCL_MSG_LEN / 2] = "";
+  pthread_mutex_lock(&c->mu);
+  if (!c->comm) {
+    pthread_mutex_unlock(&c->mu);
+    return report_dead(c, "split");
+  }
+  ncclResult_t r = c->L->CommSplit(c->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, &cfg);
+  sl_status st = SL_OK;
+  if (r == ncclInProgress) st = sl__nccl_settle(c, sub ? sub : c->comm, what, sizeof what);
+  else if (r != ncclSuccess) st = SL_ERR_COMM, sl__nccl_describe(c->L, c->comm, r, what, sizeof what);
+  int n = 0, me = 0;
+  if (st == SL_OK && sub && (c->L->CommCount(sub, &n) != ncclSuccess || c->L->CommUserRank(sub, &me) != ncclSuccess))
+    st = SL_ERR_COMM, snprintf(what, sizeof what, "cannot read the new communicator's size and rank");
+  if (st != SL_OK) {
+    if (sub) c->L->CommAbort(sub);
+    /* the peers are in the same split: leaving the parent alive would let them wait on it */
+    sl__nccl_kill(c, st, "nccl split on rank %d (cuda:%d): ncclCommSplit failed (%s); the communicator was aborted",
+                  c->job_rank, c->device, what);
+    pthread_mutex_unlock(&c->mu);
+    return report_dead(c, "split");
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (!sub) return SL_OK; /* not in any group (color < 0) */
+  nccl_comm *s = sl__nccl_comm_new(c->host, c->L, c->be_ops, c->be, c->device, c->timeout_ms);
+  if (!s) {
+    c->L->CommAbort(sub);
+    return c->host->fail(c->host->core, SL_ERR_NOMEM, "nccl split on rank %d: out of memory", c->job_rank);
+  }
+  s->comm = sub;
+  s->rank = me;
+  s->world = n;
+  s->job_rank = c->job_rank;
+  s->parent = c;
+  if ((st = sl__nccl_comm_resources(s)) != SL_OK) {
+    c->L->CommAbort(sub);
+    s->comm = NULL;
+    sl__nccl_comm_free(s);
+    return st;
+  }
+  *out = s;
+  return SL_OK;
+}
+
+static const sl_collective_ops nccl_ops = {
+    .abi_version = SL_COLLECTIVE_ABI_VERSION,
+    .size = sizeof(sl_collective_ops),
+    .name = "nccl",
+    .flags = 0, /* stream-ordered */
+    .domains = SL_MEM_DEVICE,
+    .device_backend = "cuda",
+    .probe = nccl_probe,
+    .init = nccl_init,
+    .fini = nccl_fini,
+    .abort = nccl_abort,
+    .split = nccl_split,
+    .broadcast = nccl_broadcast,
+    .scatterv = nccl_scatterv,
+    .allgather = nccl_allgather,
+    .barrier = nccl_barrier,
+};
+
+__attribute__((visibility("default"))) const sl_collective_ops *sl_collective_module_v2(void) { return &nccl_ops; }

@@ -1,0 +1,114 @@
+/* nccl module internals: libnccl.so.2 opened at run time, the communicator, its watchdog.
+ * Private to collectives/nccl; nothing here crosses the module boundary. */
+#ifndef SL_NCCL_INTERNAL_H
+#define SL_NCCL_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h> /* types and constants only: every function comes through sl_nccl_lib */
+
+#include "shardload/module.h"
+
+#define NCCL_MSG_LEN 1024
+
+/* The NCCL functions this module calls, resolved with dlsym so that the module loads (and its
+ * probe explains) on machines without NCCL. */
+typedef struct sl_nccl_lib {
+  ncclResult_t (*GetVersion)(int *);
+  ncclResult_t (*GetUniqueId)(ncclUniqueId *);
+  ncclResult_t (*CommInitRankConfig)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
+  ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
+  ncclResult_t (*CommAbort)(ncclComm_t);
+  ncclResult_t (*CommFinalize)(ncclComm_t);
+  ncclResult_t (*CommDestroy)(ncclComm_t);
+  ncclResult_t (*CommSplit)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
+  ncclResult_t (*CommCount)(const ncclComm_t, int *);
+  ncclResult_t (*CommUserRank)(const ncclComm_t, int *);
+  ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  ncclResult_t (*Send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  ncclResult_t (*Recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+  ncclResult_t (*GroupStart)(void);
+  ncclResult_t (*GroupEnd)(void);
+  const char *(*GetErrorString)(ncclResult_t);
+  const char *(*GetLastError)(ncclComm_t);
+} sl_nccl_lib;
+
+/* The library, opened once per process (never closed: NCCL keeps threads of its own); NULL
+ * with WHY filled when it cannot be opened or lacks a function. */
+const sl_nccl_lib *sl__nccl_lib(char *why, size_t len);
+
+/* "what NCCL said": the result's string plus NCCL's last error text (COMM may be NULL). */
+void sl__nccl_describe(const sl_nccl_lib *L, ncclComm_t comm, ncclResult_t r, char *buf, size_t len);
+
+/* An operation the watchdog waits for: an event recorded after it on its stream. */
+typedef struct nccl_pending {
+  cudaEvent_t ev;
+  const char *op;
+} nccl_pending;
+
+#define NCCL_MAX_PENDING 64 /* past this many, the caller waits for the oldest (back-pressure) */
+
+typedef struct nccl_comm {
+  const sl_module_host *host;
+  const sl_nccl_lib *L;
+  const sl_backend_ops *be_ops;
+  void *be;
+  const sl_control_plane *control; /* the root communicator's only: subs hold NULL */
+  struct nccl_comm *parent;
+  int rank, world, job_rank, device, timeout_ms;
+
+  pthread_mutex_t mu;    /* guards COMM (calls into NCCL), the queue and the reason below */
+  pthread_cond_t wake;   /* the queue or STOP changed */
+  ncclComm_t comm;       /* NULL once aborted or destroyed */
+  nccl_pending q[NCCL_MAX_PENDING];
+  int q_head, q_len;
+  struct timespec last_progress; /* when the oldest pending op was queued or the last one finished */
+  cudaEvent_t spare[NCCL_MAX_PENDING];
+  int n_spare;
+
+  atomic_int abort_req; /* set by abort(), possibly from a signal handler */
+  atomic_int dead;      /* the communicator was aborted: every later call fails */
+  char why[NCCL_MSG_LEN]; /* why it died (written under MU, once) */
+  sl_status why_status;   /* and the status that says it */
+  bool stop;              /* fini: the watchdog ends */
+  pthread_t watchdog;
+  bool watching;
+
+  /* The stream of the NULL handle is the backend's own default stream, which this module cannot
+   * name; NULL ops run on OWN_STREAM (a backend stream), ordered after and before the default
+   * stream's work by two backend events (see on_stream in nccl.c). */
+  void *own_stream;
+  void *ev_in, *ev_out;
+  void *barrier_buf; /* WORLD bytes of device memory for the barrier's allgather */
+} nccl_comm;
+
+/* nccl_init.c */
+nccl_comm *sl__nccl_comm_new(const sl_module_host *host, const sl_nccl_lib *L, const sl_backend_ops *be_ops, void *be,
+                             int device, int timeout_ms);
+void sl__nccl_comm_free(nccl_comm *c); /* COMM already destroyed or aborted */
+sl_status sl__nccl_settle(nccl_comm *c, ncclComm_t comm, char *what, size_t len);
+void sl__nccl_config(ncclConfig_t *cfg);
+sl_status sl__nccl_comm_resources(nccl_comm *c);
+sl_status sl__nccl_init(const sl_collective_init *in, nccl_comm **out); /* arguments checked by the caller */
+
+/* nccl_watch.c */
+sl_status sl__nccl_watch_start(nccl_comm *c);
+void sl__nccl_watch_stop(nccl_comm *c);
+/* After enqueueing OP on STREAM: records an event there for the watchdog. Caller holds MU. */
+sl_status sl__nccl_track(nccl_comm *c, const char *op, cudaStream_t stream);
+/* Kills the communicator (caller holds MU): ncclCommAbort once, WHY remembered. */
+void sl__nccl_kill(nccl_comm *c, sl_status why, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Waits until every tracked op completed or the communicator died, at most the timeout. Caller
+ * does not hold MU. SL_OK when drained. */
+sl_status sl__nccl_drain(nccl_comm *c, const char *op);
+bool sl__nccl_aborted(const nccl_comm *c);
+int sl__nccl_wait_ms(const nccl_comm *c);
+void sl__nccl_deadline(struct timespec *until, int ms);
+double sl__nccl_ms_since(const struct timespec *t);
+
+#endif

@@ -1,0 +1,56 @@
+/* libnccl.so.2, opened at run time: the module must load, and its probe explain, on machines
+ * without NCCL (module.h: a missing vendor runtime is a reason, not a load failure). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "nccl_internal.h"
+
+static sl_nccl_lib g_lib;
+static const sl_nccl_lib *g_ok;
+static char g_why[512];
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void load(void) {
+  /* RTLD_LOCAL: NCCL's symbols stay out of the process's global namespace (another copy, e.g.
+   * torch's, may be loaded beside it). Never closed: NCCL starts threads of its own. */
+  void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char *e = dlerror();
+    snprintf(g_why, sizeof g_why, "nccl: libnccl.so.2 not found (%s); install NCCL or add its directory to "
+             "LD_LIBRARY_PATH, or use --collective gloo", e ? e : "dlopen failed");
+    return;
+  }
+  struct {
+    const char *name;
+    void **slot;
+  } fns[] = {
+#define FN(n) {"nccl" #n, (void **)&g_lib.n}
+      FN(GetVersion),   FN(GetUniqueId), FN(CommInitRankConfig), FN(CommGetAsyncError), FN(CommAbort),
+      FN(CommFinalize), FN(CommDestroy), FN(CommSplit),          FN(CommCount),         FN(CommUserRank),
+      FN(Broadcast),    FN(Send),        FN(Recv),               FN(AllGather),         FN(GroupStart),
+      FN(GroupEnd),     FN(GetErrorString), FN(GetLastError),
+#undef FN
+  };
+  for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+    *fns[i].slot = dlsym(h, fns[i].name);
+    if (!*fns[i].slot) {
+      snprintf(g_why, sizeof g_why, "nccl: libnccl.so.2 lacks %s (NCCL older than 2.18?); install NCCL 2.18 or "
+               "newer, or use --collective gloo", fns[i].name);
+      return; /* H stays open: harmless, and closing NCCL is not safe once it ran */
+    }
+  }
+  g_ok = &g_lib;
+}
+
+const sl_nccl_lib *sl__nccl_lib(char *why, size_t len) {
+  pthread_once(&g_once, load);
+  if (!g_ok && why && len) snprintf(why, len, "%s", g_why);
+  return g_ok;
+}
+
+void sl__nccl_describe(const sl_nccl_lib *L, ncclComm_t comm, ncclResult_t r, char *buf, size_t len) {
+  const char *last = L->GetLastError ? L->GetLastError(comm) : NULL;
+  snprintf(buf, len, "%s%s%s", L->GetErrorString(r), last && *last ? ": " : "", last && *last ? last : "");
+}
