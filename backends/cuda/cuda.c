@@ -210,6 +210,12 @@ static sl_status cu_init(const sl_backend_init *in, void **be) {
   unsigned timeout_s;
   sl_status st = env_timeout(h, &timeout_s);
   if (st != SL_OK) return st;
+  /* without the variable: twice the job's timeout, so that the data collective's watchdog
+   * (which aborts at the job's timeout) always fires first and says why */
+  const char *env = getenv("SHARDLOAD_CUDA_SYNC_TIMEOUT_S");
+  if ((!env || !*env) && in->size >= offsetof(sl_backend_init, timeout_ms) + sizeof in->timeout_ms &&
+      in->timeout_ms > 0)
+    timeout_s = (unsigned)(2 * (in->timeout_ms / 1000) + 5);
   int local_rank = in->local_rank < 0 ? 0 : in->local_rank, count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess)

@@ -77,6 +77,9 @@ cudaError_t launch_cast(void *dst, const void *src, size_t n, cudaStream_t strea
                        (uintptr_t)src % sizeof(typename bits<S>::type) == 0;
   unsigned char *d = static_cast<unsigned char *>(dst);
   const unsigned char *s = static_cast<const unsigned char *>(src);
+  /* cudaGetLastError below must see this launch's error only, not one an earlier runtime call
+   * left pending (a tolerated cudaHostRegister failure, say) */
+  (void)cudaGetLastError();
   if (aligned) cast_kernel<S, D, true><<<grid_for(n), kThreads, 0, stream>>>(d, s, n);
   else cast_kernel<S, D, false><<<grid_for(n), kThreads, 0, stream>>>(d, s, n);
   return cudaGetLastError();
@@ -128,6 +131,7 @@ extern "C" cudaError_t sl_cuda_launch_cast(void *dst, int dst_dt, const void *sr
 extern "C" cudaError_t sl_cuda_launch_sgd(void *x, const void *g, int dt, size_t count, float lr,
                                           cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
+  (void)cudaGetLastError(); /* see launch_cast */
   switch (dt) {
     case SL_DTYPE_F64:
       sgd_f64<<<grid_for(count), kThreads, 0, stream>>>((double *)x, (const double *)g, count, lr);

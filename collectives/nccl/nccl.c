@@ -186,6 +186,7 @@ static sl_status enqueue(nccl_comm *c, nccl_op op, const nccl_args *a, cudaStrea
 /* Enqueues OP on STREAM and hands it to the watchdog. */
 static sl_status issue(nccl_comm *c, nccl_op op, const nccl_args *a, void *stream) {
   const char *name = op_name[op];
+  sl__nccl_bind(c);
   pthread_mutex_lock(&c->mu);
   if (atomic_load(&c->dead) || !c->comm) {
     pthread_mutex_unlock(&c->mu);
@@ -255,6 +256,7 @@ static sl_status nccl_allgather(void *comm, const void *sendbuf, void *recvbuf, 
  * the module's stream completed on every rank. Both waits are bounded by the watchdog. */
 static sl_status nccl_barrier(void *comm) {
   nccl_comm *c = comm;
+  sl__nccl_bind(c);
   if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return report_dead(c, "barrier");
   if (sl__nccl_drain(c, "barrier") != SL_OK) return report_dead(c, "barrier");
   nccl_args a = {.send = (char *)c->barrier_buf + c->rank, .recv = c->barrier_buf, .bytes = 1};
@@ -282,6 +284,7 @@ static void nccl_abort(void *comm) {
 static void nccl_fini(void *comm) {
   nccl_comm *c = comm;
   if (!c) return;
+  sl__nccl_bind(c);
   if (!atomic_load(&c->dead)) sl__nccl_drain(c, "fini");
   sl__nccl_watch_stop(c); /* from here on only this thread calls NCCL */
   if (c->comm && !atomic_load(&c->dead) && !sl__nccl_aborted(c)) {
@@ -301,6 +304,7 @@ static void nccl_fini(void *comm) {
  * own watchdog; an abort of the parent reaches it through PARENT). */
 static sl_status nccl_split(void *comm, int color, int key, void **out) {
   nccl_comm *c = comm;
+  sl__nccl_bind(c);
   *out = NULL;
   if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return report_dead(c, "split");
   ncclConfig_t cfg;
@@ -314,7 +318,11 @@ static sl_status nccl_split(void *comm, int color, int key, void **out) {
   }
   ncclResult_t r = c->L->CommSplit(c->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, &cfg);
   sl_status st = SL_OK;
-  if (r == ncclInProgress) st = sl__nccl_settle(c, sub ? sub : c->comm, what, sizeof what);
+  /* non-blocking: the split is a job of the parent too, which must settle before its next call */
+  if (r == ncclInProgress) {
+    if (sub) st = sl__nccl_settle(c, sub, what, sizeof what);
+    if (st == SL_OK) st = sl__nccl_settle(c, c->comm, what, sizeof what);
+  }
   else if (r != ncclSuccess) st = SL_ERR_COMM, sl__nccl_describe(c->L, c->comm, r, what, sizeof what);
   int n = 0, me = 0;
   if (st == SL_OK && sub && (c->L->CommCount(sub, &n) != ncclSuccess || c->L->CommUserRank(sub, &me) != ncclSuccess))

@@ -62,7 +62,15 @@ nccl_comm *sl__nccl_comm_new(const sl_module_host *host, const sl_nccl_lib *L, c
 /* Frees what the communicator owns besides COMM (destroyed or aborted by the caller, so no
  * kernel of it still waits for a peer): the watchdog, the events, the barrier's buffer and the
  * module's stream (the backend's stream_destroy finishes its work first, bounded). */
+/* The module's own (static) CUDA runtime has its own current device per thread: every entry
+ * from a caller's thread selects the communicator's device before any CUDA call, so that events
+ * and copies land on it (not on device 0, where a context would cost every rank memory). */
+void sl__nccl_bind(const nccl_comm *c) {
+  if (c && c->device >= 0) (void)cudaSetDevice(c->device);
+}
+
 void sl__nccl_comm_free(nccl_comm *c) {
+  sl__nccl_bind(c);
   sl__nccl_watch_stop(c);
   for (int i = 0; i < c->q_len; i++) cudaEventDestroy(c->q[(c->q_head + i) % NCCL_MAX_PENDING].ev);
   for (int i = 0; i < c->n_spare; i++) cudaEventDestroy(c->spare[i]);
@@ -92,7 +100,7 @@ sl_status sl__nccl_settle(nccl_comm *c, ncclComm_t comm, char *what, size_t len)
       sl__nccl_describe(c->L, comm, a, what, len);
       return SL_ERR_COMM;
     }
-    if (atomic_load(&c->abort_req)) {
+    if (sl__nccl_aborted(c)) { /* this communicator's abort, or its parent's */
       snprintf(what, len, "aborted (sl_context_abort)");
       return SL_ERR_COMM;
     }
@@ -189,6 +197,7 @@ void sl__nccl_config(ncclConfig_t *cfg) {
  * NULL handle (nccl.c: on_stream), the watchdog. */
 sl_status sl__nccl_comm_resources(nccl_comm *c) {
   const sl_module_host *h = c->host;
+  sl__nccl_bind(c);
   sl_status st = c->be_ops->stream_create(c->be, &c->own_stream);
   if (st == SL_OK) st = c->be_ops->event_create(c->be, &c->ev_in);
   if (st == SL_OK) st = c->be_ops->event_create(c->be, &c->ev_out);

@@ -111,4 +111,7 @@ int sl__nccl_wait_ms(const nccl_comm *c);
 void sl__nccl_deadline(struct timespec *until, int ms);
 double sl__nccl_ms_since(const struct timespec *t);
 
+/* Selects C's device on the calling thread (nccl_init.c). */
+void sl__nccl_bind(const nccl_comm *c);
+
 #endif

@@ -88,6 +88,7 @@ static sl_status open_backend(sl_context *ctx, const sl_context_options *o) {
       .device = o->device_set ? o->device : -1,
       .variant = variant[0] ? variant : NULL,
       .ops = ops,
+      .timeout_ms = ctx->timeout_ms,
   };
   if ((st = ops->init(&bi, &handle)) != SL_OK) {
     sl__backend_ref_put(ctx->beref); /* closes the module: no handle, no fini */

@@ -79,7 +79,14 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
   L.st->stats.seconds_phase1 = now_s() - t0;
 
   /* phase 2: the data path */
-  if ((st = sl__loader_data(&L)) != SL_OK) goto out_fail; /* the data plane failed: the job did */
+  if ((st = sl__loader_data(&L)) != SL_OK) {
+    /* the data plane failed, so the job did. A device data plane may still run operations on
+     * this rank's staging (an NCCL kernel waiting for a lost peer): abort it before the staging
+     * is freed, so that nothing writes into freed memory and the peers fail at once. The
+     * context's data plane is then unusable: destroy the context (sl_load's contract). */
+    if (L.data_started && !ctx->data_is_ctl && SL_HAS_OP(ctx->data, abort)) ctx->data->abort(ctx->data_comm);
+    goto out_fail;
+  }
   if (L.deferred == SL_OK && !sl__device_is_host(ctx) && (st = ctx->be->synchronize(ctx->be_ctx)) != SL_OK)
     sl__loader_defer(&L, NULL, st);
   if (L.deferred == SL_OK && (st = sl__state_index(L.st)) != SL_OK) {

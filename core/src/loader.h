@@ -167,6 +167,7 @@ typedef struct loader {
   pthread_cond_t cond;
   bool stop;
   bool reader_halt; /* rank 0 failed on its own: the reader reads no more (under lock) */
+  bool data_started; /* every rank set up its data path: data operations may be pending */
   double read_seconds;
 
   /* The first failure local to this rank in phase 2 (a copy to the device, a cast, a read in

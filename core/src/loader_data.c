@@ -289,6 +289,7 @@ sl_status sl__loader_data(loader *L) {
   /* staging, streams and the reader are local: a rank that could not set them up (its device
    * out of memory) fails every rank here, before any of them waits in a data operation */
   if ((st = sl__loader_agree(L, st, "preparing the data path (staging, streams)")) != SL_OK) goto out_fail;
+  L->data_started = true;
   if ((st = setup_hsdp(L)) != SL_OK) goto out_fail; /* collective: a failure is every rank's */
   for (size_t k = 0; k < L->nxfers; k++) {
     slot *s = &L->slots[k % (size_t)L->nslots];

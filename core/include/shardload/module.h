@@ -85,6 +85,9 @@ typedef struct sl_backend_init {
   /* The table the core calls init through (what the entry symbol returned, or the core's
    * adapter of an older table); a module that exports one table may ignore it. */
   const struct sl_backend_ops *ops;
+  /* The job's timeout (sl_context_options.timeout_ms): a backend bounds its own waits by it
+   * (a sync that outlasts the data collective's watchdog would hide the collective's error). */
+  int timeout_ms;
 } sl_backend_init;
 
 typedef struct sl_backend_ops {

@@ -368,7 +368,9 @@ typedef struct sl_load_options {
 
 /* Collective over the context's ranks. opts NULL, or from an older smaller struct, means the
  * zero value for every missing field (INFER, scatter, rank0, 64 MiB, no binding). What a
- * failure leaves in caller buffers: see sl_bind_fn. */
+ * failure leaves in caller buffers: see sl_bind_fn. A failure of the data plane itself in the
+ * data phase (a lost peer, a timeout) aborts a device data plane (NCCL, simccl): the context
+ * is then only good for sl_context_destroy. */
 SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const sl_load_options *opts,
                          sl_state **out);
 SL_API void sl_state_destroy(sl_state *st);
