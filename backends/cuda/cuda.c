@@ -191,6 +191,7 @@ static sl_status setup(cu_backend *s) {
   struct cudaDeviceProp p;
   if ((e = cudaGetDeviceProperties(&p, s->dev)) != cudaSuccess)
     return cu__fail_cuda(s, 0, "cudaGetDeviceProperties", e, NULL);
+  s->max_pitch = p.memPitch; /* cudaMemcpy2DAsync refuses larger pitches (copy_2d_async falls back) */
   snprintf(s->desc, sizeof s->desc, "cuda:%d %.200s, %.0f GiB, sm_%d%d, bus %04x:%02x:%02x.0", s->dev, p.name,
            (double)p.totalGlobalMem / (1024.0 * 1024 * 1024), p.major, p.minor, (unsigned)p.pciDomainID,
            (unsigned)p.pciBusID, (unsigned)p.pciDeviceID);

@@ -26,6 +26,7 @@ typedef struct cu_alloc {
 typedef struct cu_backend {
   const sl_module_host *host;
   int dev;
+  size_t max_pitch; /* cudaDeviceProp.memPitch: the largest pitch cudaMemcpy2DAsync takes */
   int local_rank;
   unsigned sync_timeout_s;
   cudaStream_t alloc_stream; /* allocations and frees only: completes on return */

@@ -144,8 +144,9 @@ void cu__unregister_host(void *be, void *ptr) {
 }
 
 /* Device memory of this device: the table first (the module's own buffers); a foreign pointer
- * (a caller's device buffer) counts when the driver says it is device memory of this device and
- * the whole range lies inside its allocation. */
+ * (a caller's device buffer) counts when the driver says its first byte is device memory of
+ * this device and its last byte is too: inside one allocation, or across the physical chunks
+ * PyTorch's expandable segments map into one contiguous range. */
 int cu__is_device_ptr(void *be, const void *ptr, size_t bytes) {
   cu_backend *s = be;
   if (!ptr) return 0;
@@ -163,5 +164,13 @@ int cu__is_device_ptr(void *be, const void *ptr, size_t bytes) {
   size_t size = 0;
   if (s->get_range(&base, &size, (unsigned long long)(uintptr_t)ptr) != 0) return 0;
   uintptr_t off = (uintptr_t)ptr - (uintptr_t)base;
-  return off < size && bytes <= size - off;
+  if (off < size && bytes <= size - off) return 1;
+  /* the range runs past this allocation: device memory of this device at its last byte too */
+  if (bytes == 0 || (uintptr_t)ptr + (bytes - 1) < (uintptr_t)ptr) return 0;
+  struct cudaPointerAttributes b;
+  if (cudaPointerGetAttributes(&b, (const char *)ptr + (bytes - 1)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return b.type == cudaMemoryTypeDevice && b.device == s->dev;
 }

@@ -221,6 +221,16 @@ sl_status cu__copy_2d_async(void *be, void *dst, size_t dpitch, const void *src,
     return cu__fail(s, 1, SL_ERR_INVALID, "copy_2d_async (%s): rows of %zu bytes do not fit pitches %zu (dst) / %zu "
                                           "(src)", kind_name(kind), width, dpitch, spitch);
   cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess && spitch == width && dpitch == width) /* the rows touch: one plain copy */
+    return cu__copy_async(s, dst, src, width * height, kind, stream);
+  if (e == cudaSuccess && (spitch > s->max_pitch || dpitch > s->max_pitch)) {
+    /* past the device's largest pitch cudaMemcpy2DAsync refuses: one copy per row instead */
+    for (size_t r = 0; r < height; r++) {
+      sl_status st = cu__copy_async(s, (char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind, stream);
+      if (st != SL_OK) return st;
+    }
+    return SL_OK;
+  }
   if (e == cudaSuccess) e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, k, cu__stream_of(s, stream));
   if (e != cudaSuccess)
     return cu__fail_cuda(s, 1, "cudaMemcpy2DAsync", e, "%s of %zu rows of %zu bytes (pitches %zu/%zu) from %p to %p",
