@@ -56,7 +56,6 @@ typedef struct tensor_job {
   sl__region mine;
   sl_tensor *out;
   sl_dtype wire;    /* dtype on the wire: the smaller of file and parameter dtype */
-  bool replicated;  /* every mesh dim replicate */
   bool hsdp;        /* mesh dim 0 replicate on a 2-D+ mesh: scatter in replica 0, then chain */
   uint32_t klass;   /* placement class: transfers bucket only tensors of one class */
   uint64_t elems;
@@ -147,7 +146,7 @@ typedef struct loader {
   /* HSDP: sub-communicators of the data plane (NULL when unused) */
   void *g_shard0;        /* replica 0's ranks: rank 0 scatters within it */
   void *g_pair_a, *g_pair_b; /* replica chain links (r even -> a, r odd -> b) */
-  int replicas, shard_ranks, my_replica, my_shard;
+  int replicas, shard_ranks, my_replica;
   bool hsdp_ready;
   /* rank 0's per-rank scratch */
   size_t *counts, *displs;

@@ -183,7 +183,6 @@ static sl_status setup_hsdp(loader *L) {
   L->replicas = R;
   L->shard_ranks = SR;
   L->my_replica = r;
-  L->my_shard = sh;
   int ca = -1, ka = 0, cb = -1, kb = 0;
   if (r % 2 == 0 && r + 1 < R) ca = (r / 2) * SR + sh, ka = 0;
   if (r % 2 == 1) ca = ((r - 1) / 2) * SR + sh, ka = 1;

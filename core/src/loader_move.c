@@ -30,20 +30,18 @@ static sl_status add_finish(loader *L, slot *s, size_t job, size_t off, uint64_t
 }
 
 /* ---- device-side helpers ------------------------------------------------------------------ */
-/* Packs a region's part of a piece. SRC holds the piece's global elements [a, b) contiguously;
- * the region's runs go to DST one after another. On the device, equally long runs at a
- * constant stride become one 2-D copy. */
+/* Packs a region's part of a piece on the device. SRC holds the piece's global elements [a, b)
+ * contiguously; the region's runs go to DST one after another, equally long runs at a constant
+ * stride as one 2-D copy. (In host memory sl__region_extract does it.) */
 typedef struct packer {
   loader *L;
   unsigned char *dst;
   const unsigned char *src;
   uint64_t a;
   size_t es;
-  bool device;
   void *stream;
   uint64_t done;              /* elements written */
-  uint64_t row0, prev, len, stride, rows; /* the pending batch of device runs */
-  sl_status st;
+  uint64_t row0, prev, len, stride, rows; /* the pending batch of runs */
 } packer;
 
 static sl_status flush_rows(packer *k) {
@@ -67,11 +65,6 @@ static sl_status flush_rows(packer *k) {
 
 static sl_status pack_run(void *user, uint64_t gs, uint64_t ls, uint64_t count) {
   packer *k = user;
-  if (!k->device) {
-    memcpy(k->dst + k->done * k->es, k->src + (gs - k->a) * k->es, count * k->es);
-    k->done += count;
-    return SL_OK;
-  }
   if (k->rows && count == k->len && (k->rows == 1 || gs - k->prev == k->stride)) {
     if (k->rows == 1) k->stride = gs - k->prev;
     k->prev = gs;
@@ -89,7 +82,11 @@ static sl_status pack_run(void *user, uint64_t gs, uint64_t ls, uint64_t count) 
 /* Region R's elements of [a, b) from SRC (the piece's data) to DST; returns the count. */
 static sl_status pack(loader *L, const sl__region *r, size_t es, const unsigned char *src, uint64_t a, uint64_t b,
                       unsigned char *dst, bool device, uint64_t *count) {
-  packer k = {.L = L, .dst = dst, .src = src, .a = a, .es = es, .device = device, .stream = L->s_comm};
+  if (!device) {
+    *count = sl__region_extract(r, es, src, a, b, dst);
+    return SL_OK;
+  }
+  packer k = {.L = L, .dst = dst, .src = src, .a = a, .es = es, .stream = L->s_comm};
   sl_status st = sl__region_runs(r, a, b, pack_run, &k);
   if (st == SL_OK) st = flush_rows(&k);
   *count = k.done;

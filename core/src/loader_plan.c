@@ -85,13 +85,9 @@ sl_status sl__loader_plan(loader *L) {
       goto out_free_take;
     j->elems = 1; /* the reader checked that this product times the element size fits */
     for (int d = 0; d < t->ndim; d++) j->elems *= (uint64_t)t->shape[d];
-    j->replicated = true;
     j->klass = 0;
     for (int m = 0; m < L->mesh_ndim; m++)
-      if (j->res.placements[m].kind == SL_SHARD) {
-        j->replicated = false;
-        j->klass |= 1u << m;
-      }
+      if (j->res.placements[m].kind == SL_SHARD) j->klass |= 1u << m;
     /* HSDP: a replicate mesh dim 0 over a mesh of 2+ dims: replicas hold identical shards */
     j->hsdp = L->mesh_ndim >= 2 && L->mesh[0] > 1 && j->res.placements[0].kind == SL_REPLICATE;
     j->klass |= (uint32_t)j->hsdp << 8;

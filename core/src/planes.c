@@ -227,15 +227,9 @@ out_free:
 
 /* ---- opening and closing ------------------------------------------------------------------- */
 
-static sl_status open_control(sl_context *ctx, const char *prefix, const char *lobby, const char *job_key) {
-  const char *name = ctx->world_size == 1 ? "local" : "gloo";
-  sl_status st = sl__collective_select(ctx, name, &ctx->ctl, &ctx->ctl_dl, &ctx->ctl_shim);
-  if (st != SL_OK) return st;
-  if (ctx->world_size > 1 && !ctx->rendezvous)
-    return sl__fail(ctx, SL_ERR_INVALID,
-                    "rank %d of %d has no rendezvous: set MASTER_ADDR and MASTER_PORT, SHARDLOAD_RENDEZVOUS, "
-                    "or the rendezvous option (file://DIR or tcp://HOST:PORT)",
-                    ctx->rank, ctx->world_size);
+/* What both planes' modules are started with: the job, its rendezvous and key spaces. */
+static sl_collective_init job_init(const sl_context *ctx, const sl_collective_ops *ops, const char *prefix,
+                                   const char *lobby, const char *job_key) {
   sl_collective_init ci = {
       .size = sizeof ci,
       .host = &ctx->host,
@@ -249,8 +243,21 @@ static sl_status open_control(sl_context *ctx, const char *prefix, const char *l
       .device = -1,
       .local_rank = ctx->local_rank,
       .local_world_size = ctx->local_world_size,
-      .ops = ctx->ctl,
+      .ops = ops,
   };
+  return ci;
+}
+
+static sl_status open_control(sl_context *ctx, const char *prefix, const char *lobby, const char *job_key) {
+  const char *name = ctx->world_size == 1 ? "local" : "gloo";
+  sl_status st = sl__collective_select(ctx, name, &ctx->ctl, &ctx->ctl_dl, &ctx->ctl_shim);
+  if (st != SL_OK) return st;
+  if (ctx->world_size > 1 && !ctx->rendezvous)
+    return sl__fail(ctx, SL_ERR_INVALID,
+                    "rank %d of %d has no rendezvous: set MASTER_ADDR and MASTER_PORT, SHARDLOAD_RENDEZVOUS, "
+                    "or the rendezvous option (file://DIR or tcp://HOST:PORT)",
+                    ctx->rank, ctx->world_size);
+  sl_collective_init ci = job_init(ctx, ctx->ctl, prefix, lobby, job_key);
   if ((st = ctx->ctl->init(&ci, &ctx->ctl_comm)) != SL_OK) ctx->ctl_comm = NULL;
   ctx->control = (sl_control_plane){sizeof(sl_control_plane), ctx, control_broadcast, control_allgather};
   return st;
@@ -272,24 +279,12 @@ static sl_status open_data(sl_context *ctx, const char *name, const char *prefix
   snprintf(data_lobby, sizeof data_lobby, "%sdata/", lobby);
   sl_status st = sl__collective_select(ctx, name, &ctx->data, &ctx->data_dl, &ctx->data_shim);
   if (st == SL_OK) {
-    sl_collective_init ci = {
-        .size = sizeof ci,
-        .host = &ctx->host,
-        .rank = ctx->rank,
-        .world_size = ctx->world_size,
-        .rendezvous = ctx->rendezvous,
-        .prefix = data_prefix,
-        .timeout_ms = ctx->timeout_ms,
-        .lobby = data_lobby,
-        .job_key = job_key ? job_key : "",
-        .backend = ctx->be,
-        .backend_handle = ctx->be_ctx,
-        .device = ctx->device_ordinal,
-        .local_rank = ctx->local_rank,
-        .local_world_size = ctx->local_world_size,
-        .control = &ctx->control,
-        .ops = ctx->data,
-    };
+    /* a data module also gets the rank's device and the control plane to bootstrap through */
+    sl_collective_init ci = job_init(ctx, ctx->data, data_prefix, data_lobby, job_key);
+    ci.backend = ctx->be;
+    ci.backend_handle = ctx->be_ctx;
+    ci.device = ctx->device_ordinal;
+    ci.control = &ctx->control;
     if ((st = ctx->data->init(&ci, &ctx->data_comm)) != SL_OK) ctx->data_comm = NULL;
   }
   char phase[96], mine[SL__ERRMSG_LEN];
