@@ -67,7 +67,9 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
   st = sl__loader_plan(&L);
   if ((st = sl__loader_agree(&L, st, "planning")) != SL_OK) goto out_fail;
   if (L.o.read_mode == SL_READ_EVERY_RANK) {
-    if (!sl__source_has_files(src)) st = sl__source_open_files(src);
+    /* opens a manifest-built source's files; OK at once where they are open (rank 0); refuses a
+     * source in rank 0's memory on every rank, world 1 included, with a message saying so */
+    st = sl__source_open_files(src);
     /* alone, a rank has no one to compare its copy with */
     if (L.world > 1 && (st = sl__loader_agree_files(&L, st)) != SL_OK) goto out_fail;
     if (st != SL_OK) goto out_fail;

@@ -48,6 +48,7 @@ void sl_source_destroy(sl_source *src) {
   free(src->files);
   sl__free_pairs(src->meta_keys, src->meta_values, src->meta_count);
   free(src->slots);
+  free(src->mem_data);
   free(src);
 }
 

@@ -11,7 +11,10 @@
  * they can read it, its headers match, and so do sampled tensor data blocks (a fine-tune of the
  * same model has the same headers); a rank that cannot read its path must have been given
  * rank 0's. So a stray rank of another job that met this one on a shared rendezvous fails every
- * rank, before any byte of data moves. */
+ * rank, before any byte of data moves.
+ *
+ * sl_source_open_memory takes the same path with a table in rank 0's memory instead of files
+ * (source_memory.c): the same verdict and manifest, no copy of its own on other ranks. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,18 +132,26 @@ static sl_status compare_other_copies(sl_context *ctx, sl_source *mine, uint64_t
   return SL_OK;
 }
 
-SL_API sl_status sl_source_open(sl_context *ctx, const char *path, sl_source **out) {
-  if (!ctx) return SL_ERR_INVALID;
-  if (!out) return sl__fail(ctx, SL_ERR_INVALID, "sl_source_open: out is NULL");
-  *out = NULL;
-  if (ctx->world_size == 1) return sl__source_open_local(ctx, path, out);
+/* How rank 0 builds its local source: from a path (sl_source_open) or from the caller's table
+ * (sl_source_open_memory). */
+typedef sl_status (*local_open_fn)(sl_context *ctx, const void *arg, sl_source **out);
+
+/* The collective open: rank 0 builds its source with OPEN_LOCAL(ARG), every rank gets its
+ * verdict (rank 0's failure as "rank 0: ..."), then the manifest; then the identity agreement.
+ * PATH is what this rank was given (the path, or a memory source's label): it names the job
+ * in mismatch messages. A memory source (MEMORY) exists on rank 0 only: the other ranks build
+ * theirs from the manifest, marked as memory, and never look for a copy of their own; its
+ * identity is the kind of source, not the label, so ranks may label it differently. */
+static sl_status open_collective(sl_context *ctx, const char *path, bool memory, local_open_fn open_local,
+                                 const void *arg, sl_source **out) {
+  if (ctx->world_size == 1) return open_local(ctx, arg, out);
 
   sl_source *src = NULL, *own = NULL;
   void *manifest = NULL;
   uint64_t *table = NULL;
   open_verdict v = {0};
   if (ctx->rank == 0) {
-    sl_status st = sl__source_open_local(ctx, path, &src);
+    sl_status st = open_local(ctx, arg, &src);
     if (st == SL_OK) st = sl__source_serialize(src, &manifest, &v.manifest_len);
     if (st == SL_OK && v.manifest_len == 0) st = sl__fail(ctx, SL_ERR_FORMAT, "empty manifest");
     v.status = (int32_t)st;
@@ -164,15 +175,18 @@ SL_API sl_status sl_source_open(sl_context *ctx, const char *path, sl_source **o
   sl_status bs = sl__ctl_broadcast(ctx, manifest ? manifest : small,
                                    manifest ? (size_t)v.manifest_len : 0, 0);
   if (st == SL_OK) st = bs;
-  if (st == SL_OK && ctx->rank != 0) st = sl__source_deserialize(ctx, manifest, (size_t)v.manifest_len, &src);
+  if (st == SL_OK && ctx->rank != 0)
+    st = sl__source_deserialize_ex(ctx, manifest, (size_t)v.manifest_len, memory, &src);
   if (bs != SL_OK) goto out_free;
-  if (st == SL_OK && ctx->rank != 0) own = open_own_copy(ctx, path);
+  if (st == SL_OK && ctx->rank != 0 && !memory) own = open_own_copy(ctx, path);
 
   /* agree: a rank that could not take the manifest fails everyone, with its message; then the
    * identity (see the head of this file) */
   const sl_source *mine = ctx->rank == 0 ? src : own;
-  uint64_t facts[SL__AGREE_FACTS] = {(uint64_t)ctx->world_size, XXH3_64bits(path ? path : "", path ? strlen(path) : 0),
-                                     mine ? sl__source_headers_digest(mine) : 0};
+  static const char memory_tag[] = "\0shardload memory source";
+  uint64_t path_fact = memory ? XXH3_64bits(memory_tag, sizeof memory_tag)
+                              : XXH3_64bits(path ? path : "", path ? strlen(path) : 0);
+  uint64_t facts[SL__AGREE_FACTS] = {(uint64_t)ctx->world_size, path_fact, mine ? sl__source_headers_digest(mine) : 0};
   if ((st = sl__agree(ctx, st, facts, "opening the checkpoint", &table)) != SL_OK) goto out_free;
   int bad = first_stranger(ctx, table);
   if (bad < 0 && (st = compare_other_copies(ctx, ctx->rank == 0 ? src : own, table, &bad)) != SL_OK) goto out_free;
@@ -199,4 +213,38 @@ out_free:
   }
   *out = src;
   return SL_OK;
+}
+
+static sl_status open_path(sl_context *ctx, const void *arg, sl_source **out) {
+  return sl__source_open_local(ctx, (const char *)arg, out);
+}
+
+SL_API sl_status sl_source_open(sl_context *ctx, const char *path, sl_source **out) {
+  if (!ctx) return SL_ERR_INVALID;
+  if (!out) return sl__fail(ctx, SL_ERR_INVALID, "sl_source_open: out is NULL");
+  *out = NULL;
+  return open_collective(ctx, path, false, open_path, path, out);
+}
+
+typedef struct memory_args {
+  const char *label;
+  const sl_memory_tensor *tensors;
+  size_t count;
+  sl_source_read_fn read;
+  void *read_user;
+} memory_args;
+
+static sl_status open_memory(sl_context *ctx, const void *arg, sl_source **out) {
+  const memory_args *a = arg;
+  return sl__source_open_memory_local(ctx, a->label, a->tensors, a->count, a->read, a->read_user, out);
+}
+
+SL_API sl_status sl_source_open_memory(sl_context *ctx, const char *label, const sl_memory_tensor *tensors,
+                                       size_t count, sl_source_read_fn read, void *read_user, sl_source **out) {
+  if (!ctx) return SL_ERR_INVALID;
+  if (!out) return sl__fail(ctx, SL_ERR_INVALID, "sl_source_open_memory: out is NULL");
+  *out = NULL;
+  if (!label || !*label) label = "memory";
+  memory_args a = {label, tensors, count, read, read_user};
+  return open_collective(ctx, label, true, open_memory, &a, out);
 }

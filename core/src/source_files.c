@@ -201,6 +201,7 @@ sl_status sl__source_file_fingerprint(sl_source *src, size_t f, uint64_t out[2])
     return sl__fail(src ? src->ctx : NULL, SL_ERR_INVALID, "file fingerprint: invalid arguments");
   sl_context *ctx = src->ctx;
   const char *path = src->files[f].path;
+  if (src->memory) return sl__source_memory_refuse(src, "fingerprinting its file for every-rank reading");
   if (!src->has_files)
     return sl__fail(ctx, SL_ERR_INVALID, "file fingerprint of %s: the file is not open on this rank", path);
   int fd;
@@ -265,6 +266,7 @@ sl_status sl__source_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, 
     return sl__fail(src->ctx, SL_ERR_INVALID,
                     "source read of tensor '%s': bytes [%" PRIu64 ",%" PRIu64 ") are outside its %" PRIu64 " bytes",
                     t->name, offset_in_tensor, end, t->nbytes);
+  if (src->memory) return sl__source_memory_pread(src, i, offset_in_tensor, dst, bytes);
   const src_file *f = &src->files[src->file_of[i]];
   if (!src->has_files)
     return sl__fail(src->ctx, SL_ERR_INVALID, "source read of tensor '%s': file '%s' is not open on this rank",

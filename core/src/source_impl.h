@@ -1,7 +1,7 @@
 /* The source's private layout, shared by source.c (the handle, built from headers),
  * source_files.c (opening and reading files, a bounded set open at once; fingerprints),
- * source_index.c (parsing index.json) and source_manifest.c (the byte image rank 0
- * broadcasts). */
+ * source_index.c (parsing index.json), source_manifest.c (the byte image rank 0
+ * broadcasts) and source_memory.c (a source whose tensors are in rank 0's memory). */
 #ifndef SHARDLOAD_SOURCE_IMPL_H
 #define SHARDLOAD_SOURCE_IMPL_H
 
@@ -44,6 +44,13 @@ struct sl_source {
   bool has_files;
   size_t open_count, max_open; /* files with fd >= 0, and the bound on them */
   uint64_t use_clock;
+  /* A memory source (sl_source_open_memory): one pseudo file named by the label, no
+   * descriptors. On rank 0 (has_files) each tensor's bytes are at mem_data[i], or come from
+   * mem_read when that is NULL; on other ranks only the table exists. */
+  bool memory;
+  const void **mem_data;
+  sl_source_read_fn mem_read;
+  void *mem_user;
 };
 
 sl_source *sl__source_new(sl_context *ctx);
@@ -69,5 +76,17 @@ sl_status sl__source_fd(sl_source *src, size_t f, int *fd);
 uint64_t sl__source_combine_digests(const uint64_t *digests, size_t n);
 /* qsort/bsearch comparison of two char * by strcmp (file names sort the file order). */
 int sl__strp_cmp(const void *a, const void *b);
+
+/* ---- memory sources (source_memory.c) ------------------------------------------------ */
+/* Builds rank 0's memory source from the caller's table, validated like a safetensors header. */
+sl_status sl__source_open_memory_local(sl_context *ctx, const char *label, const sl_memory_tensor *tensors,
+                                       size_t count, sl_source_read_fn read, void *read_user, sl_source **out);
+/* Reads tensor I's bytes of a memory source on rank 0 (bounds already checked). */
+sl_status sl__source_memory_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, void *dst, size_t bytes);
+/* The refusal of every-rank access (open files, fingerprints) to a memory source. */
+sl_status sl__source_memory_refuse(sl_source *src, const char *what);
+/* sl__source_deserialize for the ranks of a memory source: its one file is named by a label,
+ * not an absolute path, and the result is marked as a memory source. */
+sl_status sl__source_deserialize_ex(sl_context *ctx, const void *buf, size_t len, bool memory, sl_source **out);
 
 #endif

@@ -190,12 +190,17 @@ out_src:
 }
 
 sl_status sl__source_deserialize(sl_context *ctx, const void *buf, size_t len, sl_source **out) {
+  return sl__source_deserialize_ex(ctx, buf, len, false, out);
+}
+
+sl_status sl__source_deserialize_ex(sl_context *ctx, const void *buf, size_t len, bool memory, sl_source **out) {
   if (!out || (!buf && len)) return sl__fail(ctx, SL_ERR_INVALID, "manifest: invalid arguments");
   *out = NULL;
   rbuf r = {buf, len};
   sl_status s = SL_OK;
   sl_source *src = sl__source_new(ctx);
   if (!src) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
+  src->memory = memory;
   char magic[4];
   uint32_t version;
   uint64_t nt, nf, nm, digest;
@@ -233,8 +238,11 @@ sl_status sl__source_deserialize(sl_context *ctx, const void *buf, size_t len, s
     f->fd = -1;
     src->file_count++; /* owned from here on; path and name start NULL */
     if (!get_str(&r, &f->path) || !get_str(&r, &f->name)) BAD("truncated or malformed file name %" PRIu64, i);
-    if (f->path[0] != '/') BAD("file %" PRIu64 " ('%s') has no absolute path", i, f->path);
-    if (!f->name[0] || strchr(f->name, '/') == f->name) BAD("file %" PRIu64 " has an empty or absolute name", i);
+    /* a memory source's one file is its label, which is no path */
+    if (memory && (nf != 1 || !f->path[0] || !f->name[0])) BAD("a memory source needs one labelled file");
+    if (!memory && f->path[0] != '/') BAD("file %" PRIu64 " ('%s') has no absolute path", i, f->path);
+    if (!memory && (!f->name[0] || strchr(f->name, '/') == f->name))
+      BAD("file %" PRIu64 " has an empty or absolute name", i);
   }
   for (size_t i = 0; i < src->count; i++) src->tensors[i].file = src->files[src->file_of[i]].path;
   for (uint64_t i = 0; i < nm; i++) {
@@ -259,6 +267,7 @@ out_src:
 
 sl_status sl__source_open_files(sl_source *src) {
   if (!src) return SL_ERR_INVALID;
+  if (src->memory) return sl__source_memory_refuse(src, "every-rank reading (read_mode every_rank)");
   if (src->has_files) return SL_OK;
   sl_context *ctx = src->ctx;
   sl_status s = SL_OK;

@@ -213,6 +213,34 @@ typedef struct sl_source_tensor {
  * can read it and sampled tensor data match too). Otherwise every rank fails with
  * SL_ERR_MISMATCH naming the first differing rank and both paths (docs/DESIGN.md#identity). */
 SL_API sl_status sl_source_open(sl_context *ctx, const char *path, sl_source **out);
+
+/* One tensor of an in-memory source (rank 0's). */
+typedef struct sl_memory_tensor {
+  size_t size;        /* sizeof(sl_memory_tensor) as the caller compiled it */
+  const char *name;   /* copied */
+  sl_dtype dtype;
+  int ndim;           /* 0..SL_MAX_DIMS */
+  int64_t shape[SL_MAX_DIMS];
+  const void *data;   /* host pointer to its C-contiguous bytes, valid until the source is
+                         destroyed; NULL: bytes come from the read callback */
+} sl_memory_tensor;
+
+/* Fills DST with BYTES bytes of tensor INDEX (position in the array given at open) starting
+ * at byte OFFSET of the tensor. Called on rank 0 only, possibly from a library thread (the
+ * pipeline's reader), never concurrently with itself. Return SL_OK, or a failure with a
+ * message in MSG (MSG_LEN bytes): the load then fails on every rank naming the tensor. */
+typedef sl_status (*sl_source_read_fn)(void *user, size_t index, uint64_t offset, void *dst,
+                                       size_t bytes, char *msg, size_t msg_len);
+
+/* A source whose tensors are in rank 0's memory (a state dict), in the given order. Collective
+ * like sl_source_open: rank 0 passes the table (and READ where some data is NULL); the other
+ * ranks' TENSORS/COUNT/READ are ignored (pass NULL, 0, NULL) and they receive rank 0's table.
+ * LABEL names the source in messages (e.g. "state dict"; NULL: "memory"). Loads from it read
+ * on rank 0 only: SL_READ_EVERY_RANK fails with a message saying so. */
+SL_API sl_status sl_source_open_memory(sl_context *ctx, const char *label,
+                                       const sl_memory_tensor *tensors, size_t count,
+                                       sl_source_read_fn read, void *read_user,
+                                       sl_source **out);
 SL_API void sl_source_destroy(sl_source *src);
 SL_API size_t sl_source_tensor_count(const sl_source *src);
 SL_API const sl_source_tensor *sl_source_tensor_at(const sl_source *src, size_t i);

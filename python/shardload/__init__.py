@@ -1,0 +1,648 @@
+"""shardload: load a full safetensors checkpoint (or a rank 0 state dict) into sharded, placed
+per-rank tensors, from Python.
+
+A thin layer over libshardload's public C API (ctypes). torch is optional: inspection and
+planning work without it; loaded shards come back as torch tensors through DLPack (zero copy)
+when it is installed.
+
+    import shardload
+    with shardload.Context() as ctx:                     # launcher env, or an existing process group
+        src = ctx.open("/ckpt")                          # file, index.json or directory
+        plan = ctx.plan(mesh=[ctx.world_size], param_dtype="bfloat16")
+        state = ctx.load(plan, src, cpu_offload=None)    # None: follow the plan's offload policy
+        for name, t in state.items():
+            w = t.to_torch()                             # the local shard, zero copy
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import os
+import threading
+from ctypes import byref, c_char_p, c_int, c_void_p, sizeof
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from . import _capi
+from ._capi import LibraryNotFound
+
+__all__ = ["Context", "Source", "Plan", "State", "LoadedTensor", "SourceTensor", "ShardloadError",
+           "LibraryNotFound", "resolve_placement", "version", "library_path"]
+
+_log = logging.getLogger("shardload")
+
+
+class ShardloadError(RuntimeError):
+    """A libshardload failure: `status` (int), `status_name` ("SL_ERR_FORMAT") and the C message."""
+
+    def __init__(self, status: int, message: str):
+        self.status = int(status)
+        self.status_name = _capi.text(_capi.lib().sl_status_name(self.status))
+        self.message = message or _capi.text(_capi.lib().sl_strerror(self.status))
+        super().__init__(f"{self.message} [{self.status_name}]")
+
+
+def version() -> str:
+    """The loaded libshardload's version ("MAJOR.MINOR.PATCH")."""
+    return _capi.text(_capi.lib().sl_version_string())
+
+
+def library_path() -> str:
+    """The path libshardload was loaded from."""
+    return _capi.lib()._name
+
+
+def _cstr(s: str | None) -> bytes | None:
+    return None if s is None else str(s).encode()
+
+
+def _tri(cpu_offload) -> int:
+    if cpu_offload is None:
+        return _capi.CPU_OFFLOAD_INFER
+    if cpu_offload is True:
+        return _capi.CPU_OFFLOAD_ON
+    if cpu_offload is False:
+        return _capi.CPU_OFFLOAD_OFF
+    raise TypeError(f"cpu_offload must be True, False or None (infer from the policy), not {cpu_offload!r}")
+
+
+def _policy(offload_policy) -> _capi.OffloadPolicy | None:
+    """None, "cpu", "cpu+pin", or anything shaped like torch's CPUOffloadPolicy / OffloadPolicy."""
+    if offload_policy is None:
+        return None
+    if isinstance(offload_policy, str):
+        if offload_policy not in ("none", "cpu", "cpu+pin"):
+            raise ValueError(f"offload_policy {offload_policy!r}: use None, 'none', 'cpu' or 'cpu+pin'")
+        if offload_policy == "none":
+            return _capi.OffloadPolicy(_capi.OFFLOAD_NONE, 0)
+        return _capi.OffloadPolicy(_capi.OFFLOAD_CPU, int(offload_policy == "cpu+pin"))
+    cls = type(offload_policy).__name__
+    if cls == "CPUOffloadPolicy":
+        return _capi.OffloadPolicy(_capi.OFFLOAD_CPU, int(bool(getattr(offload_policy, "pin_memory", True))))
+    if cls == "OffloadPolicy":  # FSDP2's base class: no offloading
+        return _capi.OffloadPolicy(_capi.OFFLOAD_NONE, 0)
+    raise TypeError(f"offload_policy: {cls} is neither torch's CPUOffloadPolicy/OffloadPolicy nor a string")
+
+
+def resolve_placement(cpu_offload=None, offload_policy=None) -> tuple[str, str, bool]:
+    """The placement contract (docs/DESIGN.md#placement): (device "cpu"/"device", rule, pinned)."""
+    out = _capi.PlacementDecision()
+    pol = _policy(offload_policy)
+    s = _capi.lib().sl_resolve_placement(_tri(cpu_offload), byref(pol) if pol is not None else None, byref(out))
+    if s:
+        raise ShardloadError(s, "resolve_placement: invalid arguments")
+    return (_capi.text(_capi.lib().sl_device_kind_name(out.device)),
+            _capi.text(_capi.lib().sl_placement_rule_describe(out.rule)), bool(out.pin_memory))
+
+
+# ---- context -----------------------------------------------------------------------------
+
+_LOG_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+
+
+@_capi.LOG_FN
+def _log_cb(user, level, msg):
+    _log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", _capi.text(msg))
+
+
+_context_serial = itertools.count()
+
+
+def _process_group_rendezvous():
+    """(world, rank, local_rank, rendezvous) of an initialised torch.distributed default group,
+    or None. The group's own store is reused (never a second server on another port): a c10d
+    TCPStore (env://, tcp://, torchrun's agent store) as c10d://HOST:PORT, a FileStore as a
+    file:// directory beside its file."""
+    import sys
+    if "torch" not in sys.modules:
+        return None
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    from torch.distributed import distributed_c10d as c10d
+    store = c10d._get_default_store()
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    world, rank = dist.get_world_size(), dist.get_rank()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if isinstance(store, dist.TCPStore):
+        host = store.host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return world, rank, local_rank, f"c10d://{host}:{store.port}"
+    if isinstance(store, dist.FileStore) and getattr(store, "path", None):
+        d = store.path + ".shardload.d"
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        return world, rank, local_rank, f"file://{d}"
+    raise ShardloadError(1, f"the torch.distributed default group's store is a {type(store).__name__}, which "
+                         "shardload cannot join: pass rendezvous='tcp://HOST:PORT' or 'file://DIR' to Context")
+
+
+class Context:
+    """A job's ranks, backend and data plane (sl_context). Collective: every rank creates it.
+
+    world_size=None: reuse an initialised torch.distributed default group (rank, world, store),
+    else the launcher environment (torchrun, Slurm, Open MPI; none: rank 0 of 1)."""
+
+    def __init__(self, backend: str | None = None, collective: str | None = None, *,
+                 world_size: int | None = None, rank: int | None = None, local_rank: int | None = None,
+                 rendezvous: str | None = None, timeout: float = 300.0, device: int | None = None,
+                 job_key: str | None = None, use_process_group: bool = True):
+        lib = _capi.lib()
+        self._ptr = c_void_p()
+        o = _capi.ContextOptions()
+        o.size = sizeof(o)
+        o.backend, o.collective = _cstr(backend), _cstr(collective)
+        pg = _process_group_rendezvous() if use_process_group and world_size is None else None
+        key = job_key
+        if pg is not None:
+            world_size, rank, lr, pg_rdzv = pg
+            local_rank = lr if local_rank is None else local_rank
+            rendezvous = rendezvous or pg_rdzv
+            # contexts made one after another in one job meet under distinct keys
+            key = f"torch-pg:{next(_context_serial)}" + (f":{job_key}" if job_key else "")
+        if world_size is not None:
+            if rank is None:
+                raise ValueError("Context: world_size given without rank")
+            o.world_size, o.rank = int(world_size), int(rank)
+            o.local_rank = int(local_rank if local_rank is not None else os.environ.get("LOCAL_RANK", rank))
+        o.rendezvous = _cstr(rendezvous)
+        o.timeout_ms = max(1, int(timeout * 1000))
+        o.log = _log_cb
+        eff = _log.getEffectiveLevel()
+        o.log_level = 3 if eff <= logging.DEBUG else 2 if eff <= logging.INFO else 1 if eff <= logging.WARNING else 0
+        errbuf = ctypes.create_string_buffer(1024)
+        o.errbuf, o.errbuf_size = ctypes.cast(errbuf, c_void_p), sizeof(errbuf)
+        o.job_key = _cstr(key)
+        if device is not None:
+            o.device, o.device_set = int(device), 1
+        self._opts = o  # strings referenced by the options live as long as the context
+        s = lib.sl_context_create(byref(o), byref(self._ptr))
+        if s:
+            self._ptr = c_void_p()
+            raise ShardloadError(s, errbuf.value.decode("utf-8", "replace"))
+        self._lock = threading.Lock()
+
+    # -- lifetime
+    def close(self) -> None:
+        """Destroys the context (collective in spirit: every rank closes). States it loaded stay valid."""
+        p, self._ptr = getattr(self, "_ptr", None), c_void_p()
+        if p:
+            _capi.lib().sl_context_destroy(p)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def _check(self, s: int) -> None:
+        if s:
+            raise ShardloadError(s, _capi.text(_capi.lib().sl_context_errmsg(self._p)))
+
+    @property
+    def _p(self):
+        if not self._ptr:
+            raise ValueError("shardload context is closed")
+        return self._ptr
+
+    # -- facts
+    @property
+    def rank(self) -> int:
+        return _capi.lib().sl_context_rank(self._p)
+
+    @property
+    def world_size(self) -> int:
+        return _capi.lib().sl_context_world_size(self._p)
+
+    @property
+    def backend(self) -> str:
+        return _capi.text(_capi.lib().sl_context_backend_name(self._p))
+
+    @property
+    def backend_reason(self) -> str:
+        return _capi.text(_capi.lib().sl_context_backend_reason(self._p))
+
+    @property
+    def collective(self) -> str:
+        return _capi.text(_capi.lib().sl_context_collective_name(self._p))
+
+    @property
+    def collective_reason(self) -> str:
+        return _capi.text(_capi.lib().sl_context_collective_reason(self._p))
+
+    @property
+    def device_description(self) -> str:
+        return _capi.text(_capi.lib().sl_context_device_description(self._p))
+
+    def agree(self, ok: bool | BaseException = True, message: str = "") -> None:
+        """Every rank passes its own outcome; raises the lowest failing rank's error on every rank."""
+        lib = _capi.lib()
+        if ok is True:
+            s = 0
+        else:
+            msg = message or (f"{type(ok).__name__}: {ok}" if isinstance(ok, BaseException) else "failed")
+            s = lib.sl_context_set_error(self._p, 1, msg.encode())
+        self._check(lib.sl_context_agree(self._p, s))
+
+    # -- objects
+    def open(self, path: str | os.PathLike) -> "Source":
+        """A checkpoint: a .safetensors file, an index.json or a directory holding one (collective)."""
+        p = c_void_p()
+        self._check(_capi.lib().sl_source_open(self._p, os.fsencode(path), byref(p)))
+        return Source(self, p, keep=None)
+
+    def open_state_dict(self, state_dict: Mapping[str, Any] | None, label: str = "state dict") -> "Source":
+        """A source whose tensors are rank 0's STATE_DICT (torch tensors; other ranks pass None).
+        Loads from it read on rank 0 only; the tensors must stay alive as long as the Source."""
+        table = read = keep = None
+        err: BaseException | bool = True
+        if self.rank == 0:
+            try:
+                from ._torch import memory_table
+                table, read, keep = memory_table(state_dict)
+            except Exception as e:  # every rank learns it, rather than waiting for rank 0
+                err = e
+        self.agree(err)
+        arr = None
+        if table:
+            arr = (_capi.MemoryTensor * len(table))(*table)
+        p = c_void_p()
+        cb = _capi.READ_FN(read) if read is not None else _capi.READ_FN()
+        self._check(_capi.lib().sl_source_open_memory(self._p, label.encode(), arr, len(table or ()), cb,
+                                                        None, byref(p)))
+        return Source(self, p, keep=(arr, cb, keep))
+
+    def plan(self, **kw) -> "Plan":
+        return Plan(self, **kw)
+
+    def load(self, plan: "Plan", source: "Source", *, cpu_offload: bool | None = None,
+             strategy: str = "scatter", read_mode: str = "rank0", staging_bytes: int = 0,
+             pipeline_slots: int = 0, bind: Callable[["LoadedTensor"], Any] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> "State":
+        """Loads SOURCE under PLAN (collective). cpu_offload: True = CPU, False = the accelerator,
+        None = the plan's offload policy decides. bind(t) may return a torch tensor (contiguous,
+        at least t.nbytes, on t's device) to be filled in place, or None to let the state own one."""
+        lib = _capi.lib()
+        o = _capi.LoadOptions()
+        o.size = sizeof(o)
+        o.cpu_offload = _tri(cpu_offload)
+        strategies = {"scatter": _capi.STRATEGY_SCATTER, "broadcast": _capi.STRATEGY_BROADCAST}
+        modes = {"rank0": _capi.READ_RANK0, "every_rank": _capi.READ_EVERY_RANK}
+        if strategy not in strategies or read_mode not in modes:
+            raise ValueError(f"strategy must be one of {list(strategies)}, read_mode one of {list(modes)}")
+        o.strategy, o.read_mode = strategies[strategy], modes[read_mode]
+        o.staging_bytes, o.pipeline_slots = int(staging_bytes), int(pipeline_slots)
+        binder = _Binder(bind) if bind is not None else None
+        if binder is not None:
+            o.bind_buffer = binder.cfn
+        if progress is not None:
+            o.progress = _capi.PROGRESS_FN(lambda u, d, t: progress(int(d), int(t)))
+        p = c_void_p()
+        s = lib.sl_load(self._p, plan._p, source._p, byref(o), byref(p))
+        if binder is not None and binder.error is not None and s:
+            raise ShardloadError(s, _capi.text(lib.sl_context_errmsg(self._p))) from binder.error
+        self._check(s)
+        return State(p, buffers=binder.buffers if binder else {})
+
+
+class _Binder:
+    """sl_bind_buffer_fn over a Python callable; keeps the buffers it hands out alive."""
+
+    def __init__(self, fn):
+        self.fn, self.buffers, self.error = fn, {}, None
+        self.cfn = _capi.BIND_BUFFER_FN(self._call)
+
+    def _call(self, user, t, out):
+        info = LoadedTensor._from_c(t.contents, None)
+        try:
+            buf = self.fn(info)
+            if buf is None:
+                out.contents.data = None
+                return 0
+            from ._torch import check_buffer
+            ptr, pinned = check_buffer(info, buf)
+        except Exception as e:  # becomes this rank's bind failure, reported on every rank
+            self.error = e
+            msg = f"{type(e).__name__}: {e}".encode()[:255]
+            out.contents.message = msg
+            return 19  # SL_ERR_BUFFER
+        self.buffers[info.name] = buf
+        out.contents.data = ptr
+        out.contents.pinned = int(pinned)
+        return 0
+
+
+# ---- source ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SourceTensor:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    file: str
+    file_offset: int
+
+
+def _src_tensor(t) -> SourceTensor:
+    return SourceTensor(_capi.text(t.name), _capi.DTYPES.get(t.dtype, "?"), tuple(t.shape[: t.ndim]),
+                        int(t.nbytes), _capi.text(t.file), int(t.file_offset))
+
+
+class Source:
+    """A checkpoint's tensor table (sl_source); iterating yields SourceTensor in file order."""
+
+    def __init__(self, ctx: Context, ptr: c_void_p, keep):
+        self._ctx, self._ptr, self._keep = ctx, ptr, keep
+
+    @property
+    def _p(self):
+        if not self._ptr:
+            raise ValueError("shardload source is closed")
+        return self._ptr
+
+    def close(self):
+        p, self._ptr = getattr(self, "_ptr", None), c_void_p()
+        if p:
+            _capi.lib().sl_source_destroy(p)
+        self._keep = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __len__(self) -> int:
+        return _capi.lib().sl_source_tensor_count(self._p)
+
+    def __iter__(self) -> Iterator[SourceTensor]:
+        lib = _capi.lib()
+        for i in range(len(self)):
+            yield _src_tensor(lib.sl_source_tensor_at(self._p, i).contents)
+
+    def __getitem__(self, name: str) -> SourceTensor:
+        t = _capi.lib().sl_source_find(self._p, name.encode())
+        if not t:
+            raise KeyError(name)
+        return _src_tensor(t.contents)
+
+    def __contains__(self, name: str) -> bool:
+        return bool(_capi.lib().sl_source_find(self._p, name.encode()))
+
+    def _c(self, name: str):
+        t = _capi.lib().sl_source_find(self._p, name.encode())
+        if not t:
+            raise KeyError(f"{name!r} is not in the checkpoint")
+        return t
+
+    @property
+    def files(self) -> list[str]:
+        lib = _capi.lib()
+        return [_capi.text(lib.sl_source_file_at(self._p, i)) for i in range(lib.sl_source_file_count(self._p))]
+
+    @property
+    def total_bytes(self) -> int:
+        return int(_capi.lib().sl_source_total_bytes(self._p))
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        lib, out = _capi.lib(), {}
+        for i in range(lib.sl_source_metadata_count(self._p)):
+            k, v = c_char_p(), c_char_p()
+            if lib.sl_source_metadata_at(self._p, i, byref(k), byref(v)) == 0:
+                out[_capi.text(k.value)] = _capi.text(v.value)
+        return out
+
+
+# ---- plan --------------------------------------------------------------------------------
+
+def _dtype_code(dt) -> int:
+    if dt is None:
+        return 0
+    if isinstance(dt, str):
+        name = dt  # safetensors, lower case or torch spellings: the library parses them
+    else:
+        from ._torch import dtype_name
+        name = dtype_name(dt)
+    code = _capi.lib().sl_dtype_from_name(name.encode())
+    if not code:
+        raise ValueError(f"dtype {dt!r} is not one shardload knows (F64, F32, F16, BF16, F8_E4M3, F8_E5M2, "
+                         "I64..I8, U64..U8, BOOL)")
+    return code
+
+
+class Plan:
+    """How tensors are sharded, cast and offloaded (sl_plan)."""
+
+    def __init__(self, ctx: Context, *, mesh: Sequence[int] | None = None, offload_policy=None,
+                 param_dtype=None, default_placement: str | None = None, strict: bool = False,
+                 json: str | os.PathLike | None = None):
+        self._ctx = ctx
+        self._ptr = c_void_p()
+        ctx._check(_capi.lib().sl_plan_create(ctx._p, byref(self._ptr)))
+        if json is not None:
+            self._chk(_capi.lib().sl_plan_load_json(self._ptr, os.fsencode(json)))
+        if mesh is not None:
+            self.set_mesh(mesh)
+        if offload_policy is not None:
+            self.set_offload_policy(offload_policy)
+        if param_dtype is not None:
+            self._chk(_capi.lib().sl_plan_set_param_dtype(self._ptr, _dtype_code(param_dtype)))
+        if default_placement is not None:
+            self._chk(_capi.lib().sl_plan_set_default_placement(self._ptr, default_placement.encode()))
+        if strict:
+            self._chk(_capi.lib().sl_plan_set_strict(self._ptr, 1))
+
+    def _chk(self, s):
+        self._ctx._check(s)
+
+    @property
+    def _p(self):
+        if not self._ptr:
+            raise ValueError("shardload plan is closed")
+        return self._ptr
+
+    def close(self):
+        p, self._ptr = getattr(self, "_ptr", None), c_void_p()
+        if p:
+            _capi.lib().sl_plan_destroy(p)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def set_mesh(self, dims: Sequence[int]) -> "Plan":
+        arr = (c_int * len(dims))(*[int(d) for d in dims])
+        self._chk(_capi.lib().sl_plan_set_mesh(self._p, len(dims), arr))
+        return self
+
+    def set_offload_policy(self, policy) -> "Plan":
+        pol = _policy(policy)
+        self._chk(_capi.lib().sl_plan_set_offload_policy(self._p, byref(pol)))
+        return self
+
+    def add_rule(self, pattern: str, placement: str | None = None, dtype=None) -> "Plan":
+        self._chk(_capi.lib().sl_plan_add_rule(self._p, pattern.encode(), _cstr(placement), _dtype_code(dtype)))
+        return self
+
+    def add_entry(self, name: str, placement: str | None = None, dtype=None) -> "Plan":
+        self._chk(_capi.lib().sl_plan_add_entry(self._p, name.encode(), _cstr(placement), _dtype_code(dtype)))
+        return self
+
+    def mesh(self, world: int | None = None) -> list[int]:
+        dims = (c_int * _capi.SL_MAX_MESH_DIMS)()
+        n = _capi.lib().sl_plan_mesh(self._p, int(world or self._ctx.world_size), dims)
+        return list(dims[:n])
+
+    def check(self, source: Source, world_size: int | None = None) -> None:
+        """sl_load's plan checks as a dry run: raises exactly where a load would."""
+        self._chk(_capi.lib().sl_plan_check(self._p, source._p, int(world_size or self._ctx.world_size)))
+
+    def geometry(self, source: Source, name: str, rank: int | None = None, world: int | None = None) -> dict:
+        g = _capi.ShardGeometry()
+        g.size = sizeof(g)
+        rank = self._ctx.rank if rank is None else rank
+        world = self._ctx.world_size if world is None else world
+        self._chk(_capi.lib().sl_plan_geometry(self._p, source._c(name), int(rank), int(world), byref(g)))
+        return {"local_shape": tuple(g.local_shape[: g.ndim]), "global_offset": tuple(g.global_offset[: g.ndim]),
+                "dtype": _capi.DTYPES.get(g.dtype, "?"), "replicated": bool(g.replicated),
+                "nbytes": int(g.nbytes), "skipped": bool(g.skipped)}
+
+    def describe(self, source: Source, name: str) -> str:
+        buf = ctypes.create_string_buffer(256)
+        self._chk(_capi.lib().sl_plan_describe(self._p, source._c(name), buf, sizeof(buf)))
+        return buf.value.decode()
+
+
+# ---- state -------------------------------------------------------------------------------
+
+_DLPACK_TORCH_DEVICE = {1: 1, 2: 2, 3: 1, 10: 10, 11: 1, 14: 14}  # host kinds import as CPU
+
+
+@dataclass
+class LoadedTensor:
+    """One local shard: where it lives, what it is of the global tensor, and why it is there."""
+    name: str
+    dtype: str
+    file_dtype: str
+    global_shape: tuple[int, ...]
+    local_shape: tuple[int, ...]
+    global_offset: tuple[int, ...]
+    device: str            # "cpu" or "device" (the rank's accelerator; host memory on the cpu backend)
+    rule: str              # the placement contract's row that chose the device
+    pinned: bool
+    caller_buffer: bool
+    nbytes: int
+    data_ptr: int
+    dlpack_device: tuple[int, int]
+    _state: "State | None" = field(default=None, repr=False, compare=False)
+
+    @staticmethod
+    def _from_c(t, state) -> "LoadedTensor":
+        lib = _capi.lib()
+        nd = t.ndim
+        return LoadedTensor(
+            _capi.text(t.name), _capi.DTYPES.get(t.dtype, "?"), _capi.DTYPES.get(t.file_dtype, "?"),
+            tuple(t.global_shape[:nd]), tuple(t.local_shape[:nd]), tuple(t.global_offset[:nd]),
+            _capi.text(lib.sl_device_kind_name(t.device)),
+            _capi.text(lib.sl_placement_rule_describe(t.rule)) if t.rule else "",
+            bool(t.pinned), bool(t.caller_buffer), int(t.nbytes), int(t.data or 0),
+            (int(t.device_type), int(t.device_id)), state)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.dlpack_device
+
+    def __dlpack__(self, stream=None, **_):
+        """A DLPack capsule of this shard (zero copy); the state lives until it is released."""
+        from . import _dlpack
+        if self._state is None:
+            raise ValueError(f"{self.name}: no state owns this tensor")
+        dt, did = self.dlpack_device
+        if dt not in _DLPACK_TORCH_DEVICE:
+            raise ShardloadError(18, f"tensor '{self.name}' lives in memory of DLPack device type {dt} "
+                                     "(the sim backend's simulated device), which no framework can address; "
+                                     "load with backend 'cpu' or a real accelerator backend")
+        return _dlpack.capsule(self._state, self.data_ptr, self.local_shape, self.dtype,
+                               _DLPACK_TORCH_DEVICE[dt], did)
+
+    def to_torch(self):
+        """The local shard as a torch tensor viewing the loaded memory (no copy)."""
+        if self.caller_buffer and self._state is not None and self.name in self._state._buffers:
+            from ._torch import view_buffer
+            return view_buffer(self._state._buffers[self.name], self)
+        from ._torch import from_capsule
+        return from_capsule(self.__dlpack__(), self.dtype)
+
+
+class State:
+    """The loaded shards of this rank (sl_state). Shards exported with to_torch() keep it alive."""
+
+    def __init__(self, ptr: c_void_p, buffers: dict):
+        self._ptr, self._buffers = ptr, buffers
+        lib = _capi.lib()
+        self._tensors: dict[str, LoadedTensor] = {}
+        for i in range(lib.sl_state_count(ptr)):
+            t = LoadedTensor._from_c(lib.sl_state_tensor(ptr, i).contents, self)
+            self._tensors[t.name] = t
+
+    def __del__(self):
+        p, self._ptr = getattr(self, "_ptr", None), None
+        if p:
+            try:
+                _capi.lib().sl_state_destroy(p)
+            except Exception:
+                pass
+
+    def __len__(self):
+        return len(self._tensors)
+
+    def __iter__(self):
+        return iter(self._tensors)
+
+    def __getitem__(self, name: str) -> LoadedTensor:
+        return self._tensors[name]
+
+    def __contains__(self, name) -> bool:
+        return name in self._tensors
+
+    def items(self):
+        return self._tensors.items()
+
+    def keys(self):
+        return self._tensors.keys()
+
+    def values(self):
+        return self._tensors.values()
+
+    @property
+    def skipped(self) -> list[str]:
+        lib = _capi.lib()
+        return [_capi.text(lib.sl_state_skipped_at(self._ptr, i)) for i in range(lib.sl_state_skipped_count(self._ptr))]
+
+    def stats(self) -> dict:
+        s = _capi.LoadStats()
+        s.size = sizeof(s)
+        _capi.lib().sl_state_stats(self._ptr, byref(s))
+        return {f: getattr(s, f) for f, _ in s._fields_ if f != "size"}
+
+    def to_torch(self) -> dict:
+        """{name: local shard as a torch tensor} (zero copy)."""
+        return {n: t.to_torch() for n, t in self._tensors.items()}

@@ -1,0 +1,105 @@
+"""Exporting a loaded shard as a DLPack capsule (zero copy), kept alive by its owner.
+
+The capsule holds a DLManagedTensor whose manager_ctx keys an entry of `_live` that references
+the owner (the State): the state's memory is freed only after every tensor viewing it is gone
+and the State object itself is unreachable. torch consumes the capsule (renames it
+"used_dltensor") and calls the deleter when its tensor's storage dies; an unconsumed capsule's
+destructor calls the deleter instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int32, c_int64, c_uint8, c_uint16, c_uint64, c_void_p
+
+
+class DLDevice(Structure):
+    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
+
+
+class DLDataType(Structure):
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class DLTensor(Structure):
+    _fields_ = [("data", c_void_p), ("device", DLDevice), ("ndim", c_int32), ("dtype", DLDataType),
+                ("shape", POINTER(c_int64)), ("strides", POINTER(c_int64)), ("byte_offset", c_uint64)]
+
+
+class DLManagedTensor(Structure):
+    pass
+
+
+_DELETER = CFUNCTYPE(None, POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", c_void_p), ("deleter", _DELETER)]
+
+# DLDataTypeCode
+_INT, _UINT, _FLOAT, _BFLOAT, _BOOL = 0, 1, 2, 4, 6
+# shardload dtype name -> (code, bits); F8 goes out as bytes (U8) and is viewed by the caller
+DL_DTYPES = {
+    "F64": (_FLOAT, 64), "F32": (_FLOAT, 32), "F16": (_FLOAT, 16), "BF16": (_BFLOAT, 16),
+    "I64": (_INT, 64), "I32": (_INT, 32), "I16": (_INT, 16), "I8": (_INT, 8),
+    "U64": (_UINT, 64), "U32": (_UINT, 32), "U16": (_UINT, 16), "U8": (_UINT, 8),
+    "BOOL": (_BOOL, 8), "F8_E4M3": (_UINT, 8), "F8_E5M2": (_UINT, 8),
+}
+
+_lock = threading.Lock()
+_live: dict[int, tuple] = {}
+_NAME = b"dltensor"
+
+_py = ctypes.pythonapi
+_py.PyCapsule_New.restype = ctypes.py_object
+_py.PyCapsule_New.argtypes = [c_void_p, c_char_p, c_void_p]
+_py.PyCapsule_IsValid.restype = ctypes.c_int
+_py.PyCapsule_IsValid.argtypes = [c_void_p, c_char_p]
+_py.PyCapsule_GetPointer.restype = c_void_p
+_py.PyCapsule_GetPointer.argtypes = [c_void_p, c_char_p]
+
+
+@_DELETER
+def _deleter(managed):
+    with _lock:
+        _live.pop(ctypes.addressof(managed.contents), None)
+
+
+_CAPSULE_DESTRUCTOR = CFUNCTYPE(None, c_void_p)
+
+
+@_CAPSULE_DESTRUCTOR
+def _capsule_destructor(capsule):
+    # consumed capsules were renamed by the consumer, which now owns the deleter call
+    if _py.PyCapsule_IsValid(capsule, _NAME):
+        ptr = _py.PyCapsule_GetPointer(capsule, _NAME)
+        with _lock:
+            _live.pop(ptr, None)
+
+
+def live_count() -> int:
+    """DLPack exports not yet released (for tests)."""
+    with _lock:
+        return len(_live)
+
+
+def capsule(owner, data: int, shape, dtype_name: str, device_type: int, device_id: int):
+    """A "dltensor" capsule of a C-contiguous tensor at DATA; OWNER stays alive until released."""
+    code, bits = DL_DTYPES[dtype_name]
+    ndim = len(shape)
+    shape_arr = (c_int64 * max(ndim, 1))(*shape)
+    strides = [1] * ndim
+    for i in range(ndim - 2, -1, -1):
+        strides[i] = strides[i + 1] * max(int(shape[i + 1]), 1)
+    strides_arr = (c_int64 * max(ndim, 1))(*strides)
+    m = DLManagedTensor()
+    m.dl_tensor.data = data
+    m.dl_tensor.device = DLDevice(device_type, device_id)
+    m.dl_tensor.ndim = ndim
+    m.dl_tensor.dtype = DLDataType(code, bits, 1)
+    m.dl_tensor.shape = ctypes.cast(shape_arr, POINTER(c_int64))
+    m.dl_tensor.strides = ctypes.cast(strides_arr, POINTER(c_int64))
+    m.dl_tensor.byte_offset = 0
+    m.deleter = _deleter
+    addr = ctypes.addressof(m)
+    with _lock:
+        _live[addr] = (owner, m, shape_arr, strides_arr)
+    return _py.PyCapsule_New(addr, _NAME, ctypes.cast(_capsule_destructor, c_void_p))

@@ -1,0 +1,325 @@
+"""The drop-in against Accelerate's own fsdp2_load_full_state_dict, on a CPU Gloo world.
+
+Run under torchrun (the ctest entries do so for worlds 2 and 3):
+    torchrun --standalone --nproc-per-node 3 python/tests/test_accelerate_equiv.py --tmp DIR
+
+For every offload policy FSDP2 accepts here (none, CPUOffloadPolicy without and, where pinned
+memory exists, with pin_memory) x call form (cpu_offload=True/False/None, the legacy three
+positional arguments) x full_sd form (rank 0's dict, a checkpoint path), a ToyLlama
+(HF naming, vocab 37: uneven shards at worlds 2 and 3) wrapped with fully_shard is loaded once
+by Accelerate's function and once by the drop-in: every parameter's local shard must be
+bit-identical, a DTensor with the same placements, on the device the placement table names
+(pinned as it says), and an SGD step afterwards must give the same finite parameters. Then the
+cases where Accelerate's function fails: a checkpoint dtype other than the parameters', a key
+missing on either side, plain and 0-d buffers; and patch()/unpatch().
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from types import SimpleNamespace
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+if __name__ == "__main__" and "--world" in sys.argv:
+    # the ctest entry: launch this file under torchrun, or skip (77) where torch is missing
+    try:
+        import accelerate  # noqa: F401
+        import safetensors  # noqa: F401
+        import torch  # noqa: F401
+    except Exception as e:
+        print(f"skipped: torch/accelerate/safetensors not importable ({e})")
+        sys.exit(1 if os.environ.get("SHARDLOAD_REQUIRE_TORCH") == "1" else 77)
+    import subprocess
+    i = sys.argv.index("--world")
+    world, rest = sys.argv[i + 1], sys.argv[1:i] + sys.argv[i + 2:]
+    sys.exit(subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc-per-node", world, os.path.abspath(__file__)] + rest, timeout=540))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+
+import shardload  # noqa: E402
+import shardload.accelerate as sla  # noqa: E402
+from _model import ToyLlama, reference_state_dict, save_sharded  # noqa: E402
+
+RANK = WORLD = 0
+CHECKS = 0
+
+
+def check(cond, what):
+    global CHECKS
+    CHECKS += 1
+    if not cond:
+        raise AssertionError(f"rank {RANK}: {what}")
+
+
+def build(policy, dtype=torch.float32, buffers=False):
+    with torch.device("meta"):
+        m = ToyLlama(buffers=buffers).to(dtype)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    kw = {"mesh": mesh}
+    if policy is not None:
+        kw["offload_policy"] = policy
+    for layer in m.model.layers:
+        fully_shard(layer, **kw)
+    fully_shard(m, **kw)
+    return m
+
+
+def accel():
+    return SimpleNamespace(is_main_process=RANK == 0, device=torch.device("cpu"))
+
+
+def full_dict(ckpt_sd, model):
+    """What Accelerate gets as full_sd: the weights on rank 0; elsewhere the (meta) model's."""
+    return {k: v.clone() for k, v in ckpt_sd.items()} if RANK == 0 else model.state_dict()
+
+
+def expect_device(policy, cpu_offload):
+    """The placement table on a CPU mesh: every placement is host memory; pinned only for a CPU
+    placement under a pinned CPU policy (and only where pinned memory exists)."""
+    cpu = cpu_offload if cpu_offload is not None else isinstance(policy, CPUOffloadPolicy)
+    pinned = bool(cpu and isinstance(policy, CPUOffloadPolicy) and policy.pin_memory)
+    return "cpu", pinned
+
+
+def expect_rule(policy, cpu_offload):
+    """The tri-state contract's row for every tensor: (device kind, rule)."""
+    if cpu_offload is True:
+        return "cpu", "cpu_offload=on"
+    if cpu_offload is False:
+        return "device", "cpu_offload=off"
+    if isinstance(policy, CPUOffloadPolicy):
+        return "cpu", "inferred: CPU offload policy"
+    return "device", "inferred: no offload policy"
+
+
+def snapshot(model):
+    """name -> (placements, mesh, local shard) of every parameter."""
+    out = {}
+    for k, v in model.named_parameters():
+        check(isinstance(v, DTensor), f"{k} is not a DTensor")
+        out[k] = (v.placements, v.device_mesh, v.to_local().detach().clone(), v.to_local())
+    return out
+
+
+def compare(ref, b, label, policy, cpu_offload):
+    pb = dict(b.named_parameters())
+    check(list(ref) == list(pb), f"{label}: parameter names differ")
+    dev, pinned = expect_device(policy, cpu_offload)
+    for k, (placements, mesh, lx, live) in ref.items():
+        y = pb[k]
+        check(isinstance(y, DTensor), f"{label}: {k} not a DTensor")
+        check(placements == y.placements and mesh == y.device_mesh, f"{label}: {k} placements differ")
+        ly = y.to_local()
+        check(lx.dtype == ly.dtype and lx.shape == ly.shape, f"{label}: {k} {lx.dtype}{tuple(lx.shape)} vs {ly.dtype}{tuple(ly.shape)}")
+        check(torch.equal(lx.contiguous().view(torch.uint8), ly.contiguous().view(torch.uint8)),
+              f"{label}: {k} local shard bytes differ")
+        check(ly.device.type == dev and live.device.type == dev, f"{label}: {k} on {ly.device}, the table says {dev}")
+        if torch.cuda.is_available():
+            check(ly.is_pinned() == pinned, f"{label}: {k} pinned={ly.is_pinned()}, the table says {pinned}")
+
+
+def sgd_step(model, seed=7):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(seed)
+    ids = torch.randint(0, 37, (2, 5))
+    loss = model(ids).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    return {k: v.to_local().detach().clone() for k, v in model.named_parameters()}
+
+
+def equivalence(tmp, ckpt_sd, ckpt_dir, dtype, policies, calls, forms):
+    from accelerate.utils.fsdp_utils import fsdp2_load_full_state_dict as accelerate_load
+    runs = 0
+    for policy in policies:
+        refs = {}
+        for call in calls:
+            cpu_offload = call[1] if call[0] == "kw" else None
+            ref_bool = cpu_offload if cpu_offload is not None else isinstance(policy, CPUOffloadPolicy)
+            if ref_bool not in refs:  # Accelerate's function, called as its own prepare calls it
+                ref = build(policy, dtype)
+                accelerate_load(accel(), ref, full_dict(ckpt_sd, ref), cpu_offload=ref_bool)
+                refs[ref_bool] = (snapshot(ref), sgd_step(ref))
+            loaded, stepped = refs[ref_bool]
+            for form in forms:
+                label = f"dtype={dtype} policy={policy} call={call} form={form}"
+                m = build(policy, dtype)
+                full = ckpt_dir if form == "path" else full_dict(ckpt_sd, m)
+                if call[0] == "legacy":
+                    out = sla.fsdp2_load_full_state_dict(accel(), m, full)
+                else:
+                    out = sla.fsdp2_load_full_state_dict(accel(), m, full, cpu_offload=call[1])
+                check(out is m, f"{label}: returns the model")
+                want_rule = expect_rule(policy, cpu_offload)
+                for k, r in sla.last_load_report().items():
+                    check((r["device"], r["rule"]) == want_rule, f"{label}: {k} placed {r['device']} by "
+                          f"'{r['rule']}', the contract says {want_rule}")
+                compare(loaded, m, label, policy, cpu_offload)
+                after = sgd_step(m)
+                for k in after:
+                    check(torch.isfinite(after[k].float()).all(), f"{label}: {k} not finite after a step")
+                    check(torch.equal(stepped[k], after[k]), f"{label}: {k} differs from Accelerate's after a step")
+                runs += 1
+    if RANK == 0:
+        print(f"equivalence dtype={dtype}: {runs} drop-in loads ({len(policies)} policies x {len(calls)} calls x "
+              f"{len(forms)} forms) bit-identical to Accelerate's, and after an SGD step", flush=True)
+
+
+def expect_error(fn, *needles):
+    try:
+        fn()
+    except shardload.ShardloadError as e:
+        for n in needles:
+            check(n in str(e), f"error should name {n!r}: {e}")
+        return str(e)
+    raise AssertionError(f"rank {RANK}: expected a ShardloadError naming {needles}")
+
+
+def where_accelerate_fails(tmp, ckpt_sd):
+    # a checkpoint in BF16 for an F32 model: Accelerate's non-main ranks receive into F32 buffers
+    bf = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in ckpt_sd.items()}
+    d = os.path.join(tmp, "bf16")
+    if RANK == 0:
+        save_sharded(bf, d)
+    dist.barrier()
+    for form in ("dict", "path"):
+        m = build(None, torch.float32)
+        sla.fsdp2_load_full_state_dict(accel(), m, d if form == "path" else (bf if RANK == 0 else None))
+        full = {k: v.full_tensor() for k, v in m.state_dict().items()}
+        for k, v in full.items():
+            check(v.dtype == torch.float32, f"cast {form}: {k} is {v.dtype}")
+            check(torch.equal(v, bf[k].to(torch.float32)), f"cast {form}: {k} differs from the cast checkpoint")
+    # a key missing from the checkpoint: one clear error on every rank, then the job goes on
+    short = {k: v for k, v in ckpt_sd.items() if k != "model.norm.weight"}
+    for form in ("dict", "path"):
+        d = os.path.join(tmp, "short")
+        if RANK == 0 and form == "path":
+            save_sharded(short, d)
+        dist.barrier()
+        m = build(None)
+        expect_error(lambda: sla.fsdp2_load_full_state_dict(accel(), m, d if form == "path" else (short if RANK == 0 else None)),
+                     "model.norm.weight")
+    # a key the model lacks: ignored, as Accelerate ignores it
+    extra = dict(ckpt_sd, **{"model.unused.weight": torch.ones(3)})
+    m = build(None)
+    sla.fsdp2_load_full_state_dict(accel(), m, extra if RANK == 0 else None, cpu_offload=None)
+    full = {k: v.full_tensor() for k, v in m.state_dict().items()}
+    check(all(torch.equal(full[k], ckpt_sd[k]) for k in full), "extra key: loaded values differ")
+    # plain (non-DTensor) buffers, one 0-d: Accelerate reads .device_mesh of every entry
+    sdb = reference_state_dict(buffers=True)
+    sdb["logit_scale"] = torch.tensor(0.75)
+    sdb["position_ids"] = torch.arange(8, dtype=torch.int64) * 3
+    d = os.path.join(tmp, "buffers")
+    if RANK == 0:
+        save_sharded(sdb, d)
+    dist.barrier()
+    for form in ("dict", "path"):
+        m = build(CPUOffloadPolicy(pin_memory=False), buffers=True)
+        sla.fsdp2_load_full_state_dict(accel(), m, d if form == "path" else (sdb if RANK == 0 else None))
+        check(not isinstance(m.logit_scale, DTensor) and m.logit_scale.dim() == 0 and m.logit_scale.item() == 0.75,
+              f"buffers {form}: 0-d buffer {m.logit_scale}")
+        check(torch.equal(m.position_ids, sdb["position_ids"]), f"buffers {form}: int64 buffer")
+        check(m.logit_scale.device.type == "cpu" and not m.logit_scale.is_meta, f"buffers {form}: buffer device")
+        sgd_step(m)
+    # a model entry that is not Shard/Replicate, and a dict entry that is not a tensor
+    m = build(None)
+    bad = dict(ckpt_sd, **{"model.norm.weight": "not a tensor"})
+    expect_error(lambda: sla.fsdp2_load_full_state_dict(accel(), m, bad if RANK == 0 else None),
+                 "model.norm.weight", "rank 0")
+    if RANK == 0:
+        print("where Accelerate fails: dtype cast, missing key, extra key, plain/0-d buffers, bad entry: ok", flush=True)
+
+
+def in_place(ckpt_dir, ckpt_sd):
+    """A materialised model (not meta): the shards land in the parameters' own local storage."""
+    torch.manual_seed(99)
+    m = ToyLlama()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    for layer in m.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    before = {k: v.to_local().data_ptr() for k, v in m.named_parameters()}
+    sla.fsdp2_load_full_state_dict(accel(), m, ckpt_dir)
+    rep = sla.last_load_report()
+    for k, v in m.named_parameters():
+        check(rep[k]["in_place"], f"in place: {k} was not loaded into the parameter's storage")
+        check(v.to_local().data_ptr() == before[k], f"in place: {k} moved to new storage")
+    full = {k: v.full_tensor() for k, v in m.state_dict().items()}
+    check(all(torch.equal(full[k], ckpt_sd[k]) for k in full), "in place: values differ")
+    sgd_step(m)
+    if RANK == 0:
+        print("in place into a materialised model's parameters: ok", flush=True)
+
+
+def patching(tmp, ckpt_dir, ckpt_sd):
+    import accelerate.utils as au
+    import accelerate.utils.fsdp_utils as fu
+    original = fu.fsdp2_load_full_state_dict
+    sla.patch()
+    check(fu.fsdp2_load_full_state_dict is sla.fsdp2_load_full_state_dict, "patch: fsdp_utils")
+    check(au.fsdp2_load_full_state_dict is sla.fsdp2_load_full_state_dict, "patch: accelerate.utils")
+    # what Accelerate's fsdp2_prepare_model does: a name lookup in fsdp_utils, keyword form
+    m = build(CPUOffloadPolicy(pin_memory=False))
+    fu.fsdp2_load_full_state_dict(accel(), m, ckpt_dir, cpu_offload=True)
+    full = {k: v.full_tensor() for k, v in m.state_dict().items()}
+    check(all(torch.equal(full[k], ckpt_sd[k]) for k in full), "patched load: values differ")
+    sla.unpatch()
+    check(fu.fsdp2_load_full_state_dict is original and au.fsdp2_load_full_state_dict is original, "unpatch")
+    if RANK == 0:
+        print("patch/unpatch: ok", flush=True)
+
+
+def main():
+    global RANK, WORLD
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tmp", required=True)
+    ap.add_argument("--quick", action="store_true", help="one dtype, fewer combinations")
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    RANK, WORLD = dist.get_rank(), dist.get_world_size()
+    tmp = os.path.join(a.tmp, f"w{WORLD}")
+    try:
+        policies = [None, CPUOffloadPolicy(pin_memory=False)]
+        if torch.cuda.is_available():
+            policies.append(CPUOffloadPolicy(pin_memory=True))
+        elif RANK == 0:
+            print("no CUDA: CPUOffloadPolicy(pin_memory=True) cannot be built here (FSDP2 pins with CUDA); "
+                  "bench/gpu-check.sh runs it", flush=True)
+        calls = [("kw", True), ("kw", False), ("kw", None), ("legacy",)]
+        for dtype in (torch.float32, torch.bfloat16):
+            sd = reference_state_dict(dtype=dtype)
+            d = os.path.join(tmp, f"ckpt-{str(dtype)[6:]}")
+            if RANK == 0:
+                save_sharded(sd, d)
+            dist.barrier()
+            if dtype == torch.float32:
+                equivalence(tmp, sd, d, dtype, policies, calls, ["dict", "path"])
+            else:  # BF16: every policy, the inferring calls, both forms
+                equivalence(tmp, sd, d, dtype, policies, [("kw", None), ("legacy",)], ["dict", "path"])
+        sd = reference_state_dict()
+        where_accelerate_fails(tmp, sd)
+        in_place(os.path.join(tmp, "ckpt-float32"), sd)
+        patching(tmp, os.path.join(tmp, "ckpt-float32"), sd)
+        from shardload import _dlpack
+        check(_dlpack.live_count() == 0, f"{_dlpack.live_count()} DLPack exports never released")
+    except Exception:
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)  # the others fail by their own timeouts/errors; never hang in teardown
+    dist.barrier()
+    if RANK == 0:
+        print(f"test_accelerate_equiv world {WORLD}: {CHECKS} checks on rank 0 passed", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
