@@ -16,7 +16,9 @@
 # comparison, and what NCCL does with two ranks on one GPU (it refuses: recorded, bounded);
 # 5 a ~4 GiB checkpoint from the page cache to GPU memory, shardload against
 # safetensors.torch.load_file(path, device="cuda"), beside the read and pinned H2D bandwidth,
-# with the device memory peak (nvidia-smi sampling). Exit 0 only when every check passed.
+# with the device memory peak (nvidia-smi sampling); 6 the Python drop-in for Accelerate on a
+# cuda mesh against Accelerate's own function (python/tests/test_accelerate_equiv.py --device
+# cuda, world 1) and bench/bench_accelerate.py at world 1. Exit 0 only when every check passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 SRC=$PWD
@@ -304,6 +306,34 @@ else
   check "$SIZE page cache -> GPU" FAIL "see big-shardload-*.err, big-torch.err"
 fi
 rm -f "$big"
+
+# ---- 6. the Python drop-in on the GPU (issue 9), world 1 --------------------------------------
+# The equivalence test of CI on a cuda mesh: Accelerate's own fsdp2_load_full_state_dict against
+# shardload.accelerate's, policies none / CPUOffloadPolicy(pin_memory False and True) x
+# cpu_offload True/False/None/legacy x dict/path: bit-identical shards, on cuda or (pinned) CPU
+# as the placement table says, an SGD step after; then the cases where Accelerate fails.
+if "$PYTHON" -c 'import accelerate, torch.distributed.fsdp' 2>/dev/null; then
+  p0=$(date +%s)
+  SHARDLOAD_LIBRARY=$BUILD/libshardload.so PYTHONPATH=$SRC/python timeout 420 \
+    "$PYTHON" "$SRC/python/tests/test_accelerate_equiv.py" --world 1 --device cuda --tmp "$WORK/python" \
+    >"$OUT/python-dropin.log" 2>&1
+  prc=$?
+  if [ $prc -eq 0 ] && grep -q 'checks on rank 0 passed' "$OUT/python-dropin.log"; then
+    check "python drop-in (cuda mesh)" OK "$(( $(date +%s) - p0 )) s: $(grep -E '^backend|checks on rank 0' "$OUT/python-dropin.log" | tr '\n' ' ')"
+  else
+    check "python drop-in (cuda mesh)" FAIL "exit $prc; see python-dropin.log: $(grep -m1 -E 'Error|error' "$OUT/python-dropin.log" | head -c 200)"
+  fi
+  if [ -f "$SRC/bench/bench_accelerate.py" ]; then
+    SHARDLOAD_LIBRARY=$BUILD/libshardload.so PYTHONPATH=$SRC/python timeout 300 \
+      "$PYTHON" "$SRC/bench/bench_accelerate.py" --device cuda --worlds 1 --json "$OUT/bench-accelerate.json" \
+      >"$OUT/bench-accelerate.log" 2>&1
+    brc=$?
+    check "python bench (world 1, cuda)" "$([ $brc -eq 0 ] && echo OK || echo FAIL)" "exit $brc; see bench-accelerate.log"
+  fi
+else
+  check "python drop-in (cuda mesh)" FAIL "$PYTHON cannot import accelerate and torch.distributed.fsdp"
+fi
+rm -rf "$WORK/python"
 
 # ---- summary --------------------------------------------------------------------------------
 {

@@ -89,12 +89,13 @@ def _placement_spec(name, placements) -> str:
 
 class _Entry:
     __slots__ = ("key", "value", "mesh", "placements", "spec", "policy", "param", "dt_target", "dt_load",
-                 "alias_of", "local", "fresh")
+                 "aliases", "src_key", "local", "fresh")
 
     def __init__(self, key, value):
         self.key, self.value = key, value
         self.mesh = self.placements = self.spec = self.param = None
-        self.alias_of = None
+        self.aliases = ()   # other state-dict names of the same tensor (tied weights)
+        self.src_key = None  # the checkpoint name it loads from: its own, else an alias's
         self.local = self.fresh = None
 
 
@@ -111,18 +112,18 @@ def _plan_entries(model, world: int):
     model_policy = {_policy_key(p) for p in policies.values()}
     default_policy = model_policy.pop() if len(model_policy) == 1 else "none"
     entries = []
-    first_of = {}
+    names_of = defaultdict(list)
+    for key in sd:
+        if key in params:
+            names_of[id(params[key])].append(key)
     for key, v in sd.items():
         e = _Entry(key, v)
         if not isinstance(v, torch.Tensor):
             raise TypeError(f"model.state_dict()['{key}'] is a {type(v).__name__}, not a tensor")
         p = params.get(key)
         e.param = p
-        if p is not None:
-            if id(p) in first_of:  # tied weights: one tensor under two names
-                e.alias_of = first_of[id(p)]
-            else:
-                first_of[id(p)] = key
+        if p is not None:  # tied weights: one tensor under several names
+            e.aliases = tuple(n for n in names_of[id(p)] if n != key)
         e.policy = _policy_key(policies[id(p)]) if p is not None and id(p) in policies else default_policy
         if isinstance(v, DTensor):
             mesh = v.device_mesh
@@ -196,13 +197,15 @@ def _load(accelerator, model, full_sd, cpu_offload):
             # checkpoint dtypes decide the casts, as on Accelerate's rank 0
             err = None
             try:
-                missing = [e.key for e in entries if e.key not in src and not (e.alias_of and e.alias_of in src)]
+                for e in entries:
+                    e.src_key = e.key if e.key in src else next((a for a in e.aliases if a in src), None)
+                missing = [e.key for e in entries if e.src_key is None]
                 if missing:
                     raise KeyError(f"{len(missing)} model.state_dict() entries are not in "
                                    f"{'the checkpoint ' + os.fspath(full_sd) if by_path else 'full_sd'}: "
                                    f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}")
                 for e in entries:
-                    fdt = src[e.key if e.key in src else e.alias_of].dtype
+                    fdt = src[e.src_key].dtype
                     want = _t.dtype_name(e.value.dtype)
                     floating = fdt in ("F64", "F32", "F16", "BF16", "F8_E5M2")
                     e.dt_target = want if floating else fdt
@@ -215,7 +218,7 @@ def _load(accelerator, model, full_sd, cpu_offload):
             results = {}
             groups = defaultdict(list)
             for e in entries:
-                if e.alias_of is None or e.key in src:
+                if e.src_key == e.key:  # the others take their alias's shard
                     shape = tuple(e.mesh.mesh.shape) if e.mesh is not None else None
                     groups[(shape, e.policy)].append(e)
             for (shape, policy), group in groups.items():
@@ -258,8 +261,8 @@ def _load(accelerator, model, full_sd, cpu_offload):
     sharded_sd = {}
     for e in entries:
         if e.key not in results:
-            _report[e.key] = dict(_report[e.alias_of], alias_of=e.alias_of)
-        local = results[e.key] if e.key in results else results[e.alias_of]
+            _report[e.key] = dict(_report[e.src_key], alias_of=e.src_key)
+        local = results[e.key] if e.key in results else results[e.src_key]
         if e.mesh is not None:
             sharded_sd[e.key] = DTensor.from_local(local, e.mesh, e.placements, run_check=False,
                                                    shape=e.value.shape, stride=e.value.stride())

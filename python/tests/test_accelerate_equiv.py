@@ -50,6 +50,7 @@ import shardload.accelerate as sla  # noqa: E402
 from _model import ToyLlama, reference_state_dict, save_sharded  # noqa: E402
 
 RANK = WORLD = 0
+DEVICE = "cpu"  # the meshes' device type: --device cuda on a GPU machine (bench/gpu-check.sh)
 CHECKS = 0
 
 
@@ -60,10 +61,12 @@ def check(cond, what):
         raise AssertionError(f"rank {RANK}: {what}")
 
 
-def build(policy, dtype=torch.float32, buffers=False):
+def build(policy, dtype=torch.float32, buffers=False, tied=False):
     with torch.device("meta"):
         m = ToyLlama(buffers=buffers).to(dtype)
-    mesh = init_device_mesh("cpu", (WORLD,))
+        if tied:  # lm_head shares the embedding, as tie_word_embeddings models do
+            m.lm_head.weight = m.model.embed_tokens.weight
+    mesh = init_device_mesh(DEVICE, (WORLD,))
     kw = {"mesh": mesh}
     if policy is not None:
         kw["offload_policy"] = policy
@@ -74,7 +77,8 @@ def build(policy, dtype=torch.float32, buffers=False):
 
 
 def accel():
-    return SimpleNamespace(is_main_process=RANK == 0, device=torch.device("cpu"))
+    dev = torch.device("cpu") if DEVICE == "cpu" else torch.device(DEVICE, torch.cuda.current_device())
+    return SimpleNamespace(is_main_process=RANK == 0, device=dev)
 
 
 def full_dict(ckpt_sd, model):
@@ -83,11 +87,11 @@ def full_dict(ckpt_sd, model):
 
 
 def expect_device(policy, cpu_offload):
-    """The placement table on a CPU mesh: every placement is host memory; pinned only for a CPU
-    placement under a pinned CPU policy (and only where pinned memory exists)."""
+    """The placement table: CPU placements in host memory (pinned under a pinned CPU policy),
+    accelerator placements on the mesh's device (host memory on a CPU mesh)."""
     cpu = cpu_offload if cpu_offload is not None else isinstance(policy, CPUOffloadPolicy)
     pinned = bool(cpu and isinstance(policy, CPUOffloadPolicy) and policy.pin_memory)
-    return "cpu", pinned
+    return ("cpu" if cpu else DEVICE), pinned
 
 
 def expect_rule(policy, cpu_offload):
@@ -130,7 +134,7 @@ def compare(ref, b, label, policy, cpu_offload):
 def sgd_step(model, seed=7):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     torch.manual_seed(seed)
-    ids = torch.randint(0, 37, (2, 5))
+    ids = torch.randint(0, 37, (2, 5)).to(DEVICE)
     loss = model(ids).float().pow(2).mean()
     loss.backward()
     opt.step()
@@ -197,7 +201,7 @@ def where_accelerate_fails(tmp, ckpt_sd):
         full = {k: v.full_tensor() for k, v in m.state_dict().items()}
         for k, v in full.items():
             check(v.dtype == torch.float32, f"cast {form}: {k} is {v.dtype}")
-            check(torch.equal(v, bf[k].to(torch.float32)), f"cast {form}: {k} differs from the cast checkpoint")
+            check(torch.equal(v.cpu(), bf[k].to(torch.float32)), f"cast {form}: {k} differs from the cast checkpoint")
     # a key missing from the checkpoint: one clear error on every rank, then the job goes on
     short = {k: v for k, v in ckpt_sd.items() if k != "model.norm.weight"}
     for form in ("dict", "path"):
@@ -213,7 +217,7 @@ def where_accelerate_fails(tmp, ckpt_sd):
     m = build(None)
     sla.fsdp2_load_full_state_dict(accel(), m, extra if RANK == 0 else None, cpu_offload=None)
     full = {k: v.full_tensor() for k, v in m.state_dict().items()}
-    check(all(torch.equal(full[k], ckpt_sd[k]) for k in full), "extra key: loaded values differ")
+    check(all(torch.equal(full[k].cpu(), ckpt_sd[k]) for k in full), "extra key: loaded values differ")
     # plain (non-DTensor) buffers, one 0-d: Accelerate reads .device_mesh of every entry
     sdb = reference_state_dict(buffers=True)
     sdb["logit_scale"] = torch.tensor(0.75)
@@ -227,23 +231,35 @@ def where_accelerate_fails(tmp, ckpt_sd):
         sla.fsdp2_load_full_state_dict(accel(), m, d if form == "path" else (sdb if RANK == 0 else None))
         check(not isinstance(m.logit_scale, DTensor) and m.logit_scale.dim() == 0 and m.logit_scale.item() == 0.75,
               f"buffers {form}: 0-d buffer {m.logit_scale}")
-        check(torch.equal(m.position_ids, sdb["position_ids"]), f"buffers {form}: int64 buffer")
+        check(torch.equal(m.position_ids.cpu(), sdb["position_ids"]), f"buffers {form}: int64 buffer")
         check(m.logit_scale.device.type == "cpu" and not m.logit_scale.is_meta, f"buffers {form}: buffer device")
         sgd_step(m)
-    # a model entry that is not Shard/Replicate, and a dict entry that is not a tensor
+    # tied weights, the checkpoint without the tied copy (as save_pretrained writes it)
+    tied = {k: v for k, v in ckpt_sd.items() if k != "lm_head.weight"}
+    d = os.path.join(tmp, "tied")
+    if RANK == 0:
+        save_sharded(tied, d)
+    dist.barrier()
+    for form in ("dict", "path"):
+        m = build(None, tied=True)
+        sla.fsdp2_load_full_state_dict(accel(), m, d if form == "path" else (tied if RANK == 0 else None))
+        check(sla.last_load_report()["lm_head.weight"].get("alias_of") == "model.embed_tokens.weight",
+              f"tied {form}: lm_head.weight not taken from its alias")
+        check(torch.equal(m.lm_head.weight.full_tensor().cpu(), tied["model.embed_tokens.weight"]), f"tied {form}: values")
+    # a dict entry that is not a tensor
     m = build(None)
     bad = dict(ckpt_sd, **{"model.norm.weight": "not a tensor"})
     expect_error(lambda: sla.fsdp2_load_full_state_dict(accel(), m, bad if RANK == 0 else None),
                  "model.norm.weight", "rank 0")
     if RANK == 0:
-        print("where Accelerate fails: dtype cast, missing key, extra key, plain/0-d buffers, bad entry: ok", flush=True)
+        print("where Accelerate fails: dtype cast, missing key, extra key, plain/0-d buffers, tied weights, bad entry: ok", flush=True)
 
 
 def in_place(ckpt_dir, ckpt_sd):
     """A materialised model (not meta): the shards land in the parameters' own local storage."""
     torch.manual_seed(99)
     m = ToyLlama()
-    mesh = init_device_mesh("cpu", (WORLD,))
+    mesh = init_device_mesh(DEVICE, (WORLD,))
     for layer in m.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(m, mesh=mesh)
@@ -254,7 +270,7 @@ def in_place(ckpt_dir, ckpt_sd):
         check(rep[k]["in_place"], f"in place: {k} was not loaded into the parameter's storage")
         check(v.to_local().data_ptr() == before[k], f"in place: {k} moved to new storage")
     full = {k: v.full_tensor() for k, v in m.state_dict().items()}
-    check(all(torch.equal(full[k], ckpt_sd[k]) for k in full), "in place: values differ")
+    check(all(torch.equal(full[k].cpu(), ckpt_sd[k]) for k in full), "in place: values differ")
     sgd_step(m)
     if RANK == 0:
         print("in place into a materialised model's parameters: ok", flush=True)
@@ -271,7 +287,7 @@ def patching(tmp, ckpt_dir, ckpt_sd):
     m = build(CPUOffloadPolicy(pin_memory=False))
     fu.fsdp2_load_full_state_dict(accel(), m, ckpt_dir, cpu_offload=True)
     full = {k: v.full_tensor() for k, v in m.state_dict().items()}
-    check(all(torch.equal(full[k], ckpt_sd[k]) for k in full), "patched load: values differ")
+    check(all(torch.equal(full[k].cpu(), ckpt_sd[k]) for k in full), "patched load: values differ")
     sla.unpatch()
     check(fu.fsdp2_load_full_state_dict is original and au.fsdp2_load_full_state_dict is original, "unpatch")
     if RANK == 0:
@@ -279,12 +295,15 @@ def patching(tmp, ckpt_dir, ckpt_sd):
 
 
 def main():
-    global RANK, WORLD
+    global RANK, WORLD, DEVICE
     ap = argparse.ArgumentParser()
     ap.add_argument("--tmp", required=True)
-    ap.add_argument("--quick", action="store_true", help="one dtype, fewer combinations")
+    ap.add_argument("--device", default="cpu", help="the meshes' device type (cuda on a GPU machine)")
     a = ap.parse_args()
-    dist.init_process_group("gloo")
+    DEVICE = a.device
+    if DEVICE == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("gloo" if DEVICE == "cpu" else f"cpu:gloo,{DEVICE}:nccl")
     RANK, WORLD = dist.get_rank(), dist.get_world_size()
     tmp = os.path.join(a.tmp, f"w{WORLD}")
     try:
@@ -309,6 +328,9 @@ def main():
         where_accelerate_fails(tmp, sd)
         in_place(os.path.join(tmp, "ckpt-float32"), sd)
         patching(tmp, os.path.join(tmp, "ckpt-float32"), sd)
+        r = next(iter(sla.last_load_report().values()))
+        if RANK == 0:
+            print(f"backend {r['backend']}, collective {r['collective']}", flush=True)
         from shardload import _dlpack
         check(_dlpack.live_count() == 0, f"{_dlpack.live_count()} DLPack exports never released")
     except Exception:
