@@ -103,18 +103,27 @@ _LOG_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging
 
 
 @_capi.LOG_FN
-def _log_cb(user, level, msg):
-    _log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", _capi.text(msg))
+def _log_cb(user, level, msg, _log=_log, _levels=_LOG_LEVELS):
+    try:
+        _log.log(_levels.get(level, logging.DEBUG), "%s", msg.decode("utf-8", "replace") if msg else "")
+    except Exception:  # interpreter shutdown: a context destroyed late may still log
+        pass
+
+
+ctypes.pythonapi.Py_IncRef.restype = None
+ctypes.pythonapi.Py_IncRef.argtypes = [ctypes.py_object]
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_log_cb))  # immortal, like the DLPack callbacks
 
 
 _context_serial = itertools.count()
 
 
-def _process_group_rendezvous():
+def _process_group_rendezvous(serial: int):
     """(world, rank, local_rank, rendezvous) of an initialised torch.distributed default group,
     or None. The group's own store is reused (never a second server on another port): a c10d
     TCPStore (env://, tcp://, torchrun's agent store) as c10d://HOST:PORT, a FileStore as a
-    file:// directory beside its file."""
+    file:// directory beside its file, one per context (rank 0 names it through the store: a
+    file:// rendezvous never overwrites an earlier job's keys)."""
     import sys
     if "torch" not in sys.modules:
         return None
@@ -133,7 +142,13 @@ def _process_group_rendezvous():
             host = f"[{host}]"
         return world, rank, local_rank, f"c10d://{host}:{store.port}"
     if isinstance(store, dist.FileStore) and getattr(store, "path", None):
-        d = store.path + ".shardload.d"
+        import uuid
+        default = c10d._get_default_store()
+        key = f"shardload/rendezvous/{serial}"
+        if rank == 0:
+            default.set(key, uuid.uuid4().hex)
+        name = default.get(key).decode()
+        d = os.path.join(store.path + ".shardload.d", name)
         os.makedirs(d, mode=0o700, exist_ok=True)
         return world, rank, local_rank, f"file://{d}"
     raise ShardloadError(1, f"the torch.distributed default group's store is a {type(store).__name__}, which "
@@ -155,14 +170,19 @@ class Context:
         o = _capi.ContextOptions()
         o.size = sizeof(o)
         o.backend, o.collective = _cstr(backend), _cstr(collective)
-        pg = _process_group_rendezvous() if use_process_group and world_size is None else None
+        serial = next(_context_serial)
+        pg = _process_group_rendezvous(serial) if use_process_group and world_size is None else None
         key = job_key
+        self._rdzv_dir = None
         if pg is not None:
             world_size, rank, lr, pg_rdzv = pg
             local_rank = lr if local_rank is None else local_rank
-            rendezvous = rendezvous or pg_rdzv
+            if rendezvous is None:
+                rendezvous = pg_rdzv
+                if pg_rdzv.startswith("file://") and rank == 0:
+                    self._rdzv_dir = pg_rdzv[len("file://"):]
             # contexts made one after another in one job meet under distinct keys
-            key = f"torch-pg:{next(_context_serial)}" + (f":{job_key}" if job_key else "")
+            key = f"torch-pg:{serial}" + (f":{job_key}" if job_key else "")
         if world_size is not None:
             if rank is None:
                 raise ValueError("Context: world_size given without rank")
@@ -191,6 +211,10 @@ class Context:
         p, self._ptr = getattr(self, "_ptr", None), c_void_p()
         if p:
             _capi.lib().sl_context_destroy(p)
+            d, self._rdzv_dir = getattr(self, "_rdzv_dir", None), None
+            if d:  # every rank connected before creation returned anywhere: its keys are spent
+                import shutil
+                shutil.rmtree(d, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -275,6 +299,9 @@ class Context:
         arr = None
         if table:
             arr = (_capi.MemoryTensor * len(table))(*table)
+        if not hasattr(_capi.lib(), "sl_source_open_memory") or _capi.lib().sl_source_open_memory.argtypes is None:
+            raise ShardloadError(18, f"{library_path()} predates sl_source_open_memory: rebuild libshardload "
+                                     "or pass a checkpoint path")
         p = c_void_p()
         cb = _capi.READ_FN(read) if read is not None else _capi.READ_FN()
         self._check(_capi.lib().sl_source_open_memory(self._p, label.encode(), arr, len(table or ()), cb,
@@ -318,7 +345,7 @@ class _Binder:
     """sl_bind_buffer_fn over a Python callable; keeps the buffers it hands out alive."""
 
     def __init__(self, fn):
-        self.fn, self.buffers, self.error = fn, {}, None
+        self.fn, self.buffers, self.error, self.synced = fn, {}, None, set()
         self.cfn = _capi.BIND_BUFFER_FN(self._call)
 
     def _call(self, user, t, out):
@@ -335,6 +362,12 @@ class _Binder:
             msg = f"{type(e).__name__}: {e}".encode()[:255]
             out.contents.message = msg
             return 19  # SL_ERR_BUFFER
+        if buf.device.type == "cuda" and buf.device not in self.synced:
+            # the library writes on its own streams: work torch still has queued on this
+            # memory (an initialisation, the caching allocator's previous user) finishes first
+            import torch
+            torch.cuda.synchronize(buf.device)
+            self.synced.add(buf.device)
         self.buffers[info.name] = buf
         out.contents.data = ptr
         out.contents.pinned = int(pinned)
@@ -553,7 +586,7 @@ class LoadedTensor:
     nbytes: int
     data_ptr: int
     dlpack_device: tuple[int, int]
-    _state: "State | None" = field(default=None, repr=False, compare=False)
+    _state: "_Handle | None" = field(default=None, repr=False, compare=False)  # owns the memory
 
     @staticmethod
     def _from_c(t, state) -> "LoadedTensor":
@@ -573,8 +606,8 @@ class LoadedTensor:
     def __dlpack__(self, stream=None, **_):
         """A DLPack capsule of this shard (zero copy); the state lives until it is released."""
         from . import _dlpack
-        if self._state is None:
-            raise ValueError(f"{self.name}: no state owns this tensor")
+        if self._state is None or not self._state.ptr:
+            raise ValueError(f"{self.name}: no live state owns this tensor")
         dt, did = self.dlpack_device
         if dt not in _DLPACK_TORCH_DEVICE:
             raise ShardloadError(18, f"tensor '{self.name}' lives in memory of DLPack device type {dt} "
@@ -585,31 +618,58 @@ class LoadedTensor:
 
     def to_torch(self):
         """The local shard as a torch tensor viewing the loaded memory (no copy)."""
-        if self.caller_buffer and self._state is not None and self.name in self._state._buffers:
+        if self.caller_buffer and self._state is not None and self.name in self._state.buffers:
             from ._torch import view_buffer
-            return view_buffer(self._state._buffers[self.name], self)
+            return view_buffer(self._state.buffers[self.name], self)
         from ._torch import from_capsule
         return from_capsule(self.__dlpack__(), self.dtype)
 
 
+class _Handle:
+    """Owns the C state; referenced by the State and by every exported tensor (no cycle, so the
+    memory goes as soon as the last of them does, not at the next garbage collection)."""
+
+    __slots__ = ("ptr", "buffers", "__weakref__")
+
+    def __init__(self, ptr, buffers):
+        self.ptr, self.buffers = ptr, buffers
+
+    def close(self):
+        p, self.ptr = self.ptr, None
+        self.buffers = {}
+        if p:
+            _capi.lib().sl_state_destroy(p)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 class State:
-    """The loaded shards of this rank (sl_state). Shards exported with to_torch() keep it alive."""
+    """The loaded shards of this rank (sl_state). Shards exported with to_torch() keep its memory
+    alive; close() (or dropping the State) releases what no exported tensor views."""
 
     def __init__(self, ptr: c_void_p, buffers: dict):
-        self._ptr, self._buffers = ptr, buffers
+        self._h = _Handle(ptr, buffers)
         lib = _capi.lib()
         self._tensors: dict[str, LoadedTensor] = {}
         for i in range(lib.sl_state_count(ptr)):
-            t = LoadedTensor._from_c(lib.sl_state_tensor(ptr, i).contents, self)
+            t = LoadedTensor._from_c(lib.sl_state_tensor(ptr, i).contents, self._h)
             self._tensors[t.name] = t
 
-    def __del__(self):
-        p, self._ptr = getattr(self, "_ptr", None), None
-        if p:
-            try:
-                _capi.lib().sl_state_destroy(p)
-            except Exception:
-                pass
+    @property
+    def _ptr(self):
+        if self._h is None or not self._h.ptr:
+            raise ValueError("shardload state is closed")
+        return self._h.ptr
+
+    def close(self) -> None:
+        """Drops this State's reference; the memory goes once no exported tensor views it."""
+        h, self._h = self._h, None
+        self._tensors = {}
+        del h
 
     def __len__(self):
         return len(self._tensors)

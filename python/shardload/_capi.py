@@ -238,10 +238,10 @@ def lib() -> ctypes.CDLL:
     for path, why in _candidates():
         try:
             handle = ctypes.CDLL(path)
-        except OSError as e:
+            _declare(handle)
+        except OSError as e:  # LibraryNotFound (an older library) included: try the next
             tried.append(f"{path} ({why}): {e}")
             continue
-        _declare(handle)
         _lib = handle
         return handle
     where = "; ".join(tried) if tried else "nothing found"

@@ -44,11 +44,13 @@ DL_DTYPES = {
     "BOOL": (_BOOL, 8), "F8_E4M3": (_UINT, 8), "F8_E5M2": (_UINT, 8),
 }
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # a GC pass may free an exported tensor while this thread holds it
 _live: dict[int, tuple] = {}
 _NAME = b"dltensor"
 
 _py = ctypes.pythonapi
+_py.Py_IncRef.restype = None
+_py.Py_IncRef.argtypes = [ctypes.py_object]
 _py.PyCapsule_New.restype = ctypes.py_object
 _py.PyCapsule_New.argtypes = [c_void_p, c_char_p, c_void_p]
 _py.PyCapsule_IsValid.restype = ctypes.c_int
@@ -57,22 +59,34 @@ _py.PyCapsule_GetPointer.restype = c_void_p
 _py.PyCapsule_GetPointer.argtypes = [c_void_p, c_char_p]
 
 
+# The callbacks bind what they use as defaults and are made immortal below: torch may call them
+# during interpreter shutdown, after this module's globals were cleared.
 @_DELETER
-def _deleter(managed):
-    with _lock:
-        _live.pop(ctypes.addressof(managed.contents), None)
+def _deleter(managed, _live=_live, _lock=_lock, _addressof=ctypes.addressof):
+    try:
+        with _lock:
+            _live.pop(_addressof(managed.contents), None)
+    except Exception:  # shutting down
+        pass
 
 
 _CAPSULE_DESTRUCTOR = CFUNCTYPE(None, c_void_p)
 
 
 @_CAPSULE_DESTRUCTOR
-def _capsule_destructor(capsule):
+def _capsule_destructor(capsule, _py=_py, _NAME=_NAME, _live=_live, _lock=_lock):
     # consumed capsules were renamed by the consumer, which now owns the deleter call
-    if _py.PyCapsule_IsValid(capsule, _NAME):
-        ptr = _py.PyCapsule_GetPointer(capsule, _NAME)
-        with _lock:
-            _live.pop(ptr, None)
+    try:
+        if _py.PyCapsule_IsValid(capsule, _NAME):
+            ptr = _py.PyCapsule_GetPointer(capsule, _NAME)
+            with _lock:
+                _live.pop(ptr, None)
+    except Exception:  # shutting down
+        pass
+
+
+for _cb in (_deleter, _capsule_destructor):
+    _py.Py_IncRef(ctypes.py_object(_cb))
 
 
 def live_count() -> int:

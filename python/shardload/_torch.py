@@ -108,6 +108,8 @@ def check_buffer(info, buf) -> tuple[int, bool]:
         raise ValueError(f"'{info.name}' is placed in host memory ({info.rule}) but its buffer is on {buf.device}")
     if not host and buf.device.type == "cpu":
         raise ValueError(f"'{info.name}' is placed on the accelerator ({info.rule}) but its buffer is in host memory")
+    if not host and buf.device.index is not None and buf.device.index != info.dlpack_device[1]:
+        raise ValueError(f"'{info.name}' is placed on device {info.dlpack_device[1]} but its buffer is on {buf.device}")
     return buf.data_ptr(), bool(buf.device.type == "cpu" and buf.is_pinned())
 
 

@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 
 import torch
 
@@ -60,11 +61,13 @@ def _fsdp_policies(model) -> dict[int, object]:
         if not isinstance(m, FSDPModule):
             continue
         state = m._get_fsdp_state()
-        pg = getattr(state, "_fsdp_param_group", None)
-        if pg is None:
-            continue
-        for fp in pg.fsdp_params:
-            out[id(fp.sharded_param)] = pg.offload_policy
+        groups = getattr(state, "_fsdp_param_groups", None)  # torch >= 2.15: several per module
+        if groups is None:
+            pg = getattr(state, "_fsdp_param_group", None)
+            groups = [pg] if pg is not None else []
+        for pg in groups:
+            for fp in pg.fsdp_params:
+                out[id(fp.sharded_param)] = pg.offload_policy
     return out
 
 
@@ -175,6 +178,12 @@ def _load(accelerator, model, full_sd, cpu_offload):
     from torch.distributed.tensor import DTensor
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    # rank 0's full_sd decides the form (the other ranks' argument is ignored): a path, or its dict
+    path = os.fspath(full_sd) if isinstance(full_sd, (str, os.PathLike)) else None
+    if world > 1:
+        box = [path]
+        dist.broadcast_object_list(box, src=0)
+        path = box[0]
     dev_type = "cpu"
     err = None
     try:
@@ -185,14 +194,20 @@ def _load(accelerator, model, full_sd, cpu_offload):
     backend = "cpu" if dev_type == "cpu" else "auto"
     dev = _local_device(dev_type, accelerator)
     _report.clear()
-    ctx = shardload.Context(backend, device=dev.index if dev.type != "cpu" else None)
-    with ctx:
+    results = {}
+    with shardload.Context(backend, device=dev.index if dev.type != "cpu" else None) as ctx:
         ctx.agree(err if err is not None else True)
-        by_path = isinstance(full_sd, (str, os.PathLike))
-        if by_path:
-            src = ctx.open(full_sd)
+        if path is not None:
+            src = ctx.open(path)
         else:
-            src = ctx.open_state_dict(full_sd if ctx.rank == 0 else None, label="full_sd (rank 0's state dict)")
+            sd = None
+            if ctx.rank == 0 and isinstance(full_sd, Mapping):
+                # only what the model names: extra entries are ignored, as Accelerate ignores them
+                wanted = {e.key for e in entries} | {a for e in entries for a in e.aliases}
+                sd = {k: v for k, v in full_sd.items() if k in wanted}
+            elif ctx.rank == 0:
+                sd = full_sd  # not a mapping: open_state_dict names the problem on every rank
+            src = ctx.open_state_dict(sd, label="full_sd (rank 0's state dict)")
         with src:
             # checkpoint dtypes decide the casts, as on Accelerate's rank 0
             err = None
@@ -202,7 +217,7 @@ def _load(accelerator, model, full_sd, cpu_offload):
                 missing = [e.key for e in entries if e.src_key is None]
                 if missing:
                     raise KeyError(f"{len(missing)} model.state_dict() entries are not in "
-                                   f"{'the checkpoint ' + os.fspath(full_sd) if by_path else 'full_sd'}: "
+                                   f"{'the checkpoint ' + path if path is not None else 'full_sd'}: "
                                    f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}")
                 for e in entries:
                     fdt = src[e.src_key].dtype
@@ -214,16 +229,18 @@ def _load(accelerator, model, full_sd, cpu_offload):
             except Exception as ex:
                 err = ex
             ctx.agree(err if err is not None else True)
-            host_backend = ctx.backend in ("cpu",)
-            results = {}
+            host_backend = ctx.backend == "cpu"
             groups = defaultdict(list)
             for e in entries:
                 if e.src_key == e.key:  # the others take their alias's shard
                     shape = tuple(e.mesh.mesh.shape) if e.mesh is not None else None
-                    groups[(shape, e.policy)].append(e)
+                    # plain entries (buffers, parameters FSDP2 ignores) are not offloaded by FSDP2:
+                    # fully_shard keeps them on the mesh's device, and so does the drop-in
+                    groups[(shape, "plain" if e.mesh is None else e.policy)].append(e)
             for (shape, policy), group in groups.items():
+                plain = policy == "plain"
                 plan = ctx.plan(mesh=list(shape) if shape else [world],
-                                offload_policy=policy if policy != "none" else None)
+                                offload_policy=policy if policy not in ("none", "plain") else None)
                 for e in group:
                     plan.add_entry(e.key, e.spec, e.dt_load)
                 by_key = {e.key: e for e in group}
@@ -231,11 +248,9 @@ def _load(accelerator, model, full_sd, cpu_offload):
                 def bind(t, by_key=by_key):
                     e = by_key[t.name]
                     cpu = t.dlpack_device[0] in (1, 3, 11)
-                    if cpu:
-                        want = torch.device("cpu")
-                    else:
-                        want = dev
-                    reuse = _reusable(e, want, t.pinned) if tuple(e.value.to_local().shape if hasattr(e.value, "to_local") else e.value.shape) == t.local_shape else None
+                    want = torch.device("cpu") if cpu else dev
+                    local = e.value.to_local() if hasattr(e.value, "to_local") else e.value
+                    reuse = _reusable(e, want, t.pinned) if tuple(local.shape) == t.local_shape else None
                     if reuse is not None:
                         e.local = reuse
                         return reuse
@@ -244,31 +259,51 @@ def _load(accelerator, model, full_sd, cpu_offload):
                     e.local = e.fresh = buf
                     return buf
 
-                state = ctx.load(plan, src, cpu_offload=cpu_offload, bind=bind)
-                for e in group:
-                    t = state[e.key]
-                    _report[e.key] = {"device": t.device, "rule": t.rule, "pinned": t.pinned,
-                                      "in_place": e.local is not None and e.local is not e.fresh,
-                                      "backend": ctx.backend, "collective": ctx.collective}
-                    local = e.local
-                    if t.device == "device" and host_backend and dev.type != "cpu":
-                        local = local.to(dev)  # no device backend here: staged through host memory
-                    if e.dt_load != e.dt_target:
-                        local = local.to(_t.torch_dtype(e.dt_target))
-                    results[e.key] = local
+                state = ctx.load(plan, src, cpu_offload=False if plain else cpu_offload, bind=bind)
+                err = None
+                try:
+                    if dev.type == "cuda":
+                        # sl_load returns with its streams drained; this also orders torch's
+                        # streams after every write to the tensors torch allocated
+                        torch.cuda.synchronize(dev)
+                    for e in group:
+                        t = state[e.key]
+                        _report[e.key] = {"device": t.device, "rule": t.rule, "pinned": t.pinned,
+                                          "in_place": e.local is not None and e.local is not e.fresh,
+                                          "backend": ctx.backend, "collective": ctx.collective}
+                        if plain:
+                            _report[e.key]["note"] = "not an FSDP2 parameter: on the mesh's device, as fully_shard keeps it"
+                        local = e.local
+                        if t.device == "device" and host_backend and dev.type != "cpu":
+                            local = local.to(dev)  # no device backend here: staged through host memory
+                        if e.dt_load != e.dt_target:
+                            local = local.to(_t.torch_dtype(e.dt_target))
+                        results[e.key] = local
+                        e.local = e.fresh = None
+                except Exception as ex:  # e.g. out of memory on one rank: every rank stops here
+                    err = ex
+                state.close()
                 del state
                 plan.close()
-    sharded_sd = {}
-    for e in entries:
-        if e.key not in results:
-            _report[e.key] = dict(_report[e.src_key], alias_of=e.src_key)
-        local = results[e.key] if e.key in results else results[e.src_key]
-        if e.mesh is not None:
-            sharded_sd[e.key] = DTensor.from_local(local, e.mesh, e.placements, run_check=False,
-                                                   shape=e.value.shape, stride=e.value.stride())
-        else:
-            sharded_sd[e.key] = local
-    model.load_state_dict(sharded_sd, assign=True)
+                ctx.agree(err if err is not None else True)
+        err = None
+        try:
+            sharded_sd = {}
+            for e in entries:
+                if e.key not in results:
+                    _report[e.key] = dict(_report[e.src_key], alias_of=e.src_key)
+                local = results[e.key] if e.key in results else results[e.src_key]
+                if e.mesh is not None:
+                    sharded_sd[e.key] = DTensor.from_local(local, e.mesh, e.placements, run_check=False,
+                                                           shape=e.value.shape, stride=e.value.stride())
+                else:
+                    sharded_sd[e.key] = local
+            results.clear()
+            # FSDP2 re-pads uneven shards and pins under a pinned policy here (reset_sharded_param)
+            model.load_state_dict(sharded_sd, assign=True)
+        except Exception as ex:
+            err = ex
+        ctx.agree(err if err is not None else True)
     return model
 
 

@@ -212,8 +212,8 @@ def where_accelerate_fails(tmp, ckpt_sd):
         m = build(None)
         expect_error(lambda: sla.fsdp2_load_full_state_dict(accel(), m, d if form == "path" else (short if RANK == 0 else None)),
                      "model.norm.weight")
-    # a key the model lacks: ignored, as Accelerate ignores it
-    extra = dict(ckpt_sd, **{"model.unused.weight": torch.ones(3)})
+    # a key the model lacks: ignored, as Accelerate ignores it, even one shardload could not load
+    extra = dict(ckpt_sd, **{"model.unused.weight": torch.ones(3), "model.unused.c": torch.zeros(2, dtype=torch.complex64)})
     m = build(None)
     sla.fsdp2_load_full_state_dict(accel(), m, extra if RANK == 0 else None, cpu_offload=None)
     full = {k: v.full_tensor() for k, v in m.state_dict().items()}
@@ -232,8 +232,17 @@ def where_accelerate_fails(tmp, ckpt_sd):
         check(not isinstance(m.logit_scale, DTensor) and m.logit_scale.dim() == 0 and m.logit_scale.item() == 0.75,
               f"buffers {form}: 0-d buffer {m.logit_scale}")
         check(torch.equal(m.position_ids.cpu(), sdb["position_ids"]), f"buffers {form}: int64 buffer")
-        check(m.logit_scale.device.type == "cpu" and not m.logit_scale.is_meta, f"buffers {form}: buffer device")
+        # not FSDP2 parameters: on the mesh's device whatever the policy, as fully_shard keeps buffers
+        check(m.position_ids.device.type == DEVICE and m.logit_scale.device.type == DEVICE,
+              f"buffers {form}: buffers on {m.position_ids.device}, want {DEVICE}")
+        r = sla.last_load_report()
+        check(r["position_ids"]["device"] == "device" and r["model.norm.weight"]["device"] == "cpu",
+              f"buffers {form}: report {r['position_ids']} / {r['model.norm.weight']}")
         sgd_step(m)
+    # rank 0's argument decides the form: a path there, None elsewhere
+    m = build(None)
+    sla.fsdp2_load_full_state_dict(accel(), m, os.path.join(tmp, "bf16") if RANK == 0 else None)
+    check(m.lm_head.weight.to_local().dtype == torch.float32, "rank 0's path form: loaded")
     # tied weights, the checkpoint without the tied copy (as save_pretrained writes it)
     tied = {k: v for k, v in ckpt_sd.items() if k != "lm_head.weight"}
     d = os.path.join(tmp, "tied")

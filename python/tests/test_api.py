@@ -201,7 +201,10 @@ def process_groups(tmp, sd, path):
     """tcp:// (rank 0 serves torch's TCPStore in its own process) and file:// (a FileStore):
     no port of shardload's own, no second server."""
     ctx = mp.get_context("spawn")
-    inits = [f"tcp://127.0.0.1:{free_port()}", f"file://{os.path.join(tmp, 'pg-filestore')}"]
+    import tempfile
+    fresh = tempfile.mkdtemp(dir=tmp)  # torch's FileStore file must not outlive its job
+    inits = [f"tcp://127.0.0.1:{free_port()}", f"file://{os.path.join(fresh, 'pg-filestore')}",
+             f"file://{os.path.join(fresh, 'pg-filestore2')}"]
     for init in inits:
         q = ctx.Queue()
         procs = [ctx.Process(target=pg_rank, args=(r, 3, init, path, q)) for r in range(3)]
@@ -221,6 +224,23 @@ def process_groups(tmp, sd, path):
         print(f"process group reuse ({init.split(':')[0]}): ok", flush=True)
 
 
+def exit_with_exports(tmp, path):
+    """Tensors exported through DLPack still alive at interpreter exit (module globals, a
+    reference cycle): the process exits 0, not in a crash of a freed callback."""
+    code = f"""
+import gc, shardload
+ctx = shardload.Context()
+st = ctx.load(ctx.plan(), ctx.open({path!r}))
+W = st["w"].to_torch()
+class Cycle: pass
+c = Cycle(); c.self = c; c.t = st["ids"].to_torch()
+del st, c
+"""
+    for i in range(3):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0, f"exit with live exports: rc {r.returncode} {r.stderr[-400:]}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tmp", required=True)
@@ -233,6 +253,7 @@ def main():
     check(shardload.resolve_placement(False, "cpu+pin")[0] == "device", "resolve off")
     without_torch(path)
     world1(a.tmp, sd, path)
+    exit_with_exports(a.tmp, path)
     process_groups(a.tmp, sd, path)
     print(f"test_api: {CHECKS} checks passed", flush=True)
 
