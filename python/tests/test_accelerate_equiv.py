@@ -11,7 +11,8 @@ by Accelerate's function and once by the drop-in: every parameter's local shard 
 bit-identical, a DTensor with the same placements, on the device the placement table names
 (pinned as it says), and an SGD step afterwards must give the same finite parameters. Then the
 cases where Accelerate's function fails: a checkpoint dtype other than the parameters', a key
-missing on either side, plain and 0-d buffers; and patch()/unpatch().
+missing on either side, plain and 0-d buffers, tied weights saved once; 2-D (HSDP) meshes;
+loading in place into a materialised model; and patch()/unpatch().
 """
 
 from __future__ import annotations
@@ -61,12 +62,15 @@ def check(cond, what):
         raise AssertionError(f"rank {RANK}: {what}")
 
 
-def build(policy, dtype=torch.float32, buffers=False, tied=False):
+def build(policy, dtype=torch.float32, buffers=False, tied=False, mesh_shape=None):
     with torch.device("meta"):
         m = ToyLlama(buffers=buffers).to(dtype)
         if tied:  # lm_head shares the embedding, as tie_word_embeddings models do
             m.lm_head.weight = m.model.embed_tokens.weight
-    mesh = init_device_mesh(DEVICE, (WORLD,))
+    if mesh_shape is None:
+        mesh = init_device_mesh(DEVICE, (WORLD,))
+    else:  # 2-D: HSDP, replicate over dim 0, shard over dim 1
+        mesh = init_device_mesh(DEVICE, mesh_shape, mesh_dim_names=("replicate", "shard"))
     kw = {"mesh": mesh}
     if policy is not None:
         kw["offload_policy"] = policy
@@ -264,6 +268,63 @@ def where_accelerate_fails(tmp, ckpt_sd):
         print("where Accelerate fails: dtype cast, missing key, extra key, plain/0-d buffers, tied weights, bad entry: ok", flush=True)
 
 
+def hsdp(ckpt_dir, ckpt_sd):
+    """2-D meshes (HSDP: [Replicate, Shard(0)]): the plan's mesh is the DTensors' mesh."""
+    from accelerate.utils.fsdp_utils import fsdp2_load_full_state_dict as accelerate_load
+    shapes = [(WORLD, 1), (1, WORLD)]
+    for shape in shapes:
+        ref = build(None, mesh_shape=shape)
+        accelerate_load(accel(), ref, full_dict(ckpt_sd, ref), cpu_offload=False)
+        loaded = snapshot(ref)
+        for form in ("dict", "path"):
+            m = build(None, mesh_shape=shape)
+            sla.fsdp2_load_full_state_dict(accel(), m, ckpt_dir if form == "path" else full_dict(ckpt_sd, m))
+            compare(loaded, m, f"hsdp mesh {shape} {form}", None, None)
+    if RANK == 0:
+        print(f"2-D meshes {shapes}: bit-identical to Accelerate's", flush=True)
+
+
+def accelerate_prepare(ckpt_sd):
+    """Accelerate's own FSDP2 preparation (fsdp2_prepare_model with cpu_ram_efficient_loading,
+    which calls fsdp2_load_full_state_dict with rank 0's state dict and cpu_offload=isinstance(
+    policy, CPUOffloadPolicy)): once as shipped, once after patch(); the same shards."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    import accelerate.utils.fsdp_utils as fu
+
+    def run(patched, policy):
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=True, cpu_offload=policy,
+                                                auto_wrap_policy="transformer_based_wrap",
+                                                transformer_cls_names_to_wrap=["Block"])
+        mesh = init_device_mesh(DEVICE, (WORLD,), mesh_dim_names=("dp_shard",))
+        a = accel()
+        acc = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), torch_device_mesh=mesh,
+                              parallelism_config=SimpleNamespace(fsdp_dim_names=["dp_shard"]),
+                              device=a.device, is_main_process=a.is_main_process, mixed_precision="no")
+        torch.manual_seed(100 + RANK)  # the other ranks' weights must not matter
+        m = ToyLlama()
+        if RANK == 0:
+            m.load_state_dict(ckpt_sd)
+        m = m.to(a.device)
+        if patched:
+            sla.patch()
+        try:
+            m = fu.fsdp2_prepare_model(acc, m)
+        finally:
+            sla.unpatch()
+        return snapshot(m), m
+
+    for policy in (False, CPUOffloadPolicy(pin_memory=False)):
+        sla._report.clear()
+        ref, _ = run(False, policy)
+        check(not sla.last_load_report(), "unpatched prepare went through the drop-in")
+        _, m = run(True, policy)
+        compare(ref, m, f"fsdp2_prepare_model policy={policy}", policy or None, bool(policy))
+        rep = sla.last_load_report()
+        check(len(rep) == len(ref), f"patched prepare: the drop-in loaded {len(rep)} of {len(ref)} entries")
+    if RANK == 0:
+        print("Accelerate's fsdp2_prepare_model, as shipped and patched: bit-identical", flush=True)
+
+
 def in_place(ckpt_dir, ckpt_sd):
     """A materialised model (not meta): the shards land in the parameters' own local storage."""
     torch.manual_seed(99)
@@ -320,7 +381,8 @@ def main():
         if torch.cuda.is_available():
             policies.append(CPUOffloadPolicy(pin_memory=True))
         elif RANK == 0:
-            print("no CUDA: CPUOffloadPolicy(pin_memory=True) cannot be built here (FSDP2 pins with CUDA); "
+            print("no CUDA: CPUOffloadPolicy(pin_memory=True) is left out here (FSDP2's reset_sharded_param "
+                  "pins the loaded shards, which needs CUDA, for Accelerate's function as for the drop-in); "
                   "bench/gpu-check.sh runs it", flush=True)
         calls = [("kw", True), ("kw", False), ("kw", None), ("legacy",)]
         for dtype in (torch.float32, torch.bfloat16):
@@ -335,8 +397,10 @@ def main():
                 equivalence(tmp, sd, d, dtype, policies, [("kw", None), ("legacy",)], ["dict", "path"])
         sd = reference_state_dict()
         where_accelerate_fails(tmp, sd)
+        hsdp(os.path.join(tmp, "ckpt-float32"), sd)
         in_place(os.path.join(tmp, "ckpt-float32"), sd)
         patching(tmp, os.path.join(tmp, "ckpt-float32"), sd)
+        accelerate_prepare(sd)
         r = next(iter(sla.last_load_report().values()))
         if RANK == 0:
             print(f"backend {r['backend']}, collective {r['collective']}", flush=True)
