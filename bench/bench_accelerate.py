@@ -373,6 +373,10 @@ def print_tables(summary: dict, rat: dict, worlds: list[int]) -> None:
                 continue
             print(f"| {w} | {v} | {r['wall']:.2f} | {r['load_max']:.2f} | {r['rss_peak_rank0']:.2f} | "
                   f"{r['rss_peak_other_max']:.2f} | {r['rss_growth_rank0']:.2f} | {r['rss_growth_other_max']:.2f} |")
+    dev = [(k, r["device_peak_rank0"]) for k, r in rat.items() if r["device_peak_rank0"] > 0]
+    if dev:  # cuda meshes: torch's peak device memory on rank 0
+        print()
+        print("device memory peak, rank 0, Accelerate / drop-in: " + ", ".join(f"{k} {x:.2f}" for k, x in dev))
     print(flush=True)
 
 

@@ -323,17 +323,19 @@ if "$PYTHON" -c 'import accelerate, torch.distributed.fsdp' 2>/dev/null; then
   else
     check "python drop-in (cuda mesh)" FAIL "exit $prc; see python-dropin.log: $(grep -m1 -E 'Error|error' "$OUT/python-dropin.log" | head -c 200)"
   fi
-  if [ -f "$SRC/bench/bench_accelerate.py" ]; then
-    SHARDLOAD_LIBRARY=$BUILD/libshardload.so PYTHONPATH=$SRC/python timeout 300 \
-      "$PYTHON" "$SRC/bench/bench_accelerate.py" --device cuda --worlds 1 --json "$OUT/bench-accelerate.json" \
-      >"$OUT/bench-accelerate.log" 2>&1
+  # the drop-in against Accelerate's function, world 1: device placement, then CPU offload (pinned)
+  for off in none cpu+pin; do
+    SHARDLOAD_LIBRARY=$BUILD/libshardload.so PYTHONPATH=$SRC/python timeout 240 \
+      "$PYTHON" "$SRC/bench/bench_accelerate.py" --device cuda --worlds 1 --offload "$off" --repeat 2 \
+      --dir "$WORK/bench-accel" --json "$OUT/bench-accelerate-$off.json" >"$OUT/bench-accelerate-$off.log" 2>&1
     brc=$?
-    check "python bench (world 1, cuda)" "$([ $brc -eq 0 ] && echo OK || echo FAIL)" "exit $brc; see bench-accelerate.log"
-  fi
+    check "python bench (world 1, cuda, offload $off)" "$([ $brc -eq 0 ] && echo OK || echo FAIL)" \
+      "exit $brc; $(grep -m1 -E '^\| 1 \| dict' "$OUT/bench-accelerate-$off.log" | head -c 200) (bench-accelerate-$off.log)"
+  done
 else
   check "python drop-in (cuda mesh)" FAIL "$PYTHON cannot import accelerate and torch.distributed.fsdp"
 fi
-rm -rf "$WORK/python"
+rm -rf "$WORK/python" "$WORK/bench-accel"
 
 # ---- summary --------------------------------------------------------------------------------
 {

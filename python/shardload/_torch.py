@@ -80,7 +80,11 @@ def memory_table(state_dict):
         try:
             host = cache.get(index)
             if host is None:
-                cache.clear()  # one converted tensor at a time: reads come in file order
+                # at most two converted tensors at a time, never the whole dict; reads come in
+                # file order, so a tensor read in pieces is converted again only where two
+                # other converted tensors were read between its pieces
+                if len(cache) >= 2:
+                    del cache[next(iter(cache))]
                 name, t = lazy[index]
                 host = t.contiguous().cpu().reshape(-1).view(torch.uint8)
                 cache[index] = host

@@ -152,10 +152,11 @@ def _device_type(entries) -> str:
 def _local_device(dev_type: str, accelerator):
     if dev_type == "cpu":
         return torch.device("cpu")
-    dev = getattr(accelerator, "device", None)
-    if isinstance(dev, torch.device) and dev.type == dev_type:
-        return dev
     mod = getattr(torch, dev_type, None)
+    dev = getattr(accelerator, "device", None)
+    if isinstance(dev, torch.device) and dev.type == dev_type and dev.index is not None:
+        return dev
+    # the device torch allocates on ("cuda" alone means the current one): the library's too
     idx = mod.current_device() if mod is not None and hasattr(mod, "current_device") else 0
     return torch.device(dev_type, idx)
 

@@ -157,6 +157,14 @@ def world1(tmp, sd, path):
     nc = {"t": torch.arange(20, dtype=torch.float32).reshape(4, 5).t()}
     st6 = ctx.load(ctx.plan(), ctx.open_state_dict(nc))
     check(torch.equal(st6["t"].to_torch(), nc["t"].contiguous()), "non-contiguous state dict entry")
+    # several strided tensors larger than a staging slot, read in pieces between each other
+    g = torch.Generator().manual_seed(9)
+    many = {f"s{i}": torch.randn(600, 400 + i, generator=g).t() for i in range(3)}
+    many["small"] = torch.arange(6, dtype=torch.float32)[::2]
+    st8 = ctx.load(ctx.plan(param_dtype="BF16"), ctx.open_state_dict(many), staging_bytes=256 << 10)  # a cast: staged
+    check(st8.stats()["transfers"] > 2 * len(many), f"pieces: {st8.stats()}")
+    for k, v in many.items():
+        check(torch.equal(st8[k].to_torch(), v.contiguous().bfloat16()), f"strided entry {k} read in pieces")
     expect(shardload.ShardloadError, lambda: ctx.open_state_dict({"m": torch.empty(3, device="meta")}), "meta")
     expect(shardload.ShardloadError, lambda: ctx.open_state_dict({"c": torch.zeros(2, dtype=torch.complex64)}), "'c'")
     # the state outlives its context
