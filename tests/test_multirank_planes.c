@@ -148,6 +148,46 @@ static void test_device_option(void **state) {
   assert_non_null(strstr(err, "device -1 is not a device ordinal"));
 }
 
+/* ---- contexts one after another --------------------------------------------------------- */
+
+/* Two contexts of the job in a row, and between them rank 1 makes a world-1 context of its own
+ * (a script inspecting a checkpoint, a torch program's side context): the job's second context
+ * still meets at once. A process-wide count of every context would number rank 1's second job
+ * context differently from rank 0's, and both would wait out the timeout. */
+static int side_rank(int rank, int world, void *arg) {
+  const char *rdzv = arg;
+  for (int round = 0; round < 2; round++) {
+    if (round == 1 && rank == 1) {
+      sl_context_options solo = {.size = sizeof solo, .backend = "cpu", .world_size = 1};
+      sl_context *side = NULL;
+      SL_CHILD_CHECK(sl_context_create(&solo, &side) == SL_OK, "rank 1: side context");
+      sl_context_destroy(side);
+    }
+    char err[512] = "";
+    sl_context_options co = {.size = sizeof co, .backend = "cpu", .world_size = world, .rank = rank,
+                             .rendezvous = rdzv, .timeout_ms = 8000, .errbuf = err, .errbuf_size = sizeof err};
+    sl_context *ctx = NULL;
+    double t0 = now_s();
+    sl_status s = sl_context_create(&co, &ctx);
+    double took = now_s() - t0;
+    SL_CHILD_CHECK(s == SL_OK, "rank %d round %d: %s: %s", rank, round, sl_status_name(s), err);
+    SL_CHILD_CHECK(took < 5.0, "rank %d round %d: creation took %.1f s", rank, round, took);
+    SL_CHILD_CHECK(sl_context_agree(ctx, SL_OK) == SL_OK, "rank %d round %d: agree: %s", rank, round,
+                   sl_context_errmsg(ctx));
+    sl_context_destroy(ctx);
+  }
+  return 0;
+}
+
+static void test_side_context_keeps_numbering(void **state) {
+  char *rdzv = sl_test_rendezvous("side");
+  int codes[2];
+  assert_int_equal(sl_test_spawn(2, side_rank, rdzv, 40000, codes), 0);
+  assert_int_equal(codes[0], 0);
+  assert_int_equal(codes[1], 0);
+  free(rdzv);
+}
+
 /* ---- sl_context_abort --------------------------------------------------------------------- */
 
 static void *abort_later(void *arg) {
@@ -222,6 +262,7 @@ int main(void) {
       cmocka_unit_test(test_data_init_failure_fails_everywhere),
       cmocka_unit_test(test_ranks_asking_differently_fail),
       cmocka_unit_test(test_one_rank),
+      cmocka_unit_test(test_side_context_keeps_numbering),
       cmocka_unit_test(test_device_option),
       cmocka_unit_test(test_abort_one_rank),
       cmocka_unit_test(test_abort_ends_control_wait),

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <xxhash.h>
 
@@ -48,15 +49,43 @@ static const char *job_id(char *buf, size_t len) {
   return buf;
 }
 
+/* The number of this context among the process's contexts of the same world size, from 0 in
+ * creation order: every rank of a job must agree on it. Counted per world size, and not at all
+ * for world 1 (which meets no one), so that a context one rank makes on the side (world 1, or
+ * a job of another size) does not shift the numbers of the job's own contexts. Not per job key:
+ * the lobby (collectives/gloo/lobby.h) is where ranks started with different job keys find
+ * each other, so it must be numbered alike for them. */
+static unsigned next_generation(int world_size) {
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  static struct {
+    int world;
+    unsigned next;
+  } seen[64];
+  static unsigned nseen, oldest;
+  if (world_size <= 1) return 0;
+  pthread_mutex_lock(&mu);
+  unsigned i = 0;
+  while (i < nseen && seen[i].world != world_size) i++;
+  if (i == nseen) { /* a process that met more sizes than this holds forgets the oldest */
+    if (nseen < sizeof seen / sizeof seen[0]) nseen++;
+    else i = oldest++ % nseen;
+    seen[i].world = world_size;
+    seen[i].next = 0;
+  }
+  unsigned gen = seen[i].next++;
+  pthread_mutex_unlock(&mu);
+  return gen;
+}
+
 /* The rendezvous key prefix: unique per job even without a launcher's job id (see job_key in
- * shardload.h). Contexts created in the same order on every rank get the same prefix, so one
- * rendezvous serves several contexts of a process (as torch numbers its process groups). */
+ * shardload.h). Contexts of one world size created in the same order on every rank get the
+ * same prefix, so one rendezvous serves several contexts of a process (as torch numbers its
+ * process groups). */
 static void store_prefix(const char *job_key, int world_size, char *out, size_t len, char *lobby,
                          size_t lobby_len) {
-  static unsigned generation;
   char id[160];
   char key[24] = "-";
-  unsigned gen = __atomic_fetch_add(&generation, 1, __ATOMIC_RELAXED);
+  unsigned gen = next_generation(world_size);
   if (job_key && *job_key) snprintf(key, sizeof key, "%016llx", (unsigned long long)XXH3_64bits(job_key, strlen(job_key)));
   job_id(id, sizeof id);
   snprintf(out, len, "shardload/%s/w%d/%s/%u/", id, world_size, key, gen);

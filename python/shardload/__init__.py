@@ -118,7 +118,7 @@ ctypes.pythonapi.Py_IncRef(ctypes.py_object(_log_cb))  # immortal, like the DLPa
 _context_serial = itertools.count()
 
 
-def _process_group_rendezvous(serial: int):
+def _process_group_rendezvous():
     """(world, rank, local_rank, rendezvous) of an initialised torch.distributed default group,
     or None. The group's own store is reused (never a second server on another port): a c10d
     TCPStore (env://, tcp://, torchrun's agent store) as c10d://HOST:PORT, a FileStore as a
@@ -131,6 +131,9 @@ def _process_group_rendezvous(serial: int):
     if not (dist.is_available() and dist.is_initialized()):
         return None
     from torch.distributed import distributed_c10d as c10d
+    # counted only here, so every rank numbers its process-group contexts alike (a world-1
+    # context one rank makes on the side does not shift the others' keys)
+    serial = next(_context_serial)
     store = c10d._get_default_store()
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
@@ -140,7 +143,7 @@ def _process_group_rendezvous(serial: int):
         host = store.host
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
-        return world, rank, local_rank, f"c10d://{host}:{store.port}"
+        return world, rank, local_rank, f"c10d://{host}:{store.port}", serial
     if isinstance(store, dist.FileStore) and getattr(store, "path", None):
         import uuid
         default = c10d._get_default_store()
@@ -150,7 +153,7 @@ def _process_group_rendezvous(serial: int):
         name = default.get(key).decode()
         d = os.path.join(store.path + ".shardload.d", name)
         os.makedirs(d, mode=0o700, exist_ok=True)
-        return world, rank, local_rank, f"file://{d}"
+        return world, rank, local_rank, f"file://{d}", serial
     raise ShardloadError(1, f"the torch.distributed default group's store is a {type(store).__name__}, which "
                          "shardload cannot join: pass rendezvous='tcp://HOST:PORT' or 'file://DIR' to Context")
 
@@ -170,12 +173,11 @@ class Context:
         o = _capi.ContextOptions()
         o.size = sizeof(o)
         o.backend, o.collective = _cstr(backend), _cstr(collective)
-        serial = next(_context_serial)
-        pg = _process_group_rendezvous(serial) if use_process_group and world_size is None else None
+        pg = _process_group_rendezvous() if use_process_group and world_size is None else None
         key = job_key
         self._rdzv_dir = None
         if pg is not None:
-            world_size, rank, lr, pg_rdzv = pg
+            world_size, rank, lr, pg_rdzv, serial = pg
             local_rank = lr if local_rank is None else local_rank
             if rendezvous is None:
                 rendezvous = pg_rdzv
