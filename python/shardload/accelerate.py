@@ -174,6 +174,37 @@ def _reusable(e, want_device: torch.device, pinned: bool):
     return local
 
 
+def _signature(entries) -> list:
+    return [(e.key, e.spec, tuple(e.mesh.mesh.shape) if e.mesh is not None else None, e.policy,
+             str(e.value.dtype), tuple(e.value.shape)) for e in entries]
+
+
+def _same_plan_everywhere(dist, world, path, entries):
+    """One exchange over the torch group: rank 0's full_sd form (it decides for every rank), and
+    the model.state_dict() each rank plans from. Ranks whose models differ would make different
+    loads and wait for each other; they fail together instead, every rank naming the first rank
+    that differs from rank 0 and the first entry where it does."""
+    import hashlib
+    sig = _signature(entries) if entries is not None else None
+    digest = hashlib.sha256(repr(sig).encode()).hexdigest() if sig is not None else None
+    everyone = [None] * world
+    dist.all_gather_object(everyone, (path, digest))
+    path = everyone[0][0]
+    bad = next((r for r in range(1, world) if everyone[r][1] not in (everyone[0][1], None)
+                and everyone[0][1] is not None), None)
+    if bad is None:
+        return path, None
+    sigs = [None] * world  # the whole signatures, only when they differ
+    dist.all_gather_object(sigs, sig)
+    a, b = sigs[0], sigs[bad]
+    i = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
+    where = (f"entry {i}: rank 0 has {a[i] if i < len(a) else 'nothing'}, rank {bad} has "
+             f"{b[i] if i < len(b) else 'nothing'}")
+    return path, shardload.ShardloadError(16, f"rank {bad}'s model.state_dict() differs from rank 0's "
+                                              f"({len(b)} and {len(a)} entries; {where}): every rank must "
+                                              "load the same model")
+
+
 def _load(accelerator, model, full_sd, cpu_offload):
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
@@ -181,10 +212,6 @@ def _load(accelerator, model, full_sd, cpu_offload):
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     # rank 0's full_sd decides the form (the other ranks' argument is ignored): a path, or its dict
     path = os.fspath(full_sd) if isinstance(full_sd, (str, os.PathLike)) else None
-    if world > 1:
-        box = [path]
-        dist.broadcast_object_list(box, src=0)
-        path = box[0]
     dev_type = "cpu"
     err = None
     try:
@@ -192,6 +219,9 @@ def _load(accelerator, model, full_sd, cpu_offload):
         dev_type = _device_type(entries)
     except Exception as e:  # agreed below, once a context exists
         err, entries = e, []
+    if world > 1:
+        path, mismatch = _same_plan_everywhere(dist, world, path, entries if err is None else None)
+        err = err or mismatch
     backend = "cpu" if dev_type == "cpu" else "auto"
     dev = _local_device(dev_type, accelerator)
     _report.clear()

@@ -259,6 +259,11 @@ def where_accelerate_fails(tmp, ckpt_sd):
         check(sla.last_load_report()["lm_head.weight"].get("alias_of") == "model.embed_tokens.weight",
               f"tied {form}: lm_head.weight not taken from its alias")
         check(torch.equal(m.lm_head.weight.full_tensor().cpu(), tied["model.embed_tokens.weight"]), f"tied {form}: values")
+    # ranks whose models differ (rank 1's has an extra buffer): one error on every rank, naming it
+    if WORLD > 1:
+        m = build(None, buffers=RANK == WORLD - 1)
+        expect_error(lambda: sla.fsdp2_load_full_state_dict(accel(), m, os.path.join(tmp, "bf16")),
+                     f"rank {WORLD - 1}'s model.state_dict() differs from rank 0's")
     # a dict entry that is not a tensor
     m = build(None)
     bad = dict(ckpt_sd, **{"model.norm.weight": "not a tensor"})
