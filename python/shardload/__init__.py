@@ -20,7 +20,6 @@ import ctypes
 import itertools
 import logging
 import os
-import threading
 from ctypes import byref, c_char_p, c_int, c_void_p, sizeof
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -205,7 +204,6 @@ class Context:
         if s:
             self._ptr = c_void_p()
             raise ShardloadError(s, errbuf.value.decode("utf-8", "replace"))
-        self._lock = threading.Lock()
 
     # -- lifetime
     def close(self) -> None:

@@ -91,19 +91,19 @@ def _placement_spec(name, placements) -> str:
 
 
 class _Entry:
-    __slots__ = ("key", "value", "mesh", "placements", "spec", "policy", "param", "dt_target", "dt_load",
+    __slots__ = ("key", "value", "mesh", "placements", "spec", "policy", "dt_target", "dt_load",
                  "aliases", "src_key", "local", "fresh")
 
     def __init__(self, key, value):
         self.key, self.value = key, value
-        self.mesh = self.placements = self.spec = self.param = None
+        self.mesh = self.placements = self.spec = None
         self.aliases = ()   # other state-dict names of the same tensor (tied weights)
         self.src_key = None  # the checkpoint name it loads from: its own, else an alias's
         self.local = self.fresh = None
 
 
 def _plan_entries(model, world: int):
-    """The model's state dict as load entries, grouped by (mesh shape, policy)."""
+    """The model's state dict as load entries: mesh, placements, offload policy, tied names."""
     from torch.distributed.tensor import DTensor
     sd = model.state_dict()
     policies = _fsdp_policies(model)
@@ -124,7 +124,6 @@ def _plan_entries(model, world: int):
         if not isinstance(v, torch.Tensor):
             raise TypeError(f"model.state_dict()['{key}'] is a {type(v).__name__}, not a tensor")
         p = params.get(key)
-        e.param = p
         if p is not None:  # tied weights: one tensor under several names
             e.aliases = tuple(n for n in names_of[id(p)] if n != key)
         e.policy = _policy_key(policies[id(p)]) if p is not None and id(p) in policies else default_policy
