@@ -1,6 +1,7 @@
 /* shardload plan: a dry run of the shard geometry (every rank's local shape and global offset
  * of every tensor, and its bytes), plus the plan options `plan` and `load` share. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +30,9 @@ static const char HELP[] =
     "  --rank R              show only rank R\n"
     "  --json                one JSON object on stdout instead of the tables; a path that\n"
     "                        is not UTF-8 is kept: \"path\" has each invalid byte as U+FFFD\n"
-    "                        and \"path_bytes_hex\" the exact bytes in hex\n"
+    "                        and \"path_bytes_hex\" the exact bytes in hex. Written rank by\n"
+    "                        rank (memory does not grow with --world); an error, a full disk\n"
+    "                        included, ends it there with exit status 1\n"
     "  -h, --help            show this help\n";
 
 /* ---- plan options shared with `load` ---------------------------------------------------- */
@@ -162,28 +165,32 @@ static int resolve_rank(sl_context *ctx, sl_plan *plan, const sl_source *src, in
   return CLI_EXIT_OK;
 }
 
+/* RANK's object of the JSON report; NULL when out of memory (every value here is valid UTF-8:
+ * tensor names passed the header's UTF-8 check, the rest is ASCII). */
 static json_t *rank_json(int rank, const plan_row *rows, size_t n, uint64_t total) {
-  json_t *r = json_object();
-  json_object_set_new(r, "rank", json_integer(rank));
-  json_t *ts = json_array();
-  for (size_t i = 0; i < n; i++) {
+  json_t *r = json_object(), *ts = json_array();
+  int bad = !r || !ts;
+  for (size_t i = 0; i < n && !bad; i++) {
     const plan_row *w = &rows[i];
     json_t *o = json_object();
-    json_object_set_new(o, "name", json_string(w->t->name));
-    json_object_set_new(o, "file_dtype", json_string(sl_dtype_name(w->t->dtype)));
-    json_object_set_new(o, "dtype", json_string(sl_dtype_name(w->g.dtype)));
-    json_object_set_new(o, "placement", json_string(w->placement));
-    json_object_set_new(o, "replicated", json_boolean(w->g.replicated));
-    json_object_set_new(o, "global_shape", cli_json_dims(w->t->ndim, w->t->shape));
-    json_object_set_new(o, "local_shape", cli_json_dims(w->g.ndim, w->g.local_shape));
-    json_object_set_new(o, "global_offset", cli_json_dims(w->g.ndim, w->g.global_offset));
-    json_object_set_new(o, "bytes", json_integer((json_int_t)w->g.nbytes));
-    json_array_append_new(ts, o);
+    bad |= json_object_set_new(o, "name", json_string(w->t->name));
+    bad |= json_object_set_new(o, "file_dtype", json_string(sl_dtype_name(w->t->dtype)));
+    bad |= json_object_set_new(o, "dtype", json_string(sl_dtype_name(w->g.dtype)));
+    bad |= json_object_set_new(o, "placement", json_string(w->placement));
+    bad |= json_object_set_new(o, "replicated", json_boolean(w->g.replicated));
+    bad |= json_object_set_new(o, "global_shape", cli_json_dims(w->t->ndim, w->t->shape));
+    bad |= json_object_set_new(o, "local_shape", cli_json_dims(w->g.ndim, w->g.local_shape));
+    bad |= json_object_set_new(o, "global_offset", cli_json_dims(w->g.ndim, w->g.global_offset));
+    bad |= json_object_set_new(o, "bytes", json_integer((json_int_t)w->g.nbytes));
+    bad |= json_array_append_new(ts, o); /* takes o (NULL included) */
   }
-  json_object_set_new(r, "tensors", ts);
-  json_object_set_new(r, "tensor_count", json_integer((json_int_t)n));
-  json_object_set_new(r, "total_bytes", json_integer((json_int_t)total));
-  return r;
+  bad |= json_object_set_new(r, "rank", json_integer(rank));
+  bad |= json_object_set_new(r, "tensors", ts); /* takes ts */
+  bad |= json_object_set_new(r, "tensor_count", json_integer((json_int_t)n));
+  bad |= json_object_set_new(r, "total_bytes", json_integer((json_int_t)total));
+  if (!bad) return r;
+  json_decref(r);
+  return NULL;
 }
 
 static void rank_table(int rank, int world, const plan_row *rows, size_t n, uint64_t total) {
@@ -218,6 +225,112 @@ static void rank_table(int rank, int world, const plan_row *rows, size_t n, uint
            wls, cli_dims_str(a, sizeof a, w->g.ndim, w->g.local_shape),
            cli_dims_str(b, sizeof b, w->g.ndim, w->g.global_offset), (unsigned long long)w->g.nbytes);
   }
+}
+
+/* ---- the JSON report, streamed ------------------------------------------------------------
+ * One rank's object at a time, so memory does not grow with the world (a world of 16384 held
+ * 1.7 GB as one document). The bytes are those jansson writes for the whole document
+ * (cli_json_print: JSON_INDENT(2), JSON_PRESERVE_ORDER): the head object is dumped without its
+ * closing brace, and each rank object, dumped on its own, is indented to its depth in
+ * "ranks" (four spaces after every newline; strings hold no raw newline). */
+
+typedef struct json_stream {
+  FILE *out;
+  const char *indent; /* written after every newline of a dumped value */
+  int err;            /* errno of the first failed write; 0 while all is well */
+} json_stream;
+
+static int json_stream_put(json_stream *js, const char *buf, size_t len) {
+  if (js->err) return -1;
+  errno = 0;
+  if (len && fwrite(buf, 1, len, js->out) != len) {
+    js->err = errno ? errno : EIO;
+    return -1;
+  }
+  return 0;
+}
+
+/* json_dump_callback's sink: the text with JS->indent after each newline. */
+static int json_stream_dump(const char *buf, size_t size, void *data) {
+  json_stream *js = data;
+  for (size_t i = 0; i < size;) {
+    const char *nl = memchr(buf + i, '\n', size - i);
+    size_t end = nl ? (size_t)(nl - buf) + 1 : size;
+    if (json_stream_put(js, buf + i, end - i) != 0) return -1;
+    if (nl && json_stream_put(js, js->indent, strlen(js->indent)) != 0) return -1;
+    i = end;
+  }
+  return 0;
+}
+
+/* Reports why the stream failed: a write (naming the error, e.g. "No space left on device"),
+ * or jansson running out of memory while it wrote. Returns CLI_EXIT_ERROR. */
+static int json_stream_fail(const char *path, const json_stream *js) {
+  if (js->err)
+    cli_error(path, SL_ERR_IO, "cannot write the JSON report to stdout: %s", strerror(js->err));
+  else
+    cli_error(path, SL_ERR_NOMEM, "out of memory writing the JSON report");
+  return CLI_EXIT_ERROR;
+}
+
+/* {"path", ["path_bytes_hex",] "world_size", "mesh", then "ranks": [ up to the first rank. */
+static int json_stream_head(json_stream *js, const char *path, long world, int mesh_ndim, const int64_t *mesh) {
+  json_t *head = json_object(), *value = NULL, *hex = NULL;
+  cli_json_path_values(path, &value, &hex);
+  int bad = !value;
+  bad |= json_object_set_new(head, "path", value);
+  if (hex) bad |= json_object_set_new(head, "path_bytes_hex", hex);
+  bad |= json_object_set_new(head, "world_size", json_integer(world));
+  bad |= json_object_set_new(head, "mesh", cli_json_dims(mesh_ndim, mesh));
+  char *text = bad ? NULL : json_dumps(head, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  json_decref(head);
+  if (!text) {
+    cli_error(path, SL_ERR_NOMEM, "out of memory writing the JSON report");
+    return CLI_EXIT_ERROR;
+  }
+  size_t len = strlen(text);
+  /* an indented object ends "\n}": the ranks go before that brace */
+  int rc = len >= 2 && text[len - 1] == '}' && text[len - 2] == '\n' ? 0 : -1;
+  if (rc == 0) rc = json_stream_put(js, text, len - 2);
+  static const char ranks[] = ",\n  \"ranks\": [";
+  if (rc == 0) rc = json_stream_put(js, ranks, sizeof ranks - 1);
+  free(text);
+  return rc == 0 ? CLI_EXIT_OK : json_stream_fail(path, js);
+}
+
+/* One rank's object, the COUNT-th written (from 0). */
+static int json_stream_rank(json_stream *js, const char *path, size_t count, int rank, const plan_row *rows,
+                            size_t n, uint64_t total) {
+  json_t *r = rank_json(rank, rows, n, total);
+  if (!r) {
+    cli_error(path, SL_ERR_NOMEM, "out of memory writing rank %d of the JSON report", rank);
+    return CLI_EXIT_ERROR;
+  }
+  const char *sep = count ? ",\n    " : "\n    ";
+  int rc = json_stream_put(js, sep, strlen(sep));
+  js->indent = "    ";
+  if (rc == 0) rc = json_dump_callback(r, json_stream_dump, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  js->indent = "";
+  json_decref(r);
+  return rc == 0 ? CLI_EXIT_OK : json_stream_fail(path, js);
+}
+
+/* Closes "ranks" and the document; the last write is checked by the flush. */
+static int json_stream_end(json_stream *js, const char *path, size_t count) {
+  const char *tail = count ? "\n  ]\n}\n" : "]\n}\n";
+  int rc = json_stream_put(js, tail, strlen(tail));
+  errno = 0;
+  if (rc == 0 && fflush(js->out) != 0) js->err = errno ? errno : EIO, rc = -1;
+  return rc == 0 ? CLI_EXIT_OK : json_stream_fail(path, js);
+}
+
+/* The tables are written rank by rank too: each one flushed and checked, so a full disk
+ * ends the run with its reason instead of exit status 0. */
+static int table_flush(const char *path, int rank) {
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout)) return CLI_EXIT_OK;
+  cli_error(path, SL_ERR_IO, "cannot write the plan of rank %d to stdout: %s", rank, strerror(errno ? errno : EIO));
+  return CLI_EXIT_ERROR;
 }
 
 int cli_cmd_plan(int argc, char **argv) {
@@ -277,7 +390,7 @@ int cli_cmd_plan(int argc, char **argv) {
   sl_source *src = NULL;
   sl_plan *plan = NULL;
   plan_row *rows = NULL;
-  json_t *root = NULL, *ranks = NULL;
+  json_stream js = {stdout, "", 0};
   sl_status s = sl_source_open(ctx, path, &src);
   if (s != SL_OK) {
     rc = cli_fail(path, s, ctx);
@@ -305,36 +418,32 @@ int cli_cmd_plan(int argc, char **argv) {
   int64_t mesh[SL_MAX_MESH_DIMS];
   for (int d = 0; d < mesh_ndim; d++) mesh[d] = plan_mesh[d];
   if (json) {
-    root = json_object();
-    cli_json_set_path(root, "path", path);
-    json_object_set_new(root, "world_size", json_integer(world));
-    json_object_set_new(root, "mesh", cli_json_dims(mesh_ndim, mesh));
-    ranks = json_array();
-    json_object_set_new(root, "ranks", ranks);
+    if ((rc = json_stream_head(&js, path, world, mesh_ndim, mesh)) != CLI_EXIT_OK) goto out_rows;
   } else {
     char m[160];
     fputs("plan for ", stdout);
     cli_fput_escaped(stdout, path, 0);
     printf(": world %ld, mesh %s, %zu tensors\n", world, cli_dims_str(m, sizeof m, mesh_ndim, mesh), n);
   }
+  size_t written = 0;
   for (long rank = 0; rank < world; rank++) {
     if (only_rank >= 0 && rank != only_rank) continue;
     uint64_t total = 0;
     size_t kept = 0;
     if ((rc = resolve_rank(ctx, plan, src, (int)rank, (int)world, rows, &kept, &total)) != CLI_EXIT_OK)
       goto out_rows;
-    if (json)
-      json_array_append_new(ranks, rank_json((int)rank, rows, kept, total));
-    else
+    if (json) {
+      rc = json_stream_rank(&js, path, written, (int)rank, rows, kept, total);
+    } else {
       rank_table((int)rank, (int)world, rows, kept, total);
+      rc = table_flush(path, (int)rank);
+    }
+    written++;
+    if (rc != CLI_EXIT_OK) goto out_rows; /* a failed write stops here, not after every rank */
   }
-  if (json && cli_json_print(stdout, root) != 0) {
-    cli_error(path, SL_ERR_IO, "cannot write the JSON report to stdout; check the output stream");
-    rc = CLI_EXIT_ERROR;
-  }
+  if (json) rc = json_stream_end(&js, path, written);
 
 out_rows:
-  json_decref(root);
   free(rows);
 out_plan:
   sl_plan_destroy(plan);
