@@ -593,6 +593,15 @@ static void test_load_collective_and_device(void **state) {
   assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --device -1", sl_test_bin(), g_single), 2);
   assert_one_error_line(out, "--device");
   free(out);
+  /* the cpu backend has one device, ordinal 0: another is refused by name, 0 is taken */
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --backend cpu --device 7", sl_test_bin(), g_single), 1);
+  assert_one_error_line(out, g_single);
+  assert_non_null(strstr(out, "SL_ERR_NO_DEVICE"));
+  assert_non_null(strstr(out, "cpu (local rank 0): device 7 requested"));
+  free(out);
+  assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' --backend cpu --device 0 >/dev/null", sl_test_bin(), g_single),
+                   0);
+  free(out);
   /* the node's rank count: a malformed LOCAL_WORLD_SIZE fails a load by name (the launcher's
    * variables), never the one-rank commands that read no launcher variable */
   assert_int_equal(sl_test_run(&out, ENV1 " LOCAL_WORLD_SIZE=two %s load '%s'", sl_test_bin(), g_single), 1);

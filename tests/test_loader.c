@@ -176,6 +176,37 @@ static void test_cpu_backend_has_no_pinned_memory(void **state) {
   close_env(&e);
 }
 
+/* The cpu backend has one device, host memory, ordinal 0: an explicit other ordinal is
+ * refused naming the backend and the ordinal, 0 is accepted, and without one every local rank
+ * shares it. The sim backend simulates whichever ordinal it is given. */
+static void test_cpu_backend_has_one_device(void **state) {
+  char err[512] = "";
+  sl_context *ctx = NULL;
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .world_size = 1, .device = 7, .device_set = 1,
+                           .errbuf = err, .errbuf_size = sizeof err};
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_NO_DEVICE);
+  assert_null(ctx);
+  assert_non_null(strstr(err, "cpu"));
+  assert_non_null(strstr(err, "device 7 requested"));
+  assert_non_null(strstr(err, "ordinal 0"));
+  co.device = 0;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_OK);
+  assert_string_equal(sl_context_backend_name(ctx), "cpu");
+  sl_context_destroy(ctx);
+  co.device_set = 0;
+  co.device = 0;
+  co.local_rank = 5; /* the sixth rank of a node: local_rank % 1 device */
+  assert_int_equal(sl_context_create(&co, &ctx), SL_OK);
+  sl_context_destroy(ctx);
+  co.local_rank = 0;
+  co.backend = "sim";
+  co.device = 7;
+  co.device_set = 1;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_OK);
+  assert_non_null(strstr(sl_context_device_description(ctx), "sim:7"));
+  sl_context_destroy(ctx);
+}
+
 static void test_older_smaller_options_mean_infer(void **state) {
   /* a caller compiled when the struct was just {size}: garbage after it must not be read */
   union {
@@ -645,6 +676,7 @@ int main(void) {
       cmocka_unit_test(test_null_options_infer_no_policy),
       cmocka_unit_test(test_contract_rows_on_sim),
       cmocka_unit_test(test_cpu_backend_has_no_pinned_memory),
+      cmocka_unit_test(test_cpu_backend_has_one_device),
       cmocka_unit_test(test_older_smaller_options_mean_infer),
       cmocka_unit_test(test_cast_to_f32_and_tiny_staging),
       cmocka_unit_test(test_cast_f32_to_bf16),

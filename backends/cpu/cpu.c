@@ -26,6 +26,14 @@ static sl_status cpu_init(const sl_backend_init *init, void **be) {
     return init->host->fail(init->host->core, SL_ERR_INVALID,
                             "cpu backend: unknown variant '%s'; use cpu (sim:strict is the checking one)",
                             init->variant);
+  /* One device, host memory, ordinal 0: an explicit other ordinal names a device that is not
+   * there (as cuda refuses one past its count; sim simulates whichever ordinal it is given).
+   * Without one every local rank shares ordinal 0 (local_rank % 1). */
+  if (init->device > 0)
+    return init->host->fail(init->host->core, SL_ERR_NO_DEVICE,
+                            "cpu (local rank %d): device %d requested but the cpu backend has one device, host "
+                            "memory (ordinal 0); pass --device 0 or leave it out",
+                            init->local_rank < 0 ? 0 : init->local_rank, init->device);
   cpu_backend *c = calloc(1, sizeof *c);
   if (!c) return SL_ERR_NOMEM;
   c->host = init->host;
