@@ -553,6 +553,88 @@ static void test_small_tensors_share_transfers(void **state) {
   free(path);
 }
 
+/* Caller buffers carved from one allocation: SAME returns its start for every tensor (they
+ * overlap), otherwise consecutive ranges that touch but do not overlap; the empty tensor is
+ * given the start of the block either way (a zero-byte buffer overlaps nothing). */
+#define ARENA 4096
+typedef struct arena_binder {
+  env *e;
+  int same, calls;
+  sl_device_kind where;
+  unsigned char *base;
+  size_t used;
+} arena_binder;
+
+static void *arena_take(arena_binder *a, const sl_tensor *t) {
+  if (!a->base) {
+    a->where = t->device;
+    assert_int_equal(sl_alloc(a->e->ctx, a->where, 0, ARENA, (void **)&a->base), SL_OK);
+    unsigned char fill[ARENA];
+    memset(fill, 0xEE, sizeof fill);
+    assert_int_equal(sl_copy_from_host(a->e->ctx, a->base, a->where, fill, ARENA), SL_OK);
+  }
+  assert_int_equal(t->device, a->where);
+  a->calls++;
+  if (a->same || !t->nbytes) return a->base;
+  void *p = a->base + a->used;
+  a->used += (size_t)t->nbytes;
+  assert_true(a->used <= ARENA);
+  return p;
+}
+
+static void *arena_bind(void *user, const sl_tensor *t) { return arena_take(user, t); }
+
+static sl_status arena_bind_buffer(void *user, const sl_tensor *t, sl_binding *out) {
+  out->data = arena_take(user, t);
+  return SL_OK;
+}
+
+/* Overlapping caller buffers are refused before any byte moves, naming two of the tensors
+ * (one buffer returned for every tensor used to load, leaving all but the last one wrong), on
+ * host and device memory, through bind and bind_buffer; buffers that only touch load. */
+static void test_overlapping_caller_buffers_refused(void **state) {
+  const char *backends[] = {"cpu", "sim:strict"};
+  for (size_t k = 0; k < 2; k++) {
+    for (int via_buffer = 0; via_buffer < 2; via_buffer++) {
+      env e;
+      open_env(&e, backends[k]);
+      arena_binder a = {.e = &e, .same = 1};
+      sl_load_options o = {.size = sizeof o};
+      if (via_buffer) o.bind_buffer = arena_bind_buffer, o.bind_buffer_user = &a;
+      else o.bind = arena_bind, o.bind_user = &a;
+      sl_state *st = NULL;
+      assert_int_equal(sl_load(e.ctx, e.plan, e.src, &o, &st), SL_ERR_BUFFER);
+      assert_null(st);
+      assert_int_equal(a.calls, NT);
+      const char *msg = sl_context_errmsg(e.ctx);
+      /* the first two in file order share the start of the block */
+      char want[256];
+      snprintf(want, sizeof want, "%s and %s: the caller's buffers overlap on rank 0", tensors[0].name,
+               tensors[1].name);
+      if (!strstr(msg, want)) fail_msg("%s: expected '%s' in: %s", backends[k], want, msg);
+      /* no byte of the buffer was written */
+      unsigned char *h = malloc(ARENA);
+      assert_int_equal(sl_copy_to_host(e.ctx, h, a.base, a.where, ARENA), SL_OK);
+      assert_true(sl_test_all_bytes(h, ARENA, 0xEE));
+      free(h);
+      sl_free(e.ctx, a.where, 0, a.base);
+      close_env(&e);
+
+      /* adjacent ranges of one block: each tensor ends where the next begins */
+      open_env(&e, backends[k]);
+      arena_binder c = {.e = &e};
+      if (via_buffer) o.bind_buffer_user = &c;
+      else o.bind_user = &c;
+      assert_int_equal(sl_load(e.ctx, e.plan, e.src, &o, &st), SL_OK);
+      for (size_t i = 0; i < NT; i++) assert_true(sl_state_tensor(st, i)->caller_buffer);
+      check_same_as_file(&e, st);
+      sl_state_destroy(st);
+      sl_free(e.ctx, c.where, 0, c.base);
+      close_env(&e);
+    }
+  }
+}
+
 /* bind_buffer: a failure fails the load on every rank naming the tensor and the caller's
  * message, before any byte moves; pinned-ness is reported as it truly is. */
 typedef struct buffer_binder {
@@ -682,6 +764,7 @@ int main(void) {
       cmocka_unit_test(test_cast_f32_to_bf16),
       cmocka_unit_test(test_caller_buffers_filled_in_place),
       cmocka_unit_test(test_caller_buffer_wrong_memory_rejected),
+      cmocka_unit_test(test_overlapping_caller_buffers_refused),
       cmocka_unit_test(test_caller_device_buffer_too_small_says_so),
       cmocka_unit_test(test_phase1_failure_leaves_caller_buffers_untouched),
       cmocka_unit_test(test_data_phase_failure_leaves_later_buffers_untouched),

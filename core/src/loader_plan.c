@@ -3,6 +3,7 @@
  * every rank agreed, the shards are bound to caller buffers or allocated
  * (docs/DESIGN.md#data-flow). */
 #define _GNU_SOURCE
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +185,65 @@ static sl_status bind_one(loader *L, sl_tensor *t, void **p) {
   return SL_OK;
 }
 
+/* A caller buffer's byte range, in one address space: host memory, or the backend's device
+ * memory (the same space as host memory where device memory is host memory, as on cpu). */
+typedef struct bound_range {
+  int space;
+  uintptr_t begin, end;
+  size_t job;
+} bound_range;
+
+static int bound_range_cmp(const void *a, const void *b) {
+  const bound_range *x = a, *y = b;
+  if (x->space != y->space) return x->space < y->space ? -1 : 1;
+  if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+  return x->job < y->job ? -1 : x->job > y->job;
+}
+
+/* Every caller buffer holds only its own tensor: two that share a byte would each receive the
+ * other's data (one buffer returned for every tensor left all but the last wrong). Sorted by
+ * address, each range must begin at or past the furthest end before it in its space; empty
+ * shards have no bytes to share. O(n log n), before the preparation agreement, so every rank
+ * fails together and no byte of any buffer has been written. */
+static sl_status check_bound_overlap(loader *L) {
+  sl_context *ctx = L->ctx;
+  size_t n = 0;
+  for (size_t i = 0; i < L->njobs; i++) n += L->jobs[i].out->caller_buffer && L->jobs[i].out->nbytes;
+  if (n < 2) return SL_OK;
+  bound_range *r = malloc(n * sizeof *r);
+  if (!r) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory checking %zu caller buffers", n);
+  int one_space = sl__device_is_host(ctx);
+  size_t k = 0;
+  for (size_t i = 0; i < L->njobs; i++) {
+    const sl_tensor *t = L->jobs[i].out;
+    if (!t->caller_buffer || !t->nbytes) continue;
+    uintptr_t b = (uintptr_t)t->data;
+    r[k++] = (bound_range){one_space ? 0 : t->device == SL_DEVICE_ACCELERATOR, b,
+                           t->nbytes > UINTPTR_MAX - b ? UINTPTR_MAX : b + (uintptr_t)t->nbytes, i};
+  }
+  qsort(r, n, sizeof *r, bound_range_cmp);
+  sl_status st = SL_OK;
+  for (size_t i = 1, far = 0; i < n && st == SL_OK; i++) {
+    if (r[i].space != r[far].space) {
+      far = i;
+      continue;
+    }
+    if (r[i].begin < r[far].end) {
+      /* name them in file order */
+      const bound_range *a = r[far].job < r[i].job ? &r[far] : &r[i], *b = a == &r[i] ? &r[far] : &r[i];
+      const sl_tensor *ta = L->jobs[a->job].out, *tb = L->jobs[b->job].out;
+      st = sl__fail(ctx, SL_ERR_BUFFER,
+                    "%s and %s: the caller's buffers overlap on rank %d (%p, %llu bytes, and %p, %llu bytes); "
+                    "bind each tensor a buffer of its own, at least t->nbytes long",
+                    ta->name, tb->name, L->rank, ta->data, (unsigned long long)ta->nbytes, tb->data,
+                    (unsigned long long)tb->nbytes);
+    }
+    if (r[i].end > r[far].end) far = i;
+  }
+  free(r);
+  return st;
+}
+
 sl_status sl__loader_bind(loader *L) {
   sl_context *ctx = L->ctx;
   for (size_t i = 0; i < L->njobs; i++) {
@@ -201,5 +261,5 @@ sl_status sl__loader_bind(loader *L) {
       return sl__fail(ctx, st, "%s: cannot allocate %llu bytes on %s: %s", t->name, (unsigned long long)t->nbytes,
                       sl_device_kind_name(t->device), ctx->errmsg);
   }
-  return SL_OK;
+  return check_bound_overlap(L);
 }

@@ -341,7 +341,9 @@ typedef struct sl_tensor {
 /* Called once per tensor, in file order, once every rank agreed on the plan (and, reading on
  * every rank, on the checkpoint's bytes) and before any byte moves. Return a buffer of at least
  * t->nbytes at t->device (and pinned if t->pinned) to have it filled in place, or NULL to let
- * the state own one. Caller buffers stay the caller's: the library never frees them.
+ * the state own one. Caller buffers stay the caller's: the library never frees them. The
+ * buffers of a load must not overlap (empty shards aside: zero bytes overlap nothing): two that
+ * share a byte fail the load in phase 1 with SL_ERR_BUFFER naming both tensors.
  *
  * Caller buffers on failure (sl_load returns an error and no state):
  * - Phase 1 (everything until every rank has bound or allocated every shard and they agreed;
