@@ -4,6 +4,8 @@
  * $SHARDLOAD_TEST_MODULES (tests/CMakeLists.txt). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -569,6 +571,116 @@ static void test_world1_load_on_v1_modules(void **state) {
   free(dir);
 }
 
+/* ---- what is opened, and from where ---------------------------------------------------------- */
+
+static void copy_file(const char *from, const char *to) {
+  FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+  assert_non_null(in);
+  assert_non_null(out);
+  char buf[1 << 16];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0) assert_int_equal(fwrite(buf, 1, n, out), n);
+  fclose(in);
+  assert_int_equal(fclose(out), 0);
+}
+
+/* The whole file as a string, or NULL when there is none. */
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *text = calloc(1, 1 << 16);
+  assert_non_null(text);
+  size_t n = fread(text, 1, (1 << 16) - 1, f);
+  text[n] = 0;
+  fclose(f);
+  return text;
+}
+
+/* A forked rank dies of its own crash: cmocka's handlers would carry on with the parent's
+ * tests inside the child. */
+static void child_signals(void) {
+  const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], SIG_DFL);
+}
+
+/* A process that opens libshardload by a relative path, then changes directory. */
+typedef struct reldir_job {
+  const char *libdir, *cwd;
+} reldir_job;
+
+static int reldir_rank(int rank, int world, void *arg) {
+  child_signals();
+  const reldir_job *j = arg;
+  SL_CHILD_CHECK(chdir(j->libdir) == 0, "chdir %s", j->libdir);
+  void *lib = dlopen("./libshardload.so", RTLD_NOW | RTLD_LOCAL);
+  SL_CHILD_CHECK(lib != NULL, "dlopen ./libshardload.so: %s", dlerror());
+  typedef sl_status (*create_fn)(const sl_context_options *, sl_context **);
+  typedef const char *(*name_fn)(const sl_context *);
+  typedef void (*destroy_fn)(sl_context *);
+  create_fn create = (create_fn)dlsym(lib, "sl_context_create");
+  name_fn collective = (name_fn)dlsym(lib, "sl_context_collective_name");
+  destroy_fn destroy = (destroy_fn)dlsym(lib, "sl_context_destroy");
+  SL_CHILD_CHECK(create && collective && destroy, "the library lacks its entry points");
+  SL_CHILD_CHECK(chdir(j->cwd) == 0, "chdir %s", j->cwd);
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .collective = "plant", .world_size = 1,
+                           .errbuf = err, .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  sl_status s = create(&co, &ctx);
+  SL_CHILD_CHECK(s == SL_OK, "%s: %s", sl_status_name(s), err);
+  SL_CHILD_CHECK(strcmp(collective(ctx), "plant") == 0, "collective %s", collective(ctx));
+  destroy(ctx);
+  return 0;
+}
+
+/* The directory next to the library is where the library was when it was loaded, as an
+ * absolute path: a process that opened it by a relative path and then changed directory does
+ * not load a module planted in the new working directory. $SHARDLOAD_MODULE_PATH comes first
+ * (README, Modules). Each copy of the test module writes its real path into the trace. */
+static void test_library_dir_resolved_once(void **state) {
+  const char *lib = getenv("SHARDLOAD_TEST_LIBRARY");
+  if (!lib || !*lib) fail_msg("SHARDLOAD_TEST_LIBRARY is not set (CTest sets it)");
+  char *libdir = sl_test_dir("reldir-lib"), *cwd = sl_test_dir("reldir-cwd"), *early = sl_test_dir("reldir-path");
+  char *tdir = sl_test_dir("reldir-trace"), *trace = sl_test_path(tdir, "trace");
+  char plant_so[4200], to[4200], mine[3][PATH_MAX];
+  snprintf(plant_so, sizeof plant_so, "%s/libshardload-plant.so", moddir);
+  snprintf(to, sizeof to, "%s/libshardload.so", libdir);
+  copy_file(lib, to);
+  const char *dirs[3] = {libdir, cwd, early};
+  for (int i = 0; i < 3; i++) { /* copies, not links: each has a real path of its own */
+    snprintf(to, sizeof to, "%s/libshardload-plant.so", dirs[i]);
+    copy_file(plant_so, to);
+    assert_non_null(realpath(to, mine[i]));
+  }
+  unsetenv("SHARDLOAD_MODULE_PATH");
+  setenv("SL_TEST_TRACE", trace, 1);
+  reldir_job j = {libdir, cwd};
+  int code = -1;
+  assert_int_equal(sl_test_spawn(1, reldir_rank, &j, 60000, &code), 0);
+  assert_int_equal(code, 0);
+  char *got = slurp(trace);
+  assert_non_null(got);
+  fprintf(stderr, "opened:\n%s", got);
+  assert_non_null(strstr(got, mine[0]));  /* next to the library */
+  assert_null(strstr(got, mine[1]));      /* never the working directory's */
+  free(got);
+  unlink(trace);
+  setenv("SHARDLOAD_MODULE_PATH", early, 1);
+  assert_int_equal(sl_test_spawn(1, reldir_rank, &j, 60000, &code), 0);
+  assert_int_equal(code, 0);
+  got = slurp(trace);
+  assert_non_null(got);
+  assert_non_null(strstr(got, mine[2]));
+  assert_null(strstr(got, mine[0]));
+  free(got);
+  unsetenv("SL_TEST_TRACE");
+  free(trace);
+  free(tdir);
+  free(early);
+  free(cwd);
+  free(libdir);
+}
+
 int main(void) {
   moddir = getenv("SHARDLOAD_TEST_MODULES");
   if (!moddir || !*moddir) {
@@ -591,6 +703,7 @@ int main(void) {
       cmocka_unit_test(test_stats_write_within_size),
       cmocka_unit_test(test_geometry_writes_within_size),
       cmocka_unit_test(test_world1_load_on_v1_modules),
+      cmocka_unit_test(test_library_dir_resolved_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,40 +100,61 @@ static const char *nearest(const char *name, const char *const *names, size_t n)
 
 /* ---- finding and opening module files ---------------------------------------------------- */
 
-/* dlopen libshardload-NAME.so: $SHARDLOAD_MODULE_PATH entries, then the directory of this
- * library, then the dynamic loader's own search. PATH receives the file that opened. A file
- * that exists but fails to load stops the search (*FOUND = true): its error is the useful one
- * (a missing vendor runtime), not "not found" from the places after it. */
+/* The directory of this library (of the executable, when the core is linked in statically), as
+ * an absolute real path, or "" when it cannot be made one: then it is not searched. Resolved
+ * once, while the library is being loaded: the name the loader keeps (dladdr's dli_fname) is as
+ * relative as the path the library was opened by ("./libshardload.so", a relative
+ * SHARDLOAD_LIBRARY), and resolved at each lookup it would name whatever directory the process
+ * has changed to since, so that a module planted there would run. */
+static char library_dir[PATH_MAX];
+
+__attribute__((constructor)) static void resolve_library_dir(void) {
+  Dl_info info;
+  if (!dladdr((void *)resolve_library_dir, &info) || !info.dli_fname) return;
+  const char *slash = strrchr(info.dli_fname, '/');
+  if (!slash) return; /* no directory of its own: the loader's path found it */
+  char dir[PATH_MAX];
+  if (slash == info.dli_fname) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - info.dli_fname), info.dli_fname);
+  char *real = realpath(dir, NULL);
+  if (real && real[0] == '/' && strlen(real) < sizeof library_dir) memcpy(library_dir, real, strlen(real) + 1);
+  free(real);
+}
+
+/* dlopen DIR/FILE when it exists: false when there is no such file. A file that exists but
+ * fails to load sets WHY and leaves *H NULL. */
+static bool try_dir(const char *dir, const char *file, void **h, char *why, size_t whylen) {
+  char cand[PATH_MAX];
+  if (snprintf(cand, sizeof cand, "%s/%s", dir, file) >= (int)sizeof cand || access(cand, F_OK) != 0) return false;
+  *h = dlopen(cand, RTLD_NOW | RTLD_LOCAL);
+  if (!*h) {
+    const char *e = dlerror();
+    snprintf(why, whylen, "%s", e ? e : "dlopen failed");
+  }
+  return true;
+}
+
+/* dlopen libshardload-NAME.so: $SHARDLOAD_MODULE_PATH's entries in order (empty ones skipped),
+ * then the directory of this library, then the dynamic loader's own search. PATH receives the
+ * file that opened. A file that exists but fails to load stops the search (*FOUND = true): its
+ * error is the useful one (a missing vendor runtime), not "not found" from the places after it. */
 static void *open_module(const char *name, char *path, size_t pathlen, bool *found, char *why, size_t whylen) {
-  char file[64], cand[PATH_MAX];
+  char file[64];
   snprintf(file, sizeof file, "libshardload-%s.so", name);
   *found = false;
+  void *h = NULL;
   const char *env = getenv("SHARDLOAD_MODULE_PATH");
-  char here[PATH_MAX] = "";
-  Dl_info info;
-  if (dladdr((void *)open_module, &info) && info.dli_fname) {
-    const char *slash = strrchr(info.dli_fname, '/');
-    if (slash) snprintf(here, sizeof here, "%.*s", (int)(slash - info.dli_fname), info.dli_fname);
-  }
-  char *dirs = NULL;
-  if (asprintf(&dirs, "%s:%s", env ? env : "", here) < 0) {
+  char *dirs = sl__strdup(env ? env : "");
+  if (!dirs) {
     snprintf(why, whylen, "out of memory");
     return NULL;
   }
-  void *h = NULL;
   char *save = NULL;
-  for (char *dir = strtok_r(dirs, ":", &save); dir && !h && !*found; dir = strtok_r(NULL, ":", &save)) {
-    snprintf(cand, sizeof cand, "%s/%s", dir, file);
-    if (access(cand, F_OK) != 0) continue;
-    *found = true;
-    h = dlopen(cand, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      const char *e = dlerror();
-      snprintf(why, whylen, "%s", e ? e : "dlopen failed");
-    }
-  }
+  for (char *dir = strtok_r(dirs, ":", &save); dir && !*found; dir = strtok_r(NULL, ":", &save))
+    *found = try_dir(dir, file, &h, why, whylen);
   free(dirs);
-  if (!h && !*found) {
+  if (!*found && library_dir[0]) *found = try_dir(library_dir, file, &h, why, whylen);
+  if (!*found) {
     h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
       const char *e = dlerror();
