@@ -421,13 +421,17 @@ static void test_unknown_and_absent_backends(void **state) {
 }
 
 /* "auto" probes the accelerator modules first, keeps the best (an accelerator wins a tie) and
- * logs why each other one was not taken. Accelerator names are played by links to test
- * modules in a directory of their own. */
+ * logs why each other one was not taken. Accelerator names are played by test modules whose
+ * tables carry those names, linked into a directory of their own. */
 static void test_auto_probes_and_logs_reasons(void **state) {
   char *dir = sl_test_dir("auto");
   char target[4200], link[4200];
-  snprintf(target, sizeof target, "%s/libshardload-probeno.so", moddir);
+  snprintf(target, sizeof target, "%s/libshardload-fakecuda.so", moddir);
   snprintf(link, sizeof link, "%s/libshardload-cuda.so", dir);
+  assert_int_equal(symlink(target, link), 0);
+  /* a table that gives another name than its file's is refused, loudly */
+  snprintf(target, sizeof target, "%s/libshardload-probeno.so", moddir);
+  snprintf(link, sizeof link, "%s/libshardload-level_zero.so", dir);
   assert_int_equal(symlink(target, link), 0);
   setenv("SHARDLOAD_MODULE_PATH", dir, 1);
   logbuf lb = {{0}};
@@ -436,17 +440,19 @@ static void test_auto_probes_and_logs_reasons(void **state) {
   assert_int_equal(open_backend(c, "auto", &o), SL_OK);
   assert_string_equal(o.ops->name, "cpu");
   close_backend(&o);
-  assert_non_null(strstr(lb.text, "backend auto: probeno: no widget on this machine"));
+  assert_non_null(strstr(lb.text, "backend auto: cuda: no widget on this machine"));
   assert_non_null(strstr(lb.text, "backend auto: hip: not available (libshardload-hip.so"));
+  assert_non_null(strstr(lb.text, "[1] backend auto: level_zero: unusable ("));
+  assert_non_null(strstr(lb.text, "its table calls itself 'probeno', not 'level_zero'"));
   assert_non_null(strstr(lb.text, "backend auto: chose cpu"));
   assert_non_null(strstr(lb.text, "backend auto: sim: ")); /* sim says why it is never chosen */
   /* a usable accelerator module beats the built-ins */
-  snprintf(target, sizeof target, "%s/libshardload-hostmem.so", moddir);
+  snprintf(target, sizeof target, "%s/libshardload-fakehip.so", moddir);
   snprintf(link, sizeof link, "%s/libshardload-hip.so", dir);
   assert_int_equal(symlink(target, link), 0);
   lb.text[0] = 0;
   assert_int_equal(open_backend(c, "auto", &o), SL_OK);
-  assert_string_equal(o.ops->name, "hostmem");
+  assert_string_equal(o.ops->name, "hip");
   assert_non_null(strstr(lb.text, "backend auto: cpu: usable (probe 1), hip probes 1"));
   close_backend(&o);
   free(c);
@@ -596,6 +602,13 @@ static char *slurp(const char *path) {
   return text;
 }
 
+static void plant(const char *dir, const char *as, const char *module) {
+  char target[4200], link[4200];
+  snprintf(target, sizeof target, "%s/libshardload-%s.so", moddir, module);
+  snprintf(link, sizeof link, "%s/libshardload-%s.so", dir, as);
+  assert_int_equal(symlink(target, link), 0);
+}
+
 /* A forked rank dies of its own crash: cmocka's handlers would carry on with the parent's
  * tests inside the child. */
 static void child_signals(void) {
@@ -681,6 +694,139 @@ static void test_library_dir_resolved_once(void **state) {
   free(libdir);
 }
 
+/* ---- a small checkpoint ------------------------------------------------------------------ */
+
+static const sl_test_tensor route_tensors[] = {
+    {"a.weight", "F32", 2, {6, 4}, NULL},
+    {"b.bias", "BF16", 1, {3}, NULL},
+    {"c.proj", "F16", 2, {5, 3}, NULL},
+    {"scale", "F32", 0, {0}, NULL},
+};
+#define ROUTE_TENSORS (sizeof route_tensors / sizeof route_tensors[0])
+
+/* ---- what a module's table says of itself -------------------------------------------------- */
+
+static void test_table_names_checked(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  /* a backend calling itself sim would get simccl, which takes its handle for sim's */
+  assert_int_equal(open_backend(c, "impostor", &o), SL_ERR_ABI);
+  assert_non_null(strstr(c->errmsg, "libshardload-impostor.so: its table calls itself 'sim', not 'impostor'"));
+  /* a name with a newline would forge a line wherever it is printed */
+  assert_int_equal(open_backend(c, "forgedname", &o), SL_ERR_ABI);
+  assert_non_null(strstr(c->errmsg, "its table calls itself 'forgedname\\nshardload: forged line', not 'forgedname'"));
+  assert_null(strchr(c->errmsg, '\n'));
+  /* a collective's file and table disagreeing */
+  char *dir = sl_test_dir("renamed");
+  plant(dir, "renamed", "plant");
+  setenv("SHARDLOAD_MODULE_PATH", dir, 1);
+  const sl_collective_ops *ops;
+  void *dl, *shim;
+  assert_int_equal(sl__collective_select(c, "renamed", &ops, &dl, &shim), SL_ERR_ABI);
+  assert_non_null(strstr(c->errmsg, "its table calls itself 'plant', not 'renamed'"));
+  free(dir);
+  free(c);
+  /* and a context refuses it before anything pairs with it */
+  use_modules();
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "impostor", .world_size = 1, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_ABI);
+  assert_non_null(strstr(err, "backend 'impostor':"));
+}
+
+/* Whether S is printable ASCII only. */
+static bool printable(const char *s) {
+  for (; *s; s++)
+    if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e) return false;
+  return true;
+}
+
+/* Text a module gives (describe(), a probe's reason) is kept escaped, so neither the report's
+ * header nor a JSON field can carry a forged line or a terminal control. */
+static void test_module_text_escaped(void **state) {
+  use_modules();
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "forgedtext", .world_size = 1, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_OK);
+  const char *desc = sl_context_device_description(ctx);
+  fprintf(stderr, "device: %s\n", desc);
+  assert_true(printable(desc));
+  assert_non_null(strstr(desc, "ABI v2 entry)\\nshardload: forged line\\x1b[2J\\xff"));
+  sl_context_destroy(ctx);
+  /* the reasons auto gives for the candidates it passed over */
+  char *dir = sl_test_dir("forgedauto");
+  plant(dir, "cuda", "fakecuda");
+  setenv("SHARDLOAD_MODULE_PATH", dir, 1);
+  co.backend = "auto";
+  assert_int_equal(sl_context_create(&co, &ctx), SL_OK);
+  const char *why = sl_context_backend_reason(ctx);
+  fprintf(stderr, "backend: %s\n", why);
+  assert_true(printable(why));
+  assert_non_null(strstr(why, "cuda: no widget on this machine (test module)\\nshardload: forged line"));
+  sl_context_destroy(ctx);
+  free(dir);
+  /* the command's header: one line each, whatever the module wrote */
+  char *ck = sl_test_dir("forgedcli"), *path = sl_test_path(ck, "m.safetensors");
+  assert_int_equal(sl_test_write_st(path, route_tensors, ROUTE_TENSORS, NULL), 0);
+  char *out = NULL;
+  int rc = sl_test_run(&out, "SHARDLOAD_MODULE_PATH='%s' '%s' load '%s' --backend forgedtext 2>&1", moddir,
+                       sl_test_bin(), path);
+  fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "device forgedtext (out-of-tree host-memory backend, ABI v2 entry)\\nshardload: forged"));
+  assert_null(strstr(out, "\nshardload: forged"));
+  assert_null(strchr(out, '\x1b'));
+  free(out);
+  free(path);
+  free(ck);
+}
+
+/* ---- init failures, invalid names ------------------------------------------------------------ */
+
+/* A module's init that fails without a message: the message names the module and the status. */
+static void test_silent_init_names_the_module(void **state) {
+  use_modules();
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "silentbe", .world_size = 1, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_BACKEND);
+  assert_string_equal(err, "backend silentbe: init failed (SL_ERR_BACKEND) and gave no reason");
+  co.backend = "cpu";
+  co.collective = "silentcoll";
+  err[0] = 0;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_COMM);
+  assert_string_equal(err, "collective silentcoll: init failed (SL_ERR_COMM) and gave no reason");
+}
+
+/* The module file is suggested only for a name that could be one; the nearest name always. */
+static void test_no_module_file_for_invalid_names(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  assert_int_equal(open_backend(c, "../x", &o), SL_ERR_INVALID);
+  assert_non_null(strstr(c->errmsg, "unknown backend '../x': not a module name"));
+  assert_null(strstr(c->errmsg, "libshardload-"));
+  assert_int_equal(open_backend(c, "Cuda", &o), SL_ERR_INVALID);
+  assert_non_null(strstr(c->errmsg, "unknown backend 'Cuda' (did you mean 'cuda'?): not a module name"));
+  assert_null(strstr(c->errmsg, "libshardload-"));
+  assert_int_equal(open_backend(c, "cpx", &o), SL_ERR_INVALID); /* a valid name: it could be a module */
+  assert_non_null(strstr(c->errmsg, "libshardload-NAME.so"));
+  const sl_collective_ops *ops;
+  void *dl, *shim;
+  assert_int_equal(sl__collective_select(c, "Gloo", &ops, &dl, &shim), SL_ERR_INVALID);
+  assert_non_null(strstr(c->errmsg, "did you mean 'gloo'?"));
+  assert_null(strstr(c->errmsg, "libshardload-"));
+  free(c);
+}
+
 int main(void) {
   moddir = getenv("SHARDLOAD_TEST_MODULES");
   if (!moddir || !*moddir) {
@@ -704,6 +850,10 @@ int main(void) {
       cmocka_unit_test(test_geometry_writes_within_size),
       cmocka_unit_test(test_world1_load_on_v1_modules),
       cmocka_unit_test(test_library_dir_resolved_once),
+      cmocka_unit_test(test_table_names_checked),
+      cmocka_unit_test(test_module_text_escaped),
+      cmocka_unit_test(test_silent_init_names_the_module),
+      cmocka_unit_test(test_no_module_file_for_invalid_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -293,6 +293,16 @@ size_t sl__collective_names(const char **names, size_t max);
 /* Whether this rank could run collective NAME with backend BACKEND (its probe, after loading the
  * module if it is loadable; the module is closed again): > 0 yes, else 0 and REASON. */
 int sl__collective_probe(const char *name, const char *backend, char *reason, size_t len);
+/* After a module's init of KIND ("backend", "collective") returned ST: when it gave no message
+ * (the caller emptied the context's message before the call, and it is still empty), the
+ * message names the module and the status, as every message must. Returns ST. */
+sl_status sl__module_init_failed(sl_context *ctx, sl_status st, const char *kind, const char *name);
+/* Text a module gave (a probe's reason, describe(), a name in a message), kept in place in S (a
+ * buffer of CAP bytes) as printable ASCII: control characters read \n, \r, \t or \xNN as in the
+ * command's error lines (docs/DESIGN.md#outputs), and so does every byte past 0x7e, so that the
+ * text can neither forge a line nor drive a terminal and is valid UTF-8 (JSON) wherever it goes.
+ * Cut to fit, never inside an escape. */
+void sl__module_text(char *s, size_t cap);
 #ifdef SHARDLOAD_HAVE_GLOO
 const sl_collective_ops *sl__collective_gloo(void);
 #endif

@@ -207,7 +207,10 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
     for (int i = 0; i < PLANE_COLLS; i++) {
       p->e[i].name[PLANE_NAME - 1] = 0;
       p->e[i].reason[PLANE_REASON - 1] = 0;
+      sl__module_text(p->e[i].reason, PLANE_REASON); /* a peer is not trusted to have escaped it */
     }
+    sl__module_text(p->backend, sizeof p->backend);
+    sl__module_text(p->device, sizeof p->device);
     sl__log(ctx, SL_LOG_DEBUG, "rank %d: backend %s (%s)", r, p->backend, p->device);
   }
   /* ranks asked for different collectives would each choose their own: refuse it on all */
@@ -258,7 +261,11 @@ static sl_status open_control(sl_context *ctx, const char *prefix, const char *l
                     "or the rendezvous option (file://DIR or tcp://HOST:PORT)",
                     ctx->rank, ctx->world_size);
   sl_collective_init ci = job_init(ctx, ctx->ctl, prefix, lobby, job_key);
-  if ((st = ctx->ctl->init(&ci, &ctx->ctl_comm)) != SL_OK) ctx->ctl_comm = NULL;
+  ctx->errmsg[0] = 0; /* to tell whether init said why */
+  if ((st = ctx->ctl->init(&ci, &ctx->ctl_comm)) != SL_OK) {
+    ctx->ctl_comm = NULL;
+    sl__module_init_failed(ctx, st, "collective", name);
+  }
   ctx->control = (sl_control_plane){sizeof(sl_control_plane), ctx, control_broadcast, control_allgather};
   return st;
 }
@@ -285,7 +292,11 @@ static sl_status open_data(sl_context *ctx, const char *name, const char *prefix
     ci.backend_handle = ctx->be_ctx;
     ci.device = ctx->device_ordinal;
     ci.control = &ctx->control;
-    if ((st = ctx->data->init(&ci, &ctx->data_comm)) != SL_OK) ctx->data_comm = NULL;
+    ctx->errmsg[0] = 0; /* to tell whether init said why */
+    if ((st = ctx->data->init(&ci, &ctx->data_comm)) != SL_OK) {
+      ctx->data_comm = NULL;
+      sl__module_init_failed(ctx, st, "collective", name);
+    }
   }
   char phase[96], mine[SL__ERRMSG_LEN];
   snprintf(phase, sizeof phase, "starting the data collective %s", name);

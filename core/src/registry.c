@@ -6,8 +6,9 @@
  *
  * Entry symbols are versioned: the newest the core knows first (sl_backend_module_v2), then
  * the older one (sl_backend_module), whose table registry_v1.c adapts, so every caller sees a
- * v2 table. A table is checked before use, and a module that fails the check is named by its
- * file. */
+ * v2 table. A table is checked before use (its members, and that it carries the name it was
+ * asked for), and a module that fails the check is named by its file. What a module writes is
+ * escaped where the core takes it in (sl__module_text). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <limits.h>
@@ -96,6 +97,29 @@ static const char *nearest(const char *name, const char *const *names, size_t n)
     }
   }
   return best;
+}
+
+/* ---- module-provided text ---------------------------------------------------------------- */
+
+void sl__module_text(char *s, size_t cap) {
+  if (!cap) return;
+  char raw[SL__ERRMSG_LEN];
+  size_t n = 0;
+  for (; n + 1 < sizeof raw && n + 1 < cap && s[n]; n++) raw[n] = s[n];
+  raw[n] = 0;
+  size_t used = 0;
+  for (const unsigned char *c = (const unsigned char *)raw; *c; c++) {
+    char esc[8];
+    if (*c >= 0x20 && *c < 0x7f) esc[0] = (char)*c, esc[1] = 0;
+    else if (*c == '\n' || *c == '\r' || *c == '\t')
+      esc[0] = '\\', esc[1] = *c == '\n' ? 'n' : *c == '\r' ? 'r' : 't', esc[2] = 0;
+    else snprintf(esc, sizeof esc, "\\x%02x", *c);
+    size_t k = strlen(esc);
+    if (used + k + 1 > cap) break; /* cut before an escape, never inside one */
+    memcpy(s + used, esc, k);
+    used += k;
+  }
+  s[used] = 0;
 }
 
 /* ---- finding and opening module files ---------------------------------------------------- */
@@ -213,6 +237,32 @@ static bool collective_table_ok(const sl_collective_ops *o, char *problem, size_
   return missing == NULL;
 }
 
+/* The names a checked table gives: its own must be the one it was asked for (a backend that
+ * called itself "sim" would be paired with simccl, which takes its handle for sim's), and the
+ * module names it gives of others must be of the module-name form. Built-in and adapted v1
+ * tables pass the same check. */
+static bool table_names_ok(const char *asked, const char *name, const char *other, const char *other_what,
+                           char *problem, size_t len) {
+  if (!valid_name(name) || strcmp(name, asked) != 0) {
+    snprintf(problem, len, "its table calls itself '%.64s', not '%s' (a module's table carries the NAME of its file "
+             "libshardload-NAME.so)", name, asked);
+    return false;
+  }
+  if (other && !valid_name(other)) {
+    snprintf(problem, len, "its table's %s '%.64s' is not a module name (a-z, 0-9, _; at most 32)", other_what, other);
+    return false;
+  }
+  return true;
+}
+
+static bool backend_names_ok(const char *asked, const sl_backend_ops *o, char *problem, size_t len) {
+  return table_names_ok(asked, o->name, o->preferred_collective, "preferred_collective", problem, len);
+}
+
+static bool collective_names_ok(const char *asked, const sl_collective_ops *o, char *problem, size_t len) {
+  return table_names_ok(asked, o->name, o->device_backend, "device_backend", problem, len);
+}
+
 /* A module opened and its table checked (and adapted when it is v1). */
 typedef struct loaded {
   void *dl;
@@ -238,7 +288,10 @@ static int load_module(const char *name, bool collective, loaded *m, char *why, 
   *m = (loaded){0};
   bool found;
   m->dl = open_module(name, m->path, sizeof m->path, &found, why, whylen);
-  if (!m->dl) return found ? MODULE_UNLOADABLE : MODULE_ABSENT;
+  if (!m->dl) {
+    sl__module_text(why, whylen); /* the loader's message names a path, which may hold anything */
+    return found ? MODULE_UNLOADABLE : MODULE_ABSENT;
+  }
   char problem[256];
   const char *entry = collective ? SL_COLLECTIVE_ENTRY : SL_BACKEND_ENTRY;
   const char *entry1 = collective ? SL_COLLECTIVE_ENTRY_V1 : SL_BACKEND_ENTRY_V1;
@@ -267,9 +320,13 @@ static int load_module(const char *name, bool collective, loaded *m, char *why, 
              collective ? "collective" : "backend");
     ok = false;
   }
+  if (ok)
+    ok = collective ? collective_names_ok(name, m->ops, problem, sizeof problem)
+                    : backend_names_ok(name, m->ops, problem, sizeof problem);
   if (!ok) {
     snprintf(why, whylen, "%.200s: %.200s; rebuild it against this shardload's shardload/module.h", m->path, problem);
     loaded_close(m);
+    sl__module_text(why, whylen); /* the table's text, and a path that may hold anything */
     return MODULE_BAD_ABI;
   }
   return 0;
@@ -282,6 +339,7 @@ static int probe_backend(const sl_backend_ops *o, const void *shim, char *reason
   reason[0] = 0;
   int score = shim ? sl__v1_backend_probe(o, reason, len) : o->probe(reason, len);
   reason[len - 1] = 0;
+  sl__module_text(reason, len);
   if (score <= 0 && !reason[0]) snprintf(reason, len, "%s: probe said no and gave no reason", o->name);
   return score > 0 ? score : 0;
 }
@@ -290,6 +348,7 @@ static int probe_collective(const sl_collective_ops *o, const void *shim, const 
   reason[0] = 0;
   int score = shim ? sl__v1_collective_probe(o, backend, reason, len) : o->probe(backend, reason, len);
   reason[len - 1] = 0;
+  sl__module_text(reason, len);
   if (score <= 0 && !reason[0]) snprintf(reason, len, "%s: probe said no and gave no reason", o->name);
   return score > 0 ? score : 0;
 }
@@ -327,7 +386,8 @@ static sl_status select_auto(sl_context *ctx, const sl_backend_ops **ops, void *
       name[i] = b->name;
       cand[i].ops = b->get();
       char problem[256];
-      if (!backend_table_ok(cand[i].ops, problem, sizeof problem)) {
+      if (!backend_table_ok(cand[i].ops, problem, sizeof problem) ||
+          !backend_names_ok(name[i], cand[i].ops, problem, sizeof problem)) {
         snprintf(reason[i], REASON_LEN, "%s: built-in table is broken: %s", name[i], problem);
         continue;
       }
@@ -366,14 +426,22 @@ static sl_status select_auto(sl_context *ctx, const sl_backend_ops **ops, void *
   return SL_OK;
 }
 
-static sl_status unknown_backend(sl_context *ctx, const char *spec, const char *why) {
+/* An unknown backend: the nearest known name, and the module file only when SPEC could name one
+ * (a module name, then an optional :VARIANT). */
+static sl_status unknown_backend(sl_context *ctx, const char *spec, bool is_name, const char *why) {
   const char *all[] = {"auto", "cpu", "sim", "sim:strict", "cuda", "hip", "level_zero"};
   const char *near = nearest(spec, all, COUNT(all));
+  const char *choices = "choose one of auto, cpu, sim, sim:strict, cuda, hip, level_zero";
+  if (!is_name)
+    return sl__fail(ctx, SL_ERR_INVALID,
+                    "unknown backend '%s'%s%s%s: not a module name (a-z, 0-9, _; at most 32 characters, then an "
+                    "optional :VARIANT); %s",
+                    spec, near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "", choices);
   return sl__fail(ctx, SL_ERR_INVALID,
-                  "unknown backend '%s'%s%s%s%s%s%s; choose one of auto, cpu, sim, sim:strict, cuda, hip, level_zero, "
-                  "or NAME for a module libshardload-NAME.so (NAME: a-z, 0-9, _) on SHARDLOAD_MODULE_PATH",
+                  "unknown backend '%s'%s%s%s%s%s%s; %s, or NAME for a module libshardload-NAME.so (NAME: a-z, 0-9, "
+                  "_) on SHARDLOAD_MODULE_PATH",
                   spec, why ? " (" : "", why ? why : "", why ? ")" : "", near ? " (did you mean '" : "",
-                  near ? near : "", near ? "'?)" : "");
+                  near ? near : "", near ? "'?)" : "", choices);
 }
 
 sl_status sl__backend_select(sl_context *ctx, const char *spec, const sl_backend_ops **ops, void **dl, void **shim,
@@ -386,16 +454,17 @@ sl_status sl__backend_select(sl_context *ctx, const char *spec, const sl_backend
   char name[NAME_MAX_LEN + 1];
   const char *colon = strchr(spec, ':');
   size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
-  if (nlen > NAME_MAX_LEN) return unknown_backend(ctx, spec, NULL);
+  if (nlen > NAME_MAX_LEN) return unknown_backend(ctx, spec, false, NULL);
   memcpy(name, spec, nlen);
   name[nlen] = 0;
-  if (!valid_name(name)) return unknown_backend(ctx, spec, NULL);
+  if (!valid_name(name)) return unknown_backend(ctx, spec, false, NULL);
   if (colon) snprintf(variant, variant_len, "%s", colon + 1);
   for (size_t i = 0; i < COUNT(builtin_backends); i++) {
     if (strcmp(name, builtin_backends[i].name) != 0) continue;
     const sl_backend_ops *o = builtin_backends[i].get();
     char problem[256];
-    if (!backend_table_ok(o, problem, sizeof problem)) /* a core bug, said plainly */
+    if (!backend_table_ok(o, problem, sizeof problem) || !backend_names_ok(name, o, problem, sizeof problem))
+      /* a core bug, said plainly */
       return sl__fail(ctx, SL_ERR_ABI, "built-in backend '%s': %s", name, problem);
     /* not probed: built-ins run anywhere, and a probe of 0 only keeps one out of "auto" (sim) */
     *ops = o;
@@ -405,7 +474,7 @@ sl_status sl__backend_select(sl_context *ctx, const char *spec, const sl_backend
   char why[REASON_LEN], reason[REASON_LEN];
   int e = load_module(name, false, &m, why, sizeof why);
   if (e == MODULE_ABSENT && !in_list(name, loadable_backends, COUNT(loadable_backends)))
-    return unknown_backend(ctx, spec, why);
+    return unknown_backend(ctx, spec, true, why);
   if (e == MODULE_ABSENT)
     return sl__fail(ctx, SL_ERR_NO_DEVICE,
                     "backend '%s' is not available here (%s); build it with -DSHARDLOAD_WITH_%s=ON on a machine with "
@@ -441,7 +510,7 @@ static const sl_collective_ops *builtin_collective_ops(const char *name) {
   return NULL;
 }
 
-static sl_status unknown_collective(sl_context *ctx, const char *spec, const char *why) {
+static sl_status unknown_collective(sl_context *ctx, const char *spec, bool is_name, const char *why) {
   const char *all[] = {"local", "gloo", "simccl", "nccl", "rccl"};
   const char *near = nearest(spec, all, COUNT(all));
 #ifdef SHARDLOAD_HAVE_GLOO
@@ -449,6 +518,11 @@ static sl_status unknown_collective(sl_context *ctx, const char *spec, const cha
 #else
   const char *gloo_note = " (this build has no Gloo: -DSHARDLOAD_WITH_GLOO=ON)";
 #endif
+  if (!is_name)
+    return sl__fail(ctx, SL_ERR_INVALID,
+                    "unknown collective '%s'%s%s%s: not a module name (a-z, 0-9, _; at most 32 characters); choose "
+                    "local, gloo, simccl, nccl or rccl%s",
+                    spec, near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "", gloo_note);
   return sl__fail(ctx, SL_ERR_INVALID,
                   "unknown collective '%s'%s%s%s%s%s%s; choose local, gloo, simccl, nccl or rccl, or NAME for a module "
                   "libshardload-NAME.so on SHARDLOAD_MODULE_PATH%s",
@@ -461,11 +535,11 @@ sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_coll
   *ops = NULL;
   *dl = NULL;
   *shim = NULL;
-  if (!spec || !valid_name(spec)) return unknown_collective(ctx, spec ? spec : "(null)", NULL);
+  if (!spec || !valid_name(spec)) return unknown_collective(ctx, spec ? spec : "(null)", false, NULL);
   char problem[256];
   const sl_collective_ops *b = builtin_collective_ops(spec);
   if (b) {
-    if (!collective_table_ok(b, problem, sizeof problem))
+    if (!collective_table_ok(b, problem, sizeof problem) || !collective_names_ok(spec, b, problem, sizeof problem))
       return sl__fail(ctx, SL_ERR_ABI, "built-in collective '%s': %s", spec, problem);
     *ops = b;
     return SL_OK;
@@ -474,7 +548,7 @@ sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_coll
   char why[REASON_LEN];
   int e = load_module(spec, true, &m, why, sizeof why);
   if (e == MODULE_ABSENT && !in_list(spec, loadable_collectives, COUNT(loadable_collectives)))
-    return unknown_collective(ctx, spec, why);
+    return unknown_collective(ctx, spec, true, why);
   if (e == MODULE_ABSENT)
     return sl__fail(ctx, SL_ERR_NO_DEVICE, "collective '%s' is not available here (%s)", spec, why);
   if (e == MODULE_UNLOADABLE)
@@ -496,7 +570,7 @@ int sl__collective_probe(const char *name, const char *backend, char *reason, si
   const sl_collective_ops *b = builtin_collective_ops(name);
   char problem[256];
   if (b) {
-    if (!collective_table_ok(b, problem, sizeof problem)) {
+    if (!collective_table_ok(b, problem, sizeof problem) || !collective_names_ok(name, b, problem, sizeof problem)) {
       snprintf(reason, len, "%s: built-in table is broken: %s", name, problem);
       return 0;
     }
@@ -512,4 +586,10 @@ int sl__collective_probe(const char *name, const char *backend, char *reason, si
   int score = probe_collective(m.ops, m.shim, backend, reason, len);
   loaded_close(&m);
   return score;
+}
+
+sl_status sl__module_init_failed(sl_context *ctx, sl_status st, const char *kind, const char *name) {
+  if (!ctx->errmsg[0])
+    sl__fail(ctx, st, "%s %s: init failed (%s) and gave no reason", kind, name, sl_status_name(st));
+  return st;
 }
