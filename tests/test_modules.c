@@ -342,9 +342,9 @@ static void test_collective_names_and_probe(void **state) {
   assert_true(sl__collective_probe("local", "cpu", reason, sizeof reason) > 0);
   assert_true(sl__collective_probe("v1local", "cpu", reason, sizeof reason) > 0);
   /* an absent loadable module: its reason names it and the file the loader could not find */
-  assert_int_equal(sl__collective_probe("nccl", "cpu", reason, sizeof reason), 0);
+  assert_int_equal(sl__collective_probe("nccl", "cpu", reason, sizeof reason), -1);
   assert_non_null(strstr(reason, "nccl: not available here (libshardload-nccl.so"));
-  assert_int_equal(sl__collective_probe("Bad Name", "cpu", reason, sizeof reason), 0);
+  assert_int_equal(sl__collective_probe("Bad Name", "cpu", reason, sizeof reason), -1);
   assert_non_null(strstr(reason, "not a collective name"));
   /* a backend module is not a collective module */
   assert_int_equal(sl__collective_probe("hostmem", "cpu", reason, sizeof reason), 0);
@@ -694,6 +694,85 @@ static void test_library_dir_resolved_once(void **state) {
   free(libdir);
 }
 
+/* A context of WORLD ranks (real processes, real Gloo), and what every rank must see. */
+typedef struct ctx_job {
+  int world;
+  const char *backend, *collective;
+  sl_status expect;
+  const char *name;    /* with SL_OK: the data collective */
+  const char *want[2]; /* substrings of every rank's message */
+  char *rdzv;
+} ctx_job;
+
+static int ctx_rank(int rank, int world, void *arg) {
+  child_signals();
+  const ctx_job *j = arg;
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = j->backend, .collective = j->collective, .world_size = world,
+                           .rank = rank, .rendezvous = j->rdzv, .timeout_ms = 20000, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  sl_status s = sl_context_create(&co, &ctx);
+  fprintf(stderr, "rank %d/%d (%s, %s): %s: %s\n", rank, world, j->backend, j->collective ? j->collective : "auto",
+          sl_status_name(s), ctx ? sl_context_collective_reason(ctx) : err);
+  SL_CHILD_CHECK(s == j->expect, "rank %d: %s, expected %s (%s)", rank, sl_status_name(s), sl_status_name(j->expect),
+                 err);
+  for (int k = 0; k < 2 && j->want[k]; k++)
+    SL_CHILD_CHECK(strstr(err, j->want[k]) != NULL, "rank %d: message '%s' lacks '%s'", rank, err, j->want[k]);
+  if (s != SL_OK) return 0;
+  const char *name = sl_context_collective_name(ctx);
+  SL_CHILD_CHECK(!j->name || strcmp(name, j->name) == 0, "rank %d: collective %s, expected %s", rank, name, j->name);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void run_job(ctx_job *j, const char *sub) {
+  j->rdzv = j->world > 1 ? sl_test_rendezvous(sub) : NULL;
+  int codes[4];
+  assert_int_equal(sl_test_spawn(j->world, ctx_rank, j, 60000, codes), 0); /* none hung */
+  for (int r = 0; r < j->world; r++) assert_int_equal(codes[r], 0);
+  free(j->rdzv);
+  j->rdzv = NULL;
+}
+
+/* A module that leaves a trace when opened is planted under every loadable name the core
+ * knows: a job on an explicit cpu or sim backend opens none of them (world 1 and world 2);
+ * asking for one, or for backend auto, does open it (so the trace would show an opening). */
+static void test_probes_only_what_the_choice_needs(void **state) {
+  char *dir = sl_test_dir("planted"), *trace = sl_test_path(dir, "trace");
+  const char *names[] = {"nccl", "rccl", "cuda", "hip", "level_zero"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) plant(dir, names[i], "tracenccl");
+  setenv("SHARDLOAD_MODULE_PATH", dir, 1);
+  setenv("SL_TEST_TRACE", trace, 1);
+  ctx_job quiet[] = {
+      {.world = 1, .backend = "cpu", .expect = SL_OK, .name = "local"},
+      {.world = 2, .backend = "cpu", .expect = SL_OK, .name = "gloo"},
+      {.world = 2, .backend = "cpu", .collective = "gloo", .expect = SL_OK, .name = "gloo"},
+      {.world = 1, .backend = "sim", .expect = SL_OK, .name = "simccl"},
+      {.world = 2, .backend = "sim", .expect = SL_OK, .name = "simccl"},
+  };
+  for (size_t i = 0; i < sizeof quiet / sizeof quiet[0]; i++) {
+    run_job(&quiet[i], "quiet");
+    char *got = slurp(trace);
+    if (got) fprintf(stderr, "job %zu (%s, world %d) opened:\n%s", i, quiet[i].backend, quiet[i].world, got);
+    assert_null(got);
+  }
+  ctx_job asked = {.world = 1, .backend = "cpu", .collective = "nccl", .expect = SL_OK, .name = "nccl"};
+  run_job(&asked, "asked");
+  char *got = slurp(trace);
+  assert_non_null(got);
+  free(got);
+  unlink(trace);
+  ctx_job any = {.world = 1, .backend = "auto", .expect = SL_OK, .name = "local"};
+  run_job(&any, "auto"); /* auto means: probe the accelerator backends */
+  got = slurp(trace);
+  assert_non_null(got);
+  free(got);
+  unsetenv("SL_TEST_TRACE");
+  free(trace);
+  free(dir);
+}
+
 /* ---- a small checkpoint ------------------------------------------------------------------ */
 
 static const sl_test_tensor route_tensors[] = {
@@ -825,6 +904,17 @@ static void test_no_module_file_for_invalid_names(void **state) {
   assert_non_null(strstr(c->errmsg, "did you mean 'gloo'?"));
   assert_null(strstr(c->errmsg, "libshardload-"));
   free(c);
+  /* the data-plane agreement says the same */
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .collective = "Gloo", .world_size = 1,
+                           .errbuf = err, .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_INVALID);
+  assert_non_null(strstr(err, "collective 'Gloo' is unknown (did you mean 'gloo'?)"));
+  assert_null(strstr(err, "libshardload-"));
+  co.collective = "nosuch";
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_INVALID);
+  assert_non_null(strstr(err, "or a module libshardload-nosuch.so on SHARDLOAD_MODULE_PATH"));
 }
 
 int main(void) {
@@ -850,6 +940,7 @@ int main(void) {
       cmocka_unit_test(test_geometry_writes_within_size),
       cmocka_unit_test(test_world1_load_on_v1_modules),
       cmocka_unit_test(test_library_dir_resolved_once),
+      cmocka_unit_test(test_probes_only_what_the_choice_needs),
       cmocka_unit_test(test_table_names_checked),
       cmocka_unit_test(test_module_text_escaped),
       cmocka_unit_test(test_silent_init_names_the_module),

@@ -565,7 +565,7 @@ int sl__collective_probe(const char *name, const char *backend, char *reason, si
   reason[0] = 0;
   if (!name || !valid_name(name)) {
     snprintf(reason, len, "%s: not a collective name", name ? name : "(null)");
-    return 0;
+    return -1;
   }
   const sl_collective_ops *b = builtin_collective_ops(name);
   char problem[256];
@@ -581,12 +581,16 @@ int sl__collective_probe(const char *name, const char *backend, char *reason, si
   int e = load_module(name, true, &m, why, sizeof why);
   if (e) {
     snprintf(reason, len, "%s: %s (%s)", name, e == MODULE_ABSENT ? "not available here" : "unusable", why);
-    return 0;
+    return e == MODULE_ABSENT ? -1 : 0;
   }
   int score = probe_collective(m.ops, m.shim, backend, reason, len);
   loaded_close(&m);
   return score;
 }
+
+bool sl__module_name_ok(const char *name) { return name && valid_name(name); }
+
+const char *sl__nearest_name(const char *name, const char *const *names, size_t n) { return nearest(name, names, n); }
 
 sl_status sl__module_init_failed(sl_context *ctx, sl_status st, const char *kind, const char *name) {
   if (!ctx->errmsg[0])
