@@ -783,6 +783,89 @@ static const sl_test_tensor route_tensors[] = {
 };
 #define ROUTE_TENSORS (sizeof route_tensors / sizeof route_tensors[0])
 
+/* ---- routes: what both tables declare ----------------------------------------------------- */
+
+/* Loads PATH twice on CTX (accelerator shards in the file's dtypes; CPU shards as F32) and
+ * checks every byte against the file's pattern, cast as torch would. */
+static int load_and_check(sl_context *ctx, const char *path) {
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, path, &src) == SL_OK, "%s", sl_context_errmsg(ctx));
+  for (int pass = 0; pass < 2; pass++) {
+    sl_plan *plan = NULL;
+    SL_CHILD_CHECK(sl_plan_create(ctx, &plan) == SL_OK, "%s", sl_context_errmsg(ctx));
+    if (pass) SL_CHILD_CHECK(sl_plan_set_param_dtype(plan, SL_DTYPE_F32) == SL_OK, "%s", sl_context_errmsg(ctx));
+    sl_load_options lo = {.size = sizeof lo, .cpu_offload = pass ? SL_CPU_OFFLOAD_ON : SL_CPU_OFFLOAD_OFF};
+    sl_state *st = NULL;
+    sl_status s = sl_load(ctx, plan, src, &lo, &st);
+    SL_CHILD_CHECK(s == SL_OK, "load %d: %s: %s", pass, sl_status_name(s), sl_context_errmsg(ctx));
+    for (size_t i = 0; i < ROUTE_TENSORS; i++) {
+      const sl_test_tensor *t = &route_tensors[i];
+      const sl_tensor *got = sl_state_find(st, t->name);
+      SL_CHILD_CHECK(got != NULL, "%s missing", t->name);
+      sl_dtype fdt = sl_dtype_from_name(t->dtype), pdt = pass ? SL_DTYPE_F32 : fdt;
+      uint64_t n = 1;
+      for (int d = 0; d < t->ndim; d++) n *= (uint64_t)t->shape[d];
+      unsigned char file[256], want[256], back[256];
+      for (uint64_t b = 0; b < n * sl_dtype_size(fdt); b++) file[b] = sl_test_pattern_byte(t->name, b);
+      SL_CHILD_CHECK(sl_convert(want, pdt, file, fdt, n) == SL_OK, "convert");
+      SL_CHILD_CHECK(got->nbytes == n * sl_dtype_size(pdt), "%s: %llu bytes", t->name, (unsigned long long)got->nbytes);
+      SL_CHILD_CHECK(sl_copy_to_host(ctx, back, got->data, got->device, got->nbytes) == SL_OK, "copy");
+      SL_CHILD_CHECK(memcmp(back, want, got->nbytes) == 0, "load %d: %s: wrong bytes", pass, t->name);
+    }
+    sl_state_destroy(st);
+    sl_plan_destroy(plan);
+  }
+  sl_source_destroy(src);
+  return 0;
+}
+
+static int devcpu_rank(int rank, int world, void *arg) {
+  child_signals();
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .collective = "v1devcpu", .world_size = 1,
+                           .errbuf = err, .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  sl_status s = sl_context_create(&co, &ctx);
+  SL_CHILD_CHECK(s == SL_OK, "%s: %s", sl_status_name(s), err);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "v1devcpu") == 0, "collective %s",
+                 sl_context_collective_name(ctx));
+  int rc = load_and_check(ctx, arg);
+  sl_context_destroy(ctx);
+  return rc;
+}
+
+/* An ABI v1 collective that moves the cpu backend's device memory (legal in v1) takes the
+ * device route, whose device staging on cpu is host memory from the backend's alloc_device.
+ * In a child: the defect this pins was a crash. */
+static void test_device_route_on_a_host_backend(void **state) {
+  use_modules();
+  char *dir = sl_test_dir("devcpu"), *path = sl_test_path(dir, "m.safetensors");
+  assert_int_equal(sl_test_write_st(path, route_tensors, ROUTE_TENSORS, NULL), 0);
+  int code = -1;
+  assert_int_equal(sl_test_spawn(1, devcpu_rank, path, 60000, &code), 0);
+  assert_int_equal(code, 0);
+  free(path);
+  free(dir);
+}
+
+/* A collective that moves only another backend's device memory, though its probe says yes
+ * to any: no route serves it with cpu, and every rank refuses it up front naming both. */
+static void test_no_route_refused_everywhere(void **state) {
+  use_modules();
+  for (int world = 1; world <= 2; world++) {
+    ctx_job j = {.world = world, .backend = "cpu", .collective = "devcuda", .expect = SL_ERR_NO_DEVICE,
+                 .want = {"devcuda: moves cuda device memory only, and this rank's backend is cpu",
+                          "no route serves the pair"}};
+    run_job(&j, "noroute");
+  }
+  char why[512] = "";
+  const sl_collective_ops *local = sl__collective_local();
+  assert_int_equal(sl__data_route(local, "sim", why, sizeof why), SL__ROUTE_HOST);
+  assert_int_equal(sl__data_route(sl__collective_simccl(), "sim", why, sizeof why), SL__ROUTE_DEVICE);
+  assert_int_equal(sl__data_route(sl__collective_simccl(), "cpu", why, sizeof why), SL__ROUTE_NONE);
+  assert_non_null(strstr(why, "simccl: moves sim device memory only, and this rank's backend is cpu"));
+}
+
 /* ---- what a module's table says of itself -------------------------------------------------- */
 
 static void test_table_names_checked(void **state) {
@@ -941,6 +1024,8 @@ int main(void) {
       cmocka_unit_test(test_world1_load_on_v1_modules),
       cmocka_unit_test(test_library_dir_resolved_once),
       cmocka_unit_test(test_probes_only_what_the_choice_needs),
+      cmocka_unit_test(test_device_route_on_a_host_backend),
+      cmocka_unit_test(test_no_route_refused_everywhere),
       cmocka_unit_test(test_table_names_checked),
       cmocka_unit_test(test_module_text_escaped),
       cmocka_unit_test(test_silent_init_names_the_module),

@@ -291,10 +291,17 @@ sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_coll
  * agreement: at most MAX, returns the count. Stable order on every rank of one build. */
 size_t sl__collective_names(const char **names, size_t max);
 /* Whether this rank could run collective NAME with backend BACKEND (its probe, after loading the
- * module if it is loadable; the module is closed again): > 0 yes; 0 no, and REASON says why;
- * -1 no such module (not a module name, or no file libshardload-NAME.so anywhere the registry
- * looks), and REASON says so. */
+ * module if it is loadable, and a route for the pair, sl__data_route; the module is closed
+ * again): > 0 yes; 0 no, and REASON says why; -1 no such module (not a module name, or no
+ * file libshardload-NAME.so anywhere the registry looks), and REASON says so. */
 int sl__collective_probe(const char *name, const char *backend, char *reason, size_t len);
+/* The loader's route for collective C on a rank whose backend is named BACKEND
+ * (docs/DESIGN.md#data-flow, Routes): host staging when C moves host memory, the device route
+ * when it moves only device memory and that memory is BACKEND's; otherwise none, and WHY (when
+ * given) names both modules. A backend whose device memory is host memory is served like any
+ * other: the device route stages in what its alloc_device gives. */
+typedef enum { SL__ROUTE_NONE = 0, SL__ROUTE_HOST = 1, SL__ROUTE_DEVICE = 2 } sl__route;
+sl__route sl__data_route(const sl_collective_ops *c, const char *backend, char *why, size_t len);
 /* After a module's init of KIND ("backend", "collective") returned ST: when it gave no message
  * (the caller emptied the context's message before the call, and it is still empty), the
  * message names the module and the status, as every message must. Returns ST. */

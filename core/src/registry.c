@@ -233,8 +233,20 @@ static bool collective_table_ok(const sl_collective_ops *o, char *problem, size_
   REQUIRE(name) REQUIRE(probe) REQUIRE(init) REQUIRE(fini) REQUIRE(broadcast) REQUIRE(scatterv) REQUIRE(allgather)
   REQUIRE(barrier)
 #undef REQUIRE
-  if (missing) snprintf(problem, len, "its table lacks %s", missing);
-  return missing == NULL;
+  if (missing) {
+    snprintf(problem, len, "its table lacks %s", missing);
+    return false;
+  }
+  /* the loader routes by these (sl__data_route): device memory is some backend's */
+  if (!(o->domains & (SL_MEM_HOST | SL_MEM_PINNED | SL_MEM_DEVICE))) {
+    snprintf(problem, len, "its table declares no memory domain it moves (domains %#x)", o->domains);
+    return false;
+  }
+  if ((o->domains & SL_MEM_DEVICE) && !o->device_backend) {
+    snprintf(problem, len, "its table moves device memory (SL_MEM_DEVICE) but names no device_backend");
+    return false;
+  }
+  return true;
 }
 
 /* The names a checked table gives: its own must be the one it was asked for (a backend that
@@ -344,12 +356,15 @@ static int probe_backend(const sl_backend_ops *o, const void *shim, char *reason
   return score > 0 ? score : 0;
 }
 
+/* The module's probe, then whether the loader has a route for it with BACKEND: a probe that
+ * says yes to a backend whose memory the collective does not move is not the last word. */
 static int probe_collective(const sl_collective_ops *o, const void *shim, const char *backend, char *reason, size_t len) {
   reason[0] = 0;
   int score = shim ? sl__v1_collective_probe(o, backend, reason, len) : o->probe(backend, reason, len);
   reason[len - 1] = 0;
   sl__module_text(reason, len);
   if (score <= 0 && !reason[0]) snprintf(reason, len, "%s: probe said no and gave no reason", o->name);
+  if (score > 0 && sl__data_route(o, backend, reason, len) == SL__ROUTE_NONE) return 0;
   return score > 0 ? score : 0;
 }
 
@@ -586,6 +601,19 @@ int sl__collective_probe(const char *name, const char *backend, char *reason, si
   int score = probe_collective(m.ops, m.shim, backend, reason, len);
   loaded_close(&m);
   return score;
+}
+
+sl__route sl__data_route(const sl_collective_ops *c, const char *backend, char *why, size_t len) {
+  if (c->domains & SL_MEM_HOST) return SL__ROUTE_HOST;
+  /* pinned host memory only: the host route's slots are pinned where the backend can pin */
+  if (!(c->domains & SL_MEM_DEVICE)) return SL__ROUTE_HOST;
+  /* the device route hands it the rank's backend's device memory (host memory, on a backend
+   * whose device memory is host memory): it must be the memory it moves */
+  if (c->device_backend && backend && strcmp(c->device_backend, backend) == 0) return SL__ROUTE_DEVICE;
+  if (why && len)
+    snprintf(why, len, "%s: moves %s device memory only, and this rank's backend is %s: no route serves the pair",
+             c->name, c->device_backend ? c->device_backend : "(unnamed)", backend ? backend : "(none)");
+  return SL__ROUTE_NONE;
 }
 
 bool sl__module_name_ok(const char *name) { return name && valid_name(name); }
