@@ -4,6 +4,8 @@
  * $SHARDLOAD_TEST_MODULES (tests/CMakeLists.txt). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -340,9 +342,9 @@ static void test_collective_names_and_probe(void **state) {
   assert_true(sl__collective_probe("local", "cpu", reason, sizeof reason) > 0);
   assert_true(sl__collective_probe("v1local", "cpu", reason, sizeof reason) > 0);
   /* an absent loadable module: its reason names it and the file the loader could not find */
-  assert_int_equal(sl__collective_probe("nccl", "cpu", reason, sizeof reason), 0);
+  assert_int_equal(sl__collective_probe("nccl", "cpu", reason, sizeof reason), -1);
   assert_non_null(strstr(reason, "nccl: not available here (libshardload-nccl.so"));
-  assert_int_equal(sl__collective_probe("Bad Name", "cpu", reason, sizeof reason), 0);
+  assert_int_equal(sl__collective_probe("Bad Name", "cpu", reason, sizeof reason), -1);
   assert_non_null(strstr(reason, "not a collective name"));
   /* a backend module is not a collective module */
   assert_int_equal(sl__collective_probe("hostmem", "cpu", reason, sizeof reason), 0);
@@ -419,13 +421,17 @@ static void test_unknown_and_absent_backends(void **state) {
 }
 
 /* "auto" probes the accelerator modules first, keeps the best (an accelerator wins a tie) and
- * logs why each other one was not taken. Accelerator names are played by links to test
- * modules in a directory of their own. */
+ * logs why each other one was not taken. Accelerator names are played by test modules whose
+ * tables carry those names, linked into a directory of their own. */
 static void test_auto_probes_and_logs_reasons(void **state) {
   char *dir = sl_test_dir("auto");
   char target[4200], link[4200];
-  snprintf(target, sizeof target, "%s/libshardload-probeno.so", moddir);
+  snprintf(target, sizeof target, "%s/libshardload-fakecuda.so", moddir);
   snprintf(link, sizeof link, "%s/libshardload-cuda.so", dir);
+  assert_int_equal(symlink(target, link), 0);
+  /* a table that gives another name than its file's is refused, loudly */
+  snprintf(target, sizeof target, "%s/libshardload-probeno.so", moddir);
+  snprintf(link, sizeof link, "%s/libshardload-level_zero.so", dir);
   assert_int_equal(symlink(target, link), 0);
   setenv("SHARDLOAD_MODULE_PATH", dir, 1);
   logbuf lb = {{0}};
@@ -434,17 +440,19 @@ static void test_auto_probes_and_logs_reasons(void **state) {
   assert_int_equal(open_backend(c, "auto", &o), SL_OK);
   assert_string_equal(o.ops->name, "cpu");
   close_backend(&o);
-  assert_non_null(strstr(lb.text, "backend auto: probeno: no widget on this machine"));
+  assert_non_null(strstr(lb.text, "backend auto: cuda: no widget on this machine"));
   assert_non_null(strstr(lb.text, "backend auto: hip: not available (libshardload-hip.so"));
+  assert_non_null(strstr(lb.text, "[1] backend auto: level_zero: unusable ("));
+  assert_non_null(strstr(lb.text, "its table calls itself 'probeno', not 'level_zero'"));
   assert_non_null(strstr(lb.text, "backend auto: chose cpu"));
   assert_non_null(strstr(lb.text, "backend auto: sim: ")); /* sim says why it is never chosen */
   /* a usable accelerator module beats the built-ins */
-  snprintf(target, sizeof target, "%s/libshardload-hostmem.so", moddir);
+  snprintf(target, sizeof target, "%s/libshardload-fakehip.so", moddir);
   snprintf(link, sizeof link, "%s/libshardload-hip.so", dir);
   assert_int_equal(symlink(target, link), 0);
   lb.text[0] = 0;
   assert_int_equal(open_backend(c, "auto", &o), SL_OK);
-  assert_string_equal(o.ops->name, "hostmem");
+  assert_string_equal(o.ops->name, "hip");
   assert_non_null(strstr(lb.text, "backend auto: cpu: usable (probe 1), hip probes 1"));
   close_backend(&o);
   free(c);
@@ -569,6 +577,429 @@ static void test_world1_load_on_v1_modules(void **state) {
   free(dir);
 }
 
+/* ---- what is opened, and from where ---------------------------------------------------------- */
+
+static void copy_file(const char *from, const char *to) {
+  FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+  assert_non_null(in);
+  assert_non_null(out);
+  char buf[1 << 16];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0) assert_int_equal(fwrite(buf, 1, n, out), n);
+  fclose(in);
+  assert_int_equal(fclose(out), 0);
+}
+
+/* The whole file as a string, or NULL when there is none. */
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *text = calloc(1, 1 << 16);
+  assert_non_null(text);
+  size_t n = fread(text, 1, (1 << 16) - 1, f);
+  text[n] = 0;
+  fclose(f);
+  return text;
+}
+
+static void plant(const char *dir, const char *as, const char *module) {
+  char target[4200], link[4200];
+  snprintf(target, sizeof target, "%s/libshardload-%s.so", moddir, module);
+  snprintf(link, sizeof link, "%s/libshardload-%s.so", dir, as);
+  assert_int_equal(symlink(target, link), 0);
+}
+
+/* A forked rank dies of its own crash: cmocka's handlers would carry on with the parent's
+ * tests inside the child. */
+static void child_signals(void) {
+  const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], SIG_DFL);
+}
+
+/* A process that opens libshardload by a relative path, then changes directory. */
+typedef struct reldir_job {
+  const char *libdir, *cwd;
+} reldir_job;
+
+static int reldir_rank(int rank, int world, void *arg) {
+  child_signals();
+  const reldir_job *j = arg;
+  SL_CHILD_CHECK(chdir(j->libdir) == 0, "chdir %s", j->libdir);
+  void *lib = dlopen("./libshardload.so", RTLD_NOW | RTLD_LOCAL);
+  SL_CHILD_CHECK(lib != NULL, "dlopen ./libshardload.so: %s", dlerror());
+  typedef sl_status (*create_fn)(const sl_context_options *, sl_context **);
+  typedef const char *(*name_fn)(const sl_context *);
+  typedef void (*destroy_fn)(sl_context *);
+  create_fn create = (create_fn)dlsym(lib, "sl_context_create");
+  name_fn collective = (name_fn)dlsym(lib, "sl_context_collective_name");
+  destroy_fn destroy = (destroy_fn)dlsym(lib, "sl_context_destroy");
+  SL_CHILD_CHECK(create && collective && destroy, "the library lacks its entry points");
+  SL_CHILD_CHECK(chdir(j->cwd) == 0, "chdir %s", j->cwd);
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .collective = "plant", .world_size = 1,
+                           .errbuf = err, .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  sl_status s = create(&co, &ctx);
+  SL_CHILD_CHECK(s == SL_OK, "%s: %s", sl_status_name(s), err);
+  SL_CHILD_CHECK(strcmp(collective(ctx), "plant") == 0, "collective %s", collective(ctx));
+  destroy(ctx);
+  return 0;
+}
+
+/* The directory next to the library is where the library was when it was loaded, as an
+ * absolute path: a process that opened it by a relative path and then changed directory does
+ * not load a module planted in the new working directory. $SHARDLOAD_MODULE_PATH comes first
+ * (README, Modules). Each copy of the test module writes its real path into the trace. */
+static void test_library_dir_resolved_once(void **state) {
+  const char *lib = getenv("SHARDLOAD_TEST_LIBRARY");
+  if (!lib || !*lib) fail_msg("SHARDLOAD_TEST_LIBRARY is not set (CTest sets it)");
+  char *libdir = sl_test_dir("reldir-lib"), *cwd = sl_test_dir("reldir-cwd"), *early = sl_test_dir("reldir-path");
+  char *tdir = sl_test_dir("reldir-trace"), *trace = sl_test_path(tdir, "trace");
+  char plant_so[4200], to[4200], mine[3][PATH_MAX];
+  snprintf(plant_so, sizeof plant_so, "%s/libshardload-plant.so", moddir);
+  snprintf(to, sizeof to, "%s/libshardload.so", libdir);
+  copy_file(lib, to);
+  const char *dirs[3] = {libdir, cwd, early};
+  for (int i = 0; i < 3; i++) { /* copies, not links: each has a real path of its own */
+    snprintf(to, sizeof to, "%s/libshardload-plant.so", dirs[i]);
+    copy_file(plant_so, to);
+    assert_non_null(realpath(to, mine[i]));
+  }
+  unsetenv("SHARDLOAD_MODULE_PATH");
+  setenv("SL_TEST_TRACE", trace, 1);
+  reldir_job j = {libdir, cwd};
+  int code = -1;
+  assert_int_equal(sl_test_spawn(1, reldir_rank, &j, 60000, &code), 0);
+  assert_int_equal(code, 0);
+  char *got = slurp(trace);
+  assert_non_null(got);
+  fprintf(stderr, "opened:\n%s", got);
+  assert_non_null(strstr(got, mine[0]));  /* next to the library */
+  assert_null(strstr(got, mine[1]));      /* never the working directory's */
+  free(got);
+  unlink(trace);
+  setenv("SHARDLOAD_MODULE_PATH", early, 1);
+  assert_int_equal(sl_test_spawn(1, reldir_rank, &j, 60000, &code), 0);
+  assert_int_equal(code, 0);
+  got = slurp(trace);
+  assert_non_null(got);
+  assert_non_null(strstr(got, mine[2]));
+  assert_null(strstr(got, mine[0]));
+  free(got);
+  unsetenv("SL_TEST_TRACE");
+  free(trace);
+  free(tdir);
+  free(early);
+  free(cwd);
+  free(libdir);
+}
+
+/* A context of WORLD ranks (real processes, real Gloo), and what every rank must see. */
+typedef struct ctx_job {
+  int world;
+  const char *backend, *collective;
+  sl_status expect;
+  const char *name;    /* with SL_OK: the data collective */
+  const char *want[2]; /* substrings of every rank's message */
+  char *rdzv;
+} ctx_job;
+
+static int ctx_rank(int rank, int world, void *arg) {
+  child_signals();
+  const ctx_job *j = arg;
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = j->backend, .collective = j->collective, .world_size = world,
+                           .rank = rank, .rendezvous = j->rdzv, .timeout_ms = 20000, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  sl_status s = sl_context_create(&co, &ctx);
+  fprintf(stderr, "rank %d/%d (%s, %s): %s: %s\n", rank, world, j->backend, j->collective ? j->collective : "auto",
+          sl_status_name(s), ctx ? sl_context_collective_reason(ctx) : err);
+  SL_CHILD_CHECK(s == j->expect, "rank %d: %s, expected %s (%s)", rank, sl_status_name(s), sl_status_name(j->expect),
+                 err);
+  for (int k = 0; k < 2 && j->want[k]; k++)
+    SL_CHILD_CHECK(strstr(err, j->want[k]) != NULL, "rank %d: message '%s' lacks '%s'", rank, err, j->want[k]);
+  if (s != SL_OK) return 0;
+  const char *name = sl_context_collective_name(ctx);
+  SL_CHILD_CHECK(!j->name || strcmp(name, j->name) == 0, "rank %d: collective %s, expected %s", rank, name, j->name);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void run_job(ctx_job *j, const char *sub) {
+  j->rdzv = j->world > 1 ? sl_test_rendezvous(sub) : NULL;
+  int codes[4];
+  assert_int_equal(sl_test_spawn(j->world, ctx_rank, j, 60000, codes), 0); /* none hung */
+  for (int r = 0; r < j->world; r++) assert_int_equal(codes[r], 0);
+  free(j->rdzv);
+  j->rdzv = NULL;
+}
+
+/* A module that leaves a trace when opened is planted under every loadable name the core
+ * knows: a job on an explicit cpu or sim backend opens none of them (world 1 and world 2);
+ * asking for one, or for backend auto, does open it (so the trace would show an opening). */
+static void test_probes_only_what_the_choice_needs(void **state) {
+  char *dir = sl_test_dir("planted"), *trace = sl_test_path(dir, "trace");
+  const char *names[] = {"nccl", "rccl", "cuda", "hip", "level_zero"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) plant(dir, names[i], "tracenccl");
+  setenv("SHARDLOAD_MODULE_PATH", dir, 1);
+  setenv("SL_TEST_TRACE", trace, 1);
+  ctx_job quiet[] = {
+      {.world = 1, .backend = "cpu", .expect = SL_OK, .name = "local"},
+      {.world = 2, .backend = "cpu", .expect = SL_OK, .name = "gloo"},
+      {.world = 2, .backend = "cpu", .collective = "gloo", .expect = SL_OK, .name = "gloo"},
+      {.world = 1, .backend = "sim", .expect = SL_OK, .name = "simccl"},
+      {.world = 2, .backend = "sim", .expect = SL_OK, .name = "simccl"},
+  };
+  for (size_t i = 0; i < sizeof quiet / sizeof quiet[0]; i++) {
+    run_job(&quiet[i], "quiet");
+    char *got = slurp(trace);
+    if (got) fprintf(stderr, "job %zu (%s, world %d) opened:\n%s", i, quiet[i].backend, quiet[i].world, got);
+    assert_null(got);
+  }
+  ctx_job asked = {.world = 1, .backend = "cpu", .collective = "nccl", .expect = SL_OK, .name = "nccl"};
+  run_job(&asked, "asked");
+  char *got = slurp(trace);
+  assert_non_null(got);
+  free(got);
+  unlink(trace);
+  ctx_job any = {.world = 1, .backend = "auto", .expect = SL_OK, .name = "local"};
+  run_job(&any, "auto"); /* auto means: probe the accelerator backends */
+  got = slurp(trace);
+  assert_non_null(got);
+  free(got);
+  unsetenv("SL_TEST_TRACE");
+  free(trace);
+  free(dir);
+}
+
+/* ---- a small checkpoint ------------------------------------------------------------------ */
+
+static const sl_test_tensor route_tensors[] = {
+    {"a.weight", "F32", 2, {6, 4}, NULL},
+    {"b.bias", "BF16", 1, {3}, NULL},
+    {"c.proj", "F16", 2, {5, 3}, NULL},
+    {"scale", "F32", 0, {0}, NULL},
+};
+#define ROUTE_TENSORS (sizeof route_tensors / sizeof route_tensors[0])
+
+/* ---- routes: what both tables declare ----------------------------------------------------- */
+
+/* Loads PATH twice on CTX (accelerator shards in the file's dtypes; CPU shards as F32) and
+ * checks every byte against the file's pattern, cast as torch would. */
+static int load_and_check(sl_context *ctx, const char *path) {
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, path, &src) == SL_OK, "%s", sl_context_errmsg(ctx));
+  for (int pass = 0; pass < 2; pass++) {
+    sl_plan *plan = NULL;
+    SL_CHILD_CHECK(sl_plan_create(ctx, &plan) == SL_OK, "%s", sl_context_errmsg(ctx));
+    if (pass) SL_CHILD_CHECK(sl_plan_set_param_dtype(plan, SL_DTYPE_F32) == SL_OK, "%s", sl_context_errmsg(ctx));
+    sl_load_options lo = {.size = sizeof lo, .cpu_offload = pass ? SL_CPU_OFFLOAD_ON : SL_CPU_OFFLOAD_OFF};
+    sl_state *st = NULL;
+    sl_status s = sl_load(ctx, plan, src, &lo, &st);
+    SL_CHILD_CHECK(s == SL_OK, "load %d: %s: %s", pass, sl_status_name(s), sl_context_errmsg(ctx));
+    for (size_t i = 0; i < ROUTE_TENSORS; i++) {
+      const sl_test_tensor *t = &route_tensors[i];
+      const sl_tensor *got = sl_state_find(st, t->name);
+      SL_CHILD_CHECK(got != NULL, "%s missing", t->name);
+      sl_dtype fdt = sl_dtype_from_name(t->dtype), pdt = pass ? SL_DTYPE_F32 : fdt;
+      uint64_t n = 1;
+      for (int d = 0; d < t->ndim; d++) n *= (uint64_t)t->shape[d];
+      unsigned char file[256], want[256], back[256];
+      for (uint64_t b = 0; b < n * sl_dtype_size(fdt); b++) file[b] = sl_test_pattern_byte(t->name, b);
+      SL_CHILD_CHECK(sl_convert(want, pdt, file, fdt, n) == SL_OK, "convert");
+      SL_CHILD_CHECK(got->nbytes == n * sl_dtype_size(pdt), "%s: %llu bytes", t->name, (unsigned long long)got->nbytes);
+      SL_CHILD_CHECK(sl_copy_to_host(ctx, back, got->data, got->device, got->nbytes) == SL_OK, "copy");
+      SL_CHILD_CHECK(memcmp(back, want, got->nbytes) == 0, "load %d: %s: wrong bytes", pass, t->name);
+    }
+    sl_state_destroy(st);
+    sl_plan_destroy(plan);
+  }
+  sl_source_destroy(src);
+  return 0;
+}
+
+static int devcpu_rank(int rank, int world, void *arg) {
+  child_signals();
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .collective = "v1devcpu", .world_size = 1,
+                           .errbuf = err, .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  sl_status s = sl_context_create(&co, &ctx);
+  SL_CHILD_CHECK(s == SL_OK, "%s: %s", sl_status_name(s), err);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "v1devcpu") == 0, "collective %s",
+                 sl_context_collective_name(ctx));
+  int rc = load_and_check(ctx, arg);
+  sl_context_destroy(ctx);
+  return rc;
+}
+
+/* An ABI v1 collective that moves the cpu backend's device memory (legal in v1) takes the
+ * device route, whose device staging on cpu is host memory from the backend's alloc_device.
+ * In a child: the defect this pins was a crash. */
+static void test_device_route_on_a_host_backend(void **state) {
+  use_modules();
+  char *dir = sl_test_dir("devcpu"), *path = sl_test_path(dir, "m.safetensors");
+  assert_int_equal(sl_test_write_st(path, route_tensors, ROUTE_TENSORS, NULL), 0);
+  int code = -1;
+  assert_int_equal(sl_test_spawn(1, devcpu_rank, path, 60000, &code), 0);
+  assert_int_equal(code, 0);
+  free(path);
+  free(dir);
+}
+
+/* A collective that moves only another backend's device memory, though its probe says yes
+ * to any: no route serves it with cpu, and every rank refuses it up front naming both. */
+static void test_no_route_refused_everywhere(void **state) {
+  use_modules();
+  for (int world = 1; world <= 2; world++) {
+    ctx_job j = {.world = world, .backend = "cpu", .collective = "devcuda", .expect = SL_ERR_NO_DEVICE,
+                 .want = {"devcuda: moves cuda device memory only, and this rank's backend is cpu",
+                          "no route serves the pair"}};
+    run_job(&j, "noroute");
+  }
+  char why[512] = "";
+  const sl_collective_ops *local = sl__collective_local();
+  assert_int_equal(sl__data_route(local, "sim", why, sizeof why), SL__ROUTE_HOST);
+  assert_int_equal(sl__data_route(sl__collective_simccl(), "sim", why, sizeof why), SL__ROUTE_DEVICE);
+  assert_int_equal(sl__data_route(sl__collective_simccl(), "cpu", why, sizeof why), SL__ROUTE_NONE);
+  assert_non_null(strstr(why, "simccl: moves sim device memory only, and this rank's backend is cpu"));
+}
+
+/* ---- what a module's table says of itself -------------------------------------------------- */
+
+static void test_table_names_checked(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  /* a backend calling itself sim would get simccl, which takes its handle for sim's */
+  assert_int_equal(open_backend(c, "impostor", &o), SL_ERR_ABI);
+  assert_non_null(strstr(c->errmsg, "libshardload-impostor.so: its table calls itself 'sim', not 'impostor'"));
+  /* a name with a newline would forge a line wherever it is printed */
+  assert_int_equal(open_backend(c, "forgedname", &o), SL_ERR_ABI);
+  assert_non_null(strstr(c->errmsg, "its table calls itself 'forgedname\\nshardload: forged line', not 'forgedname'"));
+  assert_null(strchr(c->errmsg, '\n'));
+  /* a collective's file and table disagreeing */
+  char *dir = sl_test_dir("renamed");
+  plant(dir, "renamed", "plant");
+  setenv("SHARDLOAD_MODULE_PATH", dir, 1);
+  const sl_collective_ops *ops;
+  void *dl, *shim;
+  assert_int_equal(sl__collective_select(c, "renamed", &ops, &dl, &shim), SL_ERR_ABI);
+  assert_non_null(strstr(c->errmsg, "its table calls itself 'plant', not 'renamed'"));
+  free(dir);
+  free(c);
+  /* and a context refuses it before anything pairs with it */
+  use_modules();
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "impostor", .world_size = 1, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_ABI);
+  assert_non_null(strstr(err, "backend 'impostor':"));
+}
+
+/* Whether S is printable ASCII only. */
+static bool printable(const char *s) {
+  for (; *s; s++)
+    if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e) return false;
+  return true;
+}
+
+/* Text a module gives (describe(), a probe's reason) is kept escaped, so neither the report's
+ * header nor a JSON field can carry a forged line or a terminal control. */
+static void test_module_text_escaped(void **state) {
+  use_modules();
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "forgedtext", .world_size = 1, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_OK);
+  const char *desc = sl_context_device_description(ctx);
+  fprintf(stderr, "device: %s\n", desc);
+  assert_true(printable(desc));
+  assert_non_null(strstr(desc, "ABI v2 entry)\\nshardload: forged line\\x1b[2J\\xff"));
+  sl_context_destroy(ctx);
+  /* the reasons auto gives for the candidates it passed over */
+  char *dir = sl_test_dir("forgedauto");
+  plant(dir, "cuda", "fakecuda");
+  setenv("SHARDLOAD_MODULE_PATH", dir, 1);
+  co.backend = "auto";
+  assert_int_equal(sl_context_create(&co, &ctx), SL_OK);
+  const char *why = sl_context_backend_reason(ctx);
+  fprintf(stderr, "backend: %s\n", why);
+  assert_true(printable(why));
+  assert_non_null(strstr(why, "cuda: no widget on this machine (test module)\\nshardload: forged line"));
+  sl_context_destroy(ctx);
+  free(dir);
+  /* the command's header: one line each, whatever the module wrote */
+  char *ck = sl_test_dir("forgedcli"), *path = sl_test_path(ck, "m.safetensors");
+  assert_int_equal(sl_test_write_st(path, route_tensors, ROUTE_TENSORS, NULL), 0);
+  char *out = NULL;
+  int rc = sl_test_run(&out, "SHARDLOAD_MODULE_PATH='%s' '%s' load '%s' --backend forgedtext 2>&1", moddir,
+                       sl_test_bin(), path);
+  fprintf(stderr, "%s", out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "device forgedtext (out-of-tree host-memory backend, ABI v2 entry)\\nshardload: forged"));
+  assert_null(strstr(out, "\nshardload: forged"));
+  assert_null(strchr(out, '\x1b'));
+  free(out);
+  free(path);
+  free(ck);
+}
+
+/* ---- init failures, invalid names ------------------------------------------------------------ */
+
+/* A module's init that fails without a message: the message names the module and the status. */
+static void test_silent_init_names_the_module(void **state) {
+  use_modules();
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "silentbe", .world_size = 1, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_BACKEND);
+  assert_string_equal(err, "backend silentbe: init failed (SL_ERR_BACKEND) and gave no reason");
+  co.backend = "cpu";
+  co.collective = "silentcoll";
+  err[0] = 0;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_COMM);
+  assert_string_equal(err, "collective silentcoll: init failed (SL_ERR_COMM) and gave no reason");
+}
+
+/* The module file is suggested only for a name that could be one; the nearest name always. */
+static void test_no_module_file_for_invalid_names(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  assert_int_equal(open_backend(c, "../x", &o), SL_ERR_INVALID);
+  assert_non_null(strstr(c->errmsg, "unknown backend '../x': not a module name"));
+  assert_null(strstr(c->errmsg, "libshardload-"));
+  assert_int_equal(open_backend(c, "Cuda", &o), SL_ERR_INVALID);
+  assert_non_null(strstr(c->errmsg, "unknown backend 'Cuda' (did you mean 'cuda'?): not a module name"));
+  assert_null(strstr(c->errmsg, "libshardload-"));
+  assert_int_equal(open_backend(c, "cpx", &o), SL_ERR_INVALID); /* a valid name: it could be a module */
+  assert_non_null(strstr(c->errmsg, "libshardload-NAME.so"));
+  const sl_collective_ops *ops;
+  void *dl, *shim;
+  assert_int_equal(sl__collective_select(c, "Gloo", &ops, &dl, &shim), SL_ERR_INVALID);
+  assert_non_null(strstr(c->errmsg, "did you mean 'gloo'?"));
+  assert_null(strstr(c->errmsg, "libshardload-"));
+  free(c);
+  /* the data-plane agreement says the same */
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .collective = "Gloo", .world_size = 1,
+                           .errbuf = err, .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_INVALID);
+  assert_non_null(strstr(err, "collective 'Gloo' is unknown (did you mean 'gloo'?)"));
+  assert_null(strstr(err, "libshardload-"));
+  co.collective = "nosuch";
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_INVALID);
+  assert_non_null(strstr(err, "or a module libshardload-nosuch.so on SHARDLOAD_MODULE_PATH"));
+}
+
 int main(void) {
   moddir = getenv("SHARDLOAD_TEST_MODULES");
   if (!moddir || !*moddir) {
@@ -591,6 +1022,14 @@ int main(void) {
       cmocka_unit_test(test_stats_write_within_size),
       cmocka_unit_test(test_geometry_writes_within_size),
       cmocka_unit_test(test_world1_load_on_v1_modules),
+      cmocka_unit_test(test_library_dir_resolved_once),
+      cmocka_unit_test(test_probes_only_what_the_choice_needs),
+      cmocka_unit_test(test_device_route_on_a_host_backend),
+      cmocka_unit_test(test_no_route_refused_everywhere),
+      cmocka_unit_test(test_table_names_checked),
+      cmocka_unit_test(test_module_text_escaped),
+      cmocka_unit_test(test_silent_init_names_the_module),
+      cmocka_unit_test(test_no_module_file_for_invalid_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

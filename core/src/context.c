@@ -119,7 +119,9 @@ static sl_status open_backend(sl_context *ctx, const sl_context_options *o) {
       .ops = ops,
       .timeout_ms = ctx->timeout_ms,
   };
+  ctx->errmsg[0] = 0; /* to tell whether init said why */
   if ((st = ops->init(&bi, &handle)) != SL_OK) {
+    sl__module_init_failed(ctx, st, "backend", ops->name);
     sl__backend_ref_put(ctx->beref); /* closes the module: no handle, no fini */
     ctx->beref = NULL;
     return st;
@@ -130,8 +132,14 @@ static sl_status open_backend(sl_context *ctx, const sl_context_options *o) {
   ctx->device_ordinal = SL_HAS_OP(ops, device_ordinal) ? ops->device_ordinal(handle)
                         : o->device_set                 ? o->device
                                                         : ctx->local_rank;
-  if (SL_HAS_OP(ops, describe)) ops->describe(handle, ctx->device_desc, sizeof ctx->device_desc);
-  else snprintf(ctx->device_desc, sizeof ctx->device_desc, "%s:%d", ops->name, ctx->device_ordinal);
+  if (SL_HAS_OP(ops, describe)) {
+    ctx->device_desc[0] = 0;
+    ops->describe(handle, ctx->device_desc, sizeof ctx->device_desc);
+    ctx->device_desc[sizeof ctx->device_desc - 1] = 0;
+    sl__module_text(ctx->device_desc, sizeof ctx->device_desc); /* printed in the report's header */
+  } else {
+    snprintf(ctx->device_desc, sizeof ctx->device_desc, "%s:%d", ops->name, ctx->device_ordinal);
+  }
   return SL_OK;
 
 out_close:

@@ -291,8 +291,31 @@ sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_coll
  * agreement: at most MAX, returns the count. Stable order on every rank of one build. */
 size_t sl__collective_names(const char **names, size_t max);
 /* Whether this rank could run collective NAME with backend BACKEND (its probe, after loading the
- * module if it is loadable; the module is closed again): > 0 yes, else 0 and REASON. */
+ * module if it is loadable, and a route for the pair, sl__data_route; the module is closed
+ * again): > 0 yes; 0 no, and REASON says why; -1 no such module (not a module name, or no
+ * file libshardload-NAME.so anywhere the registry looks), and REASON says so. */
 int sl__collective_probe(const char *name, const char *backend, char *reason, size_t len);
+/* The loader's route for collective C on a rank whose backend is named BACKEND
+ * (docs/DESIGN.md#data-flow, Routes): host staging when C moves host memory, the device route
+ * when it moves only device memory and that memory is BACKEND's; otherwise none, and WHY (when
+ * given) names both modules. A backend whose device memory is host memory is served like any
+ * other: the device route stages in what its alloc_device gives. */
+typedef enum { SL__ROUTE_NONE = 0, SL__ROUTE_HOST = 1, SL__ROUTE_DEVICE = 2 } sl__route;
+sl__route sl__data_route(const sl_collective_ops *c, const char *backend, char *why, size_t len);
+/* After a module's init of KIND ("backend", "collective") returned ST: when it gave no message
+ * (the caller emptied the context's message before the call, and it is still empty), the
+ * message names the module and the status, as every message must. Returns ST. */
+sl_status sl__module_init_failed(sl_context *ctx, sl_status st, const char *kind, const char *name);
+/* Whether NAME is of the module-name form [a-z0-9_]{1,32} (it becomes part of a file name). */
+bool sl__module_name_ok(const char *name);
+/* The name of NAMES within two edits of NAME, for "did you mean", or NULL. */
+const char *sl__nearest_name(const char *name, const char *const *names, size_t n);
+/* Text a module gave (a probe's reason, describe(), a name in a message), kept in place in S (a
+ * buffer of CAP bytes) as printable ASCII: control characters read \n, \r, \t or \xNN as in the
+ * command's error lines (docs/DESIGN.md#outputs), and so does every byte past 0x7e, so that the
+ * text can neither forge a line nor drive a terminal and is valid UTF-8 (JSON) wherever it goes.
+ * Cut to fit, never inside an escape. */
+void sl__module_text(char *s, size_t cap);
 #ifdef SHARDLOAD_HAVE_GLOO
 const sl_collective_ops *sl__collective_gloo(void);
 #endif

@@ -200,8 +200,12 @@ static sl_status setup(loader *L) {
   sl_context *ctx = L->ctx;
   const sl_backend_ops *be = ctx->be;
   L->device_is_host = sl__device_is_host(ctx);
-  L->device_route = (ctx->data->domains & SL_MEM_DEVICE) && !(ctx->data->domains & SL_MEM_HOST) &&
-                    L->o.read_mode == SL_READ_RANK0;
+  /* the route by what both tables declare; the data-plane agreement refused a pair no route
+   * serves (sl__collective_probe), so this is the same verdict, said again for safety */
+  char why[384];
+  sl__route route = sl__data_route(ctx->data, be->name, why, sizeof why);
+  if (route == SL__ROUTE_NONE) return sl__fail(ctx, SL_ERR_UNSUPPORTED, "%s", why);
+  L->device_route = route == SL__ROUTE_DEVICE && L->o.read_mode == SL_READ_RANK0;
   L->can_cast_device = SL_HAS_OP(be, cast_async);
   L->can_2d = SL_HAS_OP(be, copy_2d_async);
   if (L->device_route && !L->can_cast_device)
@@ -236,16 +240,17 @@ static sl_status setup(loader *L) {
   /* memory only for the slots transfers will use (a small checkpoint needs one) */
   int filled = L->nxfers < (size_t)L->nslots ? (int)L->nxfers : L->nslots;
 
-  bool dev_part = false;
-  if (!L->device_is_host) {
-    if (L->device_route) dev_part = true;
+  /* The device route stages in device memory and orders it by streams and events on every
+   * backend: one whose device memory is host memory (cpu) hands it host memory from its own
+   * alloc_device and token streams. Host staging needs them only on a real device. */
+  bool dev_part = L->device_route, ordered = L->device_route || !L->device_is_host;
+  if (!L->device_is_host)
     for (size_t i = 0; i < L->njobs && !dev_part; i++)
       if (L->jobs[i].out->device == SL_DEVICE_ACCELERATOR && L->can_cast_device &&
           (L->jobs[i].wire != L->jobs[i].res.dtype || L->jobs[i].src->dtype != L->jobs[i].res.dtype))
         dev_part = true;
-  }
   L->host_pinned = sl__has_pinned(ctx);
-  if (!L->device_is_host) {
+  if (ordered) {
     if ((st = be->stream_create(ctx->be_ctx, &L->s_copy)) != SL_OK) return st;
     if ((st = be->stream_create(ctx->be_ctx, &L->s_comm)) != SL_OK) return st;
   }
@@ -259,7 +264,7 @@ static sl_status setup(loader *L) {
         return sl__fail(ctx, st, "cannot allocate %zu bytes of device staging: %s", alloc, ctx->errmsg);
       L->st->stats.device_staging_bytes += alloc;
     }
-    if (!L->device_is_host) {
+    if (ordered) {
       if ((st = be->event_create(ctx->be_ctx, &s->ev_copy)) != SL_OK) return st;
       if ((st = be->event_create(ctx->be_ctx, &s->ev_comm)) != SL_OK) return st;
     }
@@ -336,7 +341,7 @@ void sl__loader_data_release(loader *L) {
   sl_context *ctx = L->ctx;
   stop_reader(L);
   /* nothing may still run on staging that is about to be freed */
-  if (!L->device_is_host && (L->s_copy || L->s_comm)) ctx->be->synchronize(ctx->be_ctx);
+  if (L->s_copy || L->s_comm) ctx->be->synchronize(ctx->be_ctx);
   if (L->g_pair_b) ctx->data->fini(L->g_pair_b);
   if (L->g_pair_a) ctx->data->fini(L->g_pair_a);
   if (L->g_shard0) ctx->data->fini(L->g_shard0);

@@ -3,10 +3,10 @@
  * The control plane carries every agreement, manifest and status in host memory and is always
  * the module that works everywhere: Gloo, or local for one rank. The data plane carries tensor
  * bytes and may be a device collective (NCCL, simccl); since a device collective works only
- * when EVERY rank can run it, the ranks agree on it over the control plane: each contributes a
- * fixed-size record (its backend, device and what each collective's probe said), and every
- * rank decides from the same table in the same way, so all choose the same module or all fail
- * with the same message. */
+ * when EVERY rank can run it, the ranks agree on it over the control plane: each contributes
+ * fixed-size records (what it was asked for, its backend and device, then what the candidate's
+ * probe said), and every rank decides from the same tables in the same way, so all choose the
+ * same module or all fail with the same message. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,25 +56,29 @@ static sl_status control_allgather(void *c, const void *sendbuf, void *recvbuf, 
 
 /* ---- the agreement on the data collective ---------------------------------------------------- */
 
-#define PLANE_COLLS 8      /* collectives one record describes (this build knows 5) */
-#define PLANE_NAME 33 /* a module name is at most 32 characters (registry.c) */
-#define PLANE_REASON 400   /* a probe's reason, cut to fit: the record stays under 4 KiB */
+/* Two exchanges, so that no rank opens a module the choice does not need: first what each rank
+ * was asked for and what its backend prefers; then, when that names a candidate (the forced
+ * collective, else rank 0's backend's preferred one), every rank's probe of that one candidate.
+ * A job whose rank 0 stages through host memory (the cpu backend) probes nothing: its data
+ * plane is the control plane's module. */
 
-typedef struct plane_entry {
-  char name[PLANE_NAME];
-  int32_t can;    /* the probe's verdict for this rank's backend: 1 yes, 0 no */
-  int32_t listed; /* one of the collectives this build knows (else a module asked for by name) */
-  char reason[PLANE_REASON];
-} plane_entry;
+#define PLANE_KNOWN 8    /* collectives one build lists (this one knows 5) */
+#define PLANE_NAME 33    /* a module name is at most 32 characters (registry.c) */
+#define PLANE_REASON 400 /* a probe's reason, cut to fit */
 
-typedef struct plane_rec {
+typedef struct plane_intent {
   char want[PLANE_NAME]; /* the collective this rank was asked for, "" for auto */
-  char backend[32];
+  char backend[PLANE_NAME];
   char preferred[PLANE_NAME]; /* the backend's preferred data collective, "" for host staging */
   char device[160];
-  int32_t count;
-  plane_entry e[PLANE_COLLS];
-} plane_rec;
+  char known[PLANE_KNOWN][PLANE_NAME]; /* what this build lists: rank 0's name an unknown one */
+} plane_intent;
+
+typedef struct plane_verdict {
+  int32_t can;   /* the probe's verdict for this rank's backend: 1 yes, 0 no */
+  int32_t known; /* the candidate is one this build lists, or a module file it found */
+  char reason[PLANE_REASON];
+} plane_verdict;
 
 /* Copies S into a fixed field, cut to fit and always terminated. */
 static void put(char *dst, size_t len, const char *s) {
@@ -83,80 +87,93 @@ static void put(char *dst, size_t len, const char *s) {
   dst[n] = 0;
 }
 
-static void fill_record(const sl_context *ctx, const char *want, plane_rec *r) {
+/* Text that came over the wire, made a string and made safe to print (a peer is not trusted to
+ * have done either). */
+static void take_text(char *field, size_t len) {
+  field[len - 1] = 0;
+  sl__module_text(field, len);
+}
+
+static void fill_intent(const sl_context *ctx, const char *want, plane_intent *r) {
   memset(r, 0, sizeof *r);
   put(r->want, sizeof r->want, want);
   put(r->backend, sizeof r->backend, ctx->be->name);
   const char *pref = ctx->be->preferred_collective;
   put(r->preferred, sizeof r->preferred, pref && strcmp(pref, "gloo") != 0 ? pref : "");
   put(r->device, sizeof r->device, ctx->device_desc);
-  const char *names[PLANE_COLLS];
-  size_t n = sl__collective_names(names, PLANE_COLLS - 1), listed = n;
-  /* a module asked for by name that this build does not list (libshardload-NAME.so) */
-  bool extra = want && *want;
-  for (size_t i = 0; i < n && extra; i++) extra = strcmp(names[i], want) != 0;
-  if (extra) names[n++] = want;
-  for (size_t i = 0; i < n; i++) {
-    plane_entry *e = &r->e[i];
-    put(e->name, sizeof e->name, names[i]);
-    e->listed = i < listed;
-    e->can = sl__collective_probe(names[i], ctx->be->name, e->reason, sizeof e->reason) > 0;
-    if (e->can) e->reason[0] = 0;
-    else if (!e->reason[0]) put(e->reason, sizeof e->reason, "its probe gave no reason");
-    e->reason[PLANE_REASON - 1] = 0;
-    r->count++;
-  }
+  const char *names[PLANE_KNOWN];
+  size_t n = sl__collective_names(names, PLANE_KNOWN);
+  for (size_t i = 0; i < n; i++) put(r->known[i], sizeof r->known[i], names[i]);
 }
 
-/* Rank R's entry for NAME, or NULL when its build does not know NAME. */
-static const plane_entry *entry_of(const plane_rec *r, const char *name) {
-  for (int32_t i = 0; i < r->count && i < PLANE_COLLS; i++)
-    if (strcmp(r->e[i].name, name) == 0) return &r->e[i];
-  return NULL;
+static void take_intent(plane_intent *r) {
+  take_text(r->want, sizeof r->want);
+  take_text(r->backend, sizeof r->backend);
+  take_text(r->preferred, sizeof r->preferred);
+  take_text(r->device, sizeof r->device);
+  for (int i = 0; i < PLANE_KNOWN; i++) take_text(r->known[i], sizeof r->known[i]);
+}
+
+/* This rank's probe of the candidate NAME: the only collective module it opens to choose. */
+static void fill_verdict(const sl_context *ctx, const char *name, plane_verdict *v) {
+  memset(v, 0, sizeof *v);
+  const char *names[PLANE_KNOWN];
+  size_t n = sl__collective_names(names, PLANE_KNOWN);
+  for (size_t i = 0; i < n && !v->known; i++) v->known = strcmp(names[i], name) == 0;
+  int score = sl__collective_probe(name, ctx->be->name, v->reason, sizeof v->reason);
+  v->can = score > 0;
+  v->known = v->known || score >= 0;
+  if (v->can) v->reason[0] = 0;
+  else if (!v->reason[0]) put(v->reason, sizeof v->reason, "its probe gave no reason");
 }
 
 /* The first rank that cannot run NAME (its reason in WHY), or -1 when every rank can. */
-static int first_unable(const sl_context *ctx, const plane_rec *all, const char *name, char *why, size_t len) {
+static int first_unable(const sl_context *ctx, const plane_intent *in, const plane_verdict *v, char *why,
+                        size_t len) {
   for (int r = 0; r < ctx->world_size; r++) {
-    const plane_entry *e = entry_of(&all[r], name);
-    if (e && e->can) continue;
+    if (v[r].can) continue;
     /* name the rank's backend unless the probe's reason did */
-    if (e && strstr(e->reason, all[r].backend)) snprintf(why, len, "%s", e->reason);
-    else if (e) snprintf(why, len, "%s; this rank's backend is %s", e->reason, all[r].backend);
-    else
-      snprintf(why, len, "its shardload does not know the collective %s; run the same shardload on every rank", name);
+    if (strstr(v[r].reason, in[r].backend)) snprintf(why, len, "%s", v[r].reason);
+    else snprintf(why, len, "%s; this rank's backend is %s", v[r].reason, in[r].backend);
     return r;
   }
   return -1;
 }
 
-/* The collective names rank 0's build lists, for the message on an unknown name. */
-static void known_names(const plane_rec *all, char *out, size_t len) {
-  size_t used = 0;
-  out[0] = 0;
-  for (int32_t i = 0; i < all[0].count && i < PLANE_COLLS && used < len && all[0].e[i].listed; i++) {
-    int n = snprintf(out + used, len - used, "%s%s", i ? ", " : "", all[0].e[i].name);
-    if (n > 0) used += (size_t)n;
+/* A forced collective that rank 0's build does not list and that is no module file there: a
+ * mistake, not a missing device. The module file is suggested only for a name that could be
+ * one. */
+static sl_status unknown_collective(sl_context *ctx, const plane_intent *in, const plane_verdict *v,
+                                    const char *want) {
+  char names[PLANE_KNOWN * (PLANE_NAME + 2)] = "";
+  const char *list[PLANE_KNOWN];
+  size_t n = 0, used = 0;
+  for (; n < PLANE_KNOWN && in[0].known[n][0]; n++) {
+    list[n] = in[0].known[n];
+    int k = snprintf(names + used, sizeof names - used, "%s%s", n ? ", " : "", list[n]);
+    if (k > 0 && (size_t)k < sizeof names - used) used += (size_t)k;
   }
+  const char *near = sl__nearest_name(want, list, n);
+  char module[96] = " (not a module name: a-z, 0-9, _; at most 32 characters)";
+  if (sl__module_name_ok(want))
+    snprintf(module, sizeof module, ", or a module libshardload-%s.so on SHARDLOAD_MODULE_PATH", want);
+  return sl__fail(ctx, SL_ERR_INVALID,
+                  "collective '%s' is unknown%s%s%s: this shardload knows %s%s (rank 0: %.200s); give one of them or "
+                  "auto",
+                  want, near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "", names, module,
+                  v[0].reason);
 }
 
-/* Every rank runs this on the same table and so reaches the same verdict: CHOSEN (a module
- * name) and ctx->data_reason, or the same failure. */
-static sl_status choose(sl_context *ctx, const plane_rec *all, const char *want, char *chosen, size_t len) {
+/* Every rank runs this on the same tables and so reaches the same verdict on the candidate
+ * CAND (WANT when forced, else rank 0's preferred collective): CHOSEN (a module name) and
+ * ctx->data_reason, or the same failure. */
+static sl_status choose(sl_context *ctx, const plane_intent *in, const plane_verdict *v, const char *want,
+                        const char *cand, char *chosen, size_t len) {
   char why[PLANE_REASON + 160];
   const char *host = ctx->world_size == 1 ? "local" : "gloo";
   if (want) {
-    /* a name rank 0's build does not list and cannot load is a mistake, not a missing device */
-    const plane_entry *e0 = entry_of(&all[0], want);
-    if (!e0 || (!e0->listed && !e0->can)) {
-      char names[256];
-      known_names(all, names, sizeof names);
-      return sl__fail(ctx, SL_ERR_INVALID,
-                      "collective '%s' is unknown: this shardload knows %s, or a module libshardload-%s.so on "
-                      "SHARDLOAD_MODULE_PATH (rank 0: %.200s); give one of them or auto",
-                      want, names, want, e0 ? e0->reason : "not listed");
-    }
-    int bad = first_unable(ctx, all, want, why, sizeof why);
+    if (!v[0].known) return unknown_collective(ctx, in, v, want);
+    int bad = first_unable(ctx, in, v, why, sizeof why);
     if (bad >= 0)
       return sl__fail(ctx, SL_ERR_NO_DEVICE,
                       "the collective %s was asked for, but rank %d cannot run it (%s); ask for another one, "
@@ -169,59 +186,60 @@ static sl_status choose(sl_context *ctx, const plane_rec *all, const char *want,
   }
   /* auto: rank 0's backend says which device collective its memory wants; ranks with other
    * backends take part through their probes (a device collective only when all can). */
-  const char *pref = all[0].preferred;
-  if (!pref[0]) {
-    put(chosen, len, host);
-    snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: backend %s of rank 0 stages through host memory", host,
-             all[0].backend);
-    return SL_OK;
-  }
-  int bad = first_unable(ctx, all, pref, why, sizeof why);
+  int bad = first_unable(ctx, in, v, why, sizeof why);
   if (bad < 0) {
-    put(chosen, len, pref);
-    snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: preferred by backend %s and every rank runs it", pref,
-             all[0].backend);
+    put(chosen, len, cand);
+    snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: preferred by backend %s and every rank runs it", cand,
+             in[0].backend);
     return SL_OK;
   }
   put(chosen, len, host);
-  snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: rank %d cannot run %s (%.180s)", host, bad, pref, why);
+  snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: rank %d cannot run %s (%.180s)", host, bad, cand, why);
   return SL_OK;
 }
 
-/* Collective over the control plane: every rank's record, then the same verdict everywhere. */
+/* Collective over the control plane: every rank's intent, then (when there is a candidate)
+ * every rank's verdict on it, then the same verdict everywhere. */
 static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, size_t len) {
-  plane_rec mine;
-  fill_record(ctx, want, &mine);
-  plane_rec *all = calloc((size_t)ctx->world_size, sizeof *all);
-  /* without the table this rank cannot take part: say so in the agreement below, so that the
+  plane_intent mine;
+  plane_verdict vmine;
+  fill_intent(ctx, want, &mine);
+  plane_intent *in = calloc((size_t)ctx->world_size, sizeof *in);
+  plane_verdict *v = calloc((size_t)ctx->world_size, sizeof *v);
+  /* without the tables this rank cannot take part: say so in the agreement below, so that the
    * others fail with its message rather than waiting in the allgather */
-  sl_status st = all ? SL_OK : sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate the table of %d ranks' collectives",
-                                        ctx->world_size);
+  sl_status st = in && v ? SL_OK : sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate the table of %d ranks' collectives",
+                                            ctx->world_size);
   if ((st = sl__agree(ctx, st, NULL, "agreeing on the data collective", NULL)) != SL_OK) goto out_free;
-  if ((st = sl__ctl_allgather(ctx, &mine, all, sizeof mine)) != SL_OK) goto out_free;
+  if ((st = sl__ctl_allgather(ctx, &mine, in, sizeof mine)) != SL_OK) goto out_free;
   for (int r = 0; r < ctx->world_size; r++) {
-    /* terminate what came over the wire before reading it as text */
-    plane_rec *p = &all[r];
-    p->want[sizeof p->want - 1] = p->backend[sizeof p->backend - 1] = 0;
-    p->preferred[sizeof p->preferred - 1] = p->device[sizeof p->device - 1] = 0;
-    for (int i = 0; i < PLANE_COLLS; i++) {
-      p->e[i].name[PLANE_NAME - 1] = 0;
-      p->e[i].reason[PLANE_REASON - 1] = 0;
-    }
-    sl__log(ctx, SL_LOG_DEBUG, "rank %d: backend %s (%s)", r, p->backend, p->device);
+    take_intent(&in[r]);
+    sl__log(ctx, SL_LOG_DEBUG, "rank %d: backend %s (%s)", r, in[r].backend, in[r].device);
   }
   /* ranks asked for different collectives would each choose their own: refuse it on all */
   for (int r = 1; r < ctx->world_size; r++) {
-    if (strcmp(all[r].want, all[0].want) == 0) continue;
+    if (strcmp(in[r].want, in[0].want) == 0) continue;
     st = sl__fail(ctx, SL_ERR_MISMATCH,
                   "rank %d was asked for the data collective %s, rank 0 for %s; give every rank the same "
                   "--collective (sl_context_options.collective)",
-                  r, all[r].want[0] ? all[r].want : "auto", all[0].want[0] ? all[0].want : "auto");
+                  r, in[r].want[0] ? in[r].want : "auto", in[0].want[0] ? in[0].want : "auto");
     goto out_free;
   }
-  st = choose(ctx, all, all[0].want[0] ? all[0].want : NULL, chosen, len);
+  const char *cand = want ? want : in[0].preferred[0] ? in[0].preferred : NULL;
+  if (!cand) { /* every rank knows it from the same table: none probes anything */
+    const char *host = ctx->world_size == 1 ? "local" : "gloo";
+    put(chosen, len, host);
+    snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: backend %s of rank 0 stages through host memory", host,
+             in[0].backend);
+    goto out_free;
+  }
+  fill_verdict(ctx, cand, &vmine);
+  if ((st = sl__ctl_allgather(ctx, &vmine, v, sizeof vmine)) != SL_OK) goto out_free;
+  for (int r = 0; r < ctx->world_size; r++) take_text(v[r].reason, sizeof v[r].reason);
+  st = choose(ctx, in, v, want, cand, chosen, len);
 out_free:
-  free(all);
+  free(v);
+  free(in);
   return st;
 }
 
@@ -258,7 +276,11 @@ static sl_status open_control(sl_context *ctx, const char *prefix, const char *l
                     "or the rendezvous option (file://DIR or tcp://HOST:PORT)",
                     ctx->rank, ctx->world_size);
   sl_collective_init ci = job_init(ctx, ctx->ctl, prefix, lobby, job_key);
-  if ((st = ctx->ctl->init(&ci, &ctx->ctl_comm)) != SL_OK) ctx->ctl_comm = NULL;
+  ctx->errmsg[0] = 0; /* to tell whether init said why */
+  if ((st = ctx->ctl->init(&ci, &ctx->ctl_comm)) != SL_OK) {
+    ctx->ctl_comm = NULL;
+    sl__module_init_failed(ctx, st, "collective", name);
+  }
   ctx->control = (sl_control_plane){sizeof(sl_control_plane), ctx, control_broadcast, control_allgather};
   return st;
 }
@@ -285,7 +307,11 @@ static sl_status open_data(sl_context *ctx, const char *name, const char *prefix
     ci.backend_handle = ctx->be_ctx;
     ci.device = ctx->device_ordinal;
     ci.control = &ctx->control;
-    if ((st = ctx->data->init(&ci, &ctx->data_comm)) != SL_OK) ctx->data_comm = NULL;
+    ctx->errmsg[0] = 0; /* to tell whether init said why */
+    if ((st = ctx->data->init(&ci, &ctx->data_comm)) != SL_OK) {
+      ctx->data_comm = NULL;
+      sl__module_init_failed(ctx, st, "collective", name);
+    }
   }
   char phase[96], mine[SL__ERRMSG_LEN];
   snprintf(phase, sizeof phase, "starting the data collective %s", name);

@@ -6,8 +6,9 @@
  *
  * Entry symbols are versioned: the newest the core knows first (sl_backend_module_v2), then
  * the older one (sl_backend_module), whose table registry_v1.c adapts, so every caller sees a
- * v2 table. A table is checked before use, and a module that fails the check is named by its
- * file. */
+ * v2 table. A table is checked before use (its members, and that it carries the name it was
+ * asked for), and a module that fails the check is named by its file. What a module writes is
+ * escaped where the core takes it in (sl__module_text). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <limits.h>
@@ -98,42 +99,86 @@ static const char *nearest(const char *name, const char *const *names, size_t n)
   return best;
 }
 
+/* ---- module-provided text ---------------------------------------------------------------- */
+
+void sl__module_text(char *s, size_t cap) {
+  if (!cap) return;
+  char raw[SL__ERRMSG_LEN];
+  size_t n = 0;
+  for (; n + 1 < sizeof raw && n + 1 < cap && s[n]; n++) raw[n] = s[n];
+  raw[n] = 0;
+  size_t used = 0;
+  for (const unsigned char *c = (const unsigned char *)raw; *c; c++) {
+    char esc[8];
+    if (*c >= 0x20 && *c < 0x7f) esc[0] = (char)*c, esc[1] = 0;
+    else if (*c == '\n' || *c == '\r' || *c == '\t')
+      esc[0] = '\\', esc[1] = *c == '\n' ? 'n' : *c == '\r' ? 'r' : 't', esc[2] = 0;
+    else snprintf(esc, sizeof esc, "\\x%02x", *c);
+    size_t k = strlen(esc);
+    if (used + k + 1 > cap) break; /* cut before an escape, never inside one */
+    memcpy(s + used, esc, k);
+    used += k;
+  }
+  s[used] = 0;
+}
+
 /* ---- finding and opening module files ---------------------------------------------------- */
 
-/* dlopen libshardload-NAME.so: $SHARDLOAD_MODULE_PATH entries, then the directory of this
- * library, then the dynamic loader's own search. PATH receives the file that opened. A file
- * that exists but fails to load stops the search (*FOUND = true): its error is the useful one
- * (a missing vendor runtime), not "not found" from the places after it. */
+/* The directory of this library (of the executable, when the core is linked in statically), as
+ * an absolute real path, or "" when it cannot be made one: then it is not searched. Resolved
+ * once, while the library is being loaded: the name the loader keeps (dladdr's dli_fname) is as
+ * relative as the path the library was opened by ("./libshardload.so", a relative
+ * SHARDLOAD_LIBRARY), and resolved at each lookup it would name whatever directory the process
+ * has changed to since, so that a module planted there would run. */
+static char library_dir[PATH_MAX];
+
+__attribute__((constructor)) static void resolve_library_dir(void) {
+  Dl_info info;
+  if (!dladdr((void *)resolve_library_dir, &info) || !info.dli_fname) return;
+  const char *slash = strrchr(info.dli_fname, '/');
+  if (!slash) return; /* no directory of its own: the loader's path found it */
+  char dir[PATH_MAX];
+  if (slash == info.dli_fname) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - info.dli_fname), info.dli_fname);
+  char *real = realpath(dir, NULL);
+  if (real && real[0] == '/' && strlen(real) < sizeof library_dir) memcpy(library_dir, real, strlen(real) + 1);
+  free(real);
+}
+
+/* dlopen DIR/FILE when it exists: false when there is no such file. A file that exists but
+ * fails to load sets WHY and leaves *H NULL. */
+static bool try_dir(const char *dir, const char *file, void **h, char *why, size_t whylen) {
+  char cand[PATH_MAX];
+  if (snprintf(cand, sizeof cand, "%s/%s", dir, file) >= (int)sizeof cand || access(cand, F_OK) != 0) return false;
+  *h = dlopen(cand, RTLD_NOW | RTLD_LOCAL);
+  if (!*h) {
+    const char *e = dlerror();
+    snprintf(why, whylen, "%s", e ? e : "dlopen failed");
+  }
+  return true;
+}
+
+/* dlopen libshardload-NAME.so: $SHARDLOAD_MODULE_PATH's entries in order (empty ones skipped),
+ * then the directory of this library, then the dynamic loader's own search. PATH receives the
+ * file that opened. A file that exists but fails to load stops the search (*FOUND = true): its
+ * error is the useful one (a missing vendor runtime), not "not found" from the places after it. */
 static void *open_module(const char *name, char *path, size_t pathlen, bool *found, char *why, size_t whylen) {
-  char file[64], cand[PATH_MAX];
+  char file[64];
   snprintf(file, sizeof file, "libshardload-%s.so", name);
   *found = false;
+  void *h = NULL;
   const char *env = getenv("SHARDLOAD_MODULE_PATH");
-  char here[PATH_MAX] = "";
-  Dl_info info;
-  if (dladdr((void *)open_module, &info) && info.dli_fname) {
-    const char *slash = strrchr(info.dli_fname, '/');
-    if (slash) snprintf(here, sizeof here, "%.*s", (int)(slash - info.dli_fname), info.dli_fname);
-  }
-  char *dirs = NULL;
-  if (asprintf(&dirs, "%s:%s", env ? env : "", here) < 0) {
+  char *dirs = sl__strdup(env ? env : "");
+  if (!dirs) {
     snprintf(why, whylen, "out of memory");
     return NULL;
   }
-  void *h = NULL;
   char *save = NULL;
-  for (char *dir = strtok_r(dirs, ":", &save); dir && !h && !*found; dir = strtok_r(NULL, ":", &save)) {
-    snprintf(cand, sizeof cand, "%s/%s", dir, file);
-    if (access(cand, F_OK) != 0) continue;
-    *found = true;
-    h = dlopen(cand, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      const char *e = dlerror();
-      snprintf(why, whylen, "%s", e ? e : "dlopen failed");
-    }
-  }
+  for (char *dir = strtok_r(dirs, ":", &save); dir && !*found; dir = strtok_r(NULL, ":", &save))
+    *found = try_dir(dir, file, &h, why, whylen);
   free(dirs);
-  if (!h && !*found) {
+  if (!*found && library_dir[0]) *found = try_dir(library_dir, file, &h, why, whylen);
+  if (!*found) {
     h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
       const char *e = dlerror();
@@ -188,8 +233,46 @@ static bool collective_table_ok(const sl_collective_ops *o, char *problem, size_
   REQUIRE(name) REQUIRE(probe) REQUIRE(init) REQUIRE(fini) REQUIRE(broadcast) REQUIRE(scatterv) REQUIRE(allgather)
   REQUIRE(barrier)
 #undef REQUIRE
-  if (missing) snprintf(problem, len, "its table lacks %s", missing);
-  return missing == NULL;
+  if (missing) {
+    snprintf(problem, len, "its table lacks %s", missing);
+    return false;
+  }
+  /* the loader routes by these (sl__data_route): device memory is some backend's */
+  if (!(o->domains & (SL_MEM_HOST | SL_MEM_PINNED | SL_MEM_DEVICE))) {
+    snprintf(problem, len, "its table declares no memory domain it moves (domains %#x)", o->domains);
+    return false;
+  }
+  if ((o->domains & SL_MEM_DEVICE) && !o->device_backend) {
+    snprintf(problem, len, "its table moves device memory (SL_MEM_DEVICE) but names no device_backend");
+    return false;
+  }
+  return true;
+}
+
+/* The names a checked table gives: its own must be the one it was asked for (a backend that
+ * called itself "sim" would be paired with simccl, which takes its handle for sim's), and the
+ * module names it gives of others must be of the module-name form. Built-in and adapted v1
+ * tables pass the same check. */
+static bool table_names_ok(const char *asked, const char *name, const char *other, const char *other_what,
+                           char *problem, size_t len) {
+  if (!valid_name(name) || strcmp(name, asked) != 0) {
+    snprintf(problem, len, "its table calls itself '%.64s', not '%s' (a module's table carries the NAME of its file "
+             "libshardload-NAME.so)", name, asked);
+    return false;
+  }
+  if (other && !valid_name(other)) {
+    snprintf(problem, len, "its table's %s '%.64s' is not a module name (a-z, 0-9, _; at most 32)", other_what, other);
+    return false;
+  }
+  return true;
+}
+
+static bool backend_names_ok(const char *asked, const sl_backend_ops *o, char *problem, size_t len) {
+  return table_names_ok(asked, o->name, o->preferred_collective, "preferred_collective", problem, len);
+}
+
+static bool collective_names_ok(const char *asked, const sl_collective_ops *o, char *problem, size_t len) {
+  return table_names_ok(asked, o->name, o->device_backend, "device_backend", problem, len);
 }
 
 /* A module opened and its table checked (and adapted when it is v1). */
@@ -217,7 +300,10 @@ static int load_module(const char *name, bool collective, loaded *m, char *why, 
   *m = (loaded){0};
   bool found;
   m->dl = open_module(name, m->path, sizeof m->path, &found, why, whylen);
-  if (!m->dl) return found ? MODULE_UNLOADABLE : MODULE_ABSENT;
+  if (!m->dl) {
+    sl__module_text(why, whylen); /* the loader's message names a path, which may hold anything */
+    return found ? MODULE_UNLOADABLE : MODULE_ABSENT;
+  }
   char problem[256];
   const char *entry = collective ? SL_COLLECTIVE_ENTRY : SL_BACKEND_ENTRY;
   const char *entry1 = collective ? SL_COLLECTIVE_ENTRY_V1 : SL_BACKEND_ENTRY_V1;
@@ -246,9 +332,13 @@ static int load_module(const char *name, bool collective, loaded *m, char *why, 
              collective ? "collective" : "backend");
     ok = false;
   }
+  if (ok)
+    ok = collective ? collective_names_ok(name, m->ops, problem, sizeof problem)
+                    : backend_names_ok(name, m->ops, problem, sizeof problem);
   if (!ok) {
     snprintf(why, whylen, "%.200s: %.200s; rebuild it against this shardload's shardload/module.h", m->path, problem);
     loaded_close(m);
+    sl__module_text(why, whylen); /* the table's text, and a path that may hold anything */
     return MODULE_BAD_ABI;
   }
   return 0;
@@ -261,15 +351,20 @@ static int probe_backend(const sl_backend_ops *o, const void *shim, char *reason
   reason[0] = 0;
   int score = shim ? sl__v1_backend_probe(o, reason, len) : o->probe(reason, len);
   reason[len - 1] = 0;
+  sl__module_text(reason, len);
   if (score <= 0 && !reason[0]) snprintf(reason, len, "%s: probe said no and gave no reason", o->name);
   return score > 0 ? score : 0;
 }
 
+/* The module's probe, then whether the loader has a route for it with BACKEND: a probe that
+ * says yes to a backend whose memory the collective does not move is not the last word. */
 static int probe_collective(const sl_collective_ops *o, const void *shim, const char *backend, char *reason, size_t len) {
   reason[0] = 0;
   int score = shim ? sl__v1_collective_probe(o, backend, reason, len) : o->probe(backend, reason, len);
   reason[len - 1] = 0;
+  sl__module_text(reason, len);
   if (score <= 0 && !reason[0]) snprintf(reason, len, "%s: probe said no and gave no reason", o->name);
+  if (score > 0 && sl__data_route(o, backend, reason, len) == SL__ROUTE_NONE) return 0;
   return score > 0 ? score : 0;
 }
 
@@ -306,7 +401,8 @@ static sl_status select_auto(sl_context *ctx, const sl_backend_ops **ops, void *
       name[i] = b->name;
       cand[i].ops = b->get();
       char problem[256];
-      if (!backend_table_ok(cand[i].ops, problem, sizeof problem)) {
+      if (!backend_table_ok(cand[i].ops, problem, sizeof problem) ||
+          !backend_names_ok(name[i], cand[i].ops, problem, sizeof problem)) {
         snprintf(reason[i], REASON_LEN, "%s: built-in table is broken: %s", name[i], problem);
         continue;
       }
@@ -345,14 +441,22 @@ static sl_status select_auto(sl_context *ctx, const sl_backend_ops **ops, void *
   return SL_OK;
 }
 
-static sl_status unknown_backend(sl_context *ctx, const char *spec, const char *why) {
+/* An unknown backend: the nearest known name, and the module file only when SPEC could name one
+ * (a module name, then an optional :VARIANT). */
+static sl_status unknown_backend(sl_context *ctx, const char *spec, bool is_name, const char *why) {
   const char *all[] = {"auto", "cpu", "sim", "sim:strict", "cuda", "hip", "level_zero"};
   const char *near = nearest(spec, all, COUNT(all));
+  const char *choices = "choose one of auto, cpu, sim, sim:strict, cuda, hip, level_zero";
+  if (!is_name)
+    return sl__fail(ctx, SL_ERR_INVALID,
+                    "unknown backend '%s'%s%s%s: not a module name (a-z, 0-9, _; at most 32 characters, then an "
+                    "optional :VARIANT); %s",
+                    spec, near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "", choices);
   return sl__fail(ctx, SL_ERR_INVALID,
-                  "unknown backend '%s'%s%s%s%s%s%s; choose one of auto, cpu, sim, sim:strict, cuda, hip, level_zero, "
-                  "or NAME for a module libshardload-NAME.so (NAME: a-z, 0-9, _) on SHARDLOAD_MODULE_PATH",
+                  "unknown backend '%s'%s%s%s%s%s%s; %s, or NAME for a module libshardload-NAME.so (NAME: a-z, 0-9, "
+                  "_) on SHARDLOAD_MODULE_PATH",
                   spec, why ? " (" : "", why ? why : "", why ? ")" : "", near ? " (did you mean '" : "",
-                  near ? near : "", near ? "'?)" : "");
+                  near ? near : "", near ? "'?)" : "", choices);
 }
 
 sl_status sl__backend_select(sl_context *ctx, const char *spec, const sl_backend_ops **ops, void **dl, void **shim,
@@ -365,16 +469,17 @@ sl_status sl__backend_select(sl_context *ctx, const char *spec, const sl_backend
   char name[NAME_MAX_LEN + 1];
   const char *colon = strchr(spec, ':');
   size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
-  if (nlen > NAME_MAX_LEN) return unknown_backend(ctx, spec, NULL);
+  if (nlen > NAME_MAX_LEN) return unknown_backend(ctx, spec, false, NULL);
   memcpy(name, spec, nlen);
   name[nlen] = 0;
-  if (!valid_name(name)) return unknown_backend(ctx, spec, NULL);
+  if (!valid_name(name)) return unknown_backend(ctx, spec, false, NULL);
   if (colon) snprintf(variant, variant_len, "%s", colon + 1);
   for (size_t i = 0; i < COUNT(builtin_backends); i++) {
     if (strcmp(name, builtin_backends[i].name) != 0) continue;
     const sl_backend_ops *o = builtin_backends[i].get();
     char problem[256];
-    if (!backend_table_ok(o, problem, sizeof problem)) /* a core bug, said plainly */
+    if (!backend_table_ok(o, problem, sizeof problem) || !backend_names_ok(name, o, problem, sizeof problem))
+      /* a core bug, said plainly */
       return sl__fail(ctx, SL_ERR_ABI, "built-in backend '%s': %s", name, problem);
     /* not probed: built-ins run anywhere, and a probe of 0 only keeps one out of "auto" (sim) */
     *ops = o;
@@ -384,7 +489,7 @@ sl_status sl__backend_select(sl_context *ctx, const char *spec, const sl_backend
   char why[REASON_LEN], reason[REASON_LEN];
   int e = load_module(name, false, &m, why, sizeof why);
   if (e == MODULE_ABSENT && !in_list(name, loadable_backends, COUNT(loadable_backends)))
-    return unknown_backend(ctx, spec, why);
+    return unknown_backend(ctx, spec, true, why);
   if (e == MODULE_ABSENT)
     return sl__fail(ctx, SL_ERR_NO_DEVICE,
                     "backend '%s' is not available here (%s); build it with -DSHARDLOAD_WITH_%s=ON on a machine with "
@@ -420,7 +525,7 @@ static const sl_collective_ops *builtin_collective_ops(const char *name) {
   return NULL;
 }
 
-static sl_status unknown_collective(sl_context *ctx, const char *spec, const char *why) {
+static sl_status unknown_collective(sl_context *ctx, const char *spec, bool is_name, const char *why) {
   const char *all[] = {"local", "gloo", "simccl", "nccl", "rccl"};
   const char *near = nearest(spec, all, COUNT(all));
 #ifdef SHARDLOAD_HAVE_GLOO
@@ -428,6 +533,11 @@ static sl_status unknown_collective(sl_context *ctx, const char *spec, const cha
 #else
   const char *gloo_note = " (this build has no Gloo: -DSHARDLOAD_WITH_GLOO=ON)";
 #endif
+  if (!is_name)
+    return sl__fail(ctx, SL_ERR_INVALID,
+                    "unknown collective '%s'%s%s%s: not a module name (a-z, 0-9, _; at most 32 characters); choose "
+                    "local, gloo, simccl, nccl or rccl%s",
+                    spec, near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "", gloo_note);
   return sl__fail(ctx, SL_ERR_INVALID,
                   "unknown collective '%s'%s%s%s%s%s%s; choose local, gloo, simccl, nccl or rccl, or NAME for a module "
                   "libshardload-NAME.so on SHARDLOAD_MODULE_PATH%s",
@@ -440,11 +550,11 @@ sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_coll
   *ops = NULL;
   *dl = NULL;
   *shim = NULL;
-  if (!spec || !valid_name(spec)) return unknown_collective(ctx, spec ? spec : "(null)", NULL);
+  if (!spec || !valid_name(spec)) return unknown_collective(ctx, spec ? spec : "(null)", false, NULL);
   char problem[256];
   const sl_collective_ops *b = builtin_collective_ops(spec);
   if (b) {
-    if (!collective_table_ok(b, problem, sizeof problem))
+    if (!collective_table_ok(b, problem, sizeof problem) || !collective_names_ok(spec, b, problem, sizeof problem))
       return sl__fail(ctx, SL_ERR_ABI, "built-in collective '%s': %s", spec, problem);
     *ops = b;
     return SL_OK;
@@ -453,7 +563,7 @@ sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_coll
   char why[REASON_LEN];
   int e = load_module(spec, true, &m, why, sizeof why);
   if (e == MODULE_ABSENT && !in_list(spec, loadable_collectives, COUNT(loadable_collectives)))
-    return unknown_collective(ctx, spec, why);
+    return unknown_collective(ctx, spec, true, why);
   if (e == MODULE_ABSENT)
     return sl__fail(ctx, SL_ERR_NO_DEVICE, "collective '%s' is not available here (%s)", spec, why);
   if (e == MODULE_UNLOADABLE)
@@ -470,12 +580,12 @@ int sl__collective_probe(const char *name, const char *backend, char *reason, si
   reason[0] = 0;
   if (!name || !valid_name(name)) {
     snprintf(reason, len, "%s: not a collective name", name ? name : "(null)");
-    return 0;
+    return -1;
   }
   const sl_collective_ops *b = builtin_collective_ops(name);
   char problem[256];
   if (b) {
-    if (!collective_table_ok(b, problem, sizeof problem)) {
+    if (!collective_table_ok(b, problem, sizeof problem) || !collective_names_ok(name, b, problem, sizeof problem)) {
       snprintf(reason, len, "%s: built-in table is broken: %s", name, problem);
       return 0;
     }
@@ -486,9 +596,32 @@ int sl__collective_probe(const char *name, const char *backend, char *reason, si
   int e = load_module(name, true, &m, why, sizeof why);
   if (e) {
     snprintf(reason, len, "%s: %s (%s)", name, e == MODULE_ABSENT ? "not available here" : "unusable", why);
-    return 0;
+    return e == MODULE_ABSENT ? -1 : 0;
   }
   int score = probe_collective(m.ops, m.shim, backend, reason, len);
   loaded_close(&m);
   return score;
+}
+
+sl__route sl__data_route(const sl_collective_ops *c, const char *backend, char *why, size_t len) {
+  if (c->domains & SL_MEM_HOST) return SL__ROUTE_HOST;
+  /* pinned host memory only: the host route's slots are pinned where the backend can pin */
+  if (!(c->domains & SL_MEM_DEVICE)) return SL__ROUTE_HOST;
+  /* the device route hands it the rank's backend's device memory (host memory, on a backend
+   * whose device memory is host memory): it must be the memory it moves */
+  if (c->device_backend && backend && strcmp(c->device_backend, backend) == 0) return SL__ROUTE_DEVICE;
+  if (why && len)
+    snprintf(why, len, "%s: moves %s device memory only, and this rank's backend is %s: no route serves the pair",
+             c->name, c->device_backend ? c->device_backend : "(unnamed)", backend ? backend : "(none)");
+  return SL__ROUTE_NONE;
+}
+
+bool sl__module_name_ok(const char *name) { return name && valid_name(name); }
+
+const char *sl__nearest_name(const char *name, const char *const *names, size_t n) { return nearest(name, names, n); }
+
+sl_status sl__module_init_failed(sl_context *ctx, sl_status st, const char *kind, const char *name) {
+  if (!ctx->errmsg[0])
+    sl__fail(ctx, st, "%s %s: init failed (%s) and gave no reason", kind, name, sl_status_name(st));
+  return st;
 }

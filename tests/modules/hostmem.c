@@ -5,7 +5,12 @@
  * The in-tree test build compiles variants of it for tests/test_modules.c:
  *   SL_TEST_DUAL      also exports the ABI v1 entry (one binary serving two core versions)
  *   SL_TEST_PROBE_NO  probe says no, with a reason
- *   SL_TEST_BAD_ABI   a table that claims an ABI version no core knows */
+ *   SL_TEST_BAD_ABI   a table that claims an ABI version no core knows
+ *   SL_TEST_TABLE_NAME the name its table gives, when not SL_TEST_NAME (an impostor: "sim")
+ *   SL_TEST_NAME_FORGED its table's name holds a newline and a forged "shardload:" line
+ *   SL_TEST_FORGED    its probe's reason and describe() hold control characters and a byte
+ *                     past ASCII, a forged "shardload:" line among them
+ *   SL_TEST_INIT_SILENT init fails without a message */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +23,17 @@
 #ifndef SL_TEST_NAME
 #define SL_TEST_NAME "hostmem"
 #endif
+#ifdef SL_TEST_NAME_FORGED
+#define SL_TEST_TABLE_NAME SL_TEST_NAME "\nshardload: forged line"
+#endif
+#ifndef SL_TEST_TABLE_NAME
+#define SL_TEST_TABLE_NAME SL_TEST_NAME
+#endif
+#ifdef SL_TEST_FORGED
+#define SL_TEST_FORGERY "\nshardload: forged line\x1b[2J\xff"
+#else
+#define SL_TEST_FORGERY ""
+#endif
 
 typedef struct hostmem {
   const sl_module_host *host;
@@ -26,7 +42,7 @@ typedef struct hostmem {
 
 static int hm_probe(char *reason, size_t len) {
 #ifdef SL_TEST_PROBE_NO
-  snprintf(reason, len, "%s: no widget on this machine (test module)", SL_TEST_NAME);
+  snprintf(reason, len, "%s: no widget on this machine (test module)%s", SL_TEST_NAME, SL_TEST_FORGERY);
   return 0;
 #else
   return 1;
@@ -37,6 +53,9 @@ static sl_status hm_init(const sl_backend_init *init, void **be) {
   /* the core's struct may be older or newer than ours: read only what both hold */
   if (init->size < offsetof(sl_backend_init, variant) + sizeof init->variant) return SL_ERR_ABI;
   const sl_module_host *h = init->host;
+#ifdef SL_TEST_INIT_SILENT
+  if (h) return SL_ERR_BACKEND; /* and says nothing */
+#endif
   if (init->variant && *init->variant)
     return h->fail(h->core, SL_ERR_INVALID, "%s backend: unknown variant '%s'", SL_TEST_NAME, init->variant);
   hostmem *b = calloc(1, sizeof *b);
@@ -49,7 +68,7 @@ static sl_status hm_init(const sl_backend_init *init, void **be) {
 static void hm_fini(void *be) { free(be); }
 
 static void hm_describe(void *be, char *buf, size_t len) {
-  snprintf(buf, len, "%s (out-of-tree host-memory backend, ABI v2 entry)", SL_TEST_NAME);
+  snprintf(buf, len, "%s (out-of-tree host-memory backend, ABI v2 entry)%s", SL_TEST_NAME, SL_TEST_FORGERY);
 }
 
 static int hm_ordinal(void *be) { return 0; }
@@ -90,7 +109,7 @@ static const sl_backend_ops hostmem_ops = {
     .abi_version = SL_BACKEND_ABI_VERSION,
 #endif
     .size = sizeof(sl_backend_ops),
-    .name = SL_TEST_NAME,
+    .name = SL_TEST_TABLE_NAME,
     .flags = SL_BACKEND_DEVICE_IS_HOST,
     .preferred_collective = "gloo",
     .probe = hm_probe,
