@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import _capi
 from ._capi import LibraryNotFound
+from ._convert import SIZE_MAX, cint, cmsg, cpath, cstr, ctimeout_ms
 
 __all__ = ["Context", "Source", "Plan", "State", "LoadedTensor", "SourceTensor", "ShardloadError",
            "LibraryNotFound", "resolve_placement", "version", "library_path"]
@@ -53,8 +54,14 @@ def library_path() -> str:
     return _capi.lib()._name
 
 
-def _cstr(s: str | None) -> bytes | None:
-    return None if s is None else str(s).encode()
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"${name}={v!r} is not an integer; unset it or give the process's index") from None
 
 
 def _tri(cpu_offload) -> int:
@@ -137,7 +144,7 @@ def _process_group_rendezvous():
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
     world, rank = dist.get_world_size(), dist.get_rank()
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_rank = _env_int("LOCAL_RANK", rank)
     if isinstance(store, dist.TCPStore):
         host = store.host
         if ":" in host and not host.startswith("["):
@@ -171,7 +178,7 @@ class Context:
         self._ptr = c_void_p()
         o = _capi.ContextOptions()
         o.size = sizeof(o)
-        o.backend, o.collective = _cstr(backend), _cstr(collective)
+        o.backend, o.collective = cstr(backend, "backend"), cstr(collective, "collective")
         pg = _process_group_rendezvous() if use_process_group and world_size is None else None
         key = job_key
         self._rdzv_dir = None
@@ -187,18 +194,22 @@ class Context:
         if world_size is not None:
             if rank is None:
                 raise ValueError("Context: world_size given without rank")
-            o.world_size, o.rank = int(world_size), int(rank)
-            o.local_rank = int(local_rank if local_rank is not None else os.environ.get("LOCAL_RANK", rank))
-        o.rendezvous = _cstr(rendezvous)
-        o.timeout_ms = max(1, int(timeout * 1000))
+            # 0 would mean "from the launcher environment" to C: a given world size is >= 1
+            o.world_size = cint(world_size, "world_size", 1)
+            o.rank = cint(rank, "rank", 0, o.world_size - 1)
+            if local_rank is None:
+                local_rank = _env_int("LOCAL_RANK", o.rank)
+            o.local_rank = cint(local_rank, "local_rank")
+        o.rendezvous = cstr(rendezvous, "rendezvous")
+        o.timeout_ms = ctimeout_ms(timeout)
         o.log = _log_cb
         eff = _log.getEffectiveLevel()
         o.log_level = 3 if eff <= logging.DEBUG else 2 if eff <= logging.INFO else 1 if eff <= logging.WARNING else 0
         errbuf = ctypes.create_string_buffer(1024)
         o.errbuf, o.errbuf_size = ctypes.cast(errbuf, c_void_p), sizeof(errbuf)
-        o.job_key = _cstr(key)
+        o.job_key = cstr(key, "job_key")
         if device is not None:
-            o.device, o.device_set = int(device), 1
+            o.device, o.device_set = cint(device, "device"), 1
         self._opts = o  # strings referenced by the options live as long as the context
         s = lib.sl_context_create(byref(o), byref(self._ptr))
         if s:
@@ -274,19 +285,20 @@ class Context:
             s = 0
         else:
             msg = message or (f"{type(ok).__name__}: {ok}" if isinstance(ok, BaseException) else "failed")
-            s = lib.sl_context_set_error(self._p, 1, msg.encode())
+            s = lib.sl_context_set_error(self._p, 1, cmsg(msg))
         self._check(lib.sl_context_agree(self._p, s))
 
     # -- objects
     def open(self, path: str | os.PathLike) -> "Source":
         """A checkpoint: a .safetensors file, an index.json or a directory holding one (collective)."""
         p = c_void_p()
-        self._check(_capi.lib().sl_source_open(self._p, os.fsencode(path), byref(p)))
+        self._check(_capi.lib().sl_source_open(self._p, cpath(path), byref(p)))
         return Source(self, p, keep=None)
 
     def open_state_dict(self, state_dict: Mapping[str, Any] | None, label: str = "state dict") -> "Source":
         """A source whose tensors are rank 0's STATE_DICT (torch tensors; other ranks pass None).
         Loads from it read on rank 0 only; the tensors must stay alive as long as the Source."""
+        label_c = cstr(label, "label")
         table = read = keep = None
         err: BaseException | bool = True
         if self.rank == 0:
@@ -304,7 +316,7 @@ class Context:
                                      "or pass a checkpoint path")
         p = c_void_p()
         cb = _capi.READ_FN(read) if read is not None else _capi.READ_FN()
-        self._check(_capi.lib().sl_source_open_memory(self._p, label.encode(), arr, len(table or ()), cb,
+        self._check(_capi.lib().sl_source_open_memory(self._p, label_c, arr, len(table or ()), cb,
                                                         None, byref(p)))
         return Source(self, p, keep=(arr, cb, keep))
 
@@ -327,7 +339,8 @@ class Context:
         if strategy not in strategies or read_mode not in modes:
             raise ValueError(f"strategy must be one of {list(strategies)}, read_mode one of {list(modes)}")
         o.strategy, o.read_mode = strategies[strategy], modes[read_mode]
-        o.staging_bytes, o.pipeline_slots = int(staging_bytes), int(pipeline_slots)
+        o.staging_bytes = cint(staging_bytes, "staging_bytes", 0, SIZE_MAX)
+        o.pipeline_slots = cint(pipeline_slots, "pipeline_slots")
         binder = _Binder(bind) if bind is not None else None
         if binder is not None:
             o.bind_buffer = binder.cfn
@@ -430,16 +443,16 @@ class Source:
             yield _src_tensor(lib.sl_source_tensor_at(self._p, i).contents)
 
     def __getitem__(self, name: str) -> SourceTensor:
-        t = _capi.lib().sl_source_find(self._p, name.encode())
+        t = _capi.lib().sl_source_find(self._p, cstr(name, "tensor name"))
         if not t:
             raise KeyError(name)
         return _src_tensor(t.contents)
 
     def __contains__(self, name: str) -> bool:
-        return bool(_capi.lib().sl_source_find(self._p, name.encode()))
+        return bool(_capi.lib().sl_source_find(self._p, cstr(name, "tensor name")))
 
     def _c(self, name: str):
-        t = _capi.lib().sl_source_find(self._p, name.encode())
+        t = _capi.lib().sl_source_find(self._p, cstr(name, "tensor name"))
         if not t:
             raise KeyError(f"{name!r} is not in the checkpoint")
         return t
@@ -473,7 +486,7 @@ def _dtype_code(dt) -> int:
     else:
         from ._torch import dtype_name
         name = dtype_name(dt)
-    code = _capi.lib().sl_dtype_from_name(name.encode())
+    code = _capi.lib().sl_dtype_from_name(cstr(name, "dtype"))
     if not code:
         raise ValueError(f"dtype {dt!r} is not one shardload knows (F64, F32, F16, BF16, F8_E4M3, F8_E5M2, "
                          "I64..I8, U64..U8, BOOL)")
@@ -490,7 +503,7 @@ class Plan:
         self._ptr = c_void_p()
         ctx._check(_capi.lib().sl_plan_create(ctx._p, byref(self._ptr)))
         if json is not None:
-            self._chk(_capi.lib().sl_plan_load_json(self._ptr, os.fsencode(json)))
+            self._chk(_capi.lib().sl_plan_load_json(self._ptr, cpath(json, "plan json")))
         if mesh is not None:
             self.set_mesh(mesh)
         if offload_policy is not None:
@@ -498,7 +511,8 @@ class Plan:
         if param_dtype is not None:
             self._chk(_capi.lib().sl_plan_set_param_dtype(self._ptr, _dtype_code(param_dtype)))
         if default_placement is not None:
-            self._chk(_capi.lib().sl_plan_set_default_placement(self._ptr, default_placement.encode()))
+            spec = cstr(default_placement, "default_placement")
+            self._chk(_capi.lib().sl_plan_set_default_placement(self._ptr, spec))
         if strict:
             self._chk(_capi.lib().sl_plan_set_strict(self._ptr, 1))
 
@@ -523,7 +537,8 @@ class Plan:
             pass
 
     def set_mesh(self, dims: Sequence[int]) -> "Plan":
-        arr = (c_int * len(dims))(*[int(d) for d in dims])
+        vals = [cint(d, f"mesh[{i}]", 1) for i, d in enumerate(dims)]
+        arr = (c_int * len(vals))(*vals)
         self._chk(_capi.lib().sl_plan_set_mesh(self._p, len(dims), arr))
         return self
 
@@ -533,28 +548,33 @@ class Plan:
         return self
 
     def add_rule(self, pattern: str, placement: str | None = None, dtype=None) -> "Plan":
-        self._chk(_capi.lib().sl_plan_add_rule(self._p, pattern.encode(), _cstr(placement), _dtype_code(dtype)))
+        self._chk(_capi.lib().sl_plan_add_rule(self._p, cstr(pattern, "rule pattern"), cstr(placement, "placement"),
+                                                  _dtype_code(dtype)))
         return self
 
     def add_entry(self, name: str, placement: str | None = None, dtype=None) -> "Plan":
-        self._chk(_capi.lib().sl_plan_add_entry(self._p, name.encode(), _cstr(placement), _dtype_code(dtype)))
+        self._chk(_capi.lib().sl_plan_add_entry(self._p, cstr(name, "plan entry"), cstr(placement, "placement"),
+                                                   _dtype_code(dtype)))
         return self
 
     def mesh(self, world: int | None = None) -> list[int]:
         dims = (c_int * _capi.SL_MAX_MESH_DIMS)()
-        n = _capi.lib().sl_plan_mesh(self._p, int(world or self._ctx.world_size), dims)
+        n = _capi.lib().sl_plan_mesh(self._p, cint(world or self._ctx.world_size, "world", 1), dims)
         return list(dims[:n])
 
     def check(self, source: Source, world_size: int | None = None) -> None:
         """sl_load's plan checks as a dry run: raises exactly where a load would."""
-        self._chk(_capi.lib().sl_plan_check(self._p, source._p, int(world_size or self._ctx.world_size)))
+        world = cint(world_size or self._ctx.world_size, "world_size", 1)
+        self._chk(_capi.lib().sl_plan_check(self._p, source._p, world))
 
     def geometry(self, source: Source, name: str, rank: int | None = None, world: int | None = None) -> dict:
         g = _capi.ShardGeometry()
         g.size = sizeof(g)
         rank = self._ctx.rank if rank is None else rank
         world = self._ctx.world_size if world is None else world
-        self._chk(_capi.lib().sl_plan_geometry(self._p, source._c(name), int(rank), int(world), byref(g)))
+        world = cint(world, "world", 1)
+        rank = cint(rank, "rank", 0, world - 1)
+        self._chk(_capi.lib().sl_plan_geometry(self._p, source._c(name), rank, world, byref(g)))
         return {"local_shape": tuple(g.local_shape[: g.ndim]), "global_offset": tuple(g.global_offset[: g.ndim]),
                 "dtype": _capi.DTYPES.get(g.dtype, "?"), "replicated": bool(g.replicated),
                 "nbytes": int(g.nbytes), "skipped": bool(g.skipped)}

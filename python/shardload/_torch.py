@@ -9,6 +9,7 @@ from ctypes import sizeof
 import torch
 
 from . import _capi
+from ._convert import cstr
 
 TORCH_TO_SL = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -45,6 +46,9 @@ def memory_table(state_dict):
         raise ValueError("rank 0 must pass the state dict (the other ranks may pass None)")
     table, keep, lazy = [], [], {}
     for i, (name, t) in enumerate(state_dict.items()):
+        if not isinstance(name, str):
+            raise TypeError(f"state dict key {name!r} is a {type(name).__name__}, not a str")
+        key = cstr(name, "state dict key")
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"state dict entry '{name}' is a {type(t).__name__}, not a tensor")
         if hasattr(t, "to_local") and hasattr(t, "device_mesh"):
@@ -58,7 +62,7 @@ def memory_table(state_dict):
                              f"{_capi.SL_MAX_DIMS}")
         m = _capi.MemoryTensor()
         m.size = sizeof(m)
-        m.name = name.encode()
+        m.name = key
         try:
             m.dtype = _capi.DTYPE_CODES[dtype_name(t.dtype)]
         except ValueError as e:
