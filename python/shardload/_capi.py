@@ -168,6 +168,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sl_device_kind_name": (c_char_p, [c_int]),
         "sl_context_create": (S, [POINTER(ContextOptions), POINTER(c_void_p)]),
         "sl_context_destroy": (None, [ctx]),
+        "sl_context_abort": (None, [ctx]),
         "sl_context_errmsg": (c_char_p, [ctx]),
         "sl_context_rank": (c_int, [ctx]),
         "sl_context_world_size": (c_int, [ctx]),
