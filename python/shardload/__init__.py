@@ -24,8 +24,10 @@ from ctypes import byref, c_char_p, c_int, c_void_p, sizeof
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from . import _capi
+from . import _calls, _capi
+from ._calls import Trap, TrapRef, blocking
 from ._capi import LibraryNotFound
+from ._convert import SIZE_MAX, cint, cmsg, cpath, cstr, ctimeout_ms
 
 __all__ = ["Context", "Source", "Plan", "State", "LoadedTensor", "SourceTensor", "ShardloadError",
            "LibraryNotFound", "resolve_placement", "version", "library_path"]
@@ -53,8 +55,14 @@ def library_path() -> str:
     return _capi.lib()._name
 
 
-def _cstr(s: str | None) -> bytes | None:
-    return None if s is None else str(s).encode()
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"${name}={v!r} is not an integer; unset it or give the process's index") from None
 
 
 def _tri(cpu_offload) -> int:
@@ -105,7 +113,7 @@ _LOG_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging
 def _log_cb(user, level, msg, _log=_log, _levels=_LOG_LEVELS):
     try:
         _log.log(_levels.get(level, logging.DEBUG), "%s", msg.decode("utf-8", "replace") if msg else "")
-    except Exception:  # interpreter shutdown: a context destroyed late may still log
+    except BaseException:  # a handler's failure (or interpreter shutdown) never reaches C
         pass
 
 
@@ -137,7 +145,7 @@ def _process_group_rendezvous():
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
     world, rank = dist.get_world_size(), dist.get_rank()
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_rank = _env_int("LOCAL_RANK", rank)
     if isinstance(store, dist.TCPStore):
         host = store.host
         if ":" in host and not host.startswith("["):
@@ -169,9 +177,10 @@ class Context:
                  job_key: str | None = None, use_process_group: bool = True):
         lib = _capi.lib()
         self._ptr = c_void_p()
+        self._inflight: list = []  # the done-events of calls that may still use the context
         o = _capi.ContextOptions()
         o.size = sizeof(o)
-        o.backend, o.collective = _cstr(backend), _cstr(collective)
+        o.backend, o.collective = cstr(backend, "backend"), cstr(collective, "collective")
         pg = _process_group_rendezvous() if use_process_group and world_size is None else None
         key = job_key
         self._rdzv_dir = None
@@ -187,27 +196,39 @@ class Context:
         if world_size is not None:
             if rank is None:
                 raise ValueError("Context: world_size given without rank")
-            o.world_size, o.rank = int(world_size), int(rank)
-            o.local_rank = int(local_rank if local_rank is not None else os.environ.get("LOCAL_RANK", rank))
-        o.rendezvous = _cstr(rendezvous)
-        o.timeout_ms = max(1, int(timeout * 1000))
+            # 0 would mean "from the launcher environment" to C: a given world size is >= 1
+            o.world_size = cint(world_size, "world_size", 1)
+            o.rank = cint(rank, "rank", 0, o.world_size - 1)
+            if local_rank is None:
+                local_rank = _env_int("LOCAL_RANK", o.rank)
+            o.local_rank = cint(local_rank, "local_rank")
+        o.rendezvous = cstr(rendezvous, "rendezvous")
+        o.timeout_ms = ctimeout_ms(timeout)
         o.log = _log_cb
         eff = _log.getEffectiveLevel()
         o.log_level = 3 if eff <= logging.DEBUG else 2 if eff <= logging.INFO else 1 if eff <= logging.WARNING else 0
         errbuf = ctypes.create_string_buffer(1024)
         o.errbuf, o.errbuf_size = ctypes.cast(errbuf, c_void_p), sizeof(errbuf)
-        o.job_key = _cstr(key)
+        o.job_key = cstr(key, "job_key")
         if device is not None:
-            o.device, o.device_set = int(device), 1
+            o.device, o.device_set = cint(device, "device"), 1
         self._opts = o  # strings referenced by the options live as long as the context
-        s = lib.sl_context_create(byref(o), byref(self._ptr))
+        out = c_void_p()  # written by the worker; ours only once creation returned here
+
+        def undo(s, out=out, keep=(o, errbuf)):  # creation that finished after an interrupt
+            if s == 0 and out:
+                lib.sl_context_destroy(out)
+        # no context to abort while the rendezvous waits: an interrupt leaves it to finish alone
+        s = blocking(lib.sl_context_create, byref(o), byref(out), undo=undo)
         if s:
-            self._ptr = c_void_p()
             raise ShardloadError(s, errbuf.value.decode("utf-8", "replace"))
+        self._ptr = out
 
     # -- lifetime
     def close(self) -> None:
         """Destroys the context (collective in spirit: every rank closes). States it loaded stay valid."""
+        for done in getattr(self, "_inflight", ()):
+            done.wait()  # a call interrupted twice may still run: it ends within the timeout
         p, self._ptr = getattr(self, "_ptr", None), c_void_p()
         if p:
             _capi.lib().sl_context_destroy(p)
@@ -231,6 +252,13 @@ class Context:
     def _check(self, s: int) -> None:
         if s:
             raise ShardloadError(s, _capi.text(_capi.lib().sl_context_errmsg(self._p)))
+
+    def _blocking(self, fn, *args, trap: Trap | None = None, undo=None):
+        """fn(self._p, *args), a collective C call, ended on every rank by a signal (_calls)."""
+        p = self._p
+        self._inflight = [d for d in self._inflight if not d.is_set()]
+        return blocking(fn, p, *args, abort=lambda: _capi.lib().sl_context_abort(p), trap=trap,
+                        undo=undo, started=self._inflight.append)
 
     @property
     def _p(self):
@@ -273,40 +301,48 @@ class Context:
         if ok is True:
             s = 0
         else:
-            msg = message or (f"{type(ok).__name__}: {ok}" if isinstance(ok, BaseException) else "failed")
-            s = lib.sl_context_set_error(self._p, 1, msg.encode())
-        self._check(lib.sl_context_agree(self._p, s))
+            msg = message or (_calls.text_of(ok) if isinstance(ok, BaseException) else "failed")
+            s = lib.sl_context_set_error(self._p, 1, cmsg(msg))
+        self._check(self._blocking(lib.sl_context_agree, s))
 
     # -- objects
     def open(self, path: str | os.PathLike) -> "Source":
         """A checkpoint: a .safetensors file, an index.json or a directory holding one (collective)."""
+        lib = _capi.lib()
         p = c_void_p()
-        self._check(_capi.lib().sl_source_open(self._p, os.fsencode(path), byref(p)))
+        self._check(self._blocking(lib.sl_source_open, cpath(path), byref(p),
+                                   undo=lambda s: lib.sl_source_destroy(p) if s == 0 else None))
         return Source(self, p, keep=None)
 
     def open_state_dict(self, state_dict: Mapping[str, Any] | None, label: str = "state dict") -> "Source":
         """A source whose tensors are rank 0's STATE_DICT (torch tensors; other ranks pass None).
         Loads from it read on rank 0 only; the tensors must stay alive as long as the Source."""
+        lib = _capi.lib()
+        label_c = cstr(label, "label")
         table = read = keep = None
+        reads = TrapRef()
         err: BaseException | bool = True
         if self.rank == 0:
             try:
                 from ._torch import memory_table
-                table, read, keep = memory_table(state_dict)
+                table, read, keep = memory_table(state_dict, reads)
             except Exception as e:  # every rank learns it, rather than waiting for rank 0
                 err = e
+            except BaseException:  # an interrupt: the others fail at once, not at the timeout
+                lib.sl_context_abort(self._p)
+                raise
         self.agree(err)
         arr = None
         if table:
             arr = (_capi.MemoryTensor * len(table))(*table)
-        if not hasattr(_capi.lib(), "sl_source_open_memory") or _capi.lib().sl_source_open_memory.argtypes is None:
+        if not hasattr(lib, "sl_source_open_memory") or lib.sl_source_open_memory.argtypes is None:
             raise ShardloadError(18, f"{library_path()} predates sl_source_open_memory: rebuild libshardload "
                                      "or pass a checkpoint path")
         p = c_void_p()
         cb = _capi.READ_FN(read) if read is not None else _capi.READ_FN()
-        self._check(_capi.lib().sl_source_open_memory(self._p, label.encode(), arr, len(table or ()), cb,
-                                                        None, byref(p)))
-        return Source(self, p, keep=(arr, cb, keep))
+        self._check(self._blocking(lib.sl_source_open_memory, label_c, arr, len(table or ()), cb, None, byref(p),
+                                   undo=lambda s: lib.sl_source_destroy(p) if s == 0 else None))
+        return Source(self, p, keep=(arr, cb, keep), reads=reads)
 
     def plan(self, **kw) -> "Plan":
         return Plan(self, **kw)
@@ -317,7 +353,12 @@ class Context:
              progress: Callable[[int, int], None] | None = None) -> "State":
         """Loads SOURCE under PLAN (collective). cpu_offload: True = CPU, False = the accelerator,
         None = the plan's offload policy decides. bind(t) may return a torch tensor (contiguous,
-        at least t.nbytes, on t's device) to be filled in place, or None to let the state own one."""
+        at least t.nbytes, on t's device) to be filled in place, or None to let the state own one.
+        progress(done_bytes, total_bytes) is called on rank 0 after each tensor. An exception in
+        bind, progress or a state dict's read fails the load on every rank; an exception that is
+        not an Exception (KeyboardInterrupt, SystemExit) is raised as it is, others as the
+        ShardloadError they caused. One in progress, or a signal during the load, aborts the
+        context (sl_context_abort): it is then only good for close()."""
         lib = _capi.lib()
         o = _capi.LoadOptions()
         o.size = sizeof(o)
@@ -327,16 +368,35 @@ class Context:
         if strategy not in strategies or read_mode not in modes:
             raise ValueError(f"strategy must be one of {list(strategies)}, read_mode one of {list(modes)}")
         o.strategy, o.read_mode = strategies[strategy], modes[read_mode]
-        o.staging_bytes, o.pipeline_slots = int(staging_bytes), int(pipeline_slots)
-        binder = _Binder(bind) if bind is not None else None
+        o.staging_bytes = cint(staging_bytes, "staging_bytes", 0, SIZE_MAX)
+        o.pipeline_slots = cint(pipeline_slots, "pipeline_slots")
+        ctx_p, plan_p, src_p = self._p, plan._p, source._p
+        trap = Trap()
+        binder = _Binder(bind, trap) if bind is not None else None
         if binder is not None:
             o.bind_buffer = binder.cfn
         if progress is not None:
-            o.progress = _capi.PROGRESS_FN(lambda u, d, t: progress(int(d), int(t)))
+            o.progress = _calls.progress_callback(progress, trap, lambda: lib.sl_context_abort(ctx_p))
         p = c_void_p()
-        s = lib.sl_load(self._p, plan._p, source._p, byref(o), byref(p))
-        if binder is not None and binder.error is not None and s:
-            raise ShardloadError(s, _capi.text(lib.sl_context_errmsg(self._p))) from binder.error
+        reads = source._reads
+        if reads is not None:
+            reads.trap = trap
+        try:
+            s = self._blocking(lib.sl_load, plan_p, src_p, byref(o), byref(p), trap=trap,
+                               undo=lambda s: lib.sl_state_destroy(p) if s == 0 else None)
+        finally:
+            if reads is not None:
+                reads.trap = None
+        if trap.exc is not None:
+            if s == 0:  # cannot be (every callback failure fails the load): never hand it out
+                lib.sl_state_destroy(p)
+            if not isinstance(trap.exc, Exception):
+                raise trap.exc  # KeyboardInterrupt, SystemExit...: as the callback raised it
+            msg = _capi.text(lib.sl_context_errmsg(ctx_p))
+            if trap.where == "progress":
+                msg = (f"the progress callback raised {_calls.text_of(trap.exc)}: the load was aborted on every "
+                       "rank (sl_context_abort) and this context is only good for close()")
+            raise ShardloadError(s or 1, msg) from trap.exc
         self._check(s)
         return State(p, buffers=binder.buffers if binder else {})
 
@@ -344,34 +404,35 @@ class Context:
 class _Binder:
     """sl_bind_buffer_fn over a Python callable; keeps the buffers it hands out alive."""
 
-    def __init__(self, fn):
-        self.fn, self.buffers, self.error, self.synced = fn, {}, None, set()
+    def __init__(self, fn, trap: Trap):
+        self.fn, self.trap, self.buffers, self.synced = fn, trap, {}, set()
         self.cfn = _capi.BIND_BUFFER_FN(self._call)
 
     def _call(self, user, t, out):
-        info = LoadedTensor._from_c(t.contents, None)
         try:
+            if self.trap.cancelled:
+                raise KeyboardInterrupt("the load was interrupted")
+            info = LoadedTensor._from_c(t.contents, None)
             buf = self.fn(info)
             if buf is None:
                 out.contents.data = None
                 return 0
             from ._torch import check_buffer
             ptr, pinned = check_buffer(info, buf)
-        except Exception as e:  # becomes this rank's bind failure, reported on every rank
-            self.error = e
-            msg = f"{type(e).__name__}: {e}".encode()[:255]
-            out.contents.message = msg
+            if buf.device.type == "cuda" and buf.device not in self.synced:
+                # the library writes on its own streams: work torch still has queued on this
+                # memory (an initialisation, the caching allocator's previous user) finishes first
+                import torch
+                torch.cuda.synchronize(buf.device)
+                self.synced.add(buf.device)
+            self.buffers[info.name] = buf
+            out.contents.data = ptr
+            out.contents.pinned = int(pinned)
+            return 0
+        except BaseException as e:  # becomes this rank's bind failure, reported on every rank
+            self.trap.catch(e, "bind")
+            out.contents.message = _calls.describe(e, 255)
             return 19  # SL_ERR_BUFFER
-        if buf.device.type == "cuda" and buf.device not in self.synced:
-            # the library writes on its own streams: work torch still has queued on this
-            # memory (an initialisation, the caching allocator's previous user) finishes first
-            import torch
-            torch.cuda.synchronize(buf.device)
-            self.synced.add(buf.device)
-        self.buffers[info.name] = buf
-        out.contents.data = ptr
-        out.contents.pinned = int(pinned)
-        return 0
 
 
 # ---- source ------------------------------------------------------------------------------
@@ -394,8 +455,8 @@ def _src_tensor(t) -> SourceTensor:
 class Source:
     """A checkpoint's tensor table (sl_source); iterating yields SourceTensor in file order."""
 
-    def __init__(self, ctx: Context, ptr: c_void_p, keep):
-        self._ctx, self._ptr, self._keep = ctx, ptr, keep
+    def __init__(self, ctx: Context, ptr: c_void_p, keep, reads: TrapRef | None = None):
+        self._ctx, self._ptr, self._keep, self._reads = ctx, ptr, keep, reads
 
     @property
     def _p(self):
@@ -430,16 +491,16 @@ class Source:
             yield _src_tensor(lib.sl_source_tensor_at(self._p, i).contents)
 
     def __getitem__(self, name: str) -> SourceTensor:
-        t = _capi.lib().sl_source_find(self._p, name.encode())
+        t = _capi.lib().sl_source_find(self._p, cstr(name, "tensor name"))
         if not t:
             raise KeyError(name)
         return _src_tensor(t.contents)
 
     def __contains__(self, name: str) -> bool:
-        return bool(_capi.lib().sl_source_find(self._p, name.encode()))
+        return bool(_capi.lib().sl_source_find(self._p, cstr(name, "tensor name")))
 
     def _c(self, name: str):
-        t = _capi.lib().sl_source_find(self._p, name.encode())
+        t = _capi.lib().sl_source_find(self._p, cstr(name, "tensor name"))
         if not t:
             raise KeyError(f"{name!r} is not in the checkpoint")
         return t
@@ -473,7 +534,7 @@ def _dtype_code(dt) -> int:
     else:
         from ._torch import dtype_name
         name = dtype_name(dt)
-    code = _capi.lib().sl_dtype_from_name(name.encode())
+    code = _capi.lib().sl_dtype_from_name(cstr(name, "dtype"))
     if not code:
         raise ValueError(f"dtype {dt!r} is not one shardload knows (F64, F32, F16, BF16, F8_E4M3, F8_E5M2, "
                          "I64..I8, U64..U8, BOOL)")
@@ -490,7 +551,7 @@ class Plan:
         self._ptr = c_void_p()
         ctx._check(_capi.lib().sl_plan_create(ctx._p, byref(self._ptr)))
         if json is not None:
-            self._chk(_capi.lib().sl_plan_load_json(self._ptr, os.fsencode(json)))
+            self._chk(_capi.lib().sl_plan_load_json(self._ptr, cpath(json, "plan json")))
         if mesh is not None:
             self.set_mesh(mesh)
         if offload_policy is not None:
@@ -498,7 +559,8 @@ class Plan:
         if param_dtype is not None:
             self._chk(_capi.lib().sl_plan_set_param_dtype(self._ptr, _dtype_code(param_dtype)))
         if default_placement is not None:
-            self._chk(_capi.lib().sl_plan_set_default_placement(self._ptr, default_placement.encode()))
+            spec = cstr(default_placement, "default_placement")
+            self._chk(_capi.lib().sl_plan_set_default_placement(self._ptr, spec))
         if strict:
             self._chk(_capi.lib().sl_plan_set_strict(self._ptr, 1))
 
@@ -523,7 +585,8 @@ class Plan:
             pass
 
     def set_mesh(self, dims: Sequence[int]) -> "Plan":
-        arr = (c_int * len(dims))(*[int(d) for d in dims])
+        vals = [cint(d, f"mesh[{i}]", 1) for i, d in enumerate(dims)]
+        arr = (c_int * len(vals))(*vals)
         self._chk(_capi.lib().sl_plan_set_mesh(self._p, len(dims), arr))
         return self
 
@@ -533,28 +596,33 @@ class Plan:
         return self
 
     def add_rule(self, pattern: str, placement: str | None = None, dtype=None) -> "Plan":
-        self._chk(_capi.lib().sl_plan_add_rule(self._p, pattern.encode(), _cstr(placement), _dtype_code(dtype)))
+        self._chk(_capi.lib().sl_plan_add_rule(self._p, cstr(pattern, "rule pattern"), cstr(placement, "placement"),
+                                                  _dtype_code(dtype)))
         return self
 
     def add_entry(self, name: str, placement: str | None = None, dtype=None) -> "Plan":
-        self._chk(_capi.lib().sl_plan_add_entry(self._p, name.encode(), _cstr(placement), _dtype_code(dtype)))
+        self._chk(_capi.lib().sl_plan_add_entry(self._p, cstr(name, "plan entry"), cstr(placement, "placement"),
+                                                   _dtype_code(dtype)))
         return self
 
     def mesh(self, world: int | None = None) -> list[int]:
         dims = (c_int * _capi.SL_MAX_MESH_DIMS)()
-        n = _capi.lib().sl_plan_mesh(self._p, int(world or self._ctx.world_size), dims)
+        n = _capi.lib().sl_plan_mesh(self._p, cint(world or self._ctx.world_size, "world", 1), dims)
         return list(dims[:n])
 
     def check(self, source: Source, world_size: int | None = None) -> None:
         """sl_load's plan checks as a dry run: raises exactly where a load would."""
-        self._chk(_capi.lib().sl_plan_check(self._p, source._p, int(world_size or self._ctx.world_size)))
+        world = cint(world_size or self._ctx.world_size, "world_size", 1)
+        self._chk(_capi.lib().sl_plan_check(self._p, source._p, world))
 
     def geometry(self, source: Source, name: str, rank: int | None = None, world: int | None = None) -> dict:
         g = _capi.ShardGeometry()
         g.size = sizeof(g)
         rank = self._ctx.rank if rank is None else rank
         world = self._ctx.world_size if world is None else world
-        self._chk(_capi.lib().sl_plan_geometry(self._p, source._c(name), int(rank), int(world), byref(g)))
+        world = cint(world, "world", 1)
+        rank = cint(rank, "rank", 0, world - 1)
+        self._chk(_capi.lib().sl_plan_geometry(self._p, source._c(name), rank, world, byref(g)))
         return {"local_shape": tuple(g.local_shape[: g.ndim]), "global_offset": tuple(g.global_offset[: g.ndim]),
                 "dtype": _capi.DTYPES.get(g.dtype, "?"), "replicated": bool(g.replicated),
                 "nbytes": int(g.nbytes), "skipped": bool(g.skipped)}

@@ -168,6 +168,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sl_device_kind_name": (c_char_p, [c_int]),
         "sl_context_create": (S, [POINTER(ContextOptions), POINTER(c_void_p)]),
         "sl_context_destroy": (None, [ctx]),
+        "sl_context_abort": (None, [ctx]),
         "sl_context_errmsg": (c_char_p, [ctx]),
         "sl_context_rank": (c_int, [ctx]),
         "sl_context_world_size": (c_int, [ctx]),
@@ -229,6 +230,15 @@ def _declare(lib: ctypes.CDLL) -> None:
 _lib: ctypes.CDLL | None = None
 
 
+def _absolute(path: str) -> str:
+    """PATH as the real absolute file, resolved once, here. The library finds its modules in
+    its own directory as the dynamic loader recorded it; a relative path would make that
+    directory relative to whatever the current directory is at each later lookup, so a chdir
+    could make it load a module planted there. A bare name (no slash) is left to the dynamic
+    loader's own search."""
+    return os.path.realpath(path) if "/" in path else path
+
+
 def lib() -> ctypes.CDLL:
     """The loaded libshardload (loaded on first use)."""
     global _lib
@@ -236,6 +246,7 @@ def lib() -> ctypes.CDLL:
         return _lib
     tried = []
     for path, why in _candidates():
+        path = _absolute(path)
         try:
             handle = ctypes.CDLL(path)
             _declare(handle)

@@ -8,7 +8,8 @@ from ctypes import sizeof
 
 import torch
 
-from . import _capi
+from . import _calls, _capi
+from ._convert import cstr
 
 TORCH_TO_SL = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -37,14 +38,18 @@ def torch_dtype(name: str):
     return SL_TO_TORCH[name]
 
 
-def memory_table(state_dict):
+def memory_table(state_dict, reads: "_calls.TrapRef"):
     """Rank 0's state dict as sl_memory_tensor entries. Host C-contiguous tensors are read where
     they are; others (on a device, strided, DTensors) are made host-contiguous one at a time by
-    the read callback, so no second copy of the whole dict ever exists."""
+    the read callback, so no second copy of the whole dict ever exists. The read callback
+    records what it raised in reads.trap (the running load's) and fails the read."""
     if state_dict is None:
         raise ValueError("rank 0 must pass the state dict (the other ranks may pass None)")
     table, keep, lazy = [], [], {}
     for i, (name, t) in enumerate(state_dict.items()):
+        if not isinstance(name, str):
+            raise TypeError(f"state dict key {name!r} is a {type(name).__name__}, not a str")
+        key = cstr(name, "state dict key")
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"state dict entry '{name}' is a {type(t).__name__}, not a tensor")
         if hasattr(t, "to_local") and hasattr(t, "device_mesh"):
@@ -58,7 +63,7 @@ def memory_table(state_dict):
                              f"{_capi.SL_MAX_DIMS}")
         m = _capi.MemoryTensor()
         m.size = sizeof(m)
-        m.name = name.encode()
+        m.name = key
         try:
             m.dtype = _capi.DTYPE_CODES[dtype_name(t.dtype)]
         except ValueError as e:
@@ -77,7 +82,10 @@ def memory_table(state_dict):
     cache: dict[int, torch.Tensor] = {}
 
     def read(user, index, offset, dst, nbytes, msg, msg_len):
+        trap = reads.trap
         try:
+            if trap is not None and trap.cancelled:
+                raise KeyboardInterrupt("the load was interrupted")
             host = cache.get(index)
             if host is None:
                 # at most two converted tensors at a time, never the whole dict; reads come in
@@ -90,9 +98,12 @@ def memory_table(state_dict):
                 cache[index] = host
             ctypes.memmove(dst, host.data_ptr() + offset, nbytes)
             return 0
-        except Exception as e:  # reported on every rank, naming the tensor
-            b = f"{type(e).__name__}: {e}".encode()[: max(0, msg_len - 1)]
-            ctypes.memmove(msg, b + b"\0", len(b) + 1)
+        except BaseException as e:  # reported on every rank, naming the tensor; raised after the load
+            if trap is not None:
+                trap.catch(e, "read")
+            if msg_len:
+                b = _calls.describe(e, msg_len - 1)
+                ctypes.memmove(msg, b + b"\0", len(b) + 1)
             return 3  # SL_ERR_IO
 
     return table, read, keep

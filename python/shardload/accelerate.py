@@ -18,7 +18,9 @@ Contract (the corrected override, docs/DESIGN.md#placement):
   loaded straight into freshly allocated local shards, or in place into the parameters' own
   local storage when it already has the placement, dtype and shape (a materialised model).
 - every failure is one error on every rank (ShardloadError), never a hang: a key missing on
-  either side, an entry that is not a tensor, a mesh shardload cannot express.
+  either side, a checkpoint tensor whose shape differs from its entry's ("size mismatch", as
+  torch's load_state_dict names it, both shapes given), an entry that is not a tensor, a mesh
+  shardload cannot express.
 """
 
 from __future__ import annotations
@@ -204,6 +206,28 @@ def _same_plan_everywhere(dist, world, path, entries):
                                               "load the same model")
 
 
+def _check_shapes(entries, src, path):
+    """Every entry's checkpoint tensor has the entry's global shape. The plan takes the shape
+    from the checkpoint, so a [3, 6] tensor for a [4, 6] parameter would load 3 rows into a
+    DTensor that claims 4, and forward would run on it; torch's load_state_dict refuses it as
+    "size mismatch", and so does this. Every rank checks the same tables (rank 0's checkpoint,
+    the models agreed equal), inside the step whose outcome the ranks agree on."""
+    have = {e.key: tuple(src[e.src_key].shape) for e in entries}
+    bad = [(e, have[e.key]) for e in entries if have[e.key] != tuple(e.value.shape)]
+    if not bad:
+        return
+    where = f"the checkpoint {path}" if path is not None else "full_sd"
+
+    def one(e, have):
+        alias = f" (saved as {e.src_key})" if e.src_key != e.key else ""
+        return (f"size mismatch for {e.key}{alias}: copying a param with shape {list(have)} from checkpoint, "
+                f"the shape in current model is {list(e.value.shape)}")
+    more = f"; {len(bad) - 3} more" if len(bad) > 3 else ""
+    raise ValueError(f"{where}: {len(bad)} of its tensors differ in shape from model.state_dict(): "
+                     + "; ".join(one(e, have) for e, have in bad[:3]) + more
+                     + ". Load the checkpoint this model was built for, or build the model to its shapes")
+
+
 def _load(accelerator, model, full_sd, cpu_offload):
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
@@ -249,6 +273,7 @@ def _load(accelerator, model, full_sd, cpu_offload):
                     raise KeyError(f"{len(missing)} model.state_dict() entries are not in "
                                    f"{'the checkpoint ' + path if path is not None else 'full_sd'}: "
                                    f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}")
+                _check_shapes(entries, src, path)
                 for e in entries:
                     fdt = src[e.src_key].dtype
                     want = _t.dtype_name(e.value.dtype)

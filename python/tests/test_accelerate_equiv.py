@@ -222,10 +222,32 @@ def where_accelerate_fails(tmp, ckpt_sd):
     sla.fsdp2_load_full_state_dict(accel(), m, extra if RANK == 0 else None, cpu_offload=None)
     full = {k: v.full_tensor() for k, v in m.state_dict().items()}
     check(all(torch.equal(full[k].cpu(), ckpt_sd[k]) for k in full), "extra key: loaded values differ")
-    # plain (non-DTensor) buffers, one 0-d: Accelerate reads .device_mesh of every entry
+    # checkpoint tensors whose shapes differ from their entries' (a sharded parameter one row
+    # short, a plain buffer one longer; then one row longer and a 0-d buffer saved as [1]): one
+    # error on every rank naming each entry and both shapes, as torch's "size mismatch", never
+    # a DTensor that claims 37 rows and holds 36
     sdb = reference_state_dict(buffers=True)
     sdb["logit_scale"] = torch.tensor(0.75)
     sdb["position_ids"] = torch.arange(8, dtype=torch.int64) * 3
+    wrong = [({"lm_head.weight": sdb["lm_head.weight"][:-1], "position_ids": torch.arange(9)},
+              ["size mismatch for lm_head.weight", "[36, 16]", "[37, 16]", "size mismatch for position_ids", "[9]",
+               "[8]", "2 of its tensors differ in shape"]),
+             ({"model.embed_tokens.weight": torch.randn(38, 16), "logit_scale": torch.tensor([0.75])},
+              ["size mismatch for model.embed_tokens.weight", "[38, 16]", "[37, 16]",
+               "size mismatch for logit_scale", "[1]", "[]"])]
+    for i, (changes, needles) in enumerate(wrong):
+        bad_sd = dict(sdb, **changes)
+        d = os.path.join(tmp, f"wrong-shape-{i}")
+        if RANK == 0:
+            save_sharded(bad_sd, d)
+        dist.barrier()
+        for form in ("dict", "path"):
+            m = build(None, buffers=True)
+            where = d if form == "path" else "full_sd"
+            expect_error(lambda: sla.fsdp2_load_full_state_dict(accel(), m, d if form == "path" else
+                                                                (bad_sd if RANK == 0 else None)),
+                         *needles, where)
+    # plain (non-DTensor) buffers, one 0-d: Accelerate reads .device_mesh of every entry
     d = os.path.join(tmp, "buffers")
     if RANK == 0:
         save_sharded(sdb, d)
