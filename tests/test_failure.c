@@ -177,6 +177,7 @@ typedef struct stop_job {
   int victim;
   int namer;           /* the survivor that talks to the victim directly: it must name it */
   int replicas;        /* > 1: HSDP, mesh [replicas, world / replicas] */
+  bool kill;           /* the victim dies (SIGKILL) instead of stopping */
   stop_shared *shared; /* MAP_SHARED: written by the ranks, read by the parent */
 } stop_job;
 
@@ -193,6 +194,7 @@ static void *stop_when_data_arrives(void *arg) {
   for (bool arrived = false; !arrived; usleep(500))
     for (size_t i = 0; i < w->n && !arrived; i++) arrived = w->first[i] != CANARY_STOP;
   pid_t me = getpid();
+  if (w->j->kill) kill(me, SIGKILL);
   if (fork() == 0) {
     usleep((useconds_t)(3 * w->j->timeout_ms) * 1000);
     kill(me, SIGKILL);
@@ -205,6 +207,7 @@ static void *stop_when_data_arrives(void *arg) {
 
 typedef struct stop_binder {
   stop_watch watch; /* .j set on the victim only */
+  sl_context *ctx;
   pthread_t thread;
   bool started;
   void *bufs[4];
@@ -327,6 +330,70 @@ static void test_stopped_peer_device_route(void **state) {
 }
 
 static void test_stopped_peer_host_route(void **state) { run_stopped_peer("gloo", 3, 1, 1, 0, false); }
+
+/* A failure's status and its message tell of the same failure. Rank 1 holds a failure of
+ * its own device first (a sticky error of its sim streams, "injected device fault": a local
+ * failure, which it carries to the closing agreement), then loses rank 0, which dies in the
+ * middle of the data phase. Rank 1 fails with the lost peer's status, and its message must be
+ * that failure's: the wait that drains its streams before the staging is freed reports the
+ * device fault again, and must not put that message beside the lost peer's status. */
+static sl_status injected_fault(void *be) {
+  sl__sim_task_error(be, "injected device fault");
+  return SL_ERR_BACKEND;
+}
+
+static void *fault_bind(void *user, const sl_tensor *t) {
+  stop_binder *b = user;
+  if (b->n == 0 && !b->watch.j) { /* rank 1: the fault, before any data moves */
+    sl_context *ctx = b->ctx;
+    if (sl__sim_enqueue(ctx->be_ctx, NULL, injected_fault, ctx->be_ctx, NULL) != SL_OK) return NULL;
+  }
+  return stop_bind(user, t);
+}
+
+static int fault_then_lost_main(int rank, int world, void *arg) {
+  stop_job *j = arg;
+  sl_context_options co = {.size = sizeof co, .backend = "sim", .world_size = world, .rank = rank,
+                           .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = j->timeout_ms};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: source", rank);
+  sl_plan *plan = NULL;
+  sl_plan_create(ctx, &plan);
+  stop_binder b = {.watch = {.j = rank == j->victim ? j : NULL}, .ctx = ctx};
+  sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1 << 16, .cpu_offload = SL_CPU_OFFLOAD_ON,
+                        .bind = fault_bind, .bind_user = &b};
+  sl_state *st = NULL;
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s: %s\n", rank, sl_status_name(s), msg);
+  SL_CHILD_CHECK(rank != j->victim, "the victim returned from sl_load");
+  SL_CHILD_CHECK(s == SL_ERR_PEER || s == SL_ERR_TIMEOUT, "rank %d: got %s", rank, sl_status_name(s));
+  SL_CHILD_CHECK(status_matches(s, msg) && !strstr(msg, "injected"),
+                 "rank %d: status %s beside the message of another failure: '%s'", rank, sl_status_name(s), msg);
+  SL_CHILD_CHECK(names_rank(msg, j->victim), "rank %d: message '%s' does not name rank %d", rank, msg, j->victim);
+  for (int i = 0; i < b.n; i++) free(b.bufs[i]);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_status_matches_message_after_local_fault(void **state) {
+  stop_shared *shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(shared != MAP_FAILED);
+  memset(shared, 0, sizeof *shared);
+  stop_job j = {.path = good, .timeout_ms = 20000, .victim = 0, .kill = true, .shared = shared,
+                .rdzv = sl_test_rendezvous("fail-fault-then-lost")};
+  int codes[2];
+  int killed = sl_test_spawn(2, fault_then_lost_main, &j, 60000, codes);
+  free(j.rdzv);
+  munmap(shared, sizeof *shared);
+  assert_int_equal(killed, 0);
+  assert_int_equal(codes[0], 128 + SIGKILL);
+  assert_int_equal(codes[1], 0);
+}
 
 /* HSDP [2, 2]: rank 3 ends the replica chain (rank 1 passes it its part over a link of two);
  * rank 1 is also in replica 0, where rank 0 scatters. */
@@ -599,6 +666,7 @@ int main(void) {
       cmocka_unit_test(test_stopped_peer_device_route),
       cmocka_unit_test(test_stopped_peer_host_route),
       cmocka_unit_test(test_stopped_peer_hsdp),
+      cmocka_unit_test(test_status_matches_message_after_local_fault),
       cmocka_unit_test(test_one_rank_bad_options),
       cmocka_unit_test(test_caller_device_buffer_for_cpu_placement_rejected),
       cmocka_unit_test(test_caller_buffers_on_failure_across_ranks),

@@ -357,8 +357,16 @@ out_fail:
 void sl__loader_data_release(loader *L) {
   sl_context *ctx = L->ctx;
   stop_reader(L);
-  /* nothing may still run on staging that is about to be freed */
-  if (!L->device_is_host && (L->s_copy || L->s_comm)) ctx->be->synchronize(ctx->be_ctx);
+  /* Nothing may still run on staging that is about to be freed. What this wait reports (a
+   * sticky error of the streams, reported again) is not what sl_load returns: it must not
+   * replace the message of the status that is returned (a lost peer's, say), or the status
+   * and the message would tell of two different failures. */
+  if (!L->device_is_host && (L->s_copy || L->s_comm)) {
+    char keep[SL__ERRMSG_LEN];
+    memcpy(keep, ctx->errmsg, sizeof keep);
+    ctx->be->synchronize(ctx->be_ctx);
+    memcpy(ctx->errmsg, keep, sizeof keep);
+  }
   if (L->g_pair_b) ctx->data->fini(L->g_pair_b);
   if (L->g_pair_a) ctx->data->fini(L->g_pair_a);
   if (L->g_shard0) ctx->data->fini(L->g_shard0);
