@@ -403,6 +403,53 @@ static void test_stopped_peer_hsdp(void **state) {
   run_stopped_peer("gloo", 4, 2, 3, 1, true);
 }
 
+/* A very slow simulated device (every task of the sim waits up to 10 s) on every rank of a
+ * job with a 2 s timeout: the backend bounds its waits by the job's timeout (module.h), so the
+ * load fails with SL_ERR_TIMEOUT near the timeout — within 3x, against the minutes the queued
+ * work would take — naming the wait and the timeout, and no rank succeeds. */
+static int slow_device_main(int rank, int world, void *arg) {
+  fjob *j = arg;
+  setenv("SHARDLOAD_SIM_DELAY_US", "10000000", 1);
+  sl_context_options co = {.size = sizeof co, .backend = "sim", .world_size = world, .rank = rank,
+                           .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = j->timeout_ms};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: source", rank);
+  sl_plan *plan = NULL;
+  sl_plan_create(ctx, &plan);
+  sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1 << 16};
+  sl_state *st = NULL;
+  double t0 = now_s();
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  double dt = now_s() - t0;
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s after %.2f s (timeout %.1f s): %s\n", rank, sl_status_name(s), dt,
+          j->timeout_ms / 1000.0, msg);
+  SL_CHILD_CHECK(s != SL_OK && st == NULL, "rank %d: the load succeeded", rank);
+  SL_CHILD_CHECK(dt < j->max_seconds, "rank %d: sl_load took %.1f s with a timeout of %.1f s", rank, dt,
+                 j->timeout_ms / 1000.0);
+  SL_CHILD_CHECK(s == SL_ERR_TIMEOUT || s == SL_ERR_PEER, "rank %d: got %s", rank, sl_status_name(s));
+  SL_CHILD_CHECK(status_matches(s, msg) || (s == SL_ERR_TIMEOUT && strstr(msg, "did not complete within")),
+                 "rank %d: status %s does not match '%s'", rank, sl_status_name(s), msg);
+  if (rank == 0)
+    SL_CHILD_CHECK(strstr(msg, "sim:0: ") && strstr(msg, "job's timeout of 2000 ms"),
+                   "rank 0: message '%s' does not name the sim's wait and the timeout", msg);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_slow_device_fails_near_the_timeout(void **state) {
+  fjob j = {.path = good, .timeout_ms = 2000, .max_seconds = 6, .rdzv = sl_test_rendezvous("fail-slow-device")};
+  int codes[2];
+  int killed = sl_test_spawn(2, slow_device_main, &j, 60000, codes);
+  free(j.rdzv);
+  assert_int_equal(killed, 0);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+}
+
 /* A failure that only one rank sees in the data phase (here: rank 1's first device buffer is
  * released behind the loader's back, so its host-to-device copy fails on the host route, its
  * device cast on the device route): that rank keeps taking part in the collectives, and every
@@ -667,6 +714,7 @@ int main(void) {
       cmocka_unit_test(test_stopped_peer_host_route),
       cmocka_unit_test(test_stopped_peer_hsdp),
       cmocka_unit_test(test_status_matches_message_after_local_fault),
+      cmocka_unit_test(test_slow_device_fails_near_the_timeout),
       cmocka_unit_test(test_one_rank_bad_options),
       cmocka_unit_test(test_caller_device_buffer_for_cpu_placement_rejected),
       cmocka_unit_test(test_caller_buffers_on_failure_across_ranks),
