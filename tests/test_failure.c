@@ -159,9 +159,9 @@ static void test_rank_dies_mid_load(void **state) {
  * and must end within about one timeout of the stop, not wait a second one in a control-plane
  * agreement for the rank they already lost (< 1.6x: a second timeout makes it >= 2x). Every
  * survivor fails with a status that matches its message and names a rank; the victim's
- * neighbour (the rank that sends to it) names the victim. The victim is killed 3 timeouts after it stopped,
- * well after the survivors should have ended, so that one waiting a second timeout still
- * finds it stopped. */
+ * neighbour (the rank that sends to it) names the victim. The victim is killed 3 timeouts
+ * after it stopped, well after the survivors should have ended, so that one waiting a second
+ * timeout still finds it stopped. */
 #define STOP_MAX_WORLD 4
 
 typedef struct stop_shared {
@@ -183,7 +183,7 @@ typedef struct stop_job {
 
 typedef struct stop_watch {
   const stop_job *j;
-  volatile unsigned char *first; /* the victim's first shard buffer */
+  volatile unsigned char *first; /* the start of the victim's first shard, which arrives first */
   size_t n;
 } stop_watch;
 
@@ -223,7 +223,7 @@ static void *stop_bind(void *user, const sl_tensor *t) {
   b->bufs[b->n++] = p;
   if (b->watch.j && !b->started) {
     b->watch.first = p;
-    b->watch.n = (size_t)t->nbytes;
+    b->watch.n = t->nbytes < 64 ? (size_t)t->nbytes : 64;
     b->started = pthread_create(&b->thread, NULL, stop_when_data_arrives, &b->watch) == 0;
   }
   return p;
