@@ -1,7 +1,10 @@
 /* Failures across real ranks over Gloo: every rank must end with a clear error, quickly, and
  * no process may hang. */
+#define _GNU_SOURCE
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,6 +34,8 @@ static int teardown(void **state) {
   free(dir);
   return 0;
 }
+
+#define CANARY_STOP 0xA7 /* the stopped-peer test's fill of shard buffers, before data arrives */
 
 static double now_s(void) {
   struct timespec ts;
@@ -146,6 +151,303 @@ static void test_rank_dies_mid_load(void **state) {
   fjob j = {.path = good, .timeout_ms = 3000, .die_rank = 2, .differ_rank = -1, .want_in_msg = "rank 2",
             .max_seconds = 3 + 5};
   run(&j, 3, "fail-die");
+}
+
+/* A peer that stops (SIGSTOP: its sockets stay open, so nobody sees it leave) in the middle of
+ * the data phase. The others learn of it on the data plane within the timeout — at an event on
+ * the device route (simccl, stream-ordered, as NCCL), at the call on the host route (Gloo) —
+ * and must end within about one timeout of the stop, not wait a second one in a control-plane
+ * agreement for the rank they already lost (< 1.6x: a second timeout makes it >= 2x). Every
+ * survivor fails with a status that matches its message and names a rank; the victim's
+ * neighbour (the rank that sends to it) names the victim. The victim is killed 3 timeouts
+ * after it stopped, well after the survivors should have ended, so that one waiting a second
+ * timeout still finds it stopped. */
+#define STOP_MAX_WORLD 4
+
+typedef struct stop_shared {
+  double stopped_at;           /* CLOCK_MONOTONIC seconds when the victim stopped; 0 until then */
+  int named[STOP_MAX_WORLD];   /* survivors whose message names the victim */
+} stop_shared;
+
+typedef struct stop_job {
+  char *rdzv;
+  const char *path;
+  const char *collective; /* NULL: auto (simccl on sim) */
+  int timeout_ms;
+  int victim;
+  int namer;           /* the survivor that talks to the victim directly: it must name it */
+  int replicas;        /* > 1: HSDP, mesh [replicas, world / replicas] */
+  bool kill;           /* the victim dies (SIGKILL) instead of stopping */
+  stop_shared *shared; /* MAP_SHARED: written by the ranks, read by the parent */
+} stop_job;
+
+typedef struct stop_watch {
+  const stop_job *j;
+  volatile unsigned char *first; /* the start of the victim's first shard, which arrives first */
+  size_t n;
+} stop_watch;
+
+/* The victim's watcher: once bytes of its first shard have arrived (the data phase is under
+ * way, more transfers follow), it stops the whole process; a helper kills it later. */
+static void *stop_when_data_arrives(void *arg) {
+  stop_watch *w = arg;
+  for (bool arrived = false; !arrived; usleep(500))
+    for (size_t i = 0; i < w->n && !arrived; i++) arrived = w->first[i] != CANARY_STOP;
+  pid_t me = getpid();
+  if (w->j->kill) kill(me, SIGKILL);
+  if (fork() == 0) {
+    usleep((useconds_t)(3 * w->j->timeout_ms) * 1000);
+    kill(me, SIGKILL);
+    _exit(0);
+  }
+  w->j->shared->stopped_at = now_s();
+  kill(me, SIGSTOP);
+  return NULL;
+}
+
+typedef struct stop_binder {
+  stop_watch watch; /* .j set on the victim only */
+  sl_context *ctx;
+  pthread_t thread;
+  bool started;
+  void *bufs[4];
+  int n;
+} stop_binder;
+
+static void *stop_bind(void *user, const sl_tensor *t) {
+  stop_binder *b = user;
+  if (b->n >= 4) return NULL;
+  unsigned char *p = malloc((size_t)t->nbytes);
+  if (!p) return NULL;
+  memset(p, CANARY_STOP, (size_t)t->nbytes);
+  b->bufs[b->n++] = p;
+  if (b->watch.j && !b->started) {
+    b->watch.first = p;
+    b->watch.n = t->nbytes < 64 ? (size_t)t->nbytes : 64;
+    b->started = pthread_create(&b->thread, NULL, stop_when_data_arrives, &b->watch) == 0;
+  }
+  return p;
+}
+
+/* Whether MSG names rank V ("rank V" or "ranks A, V") after its first ": " (what the failing
+ * op says about itself comes before). */
+static bool names_rank(const char *msg, int v) {
+  const char *p = strstr(msg, ": ");
+  if (!p) return false;
+  while ((p = strstr(p, "rank"))) {
+    p += 4;
+    if (*p == 's') p++;
+    if (*p != ' ') continue;
+    for (;;) {
+      char *end;
+      long x = strtol(p, &end, 10);
+      if (end == p) break;
+      if (x == v) return true;
+      if (strncmp(end, ", ", 2) != 0) break;
+      p = end + 2;
+    }
+  }
+  return false;
+}
+
+/* Whether MSG's status S is the one its words tell (a timeout reads "timed out", a lost peer
+ * "lost ... connection closed"). */
+static bool status_matches(sl_status s, const char *msg) {
+  if (s == SL_ERR_TIMEOUT) return strstr(msg, "timed out") || strstr(msg, "stopped responding");
+  if (s == SL_ERR_PEER) return strstr(msg, "lost rank") && !strstr(msg, "timed out");
+  return false;
+}
+
+static int stopped_peer_main(int rank, int world, void *arg) {
+  stop_job *j = arg;
+  sl_context_options co = {.size = sizeof co, .backend = "sim", .world_size = world, .rank = rank,
+                           .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = j->timeout_ms,
+                           .collective = j->collective};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: source", rank);
+  sl_plan *plan = NULL;
+  sl_plan_create(ctx, &plan);
+  if (j->replicas > 1) {
+    int mesh[2] = {j->replicas, world / j->replicas};
+    SL_CHILD_CHECK(sl_plan_set_mesh(plan, 2, mesh) == SL_OK, "rank %d: mesh", rank);
+  }
+  stop_binder b = {.watch = {.j = rank == j->victim ? j : NULL}};
+  sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1 << 16, .cpu_offload = SL_CPU_OFFLOAD_ON,
+                        .bind = stop_bind, .bind_user = &b};
+  sl_state *st = NULL;
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  double end = now_s(), stopped = j->shared->stopped_at;
+  const char *msg = sl_context_errmsg(ctx);
+  double after = stopped > 0 ? end - stopped : -1, limit = 1.6 * j->timeout_ms / 1000.0;
+  fprintf(stderr, "rank %d (%s%s): %s %.2f s after the stop (timeout %.1f s): %s\n", rank,
+          j->collective ? j->collective : "auto", j->replicas > 1 ? ", hsdp" : "", sl_status_name(s), after,
+          j->timeout_ms / 1000.0, msg);
+  SL_CHILD_CHECK(rank != j->victim, "the victim returned from sl_load");
+  SL_CHILD_CHECK(s != SL_OK && st == NULL, "rank %d: the load succeeded without rank %d", rank, j->victim);
+  SL_CHILD_CHECK(stopped > 0, "rank %d: failed before rank %d stopped: %s", rank, j->victim, msg);
+  SL_CHILD_CHECK(s == SL_ERR_PEER || s == SL_ERR_TIMEOUT, "rank %d: got %s", rank, sl_status_name(s));
+  SL_CHILD_CHECK(status_matches(s, msg), "rank %d: status %s does not match its message '%s'", rank,
+                 sl_status_name(s), msg);
+  SL_CHILD_CHECK(after < limit, "rank %d ended %.2f s after the stop, want < %.2f s (1.6x the timeout)", rank, after,
+                 limit);
+  SL_CHILD_CHECK(strstr(msg, "rank ") != NULL, "rank %d: message '%s' names no rank", rank, msg);
+  j->shared->named[rank] = names_rank(msg, j->victim);
+  for (int i = 0; i < b.n; i++) free(b.bufs[i]);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+/* TCP: a tcp:// rendezvous (rank 0's process serves the store), else file://. */
+static void run_stopped_peer(const char *collective, int world, int replicas, int victim, int namer, bool tcp) {
+  assert_true(world <= STOP_MAX_WORLD);
+  stop_shared *shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(shared != MAP_FAILED);
+  memset(shared, 0, sizeof *shared);
+  stop_job j = {.path = good, .collective = collective, .timeout_ms = 3000, .victim = victim, .namer = namer,
+                .replicas = replicas, .shared = shared};
+  if (tcp) assert_true(asprintf(&j.rdzv, "tcp://127.0.0.1:%d", sl_test_free_port()) > 0);
+  else j.rdzv = sl_test_rendezvous("fail-stopped-peer");
+  int codes[STOP_MAX_WORLD];
+  int killed = sl_test_spawn(world, stopped_peer_main, &j, 60000, codes);
+  free(j.rdzv);
+  int named = shared->named[namer];
+  munmap(shared, sizeof *shared);
+  assert_int_equal(killed, 0);
+  for (int r = 0; r < world; r++) {
+    if (r == victim) assert_int_equal(codes[r], 128 + SIGKILL);
+    else assert_int_equal(codes[r], 0);
+  }
+  if (!named) fail_msg("rank %d did not name the stopped rank %d", namer, victim);
+}
+
+static void test_stopped_peer_device_route(void **state) {
+  run_stopped_peer(NULL, 2, 1, 1, 0, false);
+  run_stopped_peer(NULL, 3, 1, 1, 0, true);
+}
+
+static void test_stopped_peer_host_route(void **state) { run_stopped_peer("gloo", 3, 1, 1, 0, false); }
+
+/* A failure's status and its message tell of the same failure. Rank 1 holds a failure of
+ * its own device first (a sticky error of its sim streams, "injected device fault": a local
+ * failure, which it carries to the closing agreement), then loses rank 0, which dies in the
+ * middle of the data phase. Rank 1 fails with the lost peer's status, and its message must be
+ * that failure's: the wait that drains its streams before the staging is freed reports the
+ * device fault again, and must not put that message beside the lost peer's status. */
+static sl_status injected_fault(void *be) {
+  sl__sim_task_error(be, "injected device fault");
+  return SL_ERR_BACKEND;
+}
+
+static void *fault_bind(void *user, const sl_tensor *t) {
+  stop_binder *b = user;
+  if (b->n == 0 && !b->watch.j) { /* rank 1: the fault, before any data moves */
+    sl_context *ctx = b->ctx;
+    if (sl__sim_enqueue(ctx->be_ctx, NULL, injected_fault, ctx->be_ctx, NULL) != SL_OK) return NULL;
+  }
+  return stop_bind(user, t);
+}
+
+static int fault_then_lost_main(int rank, int world, void *arg) {
+  stop_job *j = arg;
+  sl_context_options co = {.size = sizeof co, .backend = "sim", .world_size = world, .rank = rank,
+                           .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = j->timeout_ms};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: source", rank);
+  sl_plan *plan = NULL;
+  sl_plan_create(ctx, &plan);
+  stop_binder b = {.watch = {.j = rank == j->victim ? j : NULL}, .ctx = ctx};
+  sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1 << 16, .cpu_offload = SL_CPU_OFFLOAD_ON,
+                        .bind = fault_bind, .bind_user = &b};
+  sl_state *st = NULL;
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s: %s\n", rank, sl_status_name(s), msg);
+  SL_CHILD_CHECK(rank != j->victim, "the victim returned from sl_load");
+  SL_CHILD_CHECK(s == SL_ERR_PEER || s == SL_ERR_TIMEOUT, "rank %d: got %s", rank, sl_status_name(s));
+  SL_CHILD_CHECK(status_matches(s, msg) && !strstr(msg, "injected"),
+                 "rank %d: status %s beside the message of another failure: '%s'", rank, sl_status_name(s), msg);
+  SL_CHILD_CHECK(names_rank(msg, j->victim), "rank %d: message '%s' does not name rank %d", rank, msg, j->victim);
+  for (int i = 0; i < b.n; i++) free(b.bufs[i]);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_status_matches_message_after_local_fault(void **state) {
+  stop_shared *shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(shared != MAP_FAILED);
+  memset(shared, 0, sizeof *shared);
+  stop_job j = {.path = good, .timeout_ms = 20000, .victim = 0, .kill = true, .shared = shared,
+                .rdzv = sl_test_rendezvous("fail-fault-then-lost")};
+  int codes[2];
+  int killed = sl_test_spawn(2, fault_then_lost_main, &j, 60000, codes);
+  free(j.rdzv);
+  munmap(shared, sizeof *shared);
+  assert_int_equal(killed, 0);
+  assert_int_equal(codes[0], 128 + SIGKILL);
+  assert_int_equal(codes[1], 0);
+}
+
+/* HSDP [2, 2]: rank 3 ends the replica chain (rank 1 passes it its part over a link of two);
+ * rank 1 is also in replica 0, where rank 0 scatters. */
+static void test_stopped_peer_hsdp(void **state) {
+  run_stopped_peer(NULL, 4, 2, 3, 1, true);
+  run_stopped_peer(NULL, 4, 2, 1, 0, true);
+  run_stopped_peer("gloo", 4, 2, 3, 1, true);
+}
+
+/* A very slow simulated device (every task of the sim waits up to 10 s) on every rank of a
+ * job with a 2 s timeout: the backend bounds its waits by the job's timeout (module.h), so the
+ * load fails with SL_ERR_TIMEOUT near the timeout — within 3x, against the minutes the queued
+ * work would take — naming the wait and the timeout, and no rank succeeds. */
+static int slow_device_main(int rank, int world, void *arg) {
+  fjob *j = arg;
+  setenv("SHARDLOAD_SIM_DELAY_US", "10000000", 1);
+  sl_context_options co = {.size = sizeof co, .backend = "sim", .world_size = world, .rank = rank,
+                           .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = j->timeout_ms};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: source", rank);
+  sl_plan *plan = NULL;
+  sl_plan_create(ctx, &plan);
+  sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1 << 16};
+  sl_state *st = NULL;
+  double t0 = now_s();
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  double dt = now_s() - t0;
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s after %.2f s (timeout %.1f s): %s\n", rank, sl_status_name(s), dt,
+          j->timeout_ms / 1000.0, msg);
+  SL_CHILD_CHECK(s != SL_OK && st == NULL, "rank %d: the load succeeded", rank);
+  SL_CHILD_CHECK(dt < j->max_seconds, "rank %d: sl_load took %.1f s with a timeout of %.1f s", rank, dt,
+                 j->timeout_ms / 1000.0);
+  SL_CHILD_CHECK(s == SL_ERR_TIMEOUT || s == SL_ERR_PEER, "rank %d: got %s", rank, sl_status_name(s));
+  SL_CHILD_CHECK(status_matches(s, msg) || (s == SL_ERR_TIMEOUT && strstr(msg, "did not complete within")),
+                 "rank %d: status %s does not match '%s'", rank, sl_status_name(s), msg);
+  if (rank == 0)
+    SL_CHILD_CHECK(strstr(msg, "sim:0: ") && strstr(msg, "job's timeout of 2000 ms"),
+                   "rank 0: message '%s' does not name the sim's wait and the timeout", msg);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_slow_device_fails_near_the_timeout(void **state) {
+  fjob j = {.path = good, .timeout_ms = 2000, .max_seconds = 6, .rdzv = sl_test_rendezvous("fail-slow-device")};
+  int codes[2];
+  int killed = sl_test_spawn(2, slow_device_main, &j, 60000, codes);
+  free(j.rdzv);
+  assert_int_equal(killed, 0);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
 }
 
 /* A failure that only one rank sees in the data phase (here: rank 1's first device buffer is
@@ -401,12 +703,18 @@ static void test_caller_buffers_on_failure_across_ranks(void **state) {
 }
 
 int main(void) {
+  if (getenv("SL_TEST_FILTER")) cmocka_set_test_filter(getenv("SL_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rank0_cannot_open),
       cmocka_unit_test(test_rank0_cannot_parse),
       cmocka_unit_test(test_plans_differ),
       cmocka_unit_test(test_rank_dies_mid_load),
       cmocka_unit_test(test_one_rank_fails_in_data_phase),
+      cmocka_unit_test(test_stopped_peer_device_route),
+      cmocka_unit_test(test_stopped_peer_host_route),
+      cmocka_unit_test(test_stopped_peer_hsdp),
+      cmocka_unit_test(test_status_matches_message_after_local_fault),
+      cmocka_unit_test(test_slow_device_fails_near_the_timeout),
       cmocka_unit_test(test_one_rank_bad_options),
       cmocka_unit_test(test_caller_device_buffer_for_cpu_placement_rejected),
       cmocka_unit_test(test_caller_buffers_on_failure_across_ranks),

@@ -591,29 +591,90 @@ static void test_stream_destroy_drains(void **state) {
 }
 
 /* ---- bounded waits ----------------------------------------------------------------------------- */
+/* A sim backend whose job timeout is TIMEOUT_MS (sl_backend_init.timeout_ms). */
+static void *open_sim_timeout(unsigned delay_us, int timeout_ms) {
+  char d[32];
+  snprintf(d, sizeof d, "%u", delay_us);
+  setenv("SHARDLOAD_SIM_DELAY_US", d, 1);
+  host_reset();
+  sl_backend_init bi = init_for(sim(), NULL, 0);
+  bi.timeout_ms = timeout_ms;
+  void *be = NULL;
+  assert_int_equal(sim()->init(&bi, &be), SL_OK);
+  return be;
+}
+
+static double secs_since(const struct timespec *t0) {
+  struct timespec t1;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* A stream waiting for an event whose producer is stuck gives up after the job's timeout and
+ * its grace (1000 ms + 1000 ms): a sticky SL_ERR_TIMEOUT naming the wait and the timeout. */
 static void test_wait_is_bounded(void **state) {
-  setenv("SHARDLOAD_SIM_WAIT_S", "1", 1);
-  void *be = open_sim(NULL, 0);
+  void *be = open_sim_timeout(0, 1000);
   void *ps, *ev;
   assert_int_equal(sim()->stream_create(be, &ps), SL_OK);
   assert_int_equal(sim()->event_create(be, &ev), SL_OK);
-  gate stuck = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 4000}; /* a stuck producer */
+  gate stuck = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0}; /* a stuck producer */
   assert_int_equal(sl__sim_enqueue(be, ps, gate_fn, &stuck, NULL), SL_OK);
   assert_int_equal(sim()->event_record(be, ev, ps), SL_OK);
   assert_int_equal(sim()->stream_wait_event(be, NULL, ev), SL_OK);
-  struct timespec t0, t1;
+  struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  assert_int_equal(sim()->stream_sync(be, NULL), SL_ERR_TIMEOUT);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-  assert_true(secs >= 0.9 && secs < 3.5); /* gave up after the bound, before the producer ended */
+  /* the stream's own wait is what gives up: watch it without a bounded wait of the caller's */
+  while (sim()->event_query(be, ev) == 0 && secs_since(&t0) < 5.0) usleep(10 * 1000);
+  double secs = secs_since(&t0);
+  assert_true(secs >= 1.9 && secs < 3.5); /* gave up after the bound, before the producer ended */
   assert_non_null(strstr(th.msg, "stream_wait_event"));
-  assert_non_null(strstr(th.msg, "did not complete within 1 s"));
+  assert_non_null(strstr(th.msg, "did not complete within 2000 ms (the job's timeout of 1000 ms"));
+  assert_int_equal(th.last, SL_ERR_TIMEOUT);
+  assert_int_equal(sim()->stream_sync(be, NULL), SL_ERR_TIMEOUT);
+  gate_open(&stuck); /* the producer ends: everything drains, the failure stays */
   assert_int_equal(sim()->synchronize(be), SL_ERR_TIMEOUT);
   sim()->event_destroy(be, ev);
   sim()->stream_destroy(be, ps);
   close_sim(be);
-  unsetenv("SHARDLOAD_SIM_WAIT_S");
+}
+
+/* A very slow simulated device (every task waits up to 10 s): each of the caller's waits
+ * (event_sync, stream_sync, synchronize) gives up after the job's timeout and its grace, with
+ * SL_ERR_TIMEOUT naming the wait and the timeout, and not after the device's 50-odd seconds of
+ * queued work. The failure is sticky: what is still queued drains at once, so the waits after
+ * it, stream destruction and fini end promptly too. */
+static void test_syncs_bounded_by_the_timeout(void **state) {
+  static const char *const waits[] = {"event_sync", "stream_sync", "synchronize"};
+  for (int w = 0; w < 3; w++) {
+    void *be = open_sim_timeout(10000000, 1000);
+    enum { N = 64, TASKS = 10 };
+    unsigned char *dev = dev_alloc(be, N), in[N];
+    memset(in, 0x5A, N);
+    void *q, *ev;
+    assert_int_equal(sim()->stream_create(be, &q), SL_OK);
+    assert_int_equal(sim()->event_create(be, &ev), SL_OK);
+    for (int i = 0; i < TASKS; i++) assert_int_equal(sim()->copy_async(be, dev, in, N, SL_COPY_H2D, q), SL_OK);
+    assert_int_equal(sim()->event_record(be, ev, q), SL_OK);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    sl_status st = w == 0 ? sim()->event_sync(be, ev) : w == 1 ? sim()->stream_sync(be, q) : sim()->synchronize(be);
+    double secs = secs_since(&t0);
+    fprintf(stderr, "%s on a slow device: %s after %.2f s: %s\n", waits[w], sl_status_name(st), secs, th.msg);
+    assert_int_equal(st, SL_ERR_TIMEOUT);
+    assert_true(secs >= 1.9 && secs < 4.0);
+    assert_non_null(strstr(th.msg, waits[w]));
+    assert_non_null(strstr(th.msg, "within 2000 ms (the job's timeout of 1000 ms"));
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(sim()->synchronize(be), SL_ERR_TIMEOUT); /* drained, the failure kept */
+    assert_int_equal(sim()->event_sync(be, ev), SL_ERR_TIMEOUT);
+    sim()->event_destroy(be, ev);
+    sim()->stream_destroy(be, q);
+    sim()->free_device(be, dev);
+    close_sim(be);
+    secs = secs_since(&t0);
+    assert_true(secs < 1.5);
+  }
+  unsetenv("SHARDLOAD_SIM_DELAY_US");
 }
 
 /* ---- ops: 2-D copies, casts, the SGD extension --------------------------------------------------- */
@@ -813,6 +874,7 @@ int main(void) {
       cmocka_unit_test(test_fini_drains_queued_work),
       cmocka_unit_test(test_stream_destroy_drains),
       cmocka_unit_test(test_wait_is_bounded),
+      cmocka_unit_test(test_syncs_bounded_by_the_timeout),
       cmocka_unit_test(test_copy_2d_and_cast),
       cmocka_unit_test(test_pipeline_exact_with_events),
       cmocka_unit_test(test_sim_table_and_variants),

@@ -15,6 +15,10 @@
  *   so a core that dereferenced device memory would crash instead of passing.
  * - Failures of enqueued work are sticky in the backend and reported by the next sync on the
  *   CALLER's thread (the context's message buffer belongs to it; workers never call the host).
+ * - Every wait (a stream's stream_wait_event, the caller's event_sync, stream_sync and
+ *   synchronize) is bounded by the job's timeout (sl_backend_init.timeout_ms) and a grace, as
+ *   module.h asks of a backend; past it the wait fails with a sticky SL_ERR_TIMEOUT that names
+ *   it, and once the backend has failed the queues drain without their random delays.
  * - Freeing a buffer that queued or running work still uses is a core bug: abort() with a
  *   message, so the tests crash loudly instead of passing by luck.
  *
@@ -25,6 +29,7 @@
  * sim_internal.h (the locking rules are there too). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -38,9 +43,7 @@
 
 #define SIM_DEFAULT_DELAY_US 200u
 #define SIM_MAX_DELAY_US 10000000u
-/* A stream_wait_event that sees no task complete anywhere for this long waits on work that
- * will never run (or a stuck collective): it records a sticky error and lets its stream go on. */
-#define SIM_DEFAULT_WAIT_S 60u
+#define SIM_DEFAULT_TIMEOUT_MS 300000 /* the core's default job timeout, for a caller that gives none */
 
 /* A core bug a test must not survive: say what and crash. */
 __attribute__((noreturn, format(printf, 2, 3))) void sim__abort(sim_backend *s, const char *fmt, ...) {
@@ -164,10 +167,9 @@ static sl_status sim_init(const sl_backend_init *init, void **be) {
   else if (init->variant && *init->variant)
     return init->host->fail(init->host->core, SL_ERR_INVALID,
                             "sim backend: unknown variant '%s'; use sim or sim:strict", init->variant);
-  unsigned delay_us, wait_s;
+  unsigned delay_us;
   sl_status st;
-  if ((st = env_uint(init, "SHARDLOAD_SIM_DELAY_US", SIM_DEFAULT_DELAY_US, SIM_MAX_DELAY_US, &delay_us)) != SL_OK ||
-      (st = env_uint(init, "SHARDLOAD_SIM_WAIT_S", SIM_DEFAULT_WAIT_S, 86400, &wait_s)) != SL_OK)
+  if ((st = env_uint(init, "SHARDLOAD_SIM_DELAY_US", SIM_DEFAULT_DELAY_US, SIM_MAX_DELAY_US, &delay_us)) != SL_OK)
     return st;
   sim_backend *s = calloc(1, sizeof *s);
   if (!s) return SL_ERR_NOMEM;
@@ -175,7 +177,13 @@ static sl_status sim_init(const sl_backend_init *init, void **be) {
   s->strict = strict;
   s->device_index = init->device >= 0 ? init->device : init->local_rank < 0 ? 0 : init->local_rank;
   s->delay_us = delay_us;
-  s->wait_s = wait_s ? wait_s : 1;
+  /* Every wait is bounded by the job's timeout (module.h), and a grace: a collective on the
+   * stream waited for is bounded by the same timeout and names the rank it lost, so it must
+   * be the one to report, not the wait behind it. */
+  bool has_timeout = init->size >= offsetof(sl_backend_init, timeout_ms) + sizeof init->timeout_ms;
+  s->timeout_ms = has_timeout && init->timeout_ms > 0 ? init->timeout_ms : SIM_DEFAULT_TIMEOUT_MS;
+  long long wait_ms = (long long)s->timeout_ms + (s->timeout_ms / 4 > 1000 ? s->timeout_ms / 4 : 1000);
+  s->wait_ms = wait_ms > INT_MAX ? INT_MAX : (int)wait_ms;
   pthread_mutex_init(&s->lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);

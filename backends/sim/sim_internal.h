@@ -73,7 +73,9 @@ typedef struct sim_backend {
   const sl_module_host *host;
   int strict;
   int device_index;
-  unsigned delay_us, wait_s;
+  unsigned delay_us;
+  int timeout_ms; /* the job's (sl_backend_init.timeout_ms) */
+  int wait_ms;    /* the bound of every wait: the job's timeout and a grace (sim.c) */
   pthread_mutex_t lock;
   pthread_cond_t progress; /* CLOCK_MONOTONIC */
   sim_buf **bufs;          /* sorted by base, never overlapping */

@@ -48,15 +48,52 @@ static uint64_t next_rand(sim_backend *s) { /* called with the lock held */
   return s->rng = x;
 }
 
+/* ---- deadlines ----------------------------------------------------------------------------- */
+/* The monotonic time (the condition variables' clock) US microseconds from now. */
+static struct timespec after_us(uint64_t us) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  t.tv_sec += (time_t)(us / 1000000);
+  t.tv_nsec += (long)(us % 1000000) * 1000;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
+  }
+  return t;
+}
+
+/* Lock held: waits on s->progress until woken or UNTIL; false once UNTIL has passed. */
+static bool wait_progress(sim_backend *s, const struct timespec *until) {
+  return pthread_cond_timedwait(&s->progress, &s->lock, until) != ETIMEDOUT;
+}
+
+/* Lock held: the first failure wins (CUDA's sticky errors); everyone waiting is woken, so that
+ * pausing workers stop pausing (see sim_pause). */
+static void set_sticky_locked(sim_backend *s, sl_status st, const char *msg) {
+  if (s->err == SL_OK) {
+    s->err = st;
+    snprintf(s->errmsg, sizeof s->errmsg, "%s", msg);
+  }
+  pthread_cond_broadcast(&s->progress);
+}
+
 /* ---- workers ------------------------------------------------------------------------------- */
-static void sim_pause(const sim_backend *s, uint64_t r) {
+/* A task's random delay, lock held (dropped while asleep). Once the backend has failed (a
+ * sticky error) nothing pauses any more: the queues only drain, so that the syncs and stream
+ * destruction after a failure end at once rather than a slow simulated device later. */
+static void sim_pause(sim_backend *s, uint64_t r) {
   if (s->delay_us == 0) {
-    if ((r & 15) == 0) sched_yield(); /* still shuffle interleavings a little */
+    if ((r & 15) == 0) { /* still shuffle interleavings a little */
+      pthread_mutex_unlock(&s->lock);
+      sched_yield();
+      pthread_mutex_lock(&s->lock);
+    }
     return;
   }
   uint64_t us = r % ((uint64_t)s->delay_us + 1);
-  struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
-  while (us && nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+  if (!us) return;
+  struct timespec until = after_us(us);
+  while (s->err == SL_OK && wait_progress(s, &until)) {
   }
 }
 
@@ -70,26 +107,26 @@ static void open_task_bufs(sim_backend *s, sim_task *t, int open) {
   pthread_mutex_unlock(&s->lock);
 }
 
-/* Waits until the event's record T->seq has run; bounded by wait_s seconds without progress. */
+/* What a wait that ran past its bound says (into MSG): which wait, on what, and the timeout. */
+static void timeout_msg(const sim_backend *s, char *msg, size_t len, const char *wait, const char *on) {
+  snprintf(msg, len,
+           "sim:%d: %s %s: the work it waits for did not complete within %d ms (the job's timeout of %d ms and a "
+           "grace); the simulated device is slower than the timeout (SHARDLOAD_SIM_DELAY_US=%u) or a collective is "
+           "stuck: raise the timeout (--timeout, sl_context_options.timeout_ms) if the work is only slow",
+           s->device_index, wait, on, s->wait_ms, s->timeout_ms, s->delay_us);
+}
+
+/* Waits until the event's record T->seq has run, for at most the wait bound. */
 static sl_status run_wait(sim_backend *s, sim_stream *q, sim_task *t) {
   sl_status st = SL_OK;
   pthread_mutex_lock(&s->lock);
-  uint64_t seen = s->completed;
-  struct timespec deadline;
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  deadline.tv_sec += s->wait_s;
+  struct timespec until = after_us((uint64_t)s->wait_ms * 1000);
   while (t->ev->completed < t->seq) {
-    if (pthread_cond_timedwait(&s->progress, &s->lock, &deadline) != ETIMEDOUT) continue;
-    if (s->completed != seen) { /* other work moved on: the producer may still come */
-      seen = s->completed;
-      clock_gettime(CLOCK_MONOTONIC, &deadline);
-      deadline.tv_sec += s->wait_s;
-      continue;
-    }
-    snprintf(q->task_msg, sizeof q->task_msg,
-             "sim:%d: stream_wait_event on stream %p: event %p (record %llu) did not complete within %u s "
-             "while no other work progressed: the record it waits for never runs (or a collective is stuck)",
-             s->device_index, (void *)q, (void *)t->ev, (unsigned long long)t->seq, s->wait_s);
+    if (wait_progress(s, &until) || t->ev->completed >= t->seq) continue;
+    char on[96];
+    snprintf(on, sizeof on, "on stream %p (event %p, record %llu)", (void *)q, (void *)t->ev,
+             (unsigned long long)t->seq);
+    timeout_msg(s, q->task_msg, sizeof q->task_msg, "stream_wait_event", on);
     st = SL_ERR_TIMEOUT;
     break;
   }
@@ -162,10 +199,7 @@ static void finish_task(sim_backend *s, sim_stream *q, sim_task *t, sl_status st
       s->c.d2d += bytes;
     }
   }
-  if (st != SL_OK && s->err == SL_OK) { /* the first failure wins, like CUDA's sticky errors */
-    s->err = st;
-    memcpy(s->errmsg, q->task_msg, sizeof s->errmsg);
-  }
+  if (st != SL_OK) set_sticky_locked(s, st, q->task_msg);
   s->c.tasks++;
   s->completed++;
   q->done++;
@@ -183,9 +217,8 @@ static void *worker_main(void *arg) {
     if (!t) break; /* stopped and drained */
     q->head = t->next;
     if (!q->head) q->tail = NULL;
-    uint64_t r = next_rand(s);
+    sim_pause(s, next_rand(s));
     pthread_mutex_unlock(&s->lock);
-    sim_pause(s, r);
     sl_status st = run_task(s, q, t);
     if (t->free_arg) t->free_arg(t->arg); /* before the task counts as done: a sync covers it */
     pthread_mutex_lock(&s->lock);
@@ -407,45 +440,91 @@ int sim__event_query(void *be, void *event) {
   return done;
 }
 
-/* The waits below are bounded because every task is: copies and casts finish, event waits give
- * up after wait_s seconds without progress, and collective tasks end within their timeout. */
+/* The caller's waits, each bounded by the job's timeout and a grace (wait_ms, from the call):
+ * past it the wait fails with SL_ERR_TIMEOUT naming itself, and that failure is sticky like any
+ * other, so the work still queued drains at once (sim_pause) and a later synchronize, before
+ * the caller frees what it used, ends promptly. */
+
+/* Lock held: waits on s->progress while DONE(ARG) is false, until UNTIL; false past it. */
+static bool wait_until_locked(sim_backend *s, bool (*done)(sim_backend *, const void *), const void *arg,
+                              const struct timespec *until) {
+  while (!done(s, arg))
+    if (!wait_progress(s, until) && !done(s, arg)) return false;
+  return true;
+}
+
+/* Lock held: the outcome of a caller's wait, reported on the caller's thread after unlocking. */
+static sl_status finish_wait_locked(sim_backend *s, bool in_time, const char *wait, const char *on, char *msg,
+                                    size_t len) {
+  if (!in_time) {
+    timeout_msg(s, msg, len, wait, on);
+    set_sticky_locked(s, SL_ERR_TIMEOUT, msg);
+    return SL_ERR_TIMEOUT;
+  }
+  return sticky_locked(s, msg, len);
+}
+
+typedef struct event_target {
+  const sim_event *e;
+  uint64_t record;
+} event_target;
+
+static bool event_done(sim_backend *s, const void *arg) {
+  const event_target *t = arg;
+  return t->e->completed >= t->record;
+}
+
 sl_status sim__event_sync(void *be, void *event) {
   sim_backend *s = be;
   sim_event *e = event_of(s, event);
-  char msg[SL__ERRMSG_LEN];
+  char msg[SL__ERRMSG_LEN], on[64];
+  snprintf(on, sizeof on, "on event %p", event);
+  struct timespec until = after_us((uint64_t)s->wait_ms * 1000);
   pthread_mutex_lock(&s->lock);
-  uint64_t target = e->recorded;
-  while (e->completed < target) pthread_cond_wait(&s->progress, &s->lock);
-  sl_status st = sticky_locked(s, msg, sizeof msg);
+  event_target t = {e, e->recorded};
+  sl_status st = finish_wait_locked(s, wait_until_locked(s, event_done, &t, &until), "event_sync", on, msg, sizeof msg);
   pthread_mutex_unlock(&s->lock);
   return report(s, st, msg);
+}
+
+typedef struct stream_target {
+  const sim_stream *q;
+  uint64_t queued;
+} stream_target;
+
+static bool stream_done(sim_backend *s, const void *arg) {
+  const stream_target *t = arg;
+  return t->q->done >= t->queued;
 }
 
 sl_status sim__stream_sync(void *be, void *stream) {
   sim_backend *s = be;
   sim_stream *q = sim__stream_of(s, stream);
-  char msg[SL__ERRMSG_LEN];
+  char msg[SL__ERRMSG_LEN], on[64];
+  snprintf(on, sizeof on, "on stream %p", (void *)q);
+  struct timespec until = after_us((uint64_t)s->wait_ms * 1000);
   pthread_mutex_lock(&s->lock);
-  uint64_t target = q->queued;
-  while (q->done < target) pthread_cond_wait(&s->progress, &s->lock);
-  sl_status st = sticky_locked(s, msg, sizeof msg);
+  stream_target t = {q, q->queued};
+  sl_status st = finish_wait_locked(s, wait_until_locked(s, stream_done, &t, &until), "stream_sync", on, msg, sizeof msg);
   pthread_mutex_unlock(&s->lock);
   return report(s, st, msg);
+}
+
+/* Every stream idle (the list may change while the lock is dropped: it is walked afresh). */
+static bool all_done(sim_backend *s, const void *arg) {
+  (void)arg;
+  for (sim_stream *q = s->streams; q; q = q->next)
+    if (q->done < q->queued) return false;
+  return true;
 }
 
 sl_status sim__synchronize(void *be) {
   sim_backend *s = be;
   char msg[SL__ERRMSG_LEN];
+  struct timespec until = after_us((uint64_t)s->wait_ms * 1000);
   pthread_mutex_lock(&s->lock);
-  for (sim_stream *q = s->streams; q;) {
-    if (q->done < q->queued) {
-      pthread_cond_wait(&s->progress, &s->lock);
-      q = s->streams; /* the list may have changed while we slept */
-    } else {
-      q = q->next;
-    }
-  }
-  sl_status st = sticky_locked(s, msg, sizeof msg);
+  sl_status st = finish_wait_locked(s, wait_until_locked(s, all_done, NULL, &until), "synchronize", "on every stream",
+                                    msg, sizeof msg);
   pthread_mutex_unlock(&s->lock);
   return report(s, st, msg);
 }

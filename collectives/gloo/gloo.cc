@@ -305,6 +305,8 @@ Lost find_lost(Comm &c, sl_status kind) {
   if (!c.store) { // bootstrapped over a control plane: no reports, only the connections tell
     lost.ranks = broken_pairs(c);
     lost.closed = !lost.ranks.empty();
+    // with one peer (an HSDP chain link), a timeout can only have waited for that one
+    if (lost.ranks.empty() && kind == SL_ERR_TIMEOUT && c.world == 2) lost.ranks = {1 - c.rank};
     return lost;
   }
   // How long to wait for reports: a rank that failed a moment before us reports in moments.

@@ -35,20 +35,37 @@ void sl__loader_defer(loader *L, const char *name, sl_status st) {
 }
 
 /* ---- slots --------------------------------------------------------------------------------- */
+/* Whether a failure that a wait on the streams reported (the sticky error of enqueued work) is
+ * the data plane's verdict rather than this rank's own: a stream-ordered collective's op fails
+ * there with SL_ERR_PEER or SL_ERR_TIMEOUT naming the rank it lost, or SL_ERR_COMM once aborted
+ * (module.h), and a backend's wait that ran past the job's timeout is SL_ERR_TIMEOUT too. Like
+ * a data op that fails at the call, it ends phase 2 at once: deferring it to the closing
+ * agreement would wait a second timeout there for the rank already lost, and the others learn
+ * of the failure on their own data plane (or from this rank's, which sl_load aborts). */
+static bool data_plane_verdict(sl_status st) {
+  return st == SL_ERR_PEER || st == SL_ERR_TIMEOUT || st == SL_ERR_COMM;
+}
+
+/* A wait on EVENT: OK; a local failure, deferred (OK); or the data plane's verdict. */
+static sl_status sync_event(loader *L, void *event) {
+  sl_status st = L->ctx->be->event_sync(L->ctx->be_ctx, event);
+  if (st == SL_OK || data_plane_verdict(st)) return st;
+  sl__loader_defer(L, NULL, st);
+  return SL_OK;
+}
+
 /* Waits until the slot's last use completed (both streams), then places the CPU shards whose
- * bytes came down into it. A failure here is this rank's own: deferred. */
-static void retire_slot(loader *L, slot *s) {
-  sl_context *ctx = L->ctx;
+ * bytes came down into it. A local failure here is this rank's own: deferred. A verdict of the
+ * data plane is returned (data_plane_verdict); the slot stays in flight, and sl_load aborts the
+ * data plane before its staging is released. */
+static sl_status retire_slot(loader *L, slot *s) {
   double t0 = sl__now_s();
-  if (SL__KEEP(1) && s->ev_copy) {
-    sl_status st = ctx->be->event_sync(ctx->be_ctx, s->ev_copy);
-    if (st != SL_OK) sl__loader_defer(L, NULL, st);
-  }
-  if (SL__KEEP(2) && s->ev_comm) {
-    sl_status st = ctx->be->event_sync(ctx->be_ctx, s->ev_comm);
-    if (st != SL_OK) sl__loader_defer(L, NULL, st);
-  }
+  sl_status st = SL_OK;
+  if (SL__KEEP(1) && s->ev_copy) st = sync_event(L, s->ev_copy);
+  if (st == SL_OK && SL__KEEP(2) && s->ev_comm) st = sync_event(L, s->ev_comm);
   L->st->stats.seconds_wait += sl__now_s() - t0;
+  if (st != SL_OK) return st;
+  sl_context *ctx = L->ctx;
   for (size_t i = s->pending_first; i < s->pending_first + s->pending_count; i++) {
     const host_finish *f = &L->finish[i];
     const tensor_job *j = &L->jobs[f->job];
@@ -65,6 +82,7 @@ static void retire_slot(loader *L, slot *s) {
   s->state = SLOT_FREE;
   pthread_cond_broadcast(&L->cond);
   pthread_mutex_unlock(&L->lock);
+  return SL_OK;
 }
 
 /* ---- the reader (rank 0) ----------------------------------------------------------------- */
@@ -144,13 +162,16 @@ static void stop_reader(loader *L) {
   L->reader_running = false;
 }
 
-/* Retires every transfer before UPTO (exclusive) that is still in flight, oldest first. */
-static void retire_until(loader *L, size_t upto) {
+/* Retires every transfer before UPTO (exclusive) that is still in flight, oldest first; stops
+ * at a verdict of the data plane. */
+static sl_status retire_until(loader *L, size_t upto) {
   while (L->retired < upto) {
     slot *s = &L->slots[L->retired % (size_t)L->nslots];
-    if (s->state == SLOT_INFLIGHT) retire_slot(L, s);
+    sl_status st = s->state == SLOT_INFLIGHT ? retire_slot(L, s) : SL_OK;
+    if (st != SL_OK) return st;
     L->retired++;
   }
+  return SL_OK;
 }
 
 /* Rank 0: waits for the reader to have transfer K ready in its slot. */
@@ -300,7 +321,8 @@ sl_status sl__loader_data(loader *L) {
     /* free this transfer's slot (it held transfer k-N) and, on rank 0, the one the reader fills
      * while this transfer moves (it held k+1-N) */
     size_t ahead = reader && L->nslots >= 2 ? 2 : 1; /* one slot: strictly one stage after another */
-    retire_until(L, k + ahead > (size_t)L->nslots ? k + ahead - (size_t)L->nslots : 0);
+    if ((st = retire_until(L, k + ahead > (size_t)L->nslots ? k + ahead - (size_t)L->nslots : 0)) != SL_OK)
+      goto out_fail;
     if (reader) wait_ready(L, s, k);
     if ((st = sl__loader_run_transfer(L, k, s)) != SL_OK) goto out_fail;
     if ((st = record_slot(L, s)) != SL_OK) sl__loader_defer(L, NULL, st);
@@ -323,7 +345,7 @@ sl_status sl__loader_data(loader *L) {
       if (st != SL_OK) goto out_fail;
     }
   }
-  retire_until(L, L->nxfers);
+  if ((st = retire_until(L, L->nxfers)) != SL_OK) goto out_fail;
   stop_reader(L);
   L->st->stats.seconds_read += L->read_seconds;
   /* A stream-ordered data collective may report a failure of its last operations only at its
@@ -340,8 +362,16 @@ out_fail:
 void sl__loader_data_release(loader *L) {
   sl_context *ctx = L->ctx;
   stop_reader(L);
-  /* nothing may still run on staging that is about to be freed */
-  if (L->s_copy || L->s_comm) ctx->be->synchronize(ctx->be_ctx);
+  /* Nothing may still run on staging that is about to be freed. What this wait reports (a
+   * sticky error of the streams, reported again) is not what sl_load returns: it must not
+   * replace the message of the status that is returned (a lost peer's, say), or the status
+   * and the message would tell of two different failures. */
+  if (L->s_copy || L->s_comm) {
+    char keep[SL__ERRMSG_LEN];
+    memcpy(keep, ctx->errmsg, sizeof keep);
+    ctx->be->synchronize(ctx->be_ctx);
+    memcpy(ctx->errmsg, keep, sizeof keep);
+  }
   if (L->g_pair_b) ctx->data->fini(L->g_pair_b);
   if (L->g_pair_a) ctx->data->fini(L->g_pair_a);
   if (L->g_shard0) ctx->data->fini(L->g_shard0);
