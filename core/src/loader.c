@@ -89,7 +89,9 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
     if (L.data_started && !ctx->data_is_ctl && SL_HAS_OP(ctx->data, abort)) ctx->data->abort(ctx->data_comm);
     goto out_fail;
   }
-  if (L.deferred == SL_OK && !sl__device_is_host(ctx) && (st = ctx->be->synchronize(ctx->be_ctx)) != SL_OK)
+  /* the shards are complete only once the streams drained: wherever the data path ordered its
+   * work on streams (a real device, or the device route on a host-memory backend) */
+  if (L.deferred == SL_OK && (L.s_copy || L.s_comm) && (st = ctx->be->synchronize(ctx->be_ctx)) != SL_OK)
     sl__loader_defer(&L, NULL, st);
   if (L.deferred == SL_OK && (st = sl__state_index(L.st)) != SL_OK) {
     L.deferred = st;
