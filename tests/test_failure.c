@@ -702,6 +702,65 @@ static void test_caller_buffers_on_failure_across_ranks(void **state) {
   }
 }
 
+/* The progress callback that can fail (sl_load_options.progress_status): rank 0's callback
+ * fails after its first tensor, so every rank fails the load with its message within one
+ * status window (as a failure of rank 0's), the callback is not called again, and the context
+ * is still good for another load, which succeeds. */
+typedef struct progress_probe {
+  int calls;
+  int fail_at; /* the call that fails (1-based), or 0 */
+} progress_probe;
+
+static sl_status failing_progress(void *user, uint64_t done, uint64_t total, char *msg, size_t len) {
+  progress_probe *p = user;
+  if (++p->calls == p->fail_at) {
+    snprintf(msg, len, "stop after %llu of %llu bytes", (unsigned long long)done, (unsigned long long)total);
+    return SL_ERR_INVALID;
+  }
+  return SL_OK;
+}
+
+static int progress_main(int rank, int world, void *arg) {
+  const char *rdzv = arg;
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .world_size = world, .rank = rank,
+                           .rendezvous = rdzv, .timeout_ms = 60000};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, good, &src) == SL_OK, "rank %d: open: %s", rank, sl_context_errmsg(ctx));
+  sl_plan *plan = NULL;
+  sl_plan_create(ctx, &plan);
+  progress_probe pp = {0, 1};
+  sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1 << 20, .progress_status = failing_progress,
+                        .progress_user = &pp};
+  sl_state *st = NULL;
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s: %s\n", rank, sl_status_name(s), msg);
+  SL_CHILD_CHECK(s == SL_ERR_INVALID && st == NULL, "rank %d: got %s", rank, sl_status_name(s));
+  SL_CHILD_CHECK(strstr(msg, "progress callback") && strstr(msg, "stop after"), "rank %d: message '%s'", rank, msg);
+  SL_CHILD_CHECK(pp.calls == (rank == 0 ? 1 : 0), "rank %d: progress called %d times", rank, pp.calls);
+  /* the same context loads again: the failure was the caller's, not the job's */
+  pp = (progress_probe){0, 0};
+  s = sl_load(ctx, plan, src, &lo, &st);
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: second load: %s: %s", rank, sl_status_name(s), sl_context_errmsg(ctx));
+  SL_CHILD_CHECK(pp.calls == (rank == 0 ? 2 : 0), "rank %d: progress called %d times", rank, pp.calls);
+  sl_state_destroy(st);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_progress_callback_fails_every_rank(void **state) {
+  char *rdzv = sl_test_rendezvous("fail-progress");
+  int codes[2];
+  int killed = sl_test_spawn(2, progress_main, rdzv, 60000, codes);
+  free(rdzv);
+  assert_int_equal(killed, 0);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+}
+
 int main(void) {
   if (getenv("SL_TEST_FILTER")) cmocka_set_test_filter(getenv("SL_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
@@ -718,6 +777,7 @@ int main(void) {
       cmocka_unit_test(test_one_rank_bad_options),
       cmocka_unit_test(test_caller_device_buffer_for_cpu_placement_rejected),
       cmocka_unit_test(test_caller_buffers_on_failure_across_ranks),
+      cmocka_unit_test(test_progress_callback_fails_every_rank),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

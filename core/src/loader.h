@@ -229,6 +229,10 @@ static inline bool sl__shard_on_host(const loader *L, const tensor_job *j) {
 
 static inline const tensor_job *sl__job_of(const loader *L, const piece *p) { return &L->jobs[p->job]; }
 
+/* loader_move.c: rank 0's own failure in phase 2 (a read, a pack, the caller's progress
+ * callback): the first one is what the next status window tells every rank; rank 0 places
+ * nothing more from here on. */
+void sl__loader_root_failed(loader *L, sl_status st, const char *msg);
 /* loader_move.c: one transfer through slot S (rank 0 sends, every rank receives and places) */
 sl_status sl__loader_run_transfer(loader *L, size_t k, slot *s);
 

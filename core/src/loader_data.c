@@ -302,6 +302,31 @@ static sl_status setup(loader *L) {
   return SL_OK;
 }
 
+/* Rank 0, after transfer X: the caller's progress callback for every tensor X completed. A
+ * progress_status callback that fails is rank 0's own failure: the status window tells every
+ * rank, and it is not called again. */
+static void report_progress(loader *L, const transfer *x) {
+  if (!L->o.progress && !L->o.progress_status) return;
+  for (size_t i = x->first; i < x->first + x->count; i++) {
+    const piece *p = &L->pieces[i];
+    if (p->b != L->jobs[p->job].elems) continue;
+    L->done_bytes += L->jobs[p->job].src->nbytes;
+    if (!L->o.progress_status) {
+      L->o.progress(L->o.progress_user, L->done_bytes, L->total_bytes);
+      continue;
+    }
+    if (L->root_st != SL_OK) continue;
+    char msg[512] = "";
+    sl_status st = L->o.progress_status(L->o.progress_user, L->done_bytes, L->total_bytes, msg, sizeof msg);
+    if (st == SL_OK) continue;
+    msg[sizeof msg - 1] = 0;
+    char why[SL__ERRMSG_LEN];
+    snprintf(why, sizeof why, "the caller's progress callback failed after %llu of %llu bytes: %s",
+             (unsigned long long)L->done_bytes, (unsigned long long)L->total_bytes, msg[0] ? msg : sl_strerror(st));
+    sl__loader_root_failed(L, st, why);
+  }
+}
+
 sl_status sl__loader_data(loader *L) {
   sl_context *ctx = L->ctx;
   sl_status st = setup(L);
@@ -326,16 +351,7 @@ sl_status sl__loader_data(loader *L) {
     if (reader) wait_ready(L, s, k);
     if ((st = sl__loader_run_transfer(L, k, s)) != SL_OK) goto out_fail;
     if ((st = record_slot(L, s)) != SL_OK) sl__loader_defer(L, NULL, st);
-    if (L->rank == 0 && L->o.progress) {
-      const transfer *x = &L->xfers[k];
-      for (size_t i = x->first; i < x->first + x->count; i++) {
-        const piece *p = &L->pieces[i];
-        if (p->b == L->jobs[p->job].elems) {
-          L->done_bytes += L->jobs[p->job].src->nbytes;
-          L->o.progress(L->o.progress_user, L->done_bytes, L->total_bytes);
-        }
-      }
-    }
+    if (L->rank == 0) report_progress(L, &L->xfers[k]);
     if (L->o.read_mode == SL_READ_RANK0 && ((k + 1) % SL__STATUS_WINDOW == 0 || k + 1 == L->nxfers)) {
       /* rank 0's reads of this window, told to every rank (docs/DESIGN.md#data-flow) */
       if (L->rank == 0 && L->root_st != SL_OK) sl__fail(ctx, L->root_st, "%s", L->root_msg);

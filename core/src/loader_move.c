@@ -358,7 +358,7 @@ static void place_parts(loader *L, const transfer *x, slot *s, const carve *c, c
 
 /* Rank 0's own failure in phase 2: the first one is what the status window tells every rank;
  * rank 0 places nothing more from here on. */
-static void root_failed(loader *L, sl_status st, const char *msg) {
+void sl__loader_root_failed(loader *L, sl_status st, const char *msg) {
   if (L->root_st != SL_OK) return;
   L->root_st = st;
   snprintf(L->root_msg, sizeof L->root_msg, "%s", msg);
@@ -398,7 +398,7 @@ static sl_status scatter_transfer(loader *L, const transfer *x, slot *s, const c
     int nranks = hsdp ? L->shard_ranks : L->world;
     const unsigned char *sendbuf = NULL;
     if (L->rank == 0 && (st = root_layout(L, x, s, c, S, nranks, &sendbuf)) != SL_OK) {
-      root_failed(L, st, L->ctx->errmsg); /* a pack that could not be enqueued: still take part */
+      sl__loader_root_failed(L, st, L->ctx->errmsg); /* a pack that could not be enqueued: still take part */
       if (!sendbuf) sendbuf = S;
     }
     void *comm = hsdp ? L->g_shard0 : ctx->data_comm;
@@ -528,8 +528,8 @@ sl_status sl__loader_run_transfer(loader *L, size_t k, slot *s) {
     if (s->read_st != SL_OK) {
       /* the window's verdict fails every rank; until then the transfer goes out as zeros, and
        * rank 0 itself places nothing more */
-      if (L->deferred != SL_OK) root_failed(L, L->deferred, L->deferred_msg); /* why the reader stopped */
-      else root_failed(L, s->read_st, s->read_msg);
+      if (L->deferred != SL_OK) sl__loader_root_failed(L, L->deferred, L->deferred_msg); /* why the reader stopped */
+      else sl__loader_root_failed(L, s->read_st, s->read_msg);
       memset(s->host, 0, sl__carve_of(x, L->world).Y);
       s->direct = false;
     }
@@ -540,7 +540,7 @@ sl_status sl__loader_run_transfer(loader *L, size_t k, slot *s) {
       /* a local failure of rank 0 before sending: it still takes part (the others must not be
        * left waiting in this transfer), sending bytes that are not the checkpoint's (zeros,
        * or on the device route whatever its staging holds), and the window says why */
-      root_failed(L, st, L->ctx->errmsg);
+      sl__loader_root_failed(L, st, L->ctx->errmsg);
       memset(s->host, 0, sl__carve_of(x, L->world).Y);
       S = (L->device_route ? s->dev : s->host) + c.R;
     }

@@ -357,8 +357,8 @@ class Context:
         progress(done_bytes, total_bytes) is called on rank 0 after each tensor. An exception in
         bind, progress or a state dict's read fails the load on every rank; an exception that is
         not an Exception (KeyboardInterrupt, SystemExit) is raised as it is, others as the
-        ShardloadError they caused. One in progress, or a signal during the load, aborts the
-        context (sl_context_abort): it is then only good for close()."""
+        ShardloadError they caused. A signal during the load aborts the context
+        (sl_context_abort): it is then only good for close()."""
         lib = _capi.lib()
         o = _capi.LoadOptions()
         o.size = sizeof(o)
@@ -376,7 +376,7 @@ class Context:
         if binder is not None:
             o.bind_buffer = binder.cfn
         if progress is not None:
-            o.progress = _calls.progress_callback(progress, trap, lambda: lib.sl_context_abort(ctx_p))
+            o.progress_status = _calls.progress_callback(progress, trap)
         p = c_void_p()
         reads = source._reads
         if reads is not None:
@@ -392,11 +392,7 @@ class Context:
                 lib.sl_state_destroy(p)
             if not isinstance(trap.exc, Exception):
                 raise trap.exc  # KeyboardInterrupt, SystemExit...: as the callback raised it
-            msg = _capi.text(lib.sl_context_errmsg(ctx_p))
-            if trap.where == "progress":
-                msg = (f"the progress callback raised {_calls.text_of(trap.exc)}: the load was aborted on every "
-                       "rank (sl_context_abort) and this context is only good for close()")
-            raise ShardloadError(s or 1, msg) from trap.exc
+            raise ShardloadError(s or 1, _capi.text(lib.sl_context_errmsg(ctx_p))) from trap.exc
         self._check(s)
         return State(p, buffers=binder.buffers if binder else {})
 

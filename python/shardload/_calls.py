@@ -15,12 +15,14 @@ is left to finish and undo alone, and the exception is raised at once.
 Callbacks. An exception that leaves a ctypes callback is printed and dropped, and C receives
 an undefined return value (a read callback's KeyboardInterrupt could read as success and
 place a staging slot's stale bytes). Every callback catches BaseException, keeps the first in
-the call's Trap and fails the call the way its C type allows (a status; the progress callback
-returns void and aborts the context); the caller raises it once the C call has returned.
+the call's Trap and fails the call through its status (the read and bind callbacks, and the
+progress callback as sl_load_options.progress_status); the caller raises it once the C call
+has returned.
 """
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import sys
 import threading
@@ -59,21 +61,24 @@ def describe(exc: BaseException, limit: int) -> bytes:
     return text_of(exc).replace("\0", "\\0").encode("utf-8", "replace")[:limit]
 
 
-def progress_callback(fn, trap: Trap, abort):
-    """sl_load_options.progress over FN(done, total). Its C type returns nothing, so the only
-    way it can fail the load is abort() (sl_context_abort): every rank fails at once, and the
-    context is then only good for close()."""
-    from ._capi import PROGRESS_FN
+def progress_callback(fn, trap: Trap):
+    """sl_load_options.progress_status over FN(done, total): an exception fails the load on
+    every rank within one status window, as a failure of rank 0's (the context stays usable),
+    and FN is not called again."""
+    from ._capi import PROGRESS_STATUS_FN
 
-    def call(user, done, total):
-        if trap.exc is not None or trap.cancelled:
-            return
+    def call(user, done, total, message, length):
         try:
+            if trap.cancelled:
+                raise KeyboardInterrupt("the load was interrupted")
             fn(int(done), int(total))
+            return 0
         except BaseException as e:
             trap.catch(e, "progress")
-            abort()
-    return PROGRESS_FN(call)
+            text = describe(e, max(0, int(length) - 1))
+            ctypes.memmove(message, text + b"\0", len(text) + 1)
+            return 1  # SL_ERR_INVALID: the caller's callback failed; the message says how
+    return PROGRESS_STATUS_FN(call)
 
 
 class TrapRef:

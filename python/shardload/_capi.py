@@ -95,6 +95,8 @@ class Binding(Structure):
 
 BIND_BUFFER_FN = CFUNCTYPE(c_int, c_void_p, POINTER(Tensor), POINTER(Binding))
 PROGRESS_FN = CFUNCTYPE(None, c_void_p, c_uint64, c_uint64)
+# sl_load_options.progress_status: a status, and a message into (char *, size_t)
+PROGRESS_STATUS_FN = CFUNCTYPE(c_int, c_void_p, c_uint64, c_uint64, c_void_p, c_size_t)
 READ_FN = CFUNCTYPE(c_int, c_void_p, c_size_t, c_uint64, c_void_p, c_size_t, c_void_p, c_size_t)
 
 
@@ -104,7 +106,7 @@ class LoadOptions(Structure):
         ("staging_bytes", c_size_t), ("bind", c_void_p), ("bind_user", c_void_p),
         ("progress", PROGRESS_FN), ("progress_user", c_void_p),
         ("bind_buffer", BIND_BUFFER_FN), ("bind_buffer_user", c_void_p),
-        ("pipeline_slots", c_int), ("reserved_", c_int),
+        ("pipeline_slots", c_int), ("reserved_", c_int), ("progress_status", PROGRESS_STATUS_FN),
     ]
 
 

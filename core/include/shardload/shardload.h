@@ -394,6 +394,13 @@ typedef struct sl_load_options {
    * compare against). The staging budget is split between them. */
   int pipeline_slots;
   int reserved_;
+  /* The progress callback that can fail the load (it wins over progress, and takes
+   * progress_user): called on rank 0 after each tensor, as progress. A status other than SL_OK,
+   * with MESSAGE (NUL-terminated within MESSAGE_LEN, may be left empty), fails the load on every
+   * rank within one status window (docs/DESIGN.md#data-flow) as a failure of rank 0's, naming
+   * the message; it is not called again in that load. The context stays usable. */
+  sl_status (*progress_status)(void *user, uint64_t done_bytes, uint64_t total_bytes, char *message,
+                               size_t message_len);
 } sl_load_options;
 
 /* Collective over the context's ranks. opts NULL, or from an older smaller struct, means the
