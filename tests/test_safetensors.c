@@ -2,11 +2,16 @@
  * rejected with the right status and a message that says what is wrong. Files are written byte
  * by byte by the test helpers, independently of the reader. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "internal.h"
 #include "testutil.h"
@@ -468,6 +473,132 @@ static void parse_buffer(void **state) {
   free(b);
 }
 
+/* A safetensors image of N one-byte tensors (names longer than jansson's first string buffer,
+ * so its buffers grow) and a metadata entry; *HDR_LEN: the header's length. */
+static unsigned char *image_of(size_t n, size_t *len, size_t *hdr_len) {
+  size_t cap = 128 + n * 96;
+  char *hdr = malloc(cap);
+  assert_non_null(hdr);
+  size_t k = (size_t)snprintf(hdr, cap, "{\"__metadata__\":{\"format\":\"pt\",\"note\":\"a value longer than sixteen bytes\"}");
+  for (size_t i = 0; i < n; i++)
+    k += (size_t)snprintf(hdr + k, cap - k, ",\"model.layers.%zu.weight\":{\"dtype\":\"U8\",\"shape\":[1],"
+                          "\"data_offsets\":[%zu,%zu]}", i, i, i + 1);
+  k += (size_t)snprintf(hdr + k, cap - k, "}");
+  *hdr_len = k;
+  *len = 8 + k + n;
+  unsigned char *b = calloc(1, *len);
+  assert_non_null(b);
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)k >> (8 * i));
+  memcpy(b + 8, hdr, k);
+  free(hdr);
+  return b;
+}
+
+/* jansson's allocator, failing every allocation once g_alloc_budget is spent, as malloc
+ * fails (NULL, errno ENOMEM). */
+static long g_alloc_budget;
+static void *budget_malloc(size_t size) {
+  if (g_alloc_budget <= 0) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  g_alloc_budget--;
+  return malloc(size);
+}
+
+/* Running out of memory at any point of jansson's parse of a valid header is reported as out of
+ * memory, naming the header's size; never as "not valid JSON" (which, with jansson's empty
+ * error, read "header is not valid JSON:  (line -1, column -1)", or a syntax error where a
+ * string's copy could not be allocated). Every allocation is made to fail in turn, until the
+ * parse needs none that fails. */
+static void header_out_of_memory_every_allocation(void **state) {
+  size_t len, hlen;
+  unsigned char *b = image_of(6, &len, &hlen);
+  char want[128];
+  snprintf(want, sizeof want, "out of memory parsing its %zu-byte header", hlen);
+  sl__st_header h;
+  long budget = 0;
+  for (;; budget++) {
+    g_alloc_budget = budget;
+    json_set_alloc_funcs(budget_malloc, free);
+    sl_status s = sl__st_parse(b, len, len, &h, g_err, sizeof g_err);
+    json_set_alloc_funcs(malloc, free);
+    if (s == SL_OK) break;
+    if (s != SL_ERR_NOMEM || !strstr(g_err, want))
+      fail_msg("allocation %ld of the parse failed: got %s '%s', want SL_ERR_NOMEM '%s...'", budget, sl_status_name(s),
+               g_err, want);
+    /* a failed parse leaves nothing behind */
+    assert_int_equal(h.count, 0);
+    assert_null(h.tensors);
+    assert_null(h.meta_keys);
+  }
+  assert_true(budget > 10); /* the header's parse took that many allocations, each failed once */
+  assert_int_equal(h.count, 6);
+  sl__st_header_free(&h);
+  free(b);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SL_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SL_TEST_ASAN 1
+#endif
+#endif
+
+/* This process's private data (brk and private mappings: what RLIMIT_DATA counts), in bytes. */
+static long vm_data_bytes(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long kib = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmData: %ld kB", &kib) == 1) break;
+  if (f) fclose(f);
+  return kib < 0 ? -1 : kib * 1024;
+}
+
+/* The same under a real memory limit: a child whose data limit holds the header's bytes but not
+ * jansson's tree of it (some 20 MiB). Not under ASan, whose shadow memory counts as data. */
+static void header_out_of_memory_under_a_data_limit(void **state) {
+#ifdef SL_TEST_ASAN
+  skip();
+#endif
+  size_t len, hlen;
+  unsigned char *b = image_of(100000, &len, &hlen);
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    long data = vm_data_bytes();
+    struct rlimit rl = {(rlim_t)data + (4 << 20), (rlim_t)data + (4 << 20)};
+    if (data < 0 || setrlimit(RLIMIT_DATA, &rl) != 0) _exit(3);
+    sl__st_header h;
+    char err[1024] = "";
+    sl_status s = sl__st_parse(b, len, len, &h, err, sizeof err);
+    char msg[1100];
+    int k = snprintf(msg, sizeof msg, "%s %s", sl_status_name(s), err);
+    if (write(fds[1], msg, (size_t)k) != k) _exit(4);
+    _exit(0);
+  }
+  close(fds[1]);
+  char got[1100] = "";
+  size_t used = 0;
+  ssize_t r;
+  while (used < sizeof got - 1 && (r = read(fds[0], got + used, sizeof got - 1 - used)) > 0) used += (size_t)r;
+  close(fds[0]);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  char want[160];
+  snprintf(want, sizeof want, "SL_ERR_NOMEM out of memory parsing its %zu-byte header", hlen);
+  if (strncmp(got, want, strlen(want)) != 0)
+    fail_msg("a %zu-byte header under a data limit: got '%s', want '%s...'", hlen, got, want);
+  free(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(valid_minimal),   cmocka_unit_test(empty_header),
@@ -481,6 +612,8 @@ int main(void) {
       cmocka_unit_test(layout),          cmocka_unit_test(overflow),
       cmocka_unit_test(tensor_entry_keys), cmocka_unit_test(parse_buffer),
       cmocka_unit_test(negative_zero),   cmocka_unit_test(nul_bytes),
+      cmocka_unit_test(header_out_of_memory_every_allocation),
+      cmocka_unit_test(header_out_of_memory_under_a_data_limit),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

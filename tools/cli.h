@@ -56,24 +56,70 @@ const char *cli_human_bytes(char *buf, size_t len, uint64_t bytes);
 /* S with control characters escaped as in the error line (malloc'd; NULL when out of memory):
  * for names from a checkpoint printed in tables. */
 char *cli_escape_dup(const char *s);
-/* The length of S escaped, and S escaped, left-aligned in WIDTH columns, written to OUT. */
+/* Appends S escaped to OUT (LEN bytes, USED of them taken), NUL-terminated, cut when full;
+ * returns the bytes now used. */
+size_t cli_escape_into(char *out, size_t len, size_t used, const char *s);
+/* The length of S escaped (its columns in a table). */
 size_t cli_escaped_len(const char *s);
-void cli_fput_escaped(FILE *out, const char *s, int width);
+/* The JSON builders below return 0, or -1 when out of memory (a value they could not make is
+ * never left out silently: the caller reports the document as out of memory). */
 /* Sets OBJ[KEY] to PATH. A path that is not valid UTF-8 (JSON strings must be) is kept, not
  * dropped: OBJ[KEY] holds it with each invalid byte as U+FFFD and OBJ[KEY "_bytes_hex"] its
  * exact bytes as lower-case hex. */
-void cli_json_set_path(json_t *obj, const char *key, const char *path);
+int cli_json_set_path(json_t *obj, const char *key, const char *path);
 /* PATH as JSON values for an array: *VALUE as in cli_json_set_path (U+FFFD for each invalid
- * byte), *HEX its exact bytes as lower-case hex when it is not valid UTF-8, else NULL. */
-void cli_json_path_values(const char *path, json_t **value, json_t **hex);
-/* A JSON array of dims. */
+ * byte), *HEX its exact bytes as lower-case hex when it is not valid UTF-8, else NULL. On -1
+ * both are NULL. */
+int cli_json_path_values(const char *path, json_t **value, json_t **hex);
+/* S as a JSON string, each byte that is not valid UTF-8 as U+FFFD (for text a module or the
+ * library gives); NULL only when out of memory. */
+json_t *cli_json_text(const char *s);
+/* A JSON array of dims; NULL when out of memory. */
 json_t *cli_json_dims(int ndim, const int64_t *dims);
 /* Adds one tensor entry {dtype, shape, data_offsets [off, off+nbytes]} to a safetensors header. */
-void cli_st_header_add(json_t *hdr, const char *name, const char *dtype, int ndim, const int64_t *shape,
-                       uint64_t off, uint64_t nbytes);
-/* Writes ROOT as indented JSON plus a newline to OUT; 0 on success. */
-int cli_json_print(FILE *out, json_t *root);
+int cli_st_header_add(json_t *hdr, const char *name, const char *dtype, int ndim, const int64_t *shape,
+                      uint64_t off, uint64_t nbytes);
 double cli_now(void); /* monotonic seconds */
+
+/* ---- checked output (output.c) ---------------------------------------------------------
+ * Every report goes through a cli_out, which checks each write and keeps the errno of the
+ * first that failed: a full disk (`> /dev/full`) ends the command with that reason and exit
+ * status 1, never 0, and jansson running out of memory while it writes a value (-1 with no
+ * failed write) is told apart from a failed write. After a failure every later call fails at
+ * once, so a caller may chain them and check once. */
+typedef struct cli_out {
+  FILE *f;
+  const char *name;   /* what the error line calls it: "stdout", a report file's path */
+  const char *indent; /* written after every newline of a value cli_out_json writes; "" none */
+  int err;            /* errno of the first failed write; 0 while all is well */
+} cli_out;
+
+void cli_out_init(cli_out *o, FILE *f, const char *name);
+/* 0, or -1 when this or an earlier write failed. */
+int cli_out_write(cli_out *o, const void *buf, size_t len);
+int cli_out_puts(cli_out *o, const char *s);
+int cli_out_printf(cli_out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* S with control characters escaped as in the error line (it comes from a checkpoint, or a
+ * module), left-aligned in WIDTH columns. Allocates nothing. */
+int cli_out_escaped(cli_out *o, const char *s, int width);
+/* V as indented JSON (JSON_INDENT(2) | JSON_PRESERVE_ORDER), streamed: 0, or -1 when a write
+ * failed (O->err set) or jansson ran out of memory (O->err still 0). */
+int cli_out_json(cli_out *o, const json_t *v);
+/* V as a whole document: cli_out_json, a newline, and the flush. */
+int cli_out_json_document(cli_out *o, const json_t *v);
+/* Flushes and checks the stream (a failure buffered earlier shows here too). */
+int cli_out_flush(cli_out *o);
+/* The error line for a failed cli_out: SL_ERR_IO "cannot write WHAT to NAME: <errno text>", or
+ * SL_ERR_NOMEM "out of memory writing WHAT" when no write failed (or one failed for want of
+ * memory). WHAT is a printf format. Returns CLI_EXIT_ERROR. */
+int cli_out_fail(const char *subject, const cli_out *o, const char *what, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A --help text on stdout, checked; returns the exit status. */
+int cli_print_help(const char *text);
+/* Closes stdout as the command ends, so that nothing written to it, checked or not, can be
+ * lost while the exit status says 0. Returns RC, or CLI_EXIT_ERROR (with the error line)
+ * when RC was CLI_EXIT_OK and the close failed. */
+int cli_close_stdout(int rc);
 /* A world-size-1 context on the cpu backend that ignores the launcher environment, for the
  * commands that only read metadata. Prints the error line on failure. */
 int cli_local_context(sl_context **out);
@@ -148,13 +194,15 @@ typedef struct cli_load_args {
   int nproc;              /* --nproc N: launch N local ranks (launch.c); 0: this process is one */
   int verbose;            /* --verbose: with --nproc, launcher detail and per-tensor tables */
   FILE *table_out;        /* also write the human table here (a rank of --nproc --verbose) */
+  const char *table_out_name; /* its path, for an error line */
   int test_hooks;         /* honour SHARDLOAD_TEST_FAIL_RANK (only in a rank of --nproc) */
   cli_plan_args plan;
 } cli_load_args;
 
-/* Runs one rank's load and writes its report to OUT. Returns an exit status; errors are
- * printed as the one-line format on stderr. */
-int cli_load_rank(const cli_load_args *args, FILE *out);
+/* Runs one rank's load and writes its report to OUT (called OUT_NAME in an error line:
+ * "stdout", a file's path). Returns an exit status; errors are printed as the one-line format
+ * on stderr, a report that could not be written included. */
+int cli_load_rank(const cli_load_args *args, FILE *out, const char *out_name);
 /* Peak resident set of this process so far (getrusage ru_maxrss), in bytes. */
 uint64_t cli_peak_rss_bytes(void);
 

@@ -28,112 +28,113 @@ static const char *base_name(const char *path) {
   return s ? s + 1 : path;
 }
 
-static int print_json(const char *path, const sl_source *src) {
-  json_t *root = json_object();
-  cli_json_set_path(root, "path", path);
+/* The JSON report; NULL when out of memory (a document with parts left out would be read as
+ * the checkpoint's). */
+static json_t *report_json(const char *path, const sl_source *src) {
+  json_t *root = json_object(), *files = json_array(), *files_hex = json_array(), *meta = json_object(),
+         *tensors = json_array();
+  int bad = !root || !files || !files_hex || !meta || !tensors;
+  bad |= cli_json_set_path(root, "path", path);
 
   /* "files": one string per file, in order, as "path" is written; when some name is not
    * valid UTF-8, "files_bytes_hex" holds at the same index its exact bytes (null for the
    * others) */
-  json_t *files = json_array(), *files_hex = json_array();
   int any_hex = 0;
-  for (size_t i = 0; i < sl_source_file_count(src); i++) {
+  for (size_t i = 0; i < sl_source_file_count(src) && !bad; i++) {
     json_t *value, *hex;
-    cli_json_path_values(sl_source_file_at(src, i), &value, &hex);
+    bad |= cli_json_path_values(sl_source_file_at(src, i), &value, &hex);
     any_hex |= hex != NULL;
-    json_array_append_new(files, value ? value : json_null());
-    json_array_append_new(files_hex, hex ? hex : json_null());
+    bad |= json_array_append_new(files, value ? value : json_null());
+    bad |= json_array_append_new(files_hex, hex ? hex : json_null());
   }
-  json_object_set_new(root, "files", files);
+  bad |= json_object_set_new(root, "files", files);
   if (any_hex)
-    json_object_set_new(root, "files_bytes_hex", files_hex);
+    bad |= json_object_set_new(root, "files_bytes_hex", files_hex);
   else
     json_decref(files_hex);
 
-  json_t *meta = json_object();
-  for (size_t i = 0; i < sl_source_metadata_count(src); i++) {
+  for (size_t i = 0; i < sl_source_metadata_count(src) && !bad; i++) {
     const char *k = NULL, *v = NULL;
     if (sl_source_metadata_at(src, i, &k, &v) == SL_OK && k)
-      json_object_set_new(meta, k, json_string(v ? v : ""));
+      bad |= json_object_set_new(meta, k, json_string(v ? v : ""));
   }
-  json_object_set_new(root, "metadata", meta);
+  bad |= json_object_set_new(root, "metadata", meta);
 
-  json_t *tensors = json_array();
   size_t n = sl_source_tensor_count(src);
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n && !bad; i++) {
     const sl_source_tensor *t = sl_source_tensor_at(src, i);
     json_t *o = json_object();
-    json_object_set_new(o, "name", json_string(t->name));
-    json_object_set_new(o, "dtype", json_string(sl_dtype_name(t->dtype)));
-    json_object_set_new(o, "shape", cli_json_dims(t->ndim, t->shape));
-    json_object_set_new(o, "bytes", json_integer((json_int_t)t->nbytes));
-    cli_json_set_path(o, "file", t->file);
-    json_object_set_new(o, "offset", json_integer((json_int_t)t->file_offset));
-    json_array_append_new(tensors, o);
+    bad |= json_object_set_new(o, "name", json_string(t->name));
+    bad |= json_object_set_new(o, "dtype", json_string(sl_dtype_name(t->dtype)));
+    bad |= json_object_set_new(o, "shape", cli_json_dims(t->ndim, t->shape));
+    bad |= json_object_set_new(o, "bytes", json_integer((json_int_t)t->nbytes));
+    bad |= cli_json_set_path(o, "file", t->file);
+    bad |= json_object_set_new(o, "offset", json_integer((json_int_t)t->file_offset));
+    bad |= json_array_append_new(tensors, o); /* takes o, NULL included */
   }
-  json_object_set_new(root, "tensors", tensors);
-  json_object_set_new(root, "tensor_count", json_integer((json_int_t)n));
-  json_object_set_new(root, "file_count", json_integer((json_int_t)sl_source_file_count(src)));
-  json_object_set_new(root, "total_bytes", json_integer((json_int_t)sl_source_total_bytes(src)));
-
-  int rc = cli_json_print(stdout, root);
+  bad |= json_object_set_new(root, "tensors", tensors);
+  bad |= json_object_set_new(root, "tensor_count", json_integer((json_int_t)n));
+  bad |= json_object_set_new(root, "file_count", json_integer((json_int_t)sl_source_file_count(src)));
+  bad |= json_object_set_new(root, "total_bytes", json_integer((json_int_t)sl_source_total_bytes(src)));
+  if (!bad) return root;
   json_decref(root);
-  return rc;
+  return NULL;
+}
+
+static int print_json(cli_out *o, const char *path, const sl_source *src) {
+  json_t *root = report_json(path, src);
+  if (!root) {
+    cli_error(path, SL_ERR_NOMEM, "out of memory writing the JSON report of %zu tensors", sl_source_tensor_count(src));
+    return CLI_EXIT_ERROR;
+  }
+  int rc = cli_out_json_document(o, root);
+  json_decref(root);
+  return rc == 0 ? CLI_EXIT_OK : cli_out_fail(path, o, "the JSON report");
 }
 
 /* Names, metadata and file names come from the checkpoint: printed with control characters
- * escaped (cli_escape_dup), so a name cannot fake rows or drive the terminal. */
-static int print_table(const char *path, const sl_source *src) {
+ * escaped (cli_out_escaped), so a name cannot fake rows or drive the terminal. */
+static int print_table(cli_out *o, const char *path, const sl_source *src) {
   size_t n = sl_source_tensor_count(src), nfiles = sl_source_file_count(src);
   char hb[32], dims[160];
   uint64_t total = sl_source_total_bytes(src);
-  char **names = calloc(n ? n : 1, sizeof *names);
-  char *esc_path = cli_escape_dup(path);
-  int rc = -1;
-  if (!names || !esc_path) goto out;
-  for (size_t i = 0; i < n; i++)
-    if (!(names[i] = cli_escape_dup(sl_source_tensor_at(src, i)->name))) goto out;
 
-  printf("%s: %zu tensors, %llu bytes (%s) in %zu file%s\n", esc_path, n, (unsigned long long)total,
-         cli_human_bytes(hb, sizeof hb, total), nfiles, nfiles == 1 ? "" : "s");
+  cli_out_escaped(o, path, 0);
+  cli_out_printf(o, ": %zu tensors, %llu bytes (%s) in %zu file%s\n", n, (unsigned long long)total,
+                 cli_human_bytes(hb, sizeof hb, total), nfiles, nfiles == 1 ? "" : "s");
 
   size_t nmeta = sl_source_metadata_count(src);
-  if (nmeta) {
-    printf("metadata:\n");
-    for (size_t i = 0; i < nmeta; i++) {
-      const char *k = NULL, *v = NULL;
-      if (sl_source_metadata_at(src, i, &k, &v) != SL_OK || !k) continue;
-      char *ek = cli_escape_dup(k), *ev = cli_escape_dup(v ? v : "");
-      if (ek && ev) printf("  %s: %s\n", ek, ev);
-      free(ek);
-      free(ev);
-    }
+  if (nmeta) cli_out_puts(o, "metadata:\n");
+  for (size_t i = 0; i < nmeta; i++) {
+    const char *k = NULL, *v = NULL;
+    if (sl_source_metadata_at(src, i, &k, &v) != SL_OK || !k) continue;
+    cli_out_puts(o, "  ");
+    cli_out_escaped(o, k, 0);
+    cli_out_puts(o, ": ");
+    cli_out_escaped(o, v ? v : "", 0);
+    cli_out_puts(o, "\n");
   }
 
   /* Column widths from the content so long names stay aligned without truncation. */
   int wname = 4, wshape = 5;
   for (size_t i = 0; i < n; i++) {
     const sl_source_tensor *t = sl_source_tensor_at(src, i);
-    int l = (int)strlen(names[i]);
+    int l = (int)cli_escaped_len(t->name);
     if (l > wname) wname = l;
     l = (int)strlen(cli_dims_str(dims, sizeof dims, t->ndim, t->shape));
     if (l > wshape) wshape = l;
   }
-  printf("%-*s  %-7s  %-*s  %14s  %s\n", wname, "NAME", "DTYPE", wshape, "SHAPE", "BYTES", "FILE");
-  for (size_t i = 0; i < n; i++) {
+  cli_out_printf(o, "%-*s  %-7s  %-*s  %14s  %s\n", wname, "NAME", "DTYPE", wshape, "SHAPE", "BYTES", "FILE");
+  /* every write is checked: after a failure the rest fail at once, and the flush says why */
+  for (size_t i = 0; i < n && !o->err; i++) {
     const sl_source_tensor *t = sl_source_tensor_at(src, i);
-    char *file = cli_escape_dup(base_name(t->file));
-    printf("%-*s  %-7s  %-*s  %14llu  %s\n", wname, names[i], sl_dtype_name(t->dtype), wshape,
-           cli_dims_str(dims, sizeof dims, t->ndim, t->shape), (unsigned long long)t->nbytes,
-           file ? file : "?");
-    free(file);
+    cli_out_escaped(o, t->name, wname);
+    cli_out_printf(o, "  %-7s  %-*s  %14llu  ", sl_dtype_name(t->dtype), wshape,
+                   cli_dims_str(dims, sizeof dims, t->ndim, t->shape), (unsigned long long)t->nbytes);
+    cli_out_escaped(o, base_name(t->file), 0);
+    cli_out_puts(o, "\n");
   }
-  rc = 0;
-out:
-  for (size_t i = 0; names && i < n; i++) free(names[i]);
-  free(names);
-  free(esc_path);
-  return rc;
+  return cli_out_flush(o) == 0 ? CLI_EXIT_OK : cli_out_fail(path, o, "the table");
 }
 
 int cli_cmd_inspect(int argc, char **argv) {
@@ -147,7 +148,7 @@ int cli_cmd_inspect(int argc, char **argv) {
   while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
     switch (c) {
     case 'j': json = 1; break;
-    case 'h': fputs(HELP, stdout); return CLI_EXIT_OK;
+    case 'h': return cli_print_help(HELP);
     default: return cli_bad_option("inspect", c, argv);
     }
   }
@@ -165,15 +166,9 @@ int cli_cmd_inspect(int argc, char **argv) {
     rc = cli_fail(path, s, ctx);
     goto out_ctx;
   }
-  if (json) {
-    if (print_json(path, src) != 0) {
-      cli_error(path, SL_ERR_IO, "cannot write the JSON report to stdout; check the output stream");
-      rc = CLI_EXIT_ERROR;
-    }
-  } else if (print_table(path, src) != 0) {
-    cli_error(path, SL_ERR_NOMEM, "out of memory listing %zu tensors", sl_source_tensor_count(src));
-    rc = CLI_EXIT_ERROR;
-  }
+  cli_out o;
+  cli_out_init(&o, stdout, "stdout");
+  rc = json ? print_json(&o, path, src) : print_table(&o, path, src);
   sl_source_destroy(src);
 out_ctx:
   sl_context_destroy(ctx);

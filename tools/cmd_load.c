@@ -144,87 +144,98 @@ static double gbps(const load_totals *tot) {
   return tot->seconds > 0 ? (double)tot->checkpoint_bytes / tot->seconds / 1e9 : 0.0;
 }
 
-static int report_json(FILE *out, const sl_context *ctx, const cli_load_args *a, const sl_state *st,
-                       const load_totals *tot, const char *dump_path) {
-  json_t *root = json_object();
-  json_object_set_new(root, "rank", json_integer(sl_context_rank(ctx)));
-  json_object_set_new(root, "world_size", json_integer(sl_context_world_size(ctx)));
-  cli_json_set_path(root, "path", a->path);
-  json_object_set_new(root, "backend", json_string(sl_context_backend_name(ctx)));
-  json_object_set_new(root, "backend_reason", json_string(sl_context_backend_reason(ctx)));
-  json_t *cj = json_object();
-  json_object_set_new(cj, "name", json_string(sl_context_collective_name(ctx)));
-  json_object_set_new(cj, "reason", json_string(sl_context_collective_reason(ctx)));
-  json_object_set_new(root, "collective", cj);
-  json_object_set_new(root, "device", json_string(sl_context_device_description(ctx)));
-  json_object_set_new(root, "strategy", json_string(strategy_name(a->strategy)));
-  json_object_set_new(root, "source", json_string(source_name(a->read_mode)));
-
-  json_t *ts = json_array();
-  for (size_t i = 0; i < sl_state_count(st); i++) {
-    const sl_tensor *t = sl_state_tensor(st, i);
-    json_t *o = json_object();
-    json_object_set_new(o, "name", json_string(t->name));
-    json_object_set_new(o, "file_dtype", json_string(sl_dtype_name(t->file_dtype)));
-    json_object_set_new(o, "dtype", json_string(sl_dtype_name(t->dtype)));
-    json_object_set_new(o, "global_shape", cli_json_dims(t->ndim, t->global_shape));
-    json_object_set_new(o, "local_shape", cli_json_dims(t->ndim, t->local_shape));
-    json_object_set_new(o, "global_offset", cli_json_dims(t->ndim, t->global_offset));
-    json_object_set_new(o, "placement", json_string(sl_device_kind_name(t->device)));
-    json_object_set_new(o, "device", json_string(where_desc(ctx, t)));
-    json_object_set_new(o, "rule", json_string(sl_placement_rule_describe(t->rule)));
-    json_object_set_new(o, "pinned", json_boolean(t->pinned));
-    json_object_set_new(o, "caller_buffer", json_boolean(t->caller_buffer));
-    json_object_set_new(o, "bytes", json_integer((json_int_t)t->nbytes));
-    json_array_append_new(ts, o);
-  }
-  json_object_set_new(root, "tensors", ts);
-
-  json_t *sk = json_array();
-  for (size_t i = 0; i < sl_state_skipped_count(st); i++)
-    json_array_append_new(sk, json_string(sl_state_skipped_at(st, i)));
-  json_object_set_new(root, "skipped", sk);
-
-  json_t *to = json_object();
-  json_object_set_new(to, "tensors", json_integer((json_int_t)sl_state_count(st)));
-  json_object_set_new(to, "bytes", json_integer((json_int_t)tot->bytes));
-  json_object_set_new(to, "checkpoint_bytes", json_integer((json_int_t)tot->checkpoint_bytes));
-  json_object_set_new(to, "seconds", json_real(tot->seconds));
-  json_object_set_new(to, "gb_per_s", json_real(gbps(tot)));
-  json_object_set_new(to, "skipped", json_integer((json_int_t)sl_state_skipped_count(st)));
-  json_object_set_new(root, "totals", to);
-
-  /* what moved: from storage, through the data collective, between host and device; the
-   * staging held (host and device); where the time went; and
-   * this process's peak resident set at the end of the load (and dump) */
+/* The report's "stats": what moved (from storage, through the data collective, between host
+ * and device), the staging held (host and device), where the time went, and this process's
+ * peak resident set at the end of the load (and dump). */
+static json_t *stats_json(const load_totals *tot) {
   json_t *sj = json_object();
+  int bad = 0;
   if (tot->have_stats) {
-    json_object_set_new(sj, "bytes_read", json_integer((json_int_t)tot->stats.bytes_read));
-    json_object_set_new(sj, "bytes_sent", json_integer((json_int_t)tot->stats.bytes_sent));
-    json_object_set_new(sj, "bytes_received", json_integer((json_int_t)tot->stats.bytes_received));
-    json_object_set_new(sj, "bytes_h2d", json_integer((json_int_t)tot->stats.bytes_h2d));
-    json_object_set_new(sj, "bytes_d2h", json_integer((json_int_t)tot->stats.bytes_d2h));
-    json_object_set_new(sj, "staging_bytes", json_integer((json_int_t)tot->stats.staging_bytes));
-    json_object_set_new(sj, "device_staging_bytes", json_integer((json_int_t)tot->stats.device_staging_bytes));
-    json_object_set_new(sj, "transfers", json_integer((json_int_t)tot->stats.transfers));
-    json_object_set_new(sj, "seconds", json_real(tot->stats.seconds));
-    json_object_set_new(sj, "seconds_read", json_real(tot->stats.seconds_read));
-    json_object_set_new(sj, "seconds_wait", json_real(tot->stats.seconds_wait));
-    json_object_set_new(sj, "seconds_phase1", json_real(tot->stats.seconds_phase1));
+    const sl_load_stats *s = &tot->stats;
+    bad |= json_object_set_new(sj, "bytes_read", json_integer((json_int_t)s->bytes_read));
+    bad |= json_object_set_new(sj, "bytes_sent", json_integer((json_int_t)s->bytes_sent));
+    bad |= json_object_set_new(sj, "bytes_received", json_integer((json_int_t)s->bytes_received));
+    bad |= json_object_set_new(sj, "bytes_h2d", json_integer((json_int_t)s->bytes_h2d));
+    bad |= json_object_set_new(sj, "bytes_d2h", json_integer((json_int_t)s->bytes_d2h));
+    bad |= json_object_set_new(sj, "staging_bytes", json_integer((json_int_t)s->staging_bytes));
+    bad |= json_object_set_new(sj, "device_staging_bytes", json_integer((json_int_t)s->device_staging_bytes));
+    bad |= json_object_set_new(sj, "transfers", json_integer((json_int_t)s->transfers));
+    bad |= json_object_set_new(sj, "seconds", json_real(s->seconds));
+    bad |= json_object_set_new(sj, "seconds_read", json_real(s->seconds_read));
+    bad |= json_object_set_new(sj, "seconds_wait", json_real(s->seconds_wait));
+    bad |= json_object_set_new(sj, "seconds_phase1", json_real(s->seconds_phase1));
   }
-  json_object_set_new(sj, "peak_rss_bytes", json_integer((json_int_t)tot->peak_rss));
-  json_object_set_new(root, "stats", sj);
-  if (dump_path)
-    cli_json_set_path(root, "dump", dump_path);
-  else
-    json_object_set_new(root, "dump", json_null());
-
-  int rc = cli_json_print(out, root);
-  json_decref(root);
-  return rc;
+  bad |= json_object_set_new(sj, "peak_rss_bytes", json_integer((json_int_t)tot->peak_rss));
+  if (!bad) return sj;
+  json_decref(sj);
+  return NULL;
 }
 
-static void report_table(FILE *out, const sl_context *ctx, const sl_state *st, const load_totals *tot,
+static json_t *tensor_json(const sl_context *ctx, const sl_tensor *t) {
+  json_t *o = json_object();
+  int bad = json_object_set_new(o, "name", json_string(t->name));
+  bad |= json_object_set_new(o, "file_dtype", json_string(sl_dtype_name(t->file_dtype)));
+  bad |= json_object_set_new(o, "dtype", json_string(sl_dtype_name(t->dtype)));
+  bad |= json_object_set_new(o, "global_shape", cli_json_dims(t->ndim, t->global_shape));
+  bad |= json_object_set_new(o, "local_shape", cli_json_dims(t->ndim, t->local_shape));
+  bad |= json_object_set_new(o, "global_offset", cli_json_dims(t->ndim, t->global_offset));
+  bad |= json_object_set_new(o, "placement", json_string(sl_device_kind_name(t->device)));
+  bad |= json_object_set_new(o, "device", cli_json_text(where_desc(ctx, t)));
+  bad |= json_object_set_new(o, "rule", json_string(sl_placement_rule_describe(t->rule)));
+  bad |= json_object_set_new(o, "pinned", json_boolean(t->pinned));
+  bad |= json_object_set_new(o, "caller_buffer", json_boolean(t->caller_buffer));
+  bad |= json_object_set_new(o, "bytes", json_integer((json_int_t)t->nbytes));
+  if (!bad) return o;
+  json_decref(o);
+  return NULL;
+}
+
+/* The rank's JSON report; NULL when out of memory (a report with parts left out would be read
+ * as the load's). Text that a backend or collective module gives is kept as valid UTF-8. */
+static json_t *report_json(const sl_context *ctx, const cli_load_args *a, const sl_state *st, const load_totals *tot,
+                           const char *dump_path) {
+  json_t *root = json_object(), *cj = json_object(), *ts = json_array(), *sk = json_array(), *to = json_object();
+  int bad = json_object_set_new(root, "rank", json_integer(sl_context_rank(ctx)));
+  bad |= json_object_set_new(root, "world_size", json_integer(sl_context_world_size(ctx)));
+  bad |= cli_json_set_path(root, "path", a->path);
+  bad |= json_object_set_new(root, "backend", cli_json_text(sl_context_backend_name(ctx)));
+  bad |= json_object_set_new(root, "backend_reason", cli_json_text(sl_context_backend_reason(ctx)));
+  bad |= json_object_set_new(cj, "name", cli_json_text(sl_context_collective_name(ctx)));
+  bad |= json_object_set_new(cj, "reason", cli_json_text(sl_context_collective_reason(ctx)));
+  bad |= json_object_set_new(root, "collective", cj);
+  bad |= json_object_set_new(root, "device", cli_json_text(sl_context_device_description(ctx)));
+  bad |= json_object_set_new(root, "strategy", json_string(strategy_name(a->strategy)));
+  bad |= json_object_set_new(root, "source", json_string(source_name(a->read_mode)));
+
+  for (size_t i = 0; i < sl_state_count(st) && !bad; i++)
+    bad |= json_array_append_new(ts, tensor_json(ctx, sl_state_tensor(st, i)));
+  bad |= json_object_set_new(root, "tensors", ts);
+
+  for (size_t i = 0; i < sl_state_skipped_count(st) && !bad; i++)
+    bad |= json_array_append_new(sk, json_string(sl_state_skipped_at(st, i)));
+  bad |= json_object_set_new(root, "skipped", sk);
+
+  bad |= json_object_set_new(to, "tensors", json_integer((json_int_t)sl_state_count(st)));
+  bad |= json_object_set_new(to, "bytes", json_integer((json_int_t)tot->bytes));
+  bad |= json_object_set_new(to, "checkpoint_bytes", json_integer((json_int_t)tot->checkpoint_bytes));
+  bad |= json_object_set_new(to, "seconds", json_real(tot->seconds));
+  bad |= json_object_set_new(to, "gb_per_s", json_real(gbps(tot)));
+  bad |= json_object_set_new(to, "skipped", json_integer((json_int_t)sl_state_skipped_count(st)));
+  bad |= json_object_set_new(root, "totals", to);
+
+  bad |= json_object_set_new(root, "stats", stats_json(tot));
+  if (dump_path)
+    bad |= cli_json_set_path(root, "dump", dump_path);
+  else
+    bad |= json_object_set_new(root, "dump", json_null());
+  if (!bad) return root;
+  json_decref(root);
+  return NULL;
+}
+
+/* The human table. Every write goes through O, which keeps the first failure (the caller
+ * flushes and reports it). Names from the checkpoint are printed escaped. */
+static void report_table(cli_out *o, const sl_context *ctx, const sl_state *st, const load_totals *tot,
                          const char *dump_path) {
   size_t n = sl_state_count(st);
   char a[160], b[160], dt[32], h1[32], h2[32];
@@ -246,61 +257,92 @@ static void report_table(FILE *out, const sl_context *ctx, const sl_state *st, c
     l = (int)strlen(sl_placement_rule_describe(t->rule));
     if (l > wrule) wrule = l;
   }
-  fprintf(out, "rank %d of %d: backend %s, collective %s, device %s\n", sl_context_rank(ctx),
-          sl_context_world_size(ctx), sl_context_backend_name(ctx), sl_context_collective_name(ctx),
-          sl_context_device_description(ctx));
-  fprintf(out, "backend: %s\n", sl_context_backend_reason(ctx));
-  fprintf(out, "collective: %s\n", sl_context_collective_reason(ctx));
-  fprintf(out, "%-*s  %-*s  %-*s  %-*s  %-9s  %-*s  %-*s  %-6s  %12s\n", wname, "NAME", wdt, "DTYPE",
-          wls, "LOCAL SHAPE", wgo, "GLOBAL OFFSET", "PLACEMENT", wdev, "DEVICE", wrule, "RULE",
-          "PINNED", "BYTES");
+  cli_out_printf(o, "rank %d of %d: backend %s, collective %s, device %s\n", sl_context_rank(ctx),
+                 sl_context_world_size(ctx), sl_context_backend_name(ctx), sl_context_collective_name(ctx),
+                 sl_context_device_description(ctx));
+  cli_out_printf(o, "backend: %s\n", sl_context_backend_reason(ctx));
+  cli_out_printf(o, "collective: %s\n", sl_context_collective_reason(ctx));
+  cli_out_printf(o, "%-*s  %-*s  %-*s  %-*s  %-9s  %-*s  %-*s  %-6s  %12s\n", wname, "NAME", wdt, "DTYPE", wls,
+                 "LOCAL SHAPE", wgo, "GLOBAL OFFSET", "PLACEMENT", wdev, "DEVICE", wrule, "RULE", "PINNED", "BYTES");
   for (size_t i = 0; i < n; i++) {
     const sl_tensor *t = sl_state_tensor(st, i);
     if (t->dtype == t->file_dtype)
       snprintf(dt, sizeof dt, "%s", sl_dtype_name(t->dtype));
     else
       snprintf(dt, sizeof dt, "%s->%s", sl_dtype_name(t->file_dtype), sl_dtype_name(t->dtype));
-    cli_fput_escaped(out, t->name, wname); /* names come from the checkpoint */
-    fprintf(out, "  %-*s  %-*s  %-*s  %-9s  %-*s  %-*s  %-6s  %12llu\n", wdt, dt,
-            wls, cli_dims_str(a, sizeof a, t->ndim, t->local_shape), wgo,
-            cli_dims_str(b, sizeof b, t->ndim, t->global_offset), sl_device_kind_name(t->device), wdev,
-            where_desc(ctx, t), wrule, sl_placement_rule_describe(t->rule), t->pinned ? "yes" : "no",
-            (unsigned long long)t->nbytes);
+    cli_out_escaped(o, t->name, wname); /* names come from the checkpoint */
+    cli_out_printf(o, "  %-*s  %-*s  %-*s  %-9s  %-*s  %-*s  %-6s  %12llu\n", wdt, dt, wls,
+                   cli_dims_str(a, sizeof a, t->ndim, t->local_shape), wgo,
+                   cli_dims_str(b, sizeof b, t->ndim, t->global_offset), sl_device_kind_name(t->device), wdev,
+                   where_desc(ctx, t), wrule, sl_placement_rule_describe(t->rule), t->pinned ? "yes" : "no",
+                   (unsigned long long)t->nbytes);
   }
   size_t nskip = sl_state_skipped_count(st);
-  fprintf(out, "total: %zu tensors, %llu bytes (%s) on this rank; checkpoint %s loaded in %.3f s "
-          "(%.2f GB/s); %zu skipped\n",
-          n, (unsigned long long)tot->bytes, cli_human_bytes(h1, sizeof h1, tot->bytes),
-          cli_human_bytes(h2, sizeof h2, tot->checkpoint_bytes), tot->seconds, gbps(tot), nskip);
+  cli_out_printf(o,
+                 "total: %zu tensors, %llu bytes (%s) on this rank; checkpoint %s loaded in %.3f s "
+                 "(%.2f GB/s); %zu skipped\n",
+                 n, (unsigned long long)tot->bytes, cli_human_bytes(h1, sizeof h1, tot->bytes),
+                 cli_human_bytes(h2, sizeof h2, tot->checkpoint_bytes), tot->seconds, gbps(tot), nskip);
   /* One line: a plan that names few tensors can skip thousands; --json lists them all. */
   if (nskip) {
-    fprintf(out, "skipped:");
+    cli_out_printf(o, "skipped:");
     for (size_t i = 0; i < nskip && i < 8; i++) {
-      fputs(i ? ", " : " ", out);
-      cli_fput_escaped(out, sl_state_skipped_at(st, i), 0);
+      cli_out_puts(o, i ? ", " : " ");
+      cli_out_escaped(o, sl_state_skipped_at(st, i), 0);
     }
-    if (nskip > 8) fprintf(out, ", ... (%zu more; --json lists them all)", nskip - 8);
-    fputc('\n', out);
+    if (nskip > 8) cli_out_printf(o, ", ... (%zu more; --json lists them all)", nskip - 8);
+    cli_out_puts(o, "\n");
   }
   if (tot->have_stats) {
     char h3[32], h4[32], h5[32], h6[32], h7[32], h8[32];
     const sl_load_stats *s = &tot->stats;
-    fprintf(out, "stats: read %s, sent %s, received %s in %llu transfers, host to device %s, device to host "
-            "%s, staging %s host + %s device, peak RSS %s\n",
-            cli_human_bytes(h1, sizeof h1, s->bytes_read), cli_human_bytes(h2, sizeof h2, s->bytes_sent),
-            cli_human_bytes(h3, sizeof h3, s->bytes_received), (unsigned long long)s->transfers,
-            cli_human_bytes(h4, sizeof h4, s->bytes_h2d), cli_human_bytes(h5, sizeof h5, s->bytes_d2h),
-            cli_human_bytes(h6, sizeof h6, s->staging_bytes), cli_human_bytes(h7, sizeof h7, s->device_staging_bytes),
-            cli_human_bytes(h8, sizeof h8, tot->peak_rss));
-    fprintf(out, "time: %.3f s, of which agreeing and planning %.3f s, reading %.3f s, waiting for the data "
-            "plane %.3f s\n",
-            s->seconds, s->seconds_phase1, s->seconds_read, s->seconds_wait);
+    cli_out_printf(o,
+                   "stats: read %s, sent %s, received %s in %llu transfers, host to device %s, device to host "
+                   "%s, staging %s host + %s device, peak RSS %s\n",
+                   cli_human_bytes(h1, sizeof h1, s->bytes_read), cli_human_bytes(h2, sizeof h2, s->bytes_sent),
+                   cli_human_bytes(h3, sizeof h3, s->bytes_received), (unsigned long long)s->transfers,
+                   cli_human_bytes(h4, sizeof h4, s->bytes_h2d), cli_human_bytes(h5, sizeof h5, s->bytes_d2h),
+                   cli_human_bytes(h6, sizeof h6, s->staging_bytes),
+                   cli_human_bytes(h7, sizeof h7, s->device_staging_bytes),
+                   cli_human_bytes(h8, sizeof h8, tot->peak_rss));
+    cli_out_printf(o,
+                   "time: %.3f s, of which agreeing and planning %.3f s, reading %.3f s, waiting for the data "
+                   "plane %.3f s\n",
+                   s->seconds, s->seconds_phase1, s->seconds_read, s->seconds_wait);
   }
   if (dump_path) {
-    fputs("dump: ", out);
-    cli_fput_escaped(out, dump_path, 0);
-    fputc('\n', out);
+    cli_out_puts(o, "dump: ");
+    cli_out_escaped(o, dump_path, 0);
+    cli_out_puts(o, "\n");
   }
+}
+
+/* The rank's report on OUT (JSON or the table), and the table on A->table_out too when set.
+ * A report that cannot be written fails the command with the reason: the load is done, but a
+ * caller reading the report would read a part of it. */
+static int write_reports(const cli_load_args *a, const sl_context *ctx, const sl_state *st, const load_totals *tot,
+                         const char *dump_path, FILE *out, const char *out_name) {
+  cli_out o;
+  cli_out_init(&o, out, out_name);
+  if (a->json) {
+    json_t *root = report_json(ctx, a, st, tot, dump_path);
+    if (!root) {
+      cli_error(a->path, SL_ERR_NOMEM, "out of memory writing the JSON report of %zu tensors", sl_state_count(st));
+      return CLI_EXIT_ERROR;
+    }
+    int r = cli_out_json_document(&o, root);
+    json_decref(root);
+    if (r != 0) return cli_out_fail(a->path, &o, "the JSON report");
+  } else {
+    report_table(&o, ctx, st, tot, dump_path);
+    if (cli_out_flush(&o) != 0) return cli_out_fail(a->path, &o, "the report");
+  }
+  if (a->table_out) {
+    cli_out_init(&o, a->table_out, a->table_out_name ? a->table_out_name : "the per-tensor table file");
+    report_table(&o, ctx, st, tot, dump_path);
+    if (cli_out_flush(&o) != 0) return cli_out_fail(a->path, &o, "the per-tensor table");
+  }
+  return CLI_EXIT_OK;
 }
 
 /* ---- test hook ---------------------------------------------------------------------------- */
@@ -403,7 +445,7 @@ static char *job_key(const cli_load_args *a) {
 
 /* ---- one rank ----------------------------------------------------------------------------- */
 
-int cli_load_rank(const cli_load_args *a, FILE *out) {
+int cli_load_rank(const cli_load_args *a, FILE *out, const char *out_name) {
   sl_context_options co;
   memset(&co, 0, sizeof co);
   co.size = sizeof co;
@@ -531,23 +573,7 @@ int cli_load_rank(const cli_load_args *a, FILE *out) {
   }
 
   tot.peak_rss = cli_peak_rss_bytes();
-  if (a->json) {
-    if (report_json(out, ctx, a, st, &tot, a->dump_dir ? dump_path : NULL) != 0) {
-      cli_error(a->path, SL_ERR_IO, "cannot write the JSON report; check the output stream");
-      goto out_state;
-    }
-  } else {
-    report_table(out, ctx, st, &tot, a->dump_dir ? dump_path : NULL);
-    fflush(out);
-  }
-  if (a->table_out) {
-    report_table(a->table_out, ctx, st, &tot, a->dump_dir ? dump_path : NULL);
-    if (fflush(a->table_out) != 0) {
-      cli_error(a->path, SL_ERR_IO, "cannot write the per-tensor table");
-      goto out_state;
-    }
-  }
-  rc = CLI_EXIT_OK;
+  rc = write_reports(a, ctx, st, &tot, a->dump_dir ? dump_path : NULL, out, out_name);
 
 out_state:
   sl_state_destroy(st);
@@ -721,7 +747,7 @@ int cli_cmd_load(int argc, char **argv) {
                                strerror(errno));
       break;
     case 'v': a.verbose = 1; break;
-    case 'h': fputs(HELP, stdout); return CLI_EXIT_OK;
+    case 'h': return cli_print_help(HELP);
     default: return cli_bad_option("load", c, argv);
     }
   }
@@ -741,5 +767,5 @@ int cli_cmd_load(int argc, char **argv) {
   if (a.world_size && a.local_rank < 0) a.local_rank = a.rank;
   if (a.nproc) return cli_launch(&a);
   a.progress = isatty(STDERR_FILENO);
-  return cli_load_rank(&a, stdout);
+  return cli_load_rank(&a, stdout, "stdout");
 }

@@ -1,7 +1,6 @@
 /* shardload plan: a dry run of the shard geometry (every rank's local shape and global offset
  * of every tensor, and its bytes), plus the plan options `plan` and `load` share. */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,7 +192,7 @@ static json_t *rank_json(int rank, const plan_row *rows, size_t n, uint64_t tota
   return NULL;
 }
 
-static void rank_table(int rank, int world, const plan_row *rows, size_t n, uint64_t total) {
+static void rank_table(cli_out *o, int rank, int world, const plan_row *rows, size_t n, uint64_t total) {
   char hb[32], a[160], b[160], dt[32];
   int wname = 4, wdt = 5, wpl = 9, wls = 11;
   for (size_t i = 0; i < n; i++) {
@@ -209,75 +208,35 @@ static void rank_table(int rank, int world, const plan_row *rows, size_t n, uint
     l = (int)strlen(cli_dims_str(a, sizeof a, w->g.ndim, w->g.local_shape));
     if (l > wls) wls = l;
   }
-  printf("rank %d of %d: %zu tensors, %llu bytes (%s)\n", rank, world, n, (unsigned long long)total,
-         cli_human_bytes(hb, sizeof hb, total));
-  printf("  %-*s  %-*s  %-*s  %-*s  %-13s  %12s\n", wname, "NAME", wdt, "DTYPE", wpl, "PLACEMENT",
-         wls, "LOCAL SHAPE", "GLOBAL OFFSET", "BYTES");
-  for (size_t i = 0; i < n; i++) {
+  cli_out_printf(o, "rank %d of %d: %zu tensors, %llu bytes (%s)\n", rank, world, n, (unsigned long long)total,
+                 cli_human_bytes(hb, sizeof hb, total));
+  cli_out_printf(o, "  %-*s  %-*s  %-*s  %-*s  %-13s  %12s\n", wname, "NAME", wdt, "DTYPE", wpl, "PLACEMENT", wls,
+                 "LOCAL SHAPE", "GLOBAL OFFSET", "BYTES");
+  for (size_t i = 0; i < n && !o->err; i++) {
     const plan_row *w = &rows[i];
     if (w->t->dtype == w->g.dtype)
       snprintf(dt, sizeof dt, "%s", sl_dtype_name(w->g.dtype));
     else
       snprintf(dt, sizeof dt, "%s->%s", sl_dtype_name(w->t->dtype), sl_dtype_name(w->g.dtype));
-    fputs("  ", stdout);
-    cli_fput_escaped(stdout, w->t->name, wname); /* names come from the checkpoint */
-    printf("  %-*s  %-*s  %-*s  %-13s  %12llu\n", wdt, dt, wpl, w->placement,
-           wls, cli_dims_str(a, sizeof a, w->g.ndim, w->g.local_shape),
-           cli_dims_str(b, sizeof b, w->g.ndim, w->g.global_offset), (unsigned long long)w->g.nbytes);
+    cli_out_puts(o, "  ");
+    cli_out_escaped(o, w->t->name, wname); /* names come from the checkpoint */
+    cli_out_printf(o, "  %-*s  %-*s  %-*s  %-13s  %12llu\n", wdt, dt, wpl, w->placement, wls,
+                   cli_dims_str(a, sizeof a, w->g.ndim, w->g.local_shape),
+                   cli_dims_str(b, sizeof b, w->g.ndim, w->g.global_offset), (unsigned long long)w->g.nbytes);
   }
 }
 
 /* ---- the JSON report, streamed ------------------------------------------------------------
  * One rank's object at a time, so memory does not grow with the world (a world of 16384 held
  * 1.7 GB as one document). The bytes are those jansson writes for the whole document
- * (cli_json_print: JSON_INDENT(2), JSON_PRESERVE_ORDER): the head object is dumped without its
- * closing brace, and each rank object, dumped on its own, is indented to its depth in
- * "ranks" (four spaces after every newline; strings hold no raw newline). */
-
-typedef struct json_stream {
-  FILE *out;
-  const char *indent; /* written after every newline of a dumped value */
-  int err;            /* errno of the first failed write; 0 while all is well */
-} json_stream;
-
-static int json_stream_put(json_stream *js, const char *buf, size_t len) {
-  if (js->err) return -1;
-  errno = 0;
-  if (len && fwrite(buf, 1, len, js->out) != len) {
-    js->err = errno ? errno : EIO;
-    return -1;
-  }
-  return 0;
-}
-
-/* json_dump_callback's sink: the text with JS->indent after each newline. */
-static int json_stream_dump(const char *buf, size_t size, void *data) {
-  json_stream *js = data;
-  for (size_t i = 0; i < size;) {
-    const char *nl = memchr(buf + i, '\n', size - i);
-    size_t end = nl ? (size_t)(nl - buf) + 1 : size;
-    if (json_stream_put(js, buf + i, end - i) != 0) return -1;
-    if (nl && json_stream_put(js, js->indent, strlen(js->indent)) != 0) return -1;
-    i = end;
-  }
-  return 0;
-}
-
-/* Reports why the stream failed: a write (naming the error, e.g. "No space left on device"),
- * or jansson running out of memory while it wrote. Returns CLI_EXIT_ERROR. */
-static int json_stream_fail(const char *path, const json_stream *js) {
-  if (js->err)
-    cli_error(path, SL_ERR_IO, "cannot write the JSON report to stdout: %s", strerror(js->err));
-  else
-    cli_error(path, SL_ERR_NOMEM, "out of memory writing the JSON report");
-  return CLI_EXIT_ERROR;
-}
+ * (cli_out_json_document: JSON_INDENT(2), JSON_PRESERVE_ORDER): the head object is dumped
+ * without its closing brace, and each rank object, dumped on its own, is indented to its depth
+ * in "ranks" (cli_out's indent: four spaces after every newline; strings hold no raw newline). */
 
 /* {"path", ["path_bytes_hex",] "world_size", "mesh", then "ranks": [ up to the first rank. */
-static int json_stream_head(json_stream *js, const char *path, long world, int mesh_ndim, const int64_t *mesh) {
+static int json_stream_head(cli_out *o, const char *path, long world, int mesh_ndim, const int64_t *mesh) {
   json_t *head = json_object(), *value = NULL, *hex = NULL;
-  cli_json_path_values(path, &value, &hex);
-  int bad = !value;
+  int bad = cli_json_path_values(path, &value, &hex);
   bad |= json_object_set_new(head, "path", value);
   if (hex) bad |= json_object_set_new(head, "path_bytes_hex", hex);
   bad |= json_object_set_new(head, "world_size", json_integer(world));
@@ -291,46 +250,39 @@ static int json_stream_head(json_stream *js, const char *path, long world, int m
   size_t len = strlen(text);
   /* an indented object ends "\n}": the ranks go before that brace */
   int rc = len >= 2 && text[len - 1] == '}' && text[len - 2] == '\n' ? 0 : -1;
-  if (rc == 0) rc = json_stream_put(js, text, len - 2);
-  static const char ranks[] = ",\n  \"ranks\": [";
-  if (rc == 0) rc = json_stream_put(js, ranks, sizeof ranks - 1);
+  if (rc == 0) rc = cli_out_write(o, text, len - 2);
+  if (rc == 0) rc = cli_out_puts(o, ",\n  \"ranks\": [");
   free(text);
-  return rc == 0 ? CLI_EXIT_OK : json_stream_fail(path, js);
+  return rc == 0 ? CLI_EXIT_OK : cli_out_fail(path, o, "the JSON report");
 }
 
 /* One rank's object, the COUNT-th written (from 0). */
-static int json_stream_rank(json_stream *js, const char *path, size_t count, int rank, const plan_row *rows,
-                            size_t n, uint64_t total) {
+static int json_stream_rank(cli_out *o, const char *path, size_t count, int rank, const plan_row *rows, size_t n,
+                            uint64_t total) {
   json_t *r = rank_json(rank, rows, n, total);
   if (!r) {
     cli_error(path, SL_ERR_NOMEM, "out of memory writing rank %d of the JSON report", rank);
     return CLI_EXIT_ERROR;
   }
-  const char *sep = count ? ",\n    " : "\n    ";
-  int rc = json_stream_put(js, sep, strlen(sep));
-  js->indent = "    ";
-  if (rc == 0) rc = json_dump_callback(r, json_stream_dump, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-  js->indent = "";
+  int rc = cli_out_puts(o, count ? ",\n    " : "\n    ");
+  o->indent = "    ";
+  if (rc == 0) rc = cli_out_json(o, r);
+  o->indent = "";
   json_decref(r);
-  return rc == 0 ? CLI_EXIT_OK : json_stream_fail(path, js);
+  return rc == 0 ? CLI_EXIT_OK : cli_out_fail(path, o, "the JSON report");
 }
 
 /* Closes "ranks" and the document; the last write is checked by the flush. */
-static int json_stream_end(json_stream *js, const char *path, size_t count) {
-  const char *tail = count ? "\n  ]\n}\n" : "]\n}\n";
-  int rc = json_stream_put(js, tail, strlen(tail));
-  errno = 0;
-  if (rc == 0 && fflush(js->out) != 0) js->err = errno ? errno : EIO, rc = -1;
-  return rc == 0 ? CLI_EXIT_OK : json_stream_fail(path, js);
+static int json_stream_end(cli_out *o, const char *path, size_t count) {
+  int rc = cli_out_puts(o, count ? "\n  ]\n}\n" : "]\n}\n");
+  if (rc == 0) rc = cli_out_flush(o);
+  return rc == 0 ? CLI_EXIT_OK : cli_out_fail(path, o, "the JSON report");
 }
 
 /* The tables are written rank by rank too: each one flushed and checked, so a full disk
  * ends the run with its reason instead of exit status 0. */
-static int table_flush(const char *path, int rank) {
-  errno = 0;
-  if (fflush(stdout) == 0 && !ferror(stdout)) return CLI_EXIT_OK;
-  cli_error(path, SL_ERR_IO, "cannot write the plan of rank %d to stdout: %s", rank, strerror(errno ? errno : EIO));
-  return CLI_EXIT_ERROR;
+static int table_flush(cli_out *o, const char *path, int rank) {
+  return cli_out_flush(o) == 0 ? CLI_EXIT_OK : cli_out_fail(path, o, "the plan of rank %d", rank);
 }
 
 int cli_cmd_plan(int argc, char **argv) {
@@ -362,7 +314,7 @@ int cli_cmd_plan(int argc, char **argv) {
         return cli_usage_error("--rank", "'%s' is not a rank; give an integer from 0", optarg);
       break;
     case 'j': json = 1; break;
-    case 'h': fputs(HELP, stdout); return CLI_EXIT_OK;
+    case 'h': return cli_print_help(HELP);
     default: return cli_bad_option("plan", c, argv);
     }
   }
@@ -390,7 +342,8 @@ int cli_cmd_plan(int argc, char **argv) {
   sl_source *src = NULL;
   sl_plan *plan = NULL;
   plan_row *rows = NULL;
-  json_stream js = {stdout, "", 0};
+  cli_out o;
+  cli_out_init(&o, stdout, "stdout");
   sl_status s = sl_source_open(ctx, path, &src);
   if (s != SL_OK) {
     rc = cli_fail(path, s, ctx);
@@ -418,12 +371,12 @@ int cli_cmd_plan(int argc, char **argv) {
   int64_t mesh[SL_MAX_MESH_DIMS];
   for (int d = 0; d < mesh_ndim; d++) mesh[d] = plan_mesh[d];
   if (json) {
-    if ((rc = json_stream_head(&js, path, world, mesh_ndim, mesh)) != CLI_EXIT_OK) goto out_rows;
+    if ((rc = json_stream_head(&o, path, world, mesh_ndim, mesh)) != CLI_EXIT_OK) goto out_rows;
   } else {
     char m[160];
-    fputs("plan for ", stdout);
-    cli_fput_escaped(stdout, path, 0);
-    printf(": world %ld, mesh %s, %zu tensors\n", world, cli_dims_str(m, sizeof m, mesh_ndim, mesh), n);
+    cli_out_puts(&o, "plan for ");
+    cli_out_escaped(&o, path, 0);
+    cli_out_printf(&o, ": world %ld, mesh %s, %zu tensors\n", world, cli_dims_str(m, sizeof m, mesh_ndim, mesh), n);
   }
   size_t written = 0;
   for (long rank = 0; rank < world; rank++) {
@@ -433,15 +386,15 @@ int cli_cmd_plan(int argc, char **argv) {
     if ((rc = resolve_rank(ctx, plan, src, (int)rank, (int)world, rows, &kept, &total)) != CLI_EXIT_OK)
       goto out_rows;
     if (json) {
-      rc = json_stream_rank(&js, path, written, (int)rank, rows, kept, total);
+      rc = json_stream_rank(&o, path, written, (int)rank, rows, kept, total);
     } else {
-      rank_table((int)rank, (int)world, rows, kept, total);
-      rc = table_flush(path, (int)rank);
+      rank_table(&o, (int)rank, (int)world, rows, kept, total);
+      rc = table_flush(&o, path, (int)rank);
     }
     written++;
     if (rc != CLI_EXIT_OK) goto out_rows; /* a failed write stops here, not after every rank */
   }
-  if (json) rc = json_stream_end(&js, path, written);
+  if (json) rc = json_stream_end(&o, path, written);
 
 out_rows:
   free(rows);

@@ -72,8 +72,8 @@ static json_t *dump_header(const sl_state *st, int rank, int world, const char *
   for (size_t i = 0; i < n; i++) {
     const sl_tensor *t = sl_state_tensor(st, i);
     *failed_at = t->name;
-    cli_st_header_add(hdr, t->name, sl_dtype_name(t->dtype), t->ndim, t->local_shape, off, t->nbytes);
-    if (!json_object_get(hdr, t->name)) goto fail;
+    if (cli_st_header_add(hdr, t->name, sl_dtype_name(t->dtype), t->ndim, t->local_shape, off, t->nbytes) != 0)
+      goto fail;
     off += t->nbytes;
   }
   *failed_at = NULL;

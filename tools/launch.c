@@ -149,8 +149,9 @@ static void run_rank(launch *L, int r) {
   a.progress = 0;
   a.nproc = 0;
   a.table_out = table;
+  a.table_out_name = p->table_path;
   a.test_hooks = 1;
-  int rc = cli_load_rank(&a, out);
+  int rc = cli_load_rank(&a, out, p->json_path);
   if (fclose(out) != 0 && rc == CLI_EXIT_OK) {
     cli_error(p->json_path, SL_ERR_IO, "cannot write the rank's report: %s", strerror(errno));
     rc = CLI_EXIT_ERROR;
@@ -366,68 +367,71 @@ static void placement_summary(json_t *rank, char *buf, size_t len) {
   free(done);
 }
 
-static void print_table_file(const char *path) {
+static void print_table_file(cli_out *o, const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) return;
   char buf[8192];
   size_t k;
-  while ((k = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, k, stdout);
+  while ((k = fread(buf, 1, sizeof buf, f)) > 0 && cli_out_write(o, buf, k) == 0) continue;
   fclose(f);
-  fputc('\n', stdout);
+  cli_out_puts(o, "\n");
 }
 
-static void print_human(const launch *L, json_t **reports, uint64_t ckpt) {
+/* The merged table. Every write goes through O, which keeps the first failure (the caller
+ * flushes and reports it). */
+static void print_human(cli_out *o, const launch *L, json_t **reports, uint64_t ckpt) {
   char h1[32], h2[32], h3[32], h4[32], h5[32], pls[1024];
   json_t *r0 = reports[0];
   if (L->a->verbose)
-    for (int r = 0; r < L->n; r++) print_table_file(L->ranks[r].table_path);
-  printf("load %s: %d local ranks, backend %s, collective %s, strategy %s, source %s\n", L->a->path, L->n,
-         jget_str(r0, "backend"), jget_str2(r0, "collective", "name"), jget_str(r0, "strategy"),
-         jget_str(r0, "source"));
+    for (int r = 0; r < L->n; r++) print_table_file(o, L->ranks[r].table_path);
+  cli_out_printf(o, "load %s: %d local ranks, backend %s, collective %s, strategy %s, source %s\n", L->a->path, L->n,
+                 jget_str(r0, "backend"), jget_str2(r0, "collective", "name"), jget_str(r0, "strategy"),
+                 jget_str(r0, "source"));
   /* every rank agreed on it, so rank 0's reason is the job's */
-  printf("backend: %s\n", jget_str(r0, "backend_reason"));
-  printf("collective: %s\n", jget_str2(r0, "collective", "reason"));
+  cli_out_printf(o, "backend: %s\n", jget_str(r0, "backend_reason"));
+  cli_out_printf(o, "collective: %s\n", jget_str2(r0, "collective", "reason"));
   for (int r = 0; r < L->n; r++) {
     json_t *j = reports[r];
     placement_summary(j, pls, sizeof pls);
-    printf("rank %d: %llu tensors, %s on %s; %s; read %s, sent %s, received %s; %.3f s; peak RSS %s\n", r,
-           (unsigned long long)jget_u64(j, "totals", "tensors"),
-           cli_human_bytes(h1, sizeof h1, jget_u64(j, "totals", "bytes")), jget_str(j, "device"), pls,
-           cli_human_bytes(h2, sizeof h2, jget_u64(j, "stats", "bytes_read")),
-           cli_human_bytes(h3, sizeof h3, jget_u64(j, "stats", "bytes_sent")),
-           cli_human_bytes(h4, sizeof h4, jget_u64(j, "stats", "bytes_received")),
-           jget_real(j, "totals", "seconds"),
-           cli_human_bytes(h5, sizeof h5, jget_u64(j, "stats", "peak_rss_bytes")));
+    cli_out_printf(o, "rank %d: %llu tensors, %s on %s; %s; read %s, sent %s, received %s; %.3f s; peak RSS %s\n", r,
+                   (unsigned long long)jget_u64(j, "totals", "tensors"),
+                   cli_human_bytes(h1, sizeof h1, jget_u64(j, "totals", "bytes")), jget_str(j, "device"), pls,
+                   cli_human_bytes(h2, sizeof h2, jget_u64(j, "stats", "bytes_read")),
+                   cli_human_bytes(h3, sizeof h3, jget_u64(j, "stats", "bytes_sent")),
+                   cli_human_bytes(h4, sizeof h4, jget_u64(j, "stats", "bytes_received")),
+                   jget_real(j, "totals", "seconds"),
+                   cli_human_bytes(h5, sizeof h5, jget_u64(j, "stats", "peak_rss_bytes")));
   }
   uint64_t sent0 = jget_u64(r0, "stats", "bytes_sent");
-  printf("total: checkpoint %s on %d ranks in %.3f s wall (%.2f GB/s); rank 0 sent %.3f x the checkpoint "
-         "bytes\n",
-         cli_human_bytes(h1, sizeof h1, ckpt), L->n, L->wall,
-         L->wall > 0 ? (double)ckpt / L->wall / 1e9 : 0.0, ckpt ? (double)sent0 / (double)ckpt : 0.0);
-  if (L->a->dump_dir) printf("dump: %s/rank-<r>.safetensors\n", L->a->dump_dir);
-  fflush(stdout);
+  cli_out_printf(o,
+                 "total: checkpoint %s on %d ranks in %.3f s wall (%.2f GB/s); rank 0 sent %.3f x the checkpoint "
+                 "bytes\n",
+                 cli_human_bytes(h1, sizeof h1, ckpt), L->n, L->wall, L->wall > 0 ? (double)ckpt / L->wall / 1e9 : 0.0,
+                 ckpt ? (double)sent0 / (double)ckpt : 0.0);
+  if (L->a->dump_dir) cli_out_printf(o, "dump: %s/rank-<r>.safetensors\n", L->a->dump_dir);
 }
 
-static int print_json(const launch *L, json_t **reports, uint64_t ckpt) {
+/* The merged JSON report; NULL when out of memory (never a report with parts left out). */
+static json_t *merged_json(const launch *L, json_t **reports, uint64_t ckpt) {
   json_t *root = json_object(), *ranks = json_array();
   uint64_t sent0 = jget_u64(reports[0], "stats", "bytes_sent");
-  json_object_set_new(root, "world_size", json_integer(L->n));
-  cli_json_set_path(root, "path", L->a->path);
-  json_object_set_new(root, "strategy", json_string(jget_str(reports[0], "strategy")));
-  json_object_set_new(root, "source", json_string(jget_str(reports[0], "source")));
+  int bad = json_object_set_new(root, "world_size", json_integer(L->n));
+  bad |= cli_json_set_path(root, "path", L->a->path);
+  bad |= json_object_set_new(root, "strategy", json_string(jget_str(reports[0], "strategy")));
+  bad |= json_object_set_new(root, "source", json_string(jget_str(reports[0], "source")));
   json_t *coll = json_object_get(reports[0], "collective");
-  json_object_set_new(root, "collective", coll ? json_deep_copy(coll) : json_null());
-  json_object_set_new(root, "wall_seconds", json_real(L->wall));
-  json_object_set_new(root, "checkpoint_bytes", json_integer((json_int_t)ckpt));
-  json_object_set_new(root, "gb_per_s", json_real(L->wall > 0 ? (double)ckpt / L->wall / 1e9 : 0.0));
-  json_object_set_new(root, "rank0_bytes_sent", json_integer((json_int_t)sent0));
-  json_object_set_new(root, "rank0_sent_per_checkpoint_byte",
-                      json_real(ckpt ? (double)sent0 / (double)ckpt : 0.0));
-  for (int r = 0; r < L->n; r++) json_array_append(ranks, reports[r]);
-  json_object_set_new(root, "ranks", ranks);
-  int rc = cli_json_print(stdout, root);
+  bad |= json_object_set_new(root, "collective", coll ? json_deep_copy(coll) : json_null());
+  bad |= json_object_set_new(root, "wall_seconds", json_real(L->wall));
+  bad |= json_object_set_new(root, "checkpoint_bytes", json_integer((json_int_t)ckpt));
+  bad |= json_object_set_new(root, "gb_per_s", json_real(L->wall > 0 ? (double)ckpt / L->wall / 1e9 : 0.0));
+  bad |= json_object_set_new(root, "rank0_bytes_sent", json_integer((json_int_t)sent0));
+  bad |= json_object_set_new(root, "rank0_sent_per_checkpoint_byte",
+                             json_real(ckpt ? (double)sent0 / (double)ckpt : 0.0));
+  for (int r = 0; r < L->n && !bad; r++) bad |= json_array_append(ranks, reports[r]);
+  bad |= json_object_set_new(root, "ranks", ranks);
+  if (!bad) return root;
   json_decref(root);
-  return rc;
+  return NULL;
 }
 
 /* Every rank succeeded: read their reports and print the merged one. */
@@ -449,13 +453,26 @@ static int report(launch *L) {
   }
   relay_stderr(L, -1);
   uint64_t ckpt = jget_u64(reports[0], "totals", "checkpoint_bytes");
+  cli_out o;
+  cli_out_init(&o, stdout, "stdout");
   if (L->a->json) {
-    if (print_json(L, reports, ckpt) != 0) {
-      cli_error(L->a->path, SL_ERR_IO, "cannot write the JSON report to stdout; check the output stream");
+    json_t *root = merged_json(L, reports, ckpt);
+    if (!root) {
+      cli_error(L->a->path, SL_ERR_NOMEM, "out of memory writing the JSON report of %d ranks", L->n);
+      goto out_reports;
+    }
+    int r = cli_out_json_document(&o, root);
+    json_decref(root);
+    if (r != 0) {
+      cli_out_fail(L->a->path, &o, "the JSON report");
       goto out_reports;
     }
   } else {
-    print_human(L, reports, ckpt);
+    print_human(&o, L, reports, ckpt);
+    if (cli_out_flush(&o) != 0) {
+      cli_out_fail(L->a->path, &o, "the report");
+      goto out_reports;
+    }
   }
   rc = CLI_EXIT_OK;
 out_reports:

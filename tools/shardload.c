@@ -45,7 +45,7 @@ void cli_set_error_tag(const char *tag) { g_error_tag = tag ? tag : ""; }
 /* Appends S to OUT (LEN bytes, NUL-terminated, cut when full) with every control character
  * escaped (\n, \r, \t, else \xNN) so that whatever a path or tensor name holds, an error
  * stays one line and cannot write to the terminal. */
-static size_t escape_into(char *out, size_t len, size_t used, const char *s) {
+size_t cli_escape_into(char *out, size_t len, size_t used, const char *s) {
   for (const unsigned char *c = (const unsigned char *)s; *c && used + 5 < len; c++) {
     if (*c >= 0x20 && *c != 0x7f) {
       out[used++] = (char)*c;
@@ -63,7 +63,7 @@ static size_t escape_into(char *out, size_t len, size_t used, const char *s) {
 char *cli_escape_dup(const char *s) {
   size_t n = strlen(s), len = 4 * n + 6; /* the worst case: every byte as \xNN */
   char *out = malloc(len);
-  if (out) escape_into(out, len, 0, s);
+  if (out) cli_escape_into(out, len, 0, s);
   return out;
 }
 
@@ -74,17 +74,11 @@ size_t cli_escaped_len(const char *s) {
   return n;
 }
 
-void cli_fput_escaped(FILE *out, const char *s, int width) {
-  char *e = cli_escape_dup(s);
-  fprintf(out, "%-*s", width, e ? e : "?");
-  free(e);
-}
-
 static void vprint_error(const char *subject, sl_status s, const char *fmt, va_list ap) {
   char msg[2048], esc_subject[1024], esc_msg[4096];
   vsnprintf(msg, sizeof msg, fmt, ap);
-  escape_into(esc_subject, sizeof esc_subject, 0, subject && *subject ? subject : "shardload");
-  escape_into(esc_msg, sizeof esc_msg, 0, msg);
+  cli_escape_into(esc_subject, sizeof esc_subject, 0, subject && *subject ? subject : "shardload");
+  cli_escape_into(esc_msg, sizeof esc_msg, 0, msg);
   fprintf(stderr, "shardload: %s: %s: %s%s\n", esc_subject, sl_status_name(s), g_error_tag, esc_msg);
 }
 
@@ -241,16 +235,19 @@ const char *cli_human_bytes(char *buf, size_t len, uint64_t bytes) {
   return buf;
 }
 
-void cli_st_header_add(json_t *hdr, const char *name, const char *dtype, int ndim, const int64_t *shape,
-                       uint64_t off, uint64_t nbytes) {
-  json_t *o = json_object();
-  json_object_set_new(o, "dtype", json_string(dtype));
-  json_object_set_new(o, "shape", cli_json_dims(ndim, shape));
-  json_t *offs = json_array();
-  json_array_append_new(offs, json_integer((json_int_t)off));
-  json_array_append_new(offs, json_integer((json_int_t)(off + nbytes)));
-  json_object_set_new(o, "data_offsets", offs);
-  json_object_set_new(hdr, name, o);
+int cli_st_header_add(json_t *hdr, const char *name, const char *dtype, int ndim, const int64_t *shape,
+                      uint64_t off, uint64_t nbytes) {
+  json_t *o = json_object(), *offs = json_array();
+  int bad = json_array_append_new(offs, json_integer((json_int_t)off));
+  bad |= json_array_append_new(offs, json_integer((json_int_t)(off + nbytes)));
+  bad |= json_object_set_new(o, "dtype", json_string(dtype));
+  bad |= json_object_set_new(o, "shape", cli_json_dims(ndim, shape));
+  bad |= json_object_set_new(o, "data_offsets", offs); /* takes offs, NULL included */
+  if (bad) {
+    json_decref(o);
+    return -1;
+  }
+  return json_object_set_new(hdr, name, o);
 }
 
 /* Length of the valid UTF-8 sequence at P (1 to 4), or 0 when the byte there starts none:
@@ -266,23 +263,21 @@ static size_t utf8_seq(const unsigned char *p) {
   return n;
 }
 
-void cli_json_path_values(const char *path, json_t **value, json_t **hex_out) {
-  const unsigned char *p = (const unsigned char *)path;
-  size_t n = strlen(path), valid = 1;
-  *value = *hex_out = NULL;
-  for (size_t i = 0, k; i < n; i += k)
-    if (!(k = utf8_seq(p + i))) {
-      valid = 0;
-      break;
-    }
-  if (valid) {
-    *value = json_string(path);
-    return;
+static int utf8_valid(const char *s) {
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    size_t k = utf8_seq(p);
+    if (!k) return 0;
+    p += k;
   }
-  /* readable, each invalid byte as U+FFFD; and exact, as hex */
-  char *lossy = malloc(3 * n + 1), *hex = malloc(2 * n + 1);
-  if (!lossy || !hex) goto out;
-  size_t o = 0;
+  return 1;
+}
+
+/* S with each byte that starts no valid UTF-8 sequence as U+FFFD, as a JSON string. */
+static json_t *json_lossy(const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t n = strlen(s), o = 0;
+  char *lossy = malloc(3 * n + 1);
+  if (!lossy) return NULL;
   for (size_t i = 0, k; i < n; i += k) {
     if ((k = utf8_seq(p + i)) != 0) {
       memcpy(lossy + o, p + i, k);
@@ -294,37 +289,59 @@ void cli_json_path_values(const char *path, json_t **value, json_t **hex_out) {
     }
   }
   lossy[o] = 0;
-  for (size_t i = 0; i < n; i++) snprintf(hex + 2 * i, 3, "%02x", p[i]);
-  hex[2 * n] = 0;
-  *value = json_string(lossy);
-  *hex_out = json_string(hex);
-out:
+  json_t *v = json_string(lossy);
   free(lossy);
-  free(hex);
+  return v;
 }
 
-void cli_json_set_path(json_t *obj, const char *key, const char *path) {
+json_t *cli_json_text(const char *s) {
+  if (!s) return json_null();
+  return utf8_valid(s) ? json_string(s) : json_lossy(s);
+}
+
+int cli_json_path_values(const char *path, json_t **value, json_t **hex_out) {
+  *hex_out = NULL;
+  if (utf8_valid(path)) {
+    *value = json_string(path);
+    return *value ? 0 : -1;
+  }
+  /* readable, each invalid byte as U+FFFD; and exact, as hex */
+  size_t n = strlen(path);
+  char *hex = malloc(2 * n + 1);
+  *value = json_lossy(path);
+  if (hex) {
+    for (size_t i = 0; i < n; i++) snprintf(hex + 2 * i, 3, "%02x", (unsigned char)path[i]);
+    hex[2 * n] = 0;
+    *hex_out = json_string(hex);
+    free(hex);
+  }
+  if (*value && *hex_out) return 0;
+  json_decref(*value);
+  json_decref(*hex_out);
+  *value = *hex_out = NULL;
+  return -1;
+}
+
+int cli_json_set_path(json_t *obj, const char *key, const char *path) {
   json_t *value, *hex;
-  cli_json_path_values(path, &value, &hex);
-  json_object_set_new(obj, key, value);
+  if (cli_json_path_values(path, &value, &hex) != 0) return -1;
+  int bad = json_object_set_new(obj, key, value);
   if (hex) {
     char hkey[128];
     snprintf(hkey, sizeof hkey, "%s_bytes_hex", key);
-    json_object_set_new(obj, hkey, hex);
+    bad |= json_object_set_new(obj, hkey, hex);
   }
+  return bad ? -1 : 0;
 }
 
 json_t *cli_json_dims(int ndim, const int64_t *dims) {
   json_t *a = json_array();
-  for (int d = 0; a && d < ndim; d++) json_array_append_new(a, json_integer((json_int_t)dims[d]));
+  for (int d = 0; a && d < ndim; d++)
+    if (json_array_append_new(a, json_integer((json_int_t)dims[d])) != 0) {
+      json_decref(a);
+      return NULL;
+    }
   return a;
-}
-
-int cli_json_print(FILE *out, json_t *root) {
-  if (!root) return -1;
-  if (json_dumpf(root, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0) return -1;
-  fputc('\n', out);
-  return fflush(out) == 0 ? 0 : -1;
 }
 
 double cli_now(void) {
@@ -373,17 +390,19 @@ int main(int argc, char **argv) {
     return CLI_EXIT_USAGE;
   }
   const char *cmd = argv[1];
-  if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
-    fputs(MAIN_HELP, stdout);
-    return CLI_EXIT_OK;
-  }
+  if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help"))
+    return cli_close_stdout(cli_print_help(MAIN_HELP));
   if (!strcmp(cmd, "-V") || !strcmp(cmd, "--version")) {
     /* The header the command was built with and the library it runs with can differ. */
-    printf("shardload %s (library %s)\n", SL_VERSION_STRING, sl_version_string());
-    return CLI_EXIT_OK;
+    cli_out o;
+    cli_out_init(&o, stdout, "stdout");
+    if (cli_out_printf(&o, "shardload %s (library %s)\n", SL_VERSION_STRING, sl_version_string()) != 0 ||
+        cli_out_flush(&o) != 0)
+      return cli_close_stdout(cli_out_fail("--version", &o, "the version"));
+    return cli_close_stdout(CLI_EXIT_OK);
   }
   for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
-    if (!strcmp(cmd, COMMANDS[i].name)) return COMMANDS[i].fn(argc - 1, argv + 1);
+    if (!strcmp(cmd, COMMANDS[i].name)) return cli_close_stdout(COMMANDS[i].fn(argc - 1, argv + 1));
   if (cmd[0] == '-')
     return cli_usage_error(cmd, "unknown option; run 'shardload --help'");
   return cli_usage_error(cmd, "unknown command; use inspect, plan, load or synth "

@@ -281,16 +281,18 @@ static int write_tensor(FILE *f, const synth_tensor *t, uint64_t seed, unsigned 
 
 /* ---- files --------------------------------------------------------------------------------- */
 
+/* FILE's header; NULL when out of memory (a header with entries left out would make a file
+ * whose tensors do not cover its data). */
 static json_t *file_header(const synth_layout *L, int file, const char *dt, uint64_t seed) {
   json_t *hdr = json_object(), *meta = json_object();
   char v[64];
-  json_object_set_new(meta, "format", json_string("pt"));
-  json_object_set_new(meta, "generator", json_string("shardload synth"));
-  json_object_set_new(meta, "dtype", json_string(dt));
-#define META_INT(key, val)                                      \
-  do {                                                          \
-    snprintf(v, sizeof v, "%llu", (unsigned long long)(val));   \
-    json_object_set_new(meta, key, json_string(v));             \
+  int bad = json_object_set_new(meta, "format", json_string("pt"));
+  bad |= json_object_set_new(meta, "generator", json_string("shardload synth"));
+  bad |= json_object_set_new(meta, "dtype", json_string(dt));
+#define META_INT(key, val)                                             \
+  do {                                                                 \
+    snprintf(v, sizeof v, "%llu", (unsigned long long)(val));          \
+    bad |= json_object_set_new(meta, key, json_string(v));             \
   } while (0)
   META_INT("seed", seed);
   META_INT("hidden_size", L->hidden);
@@ -298,15 +300,17 @@ static json_t *file_header(const synth_layout *L, int file, const char *dt, uint
   META_INT("num_hidden_layers", L->layers);
   META_INT("vocab_size", L->vocab);
 #undef META_INT
-  json_object_set_new(hdr, "__metadata__", meta);
+  bad |= json_object_set_new(hdr, "__metadata__", meta);
   uint64_t off = 0;
-  for (size_t i = 0; i < L->count; i++) {
+  for (size_t i = 0; i < L->count && !bad; i++) {
     const synth_tensor *t = &L->t[i];
     if (t->file != file) continue;
-    cli_st_header_add(hdr, t->name, t->dtype, t->ndim, t->shape, off, t->nbytes);
+    bad |= cli_st_header_add(hdr, t->name, t->dtype, t->ndim, t->shape, off, t->nbytes);
     off += t->nbytes;
   }
-  return hdr;
+  if (!bad) return hdr;
+  json_decref(hdr);
+  return NULL;
 }
 
 /* Writes one safetensors file holding the tensors of FILE. Prints the error line itself. */
@@ -316,7 +320,7 @@ static int write_file(const char *path, const synth_layout *L, int file, const c
   char *text = hdr ? json_dumps(hdr, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
   json_decref(hdr);
   if (!text) {
-    cli_error(path, SL_ERR_NOMEM, "cannot build the header");
+    cli_error(path, SL_ERR_NOMEM, "out of memory building the header");
     return CLI_EXIT_ERROR;
   }
   size_t hlen = strlen(text), padded = (hlen + 7) & ~(size_t)7;
@@ -341,19 +345,40 @@ static int write_file(const char *path, const synth_layout *L, int file, const c
   return CLI_EXIT_OK;
 }
 
-static int write_index(const char *path, const synth_layout *L, char **names) {
+/* The index; NULL when out of memory (a weight map with entries left out would lose tensors). */
+static json_t *index_json(const synth_layout *L, char **names) {
   json_t *root = json_object(), *meta = json_object(), *map = json_object();
-  json_object_set_new(meta, "total_size", json_integer((json_int_t)L->total));
-  json_object_set_new(root, "metadata", meta);
-  for (size_t i = 0; i < L->count; i++) json_object_set_new(map, L->t[i].name, json_string(names[L->t[i].file]));
-  json_object_set_new(root, "weight_map", map);
-  int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  int bad = json_object_set_new(meta, "total_size", json_integer((json_int_t)L->total));
+  bad |= json_object_set_new(root, "metadata", meta);
+  for (size_t i = 0; i < L->count && !bad; i++)
+    bad |= json_object_set_new(map, L->t[i].name, json_string(names[L->t[i].file]));
+  bad |= json_object_set_new(root, "weight_map", map);
+  if (!bad) return root;
   json_decref(root);
-  if (rc != 0) {
-    cli_error(path, SL_ERR_IO, "cannot write the index; give a writable OUT directory");
+  return NULL;
+}
+
+static int write_index(const char *path, const synth_layout *L, char **names) {
+  json_t *root = index_json(L, names);
+  if (!root) {
+    cli_error(path, SL_ERR_NOMEM, "out of memory building the index of %zu tensors", L->count);
     return CLI_EXIT_ERROR;
   }
-  return CLI_EXIT_OK;
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    cli_error(path, SL_ERR_IO, "cannot create the index: %s; give a writable OUT directory", strerror(errno));
+    json_decref(root);
+    return CLI_EXIT_ERROR;
+  }
+  cli_out o;
+  cli_out_init(&o, f, path);
+  int rc = cli_out_json_document(&o, root) == 0 ? CLI_EXIT_OK : cli_out_fail(path, &o, "the index");
+  json_decref(root);
+  if (fclose(f) != 0 && rc == CLI_EXIT_OK) {
+    cli_error(path, SL_ERR_IO, "cannot write the index: %s; check the free space where OUT lives", strerror(errno));
+    rc = CLI_EXIT_ERROR;
+  }
+  return rc;
 }
 
 static int is_dir(const char *p) {
@@ -406,7 +431,7 @@ int cli_cmd_synth(int argc, char **argv) {
         return cli_usage_error("--seed", "'%s' is not a seed; give a non-negative integer", optarg);
       break;
     }
-    case 'h': fputs(HELP, stdout); return CLI_EXIT_OK;
+    case 'h': return cli_print_help(HELP);
     default: return cli_bad_option("synth", c, argv);
     }
   }
@@ -467,13 +492,19 @@ int cli_cmd_synth(int argc, char **argv) {
     }
     if ((rc = write_index(path, &L, names)) != CLI_EXIT_OK) goto out_names;
   }
+  /* the files are complete; a summary that cannot be written still fails the command, which
+   * says so (a script reading it must not take a part of it for the whole) */
   char hb[32];
-  printf("synth: wrote %s: %zu tensors, %llu bytes (%s) in %ld file%s; hidden %lld, layers %lld, "
-         "vocab %lld, intermediate %lld, %s, seed %llu\n",
-         shards == 1 ? path : out, L.count, (unsigned long long)L.total,
-         cli_human_bytes(hb, sizeof hb, L.total), shards, shards == 1 ? "" : "s", (long long)L.hidden,
-         (long long)L.layers, (long long)L.vocab, (long long)L.inter, dt, (unsigned long long)seed);
-  rc = CLI_EXIT_OK;
+  cli_out o;
+  cli_out_init(&o, stdout, "stdout");
+  cli_out_puts(&o, "synth: wrote ");
+  cli_out_escaped(&o, shards == 1 ? path : out, 0);
+  cli_out_printf(&o, ": %zu tensors, %llu bytes (%s) in %ld file%s; hidden %lld, layers %lld, vocab %lld, "
+                 "intermediate %lld, %s, seed %llu\n",
+                 L.count, (unsigned long long)L.total, cli_human_bytes(hb, sizeof hb, L.total), shards,
+                 shards == 1 ? "" : "s", (long long)L.hidden, (long long)L.layers, (long long)L.vocab,
+                 (long long)L.inter, dt, (unsigned long long)seed);
+  rc = cli_out_flush(&o) == 0 ? CLI_EXIT_OK : cli_out_fail(out, &o, "the summary");
 
 out_names:
   for (long k = 0; names && k < shards; k++) free(names[k]);

@@ -1,0 +1,129 @@
+/* Checked output: every report the command writes (tables, JSON, the help) goes through a
+ * cli_out, so that a write that fails (a full disk, a closed pipe, a file size limit) ends the
+ * command with its reason and exit status 1 instead of a silent 0, and so that jansson running
+ * out of memory while it writes is reported as out of memory, not as a failed write. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdio_ext.h>
+#include <string.h>
+
+#include "cli.h"
+
+void cli_out_init(cli_out *o, FILE *f, const char *name) {
+  o->f = f;
+  o->name = name;
+  o->indent = "";
+  o->err = 0;
+}
+
+/* Keeps the first failure's errno (stdio sets it from the failed write(2)). */
+static int out_failed(cli_out *o) {
+  if (!o->err) o->err = errno ? errno : EIO;
+  return -1;
+}
+
+int cli_out_write(cli_out *o, const void *buf, size_t len) {
+  if (o->err) return -1;
+  errno = 0;
+  if (len && fwrite(buf, 1, len, o->f) != len) return out_failed(o);
+  return 0;
+}
+
+int cli_out_puts(cli_out *o, const char *s) { return cli_out_write(o, s, strlen(s)); }
+
+int cli_out_printf(cli_out *o, const char *fmt, ...) {
+  if (o->err) return -1;
+  va_list ap;
+  va_start(ap, fmt);
+  errno = 0;
+  int n = vfprintf(o->f, fmt, ap);
+  va_end(ap);
+  return n < 0 ? out_failed(o) : 0;
+}
+
+int cli_out_escaped(cli_out *o, const char *s, int width) {
+  char buf[512];
+  size_t cols = 0;
+  /* a chunk at a time: at most 4 bytes of escape for each byte in */
+  while (*s) {
+    size_t take = strnlen(s, (sizeof buf - 8) / 4);
+    char piece[(sizeof buf - 8) / 4 + 1];
+    memcpy(piece, s, take);
+    piece[take] = 0;
+    size_t used = cli_escape_into(buf, sizeof buf, 0, piece);
+    if (cli_out_write(o, buf, used) != 0) return -1;
+    cols += used;
+    s += take;
+  }
+  for (; width > 0 && cols < (size_t)width; cols++)
+    if (cli_out_write(o, " ", 1) != 0) return -1;
+  return 0;
+}
+
+/* json_dump_callback's sink: the text, with O->indent after each newline (a value dumped on
+ * its own, indented to its depth in a document being streamed). */
+static int json_sink(const char *buf, size_t size, void *data) {
+  cli_out *o = data;
+  for (size_t i = 0; i < size;) {
+    const char *nl = memchr(buf + i, '\n', size - i);
+    size_t end = nl ? (size_t)(nl - buf) + 1 : size;
+    if (cli_out_write(o, buf + i, end - i) != 0) return -1;
+    if (nl && *o->indent && cli_out_puts(o, o->indent) != 0) return -1;
+    i = end;
+  }
+  return 0;
+}
+
+int cli_out_json(cli_out *o, const json_t *v) {
+  if (o->err) return -1;
+  if (!v) return -1; /* a value that could not be made: out of memory */
+  return json_dump_callback(v, json_sink, o, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0 ? 0 : -1;
+}
+
+int cli_out_json_document(cli_out *o, const json_t *v) {
+  if (cli_out_json(o, v) != 0 || cli_out_puts(o, "\n") != 0) return -1;
+  return cli_out_flush(o);
+}
+
+int cli_out_flush(cli_out *o) {
+  if (o->err) return -1;
+  errno = 0;
+  if (fflush(o->f) != 0 || ferror(o->f)) return out_failed(o);
+  return 0;
+}
+
+int cli_out_fail(const char *subject, const cli_out *o, const char *what, ...) {
+  char text[512];
+  va_list ap;
+  va_start(ap, what);
+  vsnprintf(text, sizeof text, what, ap);
+  va_end(ap);
+  if (o->err && o->err != ENOMEM)
+    cli_error(subject, SL_ERR_IO, "cannot write %s to %s: %s", text, o->name, strerror(o->err));
+  else
+    cli_error(subject, SL_ERR_NOMEM, "out of memory writing %s", text);
+  return CLI_EXIT_ERROR;
+}
+
+int cli_print_help(const char *text) {
+  cli_out o;
+  cli_out_init(&o, stdout, "stdout");
+  if (cli_out_puts(&o, text) != 0 || cli_out_flush(&o) != 0) return cli_out_fail("--help", &o, "the help");
+  return CLI_EXIT_OK;
+}
+
+int cli_close_stdout(int rc) {
+  /* what a command flushed and checked is gone already; this catches anything else, and a
+   * failure that stdio kept to itself. A stdout closed by the caller (>&-) with nothing left
+   * to write is no failure (as coreutils' close_stdout has it). */
+  int pending = __fpending(stdout) != 0, failed = ferror(stdout) != 0;
+  errno = 0;
+  if (fclose(stdout) != 0 && (pending || errno != EBADF)) failed = 1;
+  if (failed && rc == CLI_EXIT_OK) {
+    cli_error("stdout", SL_ERR_IO, "cannot write to stdout: %s", errno ? strerror(errno) : "a write failed");
+    rc = CLI_EXIT_ERROR;
+  }
+  return rc;
+}
