@@ -535,6 +535,68 @@ static void test_world_size_bound_command(void **state) {
   free(dir);
 }
 
+/* ---- local ranks -------------------------------------------------------------------------- */
+
+/* A launcher's local rank at or past its own count of the node's ranks is refused, naming
+ * both variables and values; each launcher's pair is compared with itself only. */
+static void test_local_rank_bound(void **state) {
+  set("RANK", "3");
+  set("WORLD_SIZE", "8");
+  set("LOCAL_RANK", "3");
+  set("LOCAL_WORLD_SIZE", "2");
+  set("MASTER_ADDR", "h");
+  set("MASTER_PORT", "1");
+  bad("LOCAL_RANK=3 is not less than LOCAL_WORLD_SIZE=2");
+  set("LOCAL_RANK", "2");
+  bad("LOCAL_RANK=2 is not less than LOCAL_WORLD_SIZE=2");
+  set("LOCAL_WORLD_SIZE", "x");
+  bad("LOCAL_WORLD_SIZE='x' is not an integer");
+  set("LOCAL_RANK", "1");
+  set("LOCAL_WORLD_SIZE", "2");
+  sl__launch_info li = ok();
+  assert_int_equal(li.local_rank, 1);
+  free(li.rendezvous);
+  /* torchrun under Slurm, one task per node hosting torchrun's ranks: Slurm's count is not
+   * torchrun's, and is not compared */
+  set("LOCAL_RANK", "3");
+  set("LOCAL_WORLD_SIZE", "4");
+  set("SLURM_PROCID", "0");
+  set("SLURM_NTASKS", "2");
+  set("SLURM_LOCALID", "0");
+  set("SLURM_NTASKS_PER_NODE", "1");
+  li = ok();
+  assert_int_equal(li.local_rank, 3);
+  free(li.rendezvous);
+  /* no count: nothing to compare */
+  unsetenv("LOCAL_WORLD_SIZE");
+  li = ok();
+  free(li.rendezvous);
+
+  clear_env(NULL);
+  set("SLURM_PROCID", "5");
+  set("SLURM_NTASKS", "8");
+  set("SLURM_LOCALID", "4");
+  set("SLURM_NTASKS_PER_NODE", "4");
+  set("MASTER_ADDR", "h");
+  bad("SLURM_LOCALID=4 is not less than SLURM_NTASKS_PER_NODE=4");
+  set("SLURM_NTASKS_PER_NODE", "4(x2)"); /* uneven nodes name no single count */
+  li = ok();
+  free(li.rendezvous);
+
+  clear_env(NULL);
+  set("OMPI_COMM_WORLD_RANK", "1");
+  set("OMPI_COMM_WORLD_SIZE", "4");
+  set("OMPI_COMM_WORLD_LOCAL_RANK", "2");
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
+  set("MASTER_ADDR", "h");
+  set("MASTER_PORT", "1");
+  bad("OMPI_COMM_WORLD_LOCAL_RANK=2 is not less than OMPI_COMM_WORLD_LOCAL_SIZE=2");
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "3");
+  li = ok();
+  assert_int_equal(li.local_rank, 2);
+  free(li.rendezvous);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_default_single_rank, clear_env),
@@ -553,6 +615,7 @@ int main(void) {
       cmocka_unit_test_setup(test_world_size_bound, clear_env),
       cmocka_unit_test_setup(test_world_size_bound_options, clear_env),
       cmocka_unit_test_setup(test_world_size_bound_command, clear_env),
+      cmocka_unit_test_setup(test_local_rank_bound, clear_env),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
