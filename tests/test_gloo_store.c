@@ -133,7 +133,8 @@ static void stop(pid_t pid) {
 
 /* ---- a client speaking the store's protocol by hand ------------------------------------------ */
 
-enum { OP_HELLO = 1, OP_SET = 2, OP_GET = 3, OP_CHECK = 4, OP_WAIT = 5, OP_AUTH = 6 };
+static const char kProto[] = "3"; /* tcp_store_wire.h: kProtocol */
+enum { OP_HELLO = 1, OP_SET = 2, OP_GET = 3, OP_CHECK = 4, OP_WAIT = 5, OP_AUTH = 6, OP_ADD = 7 };
 enum { ST_OK = 0, ST_MISSING = 1, ST_TIMEOUT = 2, ST_BAD = 3, ST_DENIED = 4, ST_CONFLICT = 5, ST_TOOBIG = 6 };
 
 typedef struct field {
@@ -275,7 +276,8 @@ static void derive_key(const char *token, unsigned char key[32]) {
 static void mac(const unsigned char key[32], char role, int rank, int world, const unsigned char *cn,
                 const unsigned char *sn, unsigned char out[32]) {
   unsigned char t[16 + 1 + 8 + 64];
-  memcpy(t, "shardload-rdzv/2", 16);
+  memcpy(t, "shardload-rdzv/", 15);
+  t[15] = (unsigned char)kProto[0];
   t[16] = (unsigned char)role;
   put32(t + 17, (uint32_t)rank);
   put32(t + 21, (uint32_t)world);
@@ -293,7 +295,7 @@ static int handshake(int fd, const char *token, int rank, int world, char *msg, 
   char r[16], w[16];
   snprintf(r, sizeof r, "%d", rank);
   snprintf(w, sizeof w, "%d", world);
-  field hello[4] = {{"2", 1}, {r, strlen(r)}, {w, strlen(w)}, {cn, 32}};
+  field hello[4] = {{kProto, 1}, {r, strlen(r)}, {w, strlen(w)}, {cn, 32}};
   if (send_frame(fd, OP_HELLO, hello, 4)) return -1;
   reply a = recv_reply(fd, 5000);
   if (a.status != ST_OK) {
@@ -345,6 +347,16 @@ static int get_key(int fd, const char *key) {
   field f[1] = {{key, strlen(key)}};
   if (send_frame(fd, OP_GET, f, 1)) return -1;
   reply r = recv_reply(fd, 5000);
+  reply_free(&r);
+  return r.status;
+}
+
+/* ADD [KEY, DELTA]: the status, and the sum (an OK's field) or the reason into OUT. */
+static int add_key(int fd, const char *key, const char *delta, char *out, size_t size) {
+  field f[2] = {{key, strlen(key)}, {delta, strlen(delta)}};
+  if (send_frame(fd, OP_ADD, f, 2)) return -1;
+  reply r = recv_reply(fd, 5000);
+  snprintf(out, size, "%s", r.n ? (char *)r.f[0] : "");
   reply_free(&r);
   return r.status;
 }
@@ -428,7 +440,7 @@ static void test_wrong_client_proof_refused(void **state) {
   unsigned char key[32], cn[32];
   derive_key(kTokenB, key);
   randombytes_buf(cn, sizeof cn);
-  field hello[4] = {{"2", 1}, {"1", 1}, {"2", 1}, {cn, 32}};
+  field hello[4] = {{kProto, 1}, {"1", 1}, {"2", 1}, {cn, 32}};
   assert_int_equal(send_frame(fd, OP_HELLO, hello, 4), 0);
   reply a = recv_reply(fd, 5000);
   assert_int_equal(a.status, ST_OK);
@@ -660,6 +672,44 @@ static void test_other_version_refused(void **state) {
   assert_int_equal(r.n, 1);
   assert_non_null(strstr((char *)r.f[0], "run the same shardload version"));
   reply_free(&r);
+}
+
+/* ---- the counter the rendezvous counts its ranks with ------------------------------------------ */
+
+/* ADD keeps a decimal counter: a missing key counts from 0, a delta of 0 reads it. A key that
+ * holds no integer, or a sum that would overflow, is refused (the connection stays usable); a
+ * delta that is no integer is a hang-up. */
+static void test_add_counter(void **state) {
+  NEED_GLOO();
+  int port = sl_test_free_port();
+  pid_t r0 = serve(port, 2, 10000);
+  int fd = join_as(port, NULL, 1, 2);
+  char v[256];
+  assert_int_equal(add_key(fd, "n", "1", v, sizeof v), ST_OK);
+  assert_string_equal(v, "1");
+  assert_int_equal(add_key(fd, "n", "41", v, sizeof v), ST_OK);
+  assert_string_equal(v, "42");
+  assert_int_equal(add_key(fd, "n", "0", v, sizeof v), ST_OK);
+  assert_string_equal(v, "42");
+  assert_int_equal(add_key(fd, "n", "-50", v, sizeof v), ST_OK);
+  assert_string_equal(v, "-8");
+  assert_int_equal(add_key(fd, "fresh", "0", v, sizeof v), ST_OK);
+  assert_string_equal(v, "0");
+  assert_int_equal(set_key(fd, "text", "abc", 3), ST_OK);
+  assert_int_equal(add_key(fd, "text", "1", v, sizeof v), ST_BAD);
+  assert_non_null(strstr(v, "not an integer"));
+  assert_int_equal(add_key(fd, "big", "9223372036854775807", v, sizeof v), ST_OK);
+  assert_int_equal(add_key(fd, "big", "1", v, sizeof v), ST_BAD);
+  assert_non_null(strstr(v, "overflow"));
+  assert_int_equal(add_key(fd, "big", "0", v, sizeof v), ST_OK); /* unchanged, and still served */
+  assert_string_equal(v, "9223372036854775807");
+  assert_int_equal(add_key(fd, "n", "0", v, sizeof v), ST_OK);
+  assert_string_equal(v, "-8");
+  field f[2] = {{"n", 1}, {"one", 3}};
+  assert_int_equal(send_frame(fd, OP_ADD, f, 2), 0);
+  assert_true(closed_unanswered(fd, 3000));
+  close(fd);
+  stop(r0);
 }
 
 /* ---- bounds ------------------------------------------------------------------------------------- */
@@ -931,6 +981,7 @@ int main(void) {
       cmocka_unit_test(test_duplicate_rank),
       cmocka_unit_test(test_late_duplicate_does_not_hold_rank0),
       cmocka_unit_test(test_other_version_refused),
+      cmocka_unit_test(test_add_counter),
       cmocka_unit_test(test_pipelined_gets_bounded),
       cmocka_unit_test(test_oversized_value_refused),
       cmocka_unit_test(test_store_total_bounded),

@@ -1,9 +1,12 @@
 /* Launcher environment (torchrun, Slurm, Open MPI) and rendezvous URL parsing: precedence,
  * derived rendezvous addresses, and every validation error naming its variable. */
 #define _GNU_SOURCE
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include "internal.h"
 #include "testutil.h"
@@ -12,7 +15,7 @@ static const char *const all_vars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
     "SLURM_LOCALID", "SLURM_LAUNCH_NODE_IPADDR", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK", "SHARDLOAD_RENDEZVOUS", "TORCHELASTIC_USE_AGENT_STORE",
-    "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SHARDLOAD_TOKEN",
 };
 
 
@@ -420,6 +423,180 @@ static void test_rendezvous_parse(void **state) {
   parse_bad(longurl, "too long");
 }
 
+/* ---- world sizes past what the rendezvous serves ----------------------------------------- */
+
+/* Every launcher's world-size variable is refused past SL_MAX_WORLD_SIZE, naming itself and the
+ * bound; the bound itself is accepted. */
+static void test_world_size_bound(void **state) {
+  static const struct {
+    const char *rank_var, *size_var;
+  } launchers[] = {
+      {"RANK", "WORLD_SIZE"},
+      {"SLURM_PROCID", "SLURM_NTASKS"},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+  };
+  static const char *const sizes[] = {"4097", "1000000", "16777216", "2147483647", "99999999999999999999"};
+  char needle[256];
+  for (size_t l = 0; l < sizeof launchers / sizeof launchers[0]; l++) {
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+      clear_env(NULL);
+      set(launchers[l].rank_var, "0");
+      set(launchers[l].size_var, sizes[i]);
+      set("MASTER_ADDR", "127.0.0.1");
+      set("MASTER_PORT", "29500");
+      /* the number as given, unless strtol could not hold it */
+      if (strlen(sizes[i]) > 18) snprintf(needle, sizeof needle, "%s='%s' is out of range (1..4096: the most ranks "
+                                          "shardload's rendezvous serves", launchers[l].size_var, sizes[i]);
+      else snprintf(needle, sizeof needle, "%s=%s is out of range (1..4096: the most ranks shardload's rendezvous "
+                    "serves", launchers[l].size_var, sizes[i]);
+      bad(needle);
+      assert_non_null(strstr(ctx.errmsg, "docs/DESIGN.md#rendezvous"));
+    }
+    clear_env(NULL);
+    set(launchers[l].rank_var, "4095");
+    set(launchers[l].size_var, "4096");
+    set("MASTER_ADDR", "127.0.0.1");
+    set("MASTER_PORT", "29500");
+    sl__launch_info li = ok();
+    assert_int_equal(li.world_size, SL_MAX_WORLD_SIZE);
+    free(li.rendezvous);
+  }
+}
+
+/* The explicit options pass the same bound: sl_context_create refuses at once, naming the
+ * field, before any module or rendezvous is touched. */
+static void test_world_size_bound_options(void **state) {
+  static const int sizes[] = {4097, 1000000, 1 << 24, INT_MAX};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    char err[1024] = "";
+    sl_context_options o = {.size = sizeof o, .backend = "cpu", .world_size = sizes[i], .rank = 0,
+                            .rendezvous = "tcp://127.0.0.1:1", .timeout_ms = 60000, .errbuf = err,
+                            .errbuf_size = sizeof err};
+    sl_context *c = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    sl_status st = sl_context_create(&o, &c);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    assert_int_equal(st, SL_ERR_INVALID);
+    assert_null(c);
+    char needle[128];
+    snprintf(needle, sizeof needle, "sl_context_options.world_size=%d is out of range (1..4096", sizes[i]);
+    if (!strstr(err, needle)) fail_msg("message '%s' lacks '%s'", err, needle);
+    assert_true(ms < 1000);
+  }
+}
+
+/* The command as a launcher starts it with an absurd world: it fails at once, naming the
+ * variable and the bound, without growing (before the bound: a minute and a gigabyte for
+ * WORLD_SIZE=1000000, std::bad_alloc for INT_MAX). `timeout` keeps a regression from hanging
+ * the test. --world-size says the same bound. */
+static void test_world_size_bound_command(void **state) {
+  char *dir = sl_test_dir("world_bound");
+  char *ckpt = sl_test_path(dir, "m.safetensors");
+  sl_test_tensor t = {"w", "F32", 1, {4}, NULL};
+  assert_int_equal(sl_test_write_st(ckpt, &t, 1, NULL), 0);
+  static const char *const envs[] = {
+      "RANK=0 WORLD_SIZE=1000000", "RANK=0 WORLD_SIZE=2147483647", "SLURM_PROCID=0 SLURM_NTASKS=16777216",
+      "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1000000"};
+  for (size_t i = 0; i < sizeof envs / sizeof envs[0]; i++) {
+    char *out = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = sl_test_run(&out, "env %s MASTER_ADDR=127.0.0.1 MASTER_PORT=%d timeout -s KILL 60 %s load '%s'",
+                         envs[i], sl_test_free_port(), sl_test_bin(), ckpt);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    struct rusage ru;
+    getrusage(RUSAGE_CHILDREN, &ru);
+    print_message("%s: exit %d after %.2f s, largest child %ld MiB: %s", envs[i], rc, s, ru.ru_maxrss / 1024,
+                  out ? out : "");
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "is out of range (1..4096: the most ranks shardload's rendezvous serves"));
+    const char *var = strchr(envs[i], ' ') + 1;
+    char name[64];
+    snprintf(name, sizeof name, "%.*s=", (int)(strchr(var, '=') - var), var);
+    assert_non_null(strstr(out, name));
+    assert_true(s < 5.0);
+    assert_true(ru.ru_maxrss < 200 * 1024); /* KiB: the largest child so far, this one included */
+    free(out);
+  }
+  char *out = NULL;
+  int rc = sl_test_run(&out, "%s load '%s' --rank 0 --world-size 1000000", sl_test_bin(), ckpt);
+  assert_int_equal(rc, 2);
+  assert_non_null(strstr(out, "--world-size"));
+  assert_non_null(strstr(out, "from 1 to 4096"));
+  free(out);
+  rc = sl_test_run(&out, "%s load '%s' --nproc 1025", sl_test_bin(), ckpt);
+  assert_int_equal(rc, 2);
+  assert_non_null(strstr(out, "from 1 to 1024"));
+  free(out);
+  free(ckpt);
+  free(dir);
+}
+
+/* ---- local ranks -------------------------------------------------------------------------- */
+
+/* A launcher's local rank at or past its own count of the node's ranks is refused, naming
+ * both variables and values; each launcher's pair is compared with itself only. */
+static void test_local_rank_bound(void **state) {
+  set("RANK", "3");
+  set("WORLD_SIZE", "8");
+  set("LOCAL_RANK", "3");
+  set("LOCAL_WORLD_SIZE", "2");
+  set("MASTER_ADDR", "h");
+  set("MASTER_PORT", "1");
+  bad("LOCAL_RANK=3 is not less than LOCAL_WORLD_SIZE=2");
+  set("LOCAL_RANK", "2");
+  bad("LOCAL_RANK=2 is not less than LOCAL_WORLD_SIZE=2");
+  set("LOCAL_WORLD_SIZE", "x");
+  bad("LOCAL_WORLD_SIZE='x' is not an integer");
+  set("LOCAL_RANK", "1");
+  set("LOCAL_WORLD_SIZE", "2");
+  sl__launch_info li = ok();
+  assert_int_equal(li.local_rank, 1);
+  free(li.rendezvous);
+  /* torchrun under Slurm, one task per node hosting torchrun's ranks: Slurm's count is not
+   * torchrun's, and is not compared */
+  set("LOCAL_RANK", "3");
+  set("LOCAL_WORLD_SIZE", "4");
+  set("SLURM_PROCID", "0");
+  set("SLURM_NTASKS", "2");
+  set("SLURM_LOCALID", "0");
+  set("SLURM_NTASKS_PER_NODE", "1");
+  li = ok();
+  assert_int_equal(li.local_rank, 3);
+  free(li.rendezvous);
+  /* no count: nothing to compare */
+  unsetenv("LOCAL_WORLD_SIZE");
+  li = ok();
+  free(li.rendezvous);
+
+  clear_env(NULL);
+  set("SLURM_PROCID", "5");
+  set("SLURM_NTASKS", "8");
+  set("SLURM_LOCALID", "4");
+  set("SLURM_NTASKS_PER_NODE", "4");
+  set("MASTER_ADDR", "h");
+  bad("SLURM_LOCALID=4 is not less than SLURM_NTASKS_PER_NODE=4");
+  set("SLURM_NTASKS_PER_NODE", "4(x2)"); /* uneven nodes name no single count */
+  li = ok();
+  free(li.rendezvous);
+
+  clear_env(NULL);
+  set("OMPI_COMM_WORLD_RANK", "1");
+  set("OMPI_COMM_WORLD_SIZE", "4");
+  set("OMPI_COMM_WORLD_LOCAL_RANK", "2");
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
+  set("MASTER_ADDR", "h");
+  set("MASTER_PORT", "1");
+  bad("OMPI_COMM_WORLD_LOCAL_RANK=2 is not less than OMPI_COMM_WORLD_LOCAL_SIZE=2");
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "3");
+  li = ok();
+  assert_int_equal(li.local_rank, 2);
+  free(li.rendezvous);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_default_single_rank, clear_env),
@@ -435,6 +612,10 @@ int main(void) {
       cmocka_unit_test_setup(test_rendezvous_errors, clear_env),
       cmocka_unit_test_setup(test_rendezvous_parse, clear_env),
       cmocka_unit_test_setup(test_local_world_size, clear_env),
+      cmocka_unit_test_setup(test_world_size_bound, clear_env),
+      cmocka_unit_test_setup(test_world_size_bound_options, clear_env),
+      cmocka_unit_test_setup(test_world_size_bound_command, clear_env),
+      cmocka_unit_test_setup(test_local_rank_bound, clear_env),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

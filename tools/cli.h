@@ -172,6 +172,10 @@ int cli_cmd_plan(int argc, char **argv);
 int cli_cmd_load(int argc, char **argv);
 int cli_cmd_synth(int argc, char **argv);
 
+/* The most ranks `load --nproc` starts: processes on one host, each holding a connection to
+ * every other one (below SL_MAX_WORLD_SIZE, which bounds a job across hosts). */
+#define CLI_MAX_NPROC 1024
+
 /* ---- load: one rank's work (cmd_load.c), so a multi-rank launcher can call it per rank -- */
 typedef struct cli_load_args {
   const char *path;
@@ -191,7 +195,7 @@ typedef struct cli_load_args {
   int timeout_ms;         /* --timeout; 0: the library default */
   int json;
   int progress;           /* draw a progress line on stderr (a terminal) */
-  int nproc;              /* --nproc N: launch N local ranks (launch.c); 0: this process is one */
+  int nproc;              /* --nproc N (at most CLI_MAX_NPROC): launch N local ranks (launch.c); 0: this process is one */
   int verbose;            /* --verbose: with --nproc, launcher detail and per-tensor tables */
   FILE *table_out;        /* also write the human table here (a rank of --nproc --verbose) */
   const char *table_out_name; /* its path, for an error line */

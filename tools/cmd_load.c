@@ -20,6 +20,7 @@
 
 #include "cli.h"
 
+_Static_assert(SL_MAX_WORLD_SIZE == 4096 && CLI_MAX_NPROC == 1024, "HELP states both bounds");
 static const char HELP[] =
     "usage: shardload load PATH [options]\n"
     "       shardload load PATH --nproc N [options]\n"
@@ -70,9 +71,10 @@ static const char HELP[] =
     "  --json                  one JSON object on stdout instead of the table; a path that is\n"
     "                          not UTF-8 is kept: \"path\" has each invalid byte as U+FFFD and\n"
     "                          \"path_bytes_hex\" the exact bytes in hex\n"
-    "  --nproc N               start N local ranks and load on all of them\n"
+    "  --nproc N               start N local ranks (at most 1024) and load on all of them\n"
     "  --rank R --world-size N this process is rank R of N (instead of the launcher\n"
-    "                          environment); --local-rank L picks the device (default R)\n"
+    "                          environment; N at most 4096); --local-rank L picks the device\n"
+    "                          (default R)\n"
     "  --rendezvous URL        file://DIR (shared filesystem), tcp://HOST:PORT (rank 0\n"
     "                          serves), or c10d://HOST:PORT (an existing torch c10d TCPStore,\n"
     "                          e.g. torchrun's agent store); default: SHARDLOAD_RENDEZVOUS, or\n"
@@ -712,23 +714,28 @@ int cli_cmd_load(int argc, char **argv) {
                                optarg);
       break;
     case OPT_NPROC:
-      if (cli_parse_int(optarg, 1, 1024, &n))
-        return cli_usage_error("--nproc", "'%s' is not a rank count; give an integer from 1 to 1024", optarg);
+      if (cli_parse_int(optarg, 1, CLI_MAX_NPROC, &n))
+        return cli_usage_error("--nproc", "'%s' is not a rank count; give an integer from 1 to %d (processes on "
+                               "this host, each connected to every other one)", optarg, CLI_MAX_NPROC);
       a.nproc = (int)n;
       break;
     case OPT_RANK:
-      if (cli_parse_int(optarg, 0, 1 << 24, &n))
-        return cli_usage_error("--rank", "'%s' is not a rank; give an integer from 0", optarg);
+      if (cli_parse_int(optarg, 0, SL_MAX_WORLD_SIZE - 1, &n))
+        return cli_usage_error("--rank", "'%s' is not a rank; give an integer from 0 to %d", optarg,
+                               SL_MAX_WORLD_SIZE - 1);
       a.rank = (int)n;
       break;
     case OPT_WORLD:
-      if (cli_parse_int(optarg, 1, 1 << 24, &n))
-        return cli_usage_error("--world-size", "'%s' is not a world size; give an integer from 1", optarg);
+      if (cli_parse_int(optarg, 1, SL_MAX_WORLD_SIZE, &n))
+        return cli_usage_error("--world-size", "'%s' is not a world size; give an integer from 1 to %d (the most "
+                               "ranks shardload's rendezvous serves: docs/DESIGN.md#rendezvous)", optarg,
+                               SL_MAX_WORLD_SIZE);
       a.world_size = (int)n;
       break;
     case OPT_LOCAL_RANK:
-      if (cli_parse_int(optarg, 0, 1 << 24, &n))
-        return cli_usage_error("--local-rank", "'%s' is not a local rank; give an integer from 0", optarg);
+      if (cli_parse_int(optarg, 0, SL_MAX_WORLD_SIZE - 1, &n))
+        return cli_usage_error("--local-rank", "'%s' is not a local rank; give an integer from 0 to %d", optarg,
+                               SL_MAX_WORLD_SIZE - 1);
       a.local_rank = (int)n;
       break;
     case OPT_RENDEZVOUS:

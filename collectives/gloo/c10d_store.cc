@@ -13,14 +13,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <gloo/common/error.h>
-
 #include "tcp_socket.h"
 
 namespace shardload {
 namespace {
 
 using tcp_socket::Clock;
+using tcp_socket::ms_since;
 using tcp_socket::remaining_ms;
 using tcp_socket::try_connect;
 using std::chrono::milliseconds;
@@ -33,6 +32,8 @@ constexpr uint32_t kValidationMagic = 0x3C85F7CE;
 constexpr uint64_t kMaxValue = 64u << 20;
 // How long leaving the store may take: the job is over, a stuck store must not hold it.
 constexpr milliseconds kLeaveLimit(2000);
+// How often the claim's wait runs its BETWEEN (the lobby).
+constexpr milliseconds kBetween(500);
 
 // Values go in host byte order, as torch's clients send them (little-endian in practice).
 template <typename T>
@@ -54,10 +55,11 @@ std::string first_few(const std::vector<std::string> &items) {
 
 } // namespace
 
-C10dStore::C10dStore(const std::string &host, int port, milliseconds timeout)
+C10dStore::C10dStore(const std::string &host, int port, milliseconds timeout, Clock::time_point bound_at)
     : where_(tcp_socket::host_port(host, port)),
       timeout_(timeout) {
-  Clock::time_point deadline = Clock::now() + timeout;
+  bound(bound_at);
+  Clock::time_point started = Clock::now(), deadline = until(timeout);
   std::string err = "not tried";
   milliseconds backoff(10);
   for (;;) {
@@ -65,10 +67,10 @@ C10dStore::C10dStore(const std::string &host, int port, milliseconds timeout)
     if (fd_ >= 0) break;
     int left = remaining_ms(deadline);
     if (left <= 0)
-      throw gloo::IoException("timed out after " + std::to_string(timeout.count()) +
-                              " ms connecting to the torch c10d store at " + where_ + ": " + err +
-                              "; check that MASTER_ADDR:MASTER_PORT (or the c10d:// rendezvous) names the torchrun "
-                              "agent's store and that torchrun is still running");
+      throw StoreTimeout("timed out after " + std::to_string(ms_since(started)) +
+                         " ms connecting to the torch c10d store at " + where_ + ": " + err +
+                         "; check that MASTER_ADDR:MASTER_PORT (or the c10d:// rendezvous) names the torchrun "
+                         "agent's store and that torchrun is still running");
     std::this_thread::sleep_for(std::min(backoff, milliseconds(left)));
     backoff = std::min(backoff * 2, milliseconds(250));
   }
@@ -83,7 +85,7 @@ C10dStore::C10dStore(const std::string &host, int port, milliseconds timeout)
   uint32_t nonce = uint32_t(::getpid()) ^ 0x5348u, echo = 0;
   put<uint8_t>(msg, Q_PING);
   put<uint32_t>(msg, nonce);
-  Clock::time_point hs = Clock::now() + std::min(timeout_, milliseconds(10000));
+  Clock::time_point hs = until(std::min(timeout_, milliseconds(10000)));
   doing_ = " during the c10d handshake (is it a torch c10d TCPStore?)";
   send_all(msg, hs);
   recv_exact(&echo, sizeof echo, hs);
@@ -99,28 +101,34 @@ C10dStore::~C10dStore() {
   // Tells a later run of this rank that this one is over (see the head of c10d_store.h). An
   // ADD, not a SET: its answer confirms the key is stored before the connection closes, so the
   // next run's CHECK cannot overtake it (the server handles a connection's requests in order,
-  // so it confirms an abort SET sent before it too).
+  // so it confirms an abort SET sent before it too). Past the rendezvous's bound on purpose:
+  // a run whose rendezvous failed must leave too, or the next run of the rank cannot start.
   if (!left_key_.empty()) {
     try {
-      add(left_key_, 1, Clock::now() + std::min(timeout_, kLeaveLimit));
+      add_raw(left_key_, 1, Clock::now() + std::min(timeout_, kLeaveLimit));
     } catch (...) {
     }
   }
   if (fd_ >= 0) ::close(fd_);
 }
 
-void C10dStore::lose(const std::string &why) {
+void C10dStore::lose(const std::string &why, bool silent) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
-  throw gloo::IoException("torch c10d store at " + where_ + ": " + why + doing_ +
-                          "; check that MASTER_ADDR:MASTER_PORT (or the c10d:// rendezvous) names the torchrun agent's "
-                          "store, or use tcp:// for shardload's own store");
+  std::string msg = "torch c10d store at " + where_ + ": " + why + doing_ +
+                    "; check that MASTER_ADDR:MASTER_PORT (or the c10d:// rendezvous) names the torchrun agent's "
+                    "store, or use tcp:// for shardload's own store";
+  if (silent) throw StoreTimeout(msg);
+  throw gloo::IoException(msg);
 }
 
 void C10dStore::send_all(const std::string &msg, Clock::time_point deadline) {
   if (fd_ < 0) throw gloo::IoException("torch c10d store at " + where_ + " is unreachable (an earlier request failed)");
+  if (too_late(deadline)) // the connection stays usable (rdzv_store.h)
+    throw StoreTimeout("torch c10d store at " + where_ + ": the rendezvous's time ran out" + doing_);
+  sent_at_ = Clock::now();
   int sent = tcp_socket::send_all(fd_, msg, deadline);
-  if (sent < 0) lose("no progress sending a request within " + std::to_string(timeout_.count()) + " ms");
+  if (sent < 0) lose("no progress sending a request within " + std::to_string(ms_since(sent_at_)) + " ms", true);
   if (sent > 0) lose(std::string("connection lost (torchrun exited?): ") + strerror(sent));
 }
 
@@ -130,7 +138,7 @@ void C10dStore::recv_exact(void *buf, size_t n, Clock::time_point deadline) {
   for (size_t got = 0; got < n;) {
     pollfd pf = {fd_, POLLIN, 0};
     int rc = ::poll(&pf, 1, remaining_ms(deadline));
-    if (rc == 0) lose("no answer within " + std::to_string(timeout_.count()) + " ms");
+    if (rc == 0) lose("no answer within " + std::to_string(ms_since(sent_at_)) + " ms", true);
     if (rc < 0) {
       if (errno == EINTR) continue;
       lose(std::string("poll: ") + strerror(errno));
@@ -145,9 +153,9 @@ void C10dStore::recv_exact(void *buf, size_t n, Clock::time_point deadline) {
   }
 }
 
-int64_t C10dStore::add(const std::string &key, int64_t delta) { return add(key, delta, Clock::now() + timeout_); }
+int64_t C10dStore::add(const std::string &key, int64_t delta) { return add_raw(scoped(key), delta, until(timeout_)); }
 
-int64_t C10dStore::add(const std::string &key, int64_t delta, Clock::time_point deadline) {
+int64_t C10dStore::add_raw(const std::string &key, int64_t delta, Clock::time_point deadline) {
   std::string msg;
   put<uint8_t>(msg, Q_ADD);
   put_str(msg, key);
@@ -158,9 +166,29 @@ int64_t C10dStore::add(const std::string &key, int64_t delta, Clock::time_point 
   return v;
 }
 
+std::string C10dStore::get_raw(const std::string &key, uint64_t max, Clock::time_point deadline) {
+  std::string msg;
+  put<uint8_t>(msg, Q_GET);
+  put_str(msg, key);
+  send_all(msg, deadline);
+  uint64_t len = 0;
+  recv_exact(&len, sizeof len, deadline);
+  if (len > max) lose("it answered a GET with a " + std::to_string(len) + "-byte value");
+  std::string v(len, '\0');
+  if (len) recv_exact(&v[0], len, deadline);
+  return v;
+}
+
+void C10dStore::check_abort(Clock::time_point deadline) {
+  if (abort_key_.empty() || !check_raw({abort_key_}, deadline)) return;
+  throw C10dRankTaken(get_raw(abort_key_, 4096, deadline));
+}
+
 void C10dStore::claim(const std::string &prefix, int rank, int world, const std::function<void()> &between) {
+  // One deadline for the claim and its wait, within the rendezvous's (the bound).
+  Clock::time_point end = until(timeout_);
   std::string r = std::to_string(rank);
-  int64_t n = add(prefix + "/sl_claim/" + r, 1);
+  int64_t n = add_raw(prefix + "/sl_claim/" + r, 1, end);
   if (n < 1 || n > 1000000)
     lose("it answered an ADD on key '" + prefix + "/sl_claim/" + r + "' with " + std::to_string(n));
   auto space = [&](int64_t k) { return prefix + "/run" + std::to_string(k) + "/"; };
@@ -169,8 +197,7 @@ void C10dStore::claim(const std::string &prefix, int rank, int world, const std:
   if (n > 1) {
     // Run N-1 of this rank must have left; if it has not, it is alive in the same job.
     std::string prev = space(n - 1);
-    Clock::time_point deadline = Clock::now() + timeout_;
-    if (!check_raw({prev + "sl_left/" + r}, deadline)) {
+    if (!check_raw({prev + "sl_left/" + r}, end)) {
       std::string why = "rank " + r + " was started twice: another process of this job holds rank " + r +
                         " in the torch c10d store at " + where_ + " (key prefix '" + prefix +
                         "'); give every process its own RANK (or, if an earlier shardload run of this rank was "
@@ -181,7 +208,7 @@ void C10dStore::claim(const std::string &prefix, int rank, int world, const std:
       put_str(msg, prev + "sl_abort");
       put_str(msg, why);
       try {
-        send_all(msg, deadline);
+        send_all(msg, end);
       } catch (...) {
       }
       left_key_ = space_ + "sl_left/" + r; // this run is over too: a later one may proceed
@@ -191,37 +218,39 @@ void C10dStore::claim(const std::string &prefix, int rank, int world, const std:
   left_key_ = space_ + "sl_left/" + r;
 
   // Every rank of the run claims before any goes on, so a duplicate found during the
-  // rendezvous fails them all (through the abort key) instead of only itself.
-  std::vector<std::string> claimed;
-  for (int k = 0; k < world; k++) claimed.push_back("sl_claimed/" + std::to_string(k));
-  set(claimed[size_t(rank)], std::vector<char>{'1'});
-  Clock::time_point end = Clock::now() + timeout_;
-  try {
-    for (;;) {
-      milliseconds left = std::max(std::chrono::duration_cast<milliseconds>(end - Clock::now()), milliseconds(1));
-      milliseconds slice = between ? std::min(left, milliseconds(500)) : left;
-      try {
-        wait(claimed, slice);
-        break;
-      } catch (const gloo::IoException &) {
-        if (fd_ < 0 || Clock::now() >= end) throw;
-      }
-      if (between) between();
+  // rendezvous fails them all (through the abort key) instead of only itself. Each rank sets
+  // its key (for the report) and then counts itself in: the wait polls the count.
+  std::string msg;
+  put<uint8_t>(msg, Q_SET);
+  put_str(msg, space_ + "sl_claimed/" + r);
+  put_str(msg, "1");
+  send_all(msg, end);
+  const std::string count = space_ + "sl_claimed";
+  add_raw(count, 1, end);
+  milliseconds pause(1);
+  Clock::time_point next = Clock::now() + kBetween;
+  // Polls end while a request still fits before END, so that the connection is whole for
+  // the report below (rdzv_store.h: kShortestRequest).
+  Clock::time_point last = end - 2 * kShortestRequest;
+  while (Clock::now() < last) {
+    if (add_raw(count, 0, end) >= world) return;
+    check_abort(end);
+    if (between && Clock::now() >= next) {
+      between();
+      next = Clock::now() + kBetween;
     }
-  } catch (const C10dRankTaken &) {
-    throw;
-  } catch (const gloo::IoException &) {
-    if (fd_ < 0) throw;
-    std::vector<std::string> missing;
-    for (int k = 0; k < world; k++)
-      if (!check({claimed[size_t(k)]})) missing.push_back(std::to_string(k));
-    if (missing.empty()) throw;
-    throw gloo::IoException("timed out after " + std::to_string(timeout_.count()) + " ms waiting for " +
-                            (missing.size() == 1 ? "rank " : "ranks ") + first_few(missing) +
-                            " to join in the torch c10d store at " + where_ +
-                            "; check that every rank started with the same world size and that the launcher "
-                            "started them all");
+    std::this_thread::sleep_for(std::min({pause, milliseconds(remaining_ms(last)), milliseconds(remaining_ms(next))}));
+    pause = std::min(pause * 2, milliseconds(50));
   }
+  Clock::time_point report = Clock::now() + report_grace(timeout_);
+  Absent a = find_absent(
+      world, [&] { return add_raw(count, 0, report); },
+      [&](int k) { return check_raw({space_ + "sl_claimed/" + std::to_string(k)}, report); }, report);
+  std::string who = absent_text(a, world);
+  throw StoreTimeout("timed out after " + std::to_string(timeout_.count()) + " ms waiting for " +
+                     (who.empty() ? "the other ranks" : who) + " to join in the torch c10d store at " + where_ +
+                     "; check that every rank started with the same world size and that the launcher started "
+                     "them all");
 }
 
 bool C10dStore::check_raw(const std::vector<std::string> &keys, Clock::time_point deadline) {
@@ -239,7 +268,7 @@ bool C10dStore::check_raw(const std::vector<std::string> &keys, Clock::time_poin
 bool C10dStore::check(const std::vector<std::string> &keys) {
   std::vector<std::string> k;
   for (const auto &key : keys) k.push_back(scoped(key));
-  return check_raw(k, Clock::now() + timeout_);
+  return check_raw(k, until(timeout_));
 }
 
 void C10dStore::set(const std::string &key, const std::vector<char> &data) {
@@ -247,57 +276,38 @@ void C10dStore::set(const std::string &key, const std::vector<char> &data) {
   put<uint8_t>(msg, Q_SET);
   put_str(msg, scoped(key));
   put_str(msg, std::string(data.begin(), data.end()));
-  send_all(msg, Clock::now() + timeout_);
+  send_all(msg, until(timeout_));
 }
 
 std::vector<char> C10dStore::get(const std::string &key) {
   wait({key}, timeout_);
-  Clock::time_point deadline = Clock::now() + timeout_;
-  std::string msg;
-  put<uint8_t>(msg, Q_GET);
-  put_str(msg, scoped(key));
-  send_all(msg, deadline);
-  uint64_t len = 0;
-  recv_exact(&len, sizeof len, deadline);
-  if (len > kMaxValue) lose("it answered a GET with a " + std::to_string(len) + "-byte value");
-  std::vector<char> v(len);
-  if (len) recv_exact(v.data(), len, deadline);
-  return v;
+  std::string v = get_raw(scoped(key), kMaxValue, until(timeout_));
+  return std::vector<char>(v.begin(), v.end());
 }
 
 void C10dStore::wait(const std::vector<std::string> &keys) { wait(keys, timeout_); }
 
 void C10dStore::wait(const std::vector<std::string> &keys, const milliseconds &timeout) {
-  // Gloo's convention: zero means no timeout; ours never blocks past the store's own.
-  milliseconds t = timeout.count() > 0 ? std::min(timeout, timeout_) : timeout_;
-  Clock::time_point deadline = Clock::now() + t;
+  // Gloo's convention: zero means no timeout; ours never blocks past the store's own (nor
+  // past the bound).
+  Clock::time_point started = Clock::now();
+  Clock::time_point deadline = until(timeout.count() > 0 ? std::min(timeout, timeout_) : timeout_);
   std::vector<std::string> k;
   for (const auto &key : keys) k.push_back(scoped(key));
   milliseconds pause(1);
   for (;;) {
-    // Each request may take the rest of the store's timeout, not just the rest of this wait:
-    // a wait about to expire must still learn the answer of its last poll.
-    Clock::time_point req = Clock::now() + timeout_;
+    // Each request may take the rest of the store's timeout (within the bound), not just the
+    // rest of this wait: a wait about to expire must still learn the answer of its last poll.
+    Clock::time_point req = until(timeout_);
     if (check_raw(k, req)) return;
-    if (!abort_key_.empty() && check_raw({abort_key_}, req)) {
-      std::string msg;
-      put<uint8_t>(msg, Q_GET);
-      put_str(msg, abort_key_);
-      send_all(msg, req);
-      uint64_t len = 0;
-      recv_exact(&len, sizeof len, req);
-      if (len > 4096) lose("it answered a GET with a " + std::to_string(len) + "-byte value");
-      std::string why(len, '\0');
-      if (len) recv_exact(&why[0], len, req);
-      throw C10dRankTaken(why);
-    }
+    check_abort(req);
     int left = remaining_ms(deadline);
     if (left <= 0) break;
     std::this_thread::sleep_for(std::min(pause, milliseconds(left)));
     pause = std::min(pause * 2, milliseconds(50));
   }
-  throw gloo::IoException("Wait timeout after " + std::to_string(t.count()) + " ms for key(s) " + first_few(keys) +
-                          " in the torch c10d store at " + where_);
+  throw StoreTimeout("Wait timeout after " + std::to_string(ms_since(started)) + " ms for key(s) " +
+                     first_few(keys) + " in the torch c10d store at " + where_);
 }
 
 } // namespace shardload

@@ -13,10 +13,11 @@
 //   VALIDATE(0) u32 magic 0x3C85F7CE  -> nothing (a wrong magic closes the connection)
 //   SET(1)      key, value            -> nothing
 //   GET(3)      key                   -> value (the key must exist: clients WAIT or CHECK first)
-//   ADD(4)      key, i64 delta        -> i64 new value (a missing key counts from 0)
+//   ADD(4)      key, i64 delta        -> i64 new value (a missing key counts from 0; delta 0 reads)
 //   CHECK(5)    u64 n, n keys         -> u8 0 READY (all present) | 1 NOT_READY
 //   PING(13)    u32 nonce             -> u32 the same nonce
-// Waits are CHECK polls, so no request is ever left parked in the server when a rank gives up.
+// Waits are CHECK (or ADD 0) polls, so no request is ever left parked in the server when a rank
+// gives up. Every request is held to the rendezvous's deadline (rdzv_store.h).
 //
 // Runs: the agent's store lives as long as torchrun, across worker restarts and across several
 // shardload runs in one worker. The key prefix (core/src/context.c) tells restarts apart
@@ -38,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include <gloo/rendezvous/store.h>
+#include "rdzv_store.h"
 
 namespace shardload {
 
@@ -49,46 +50,49 @@ class C10dRankTaken : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-class C10dStore : public gloo::rendezvous::Store {
+class C10dStore : public RdzvStore {
  public:
   // Connects to HOST:PORT, retrying until TIMEOUT (the agent may still be starting), then
   // validates the connection the way torch's clients do and pings to make sure a c10d store
-  // answers. TIMEOUT bounds every later request and wait. Throws gloo::IoException naming
-  // HOST:PORT and what to check.
-  C10dStore(const std::string &host, int port, std::chrono::milliseconds timeout);
+  // answers. TIMEOUT bounds every later request and wait; BOUND (RdzvStore::bound) holds
+  // them, and the connecting, to the rendezvous's deadline. Throws StoreTimeout or
+  // gloo::IoException naming HOST:PORT and what to check.
+  C10dStore(const std::string &host, int port, std::chrono::milliseconds timeout, Clock::time_point bound);
   ~C10dStore() override;
   C10dStore(const C10dStore &) = delete;
   C10dStore &operator=(const C10dStore &) = delete;
 
   // Claims RANK of the WORLD ranks of the job whose keys live under PREFIX, enters this run's
   // key space (see the head of the file) and waits, up to the timeout, until every rank has
-  // claimed. Throws C10dRankTaken when another live process holds RANK (it then also aborts
-  // the ranks of that run still in their rendezvous) or when this run was aborted so;
-  // gloo::IoException naming the missing ranks at the timeout. Call once, first. BETWEEN, when
-  // set, runs every half second of the wait and may throw to end it (the lobby, lobby.h).
+  // claimed (a counter every rank ADDs to: one request per poll, whatever the world size).
+  // Throws C10dRankTaken when another live process holds RANK (it then also aborts the ranks
+  // of that run still in their rendezvous) or when this run was aborted so; StoreTimeout
+  // naming the missing ranks (find_absent: a bounded report) at the timeout. Call once,
+  // first. BETWEEN, when set, runs every half second of the wait and may throw to end it (the
+  // lobby, lobby.h).
   void claim(const std::string &prefix, int rank, int world, const std::function<void()> &between = {});
 
+  // From here on keys are in this run's key space once claimed.
   void set(const std::string &key, const std::vector<char> &data) override;
   // Waits (up to the store's timeout) for the key, as Gloo's own stores do.
   std::vector<char> get(const std::string &key) override;
-  // Polls until every key is present. Throws gloo::IoException at the timeout (Gloo's
-  // convention: zero means the store's own), C10dRankTaken when the run was aborted.
+  // Polls until every key is present. Throws StoreTimeout at the timeout (Gloo's convention:
+  // zero means the store's own), C10dRankTaken when the run was aborted.
   void wait(const std::vector<std::string> &keys) override;
   void wait(const std::vector<std::string> &keys, const std::chrono::milliseconds &timeout) override;
-  // Whether every key is present now.
-  bool check(const std::vector<std::string> &keys);
-  // Adds DELTA to the integer at KEY (0 when absent) and returns the sum. KEY is used as given,
-  // outside this run's key space.
-  int64_t add(const std::string &key, int64_t delta);
-
+  bool check(const std::vector<std::string> &keys) override;
+  int64_t add(const std::string &key, int64_t delta) override;
 
  private:
-  int64_t add(const std::string &key, int64_t delta, std::chrono::steady_clock::time_point deadline);
+  int64_t add_raw(const std::string &key, int64_t delta, Clock::time_point deadline);
   std::string scoped(const std::string &key) const { return space_ + key; }
-  bool check_raw(const std::vector<std::string> &keys, std::chrono::steady_clock::time_point deadline);
-  void send_all(const std::string &msg, std::chrono::steady_clock::time_point deadline);
-  void recv_exact(void *buf, size_t n, std::chrono::steady_clock::time_point deadline);
-  [[noreturn]] void lose(const std::string &why);
+  bool check_raw(const std::vector<std::string> &keys, Clock::time_point deadline);
+  std::string get_raw(const std::string &key, uint64_t max, Clock::time_point deadline);
+  // Throws C10dRankTaken when this run was aborted (its abort key is set).
+  void check_abort(Clock::time_point deadline);
+  void send_all(const std::string &msg, Clock::time_point deadline);
+  void recv_exact(void *buf, size_t n, Clock::time_point deadline);
+  [[noreturn]] void lose(const std::string &why, bool silent = false);
 
   int fd_ = -1;
   std::string where_; // "HOST:PORT", for messages
@@ -97,6 +101,7 @@ class C10dStore : public gloo::rendezvous::Store {
   std::string abort_key_; // present once the run was aborted; holds the reason
   std::string left_key_;  // set when this rank leaves the store
   const char *doing_ = ""; // what failed requests were part of, for messages
+  Clock::time_point sent_at_; // when the request being answered was sent, for messages
 };
 
 } // namespace shardload

@@ -36,10 +36,13 @@
 namespace shardload::gloo_internal {
 
 ProbingPrefixStore::ProbingPrefixStore(const std::string &prefix, gloo::rendezvous::Store &base,
-                                       std::function<bool(const std::vector<std::string> &)> has)
-    : PrefixStore(prefix, base), has_(std::move(has)) {}
+                                       std::function<bool(const std::vector<std::string> &)> has,
+                                       shardload::RdzvStore *counters)
+    : PrefixStore(prefix, base), has_(std::move(has)), counters_(counters) {}
 
 bool ProbingPrefixStore::has(const std::string &key) { return has_({joinKey(key)}); }
+
+int64_t ProbingPrefixStore::add(const std::string &key, int64_t delta) { return counters_->add(joinKey(key), delta); }
 
 namespace {
 
@@ -48,6 +51,16 @@ namespace {
 // run replaces it.
 constexpr milliseconds kLobbySlice(500);
 constexpr milliseconds kLobbyGrace(5000);
+// The counter every rank adds 1 to once its join key is set (a store that keeps counters):
+// a timed-out join learns how many ranks joined from one request, whatever the world size.
+const char kJoined[] = "sl_joined";
+
+// The status of a failed store request: a timeout when the store said it is one
+// (StoreTimeout), whatever its words; else what the words say (classify).
+sl_status store_status(const std::exception &e) {
+  if (dynamic_cast<const shardload::StoreTimeout *>(&e)) return SL_ERR_TIMEOUT;
+  return classify(gloo_text(e.what()));
+}
 
 // FileStore with its (protected) non-blocking presence test exposed.
 class ProbingFileStore : public gloo::rendezvous::FileStore {
@@ -264,6 +277,28 @@ bool make_dirs(const std::string &path, int *err) {
   return true;
 }
 
+// The join's wait failed (E): names the ranks that never joined, in a report of a bounded
+// number of requests (find_absent) given a short grace past the rendezvous's deadline, or
+// the store's own failure when it cannot tell or nobody is missing.
+sl_status join_failed(Comm &c, const std::string &where, const std::vector<std::string> &keys,
+                      const std::exception &e) {
+  Clock::time_point report = Clock::now() + shardload::report_grace(c.timeout());
+  if (c.net) c.net->bound(report);
+  std::function<int64_t()> arrived;
+  if (c.store->counts()) arrived = [&c] { return c.store->add(kJoined, 0); };
+  shardload::Absent a = shardload::find_absent(
+      c.world, arrived, [&](int r) { return c.store->has(keys[size_t(r)]); }, report);
+  std::string who = shardload::absent_text(a, c.world);
+  if (who.empty()) return init_fail(c, store_status(e), where + ": " + gloo_text(e.what()));
+  // Rank 0 knows of clients that failed the handshake: most likely the missing ranks.
+  std::string refused = c.server ? c.server->refusals() : "";
+  return init_fail(c, SL_ERR_TIMEOUT,
+                   where + ": timed out after " + std::to_string(c.timeout_ms) + " ms waiting for " + who +
+                       " to join; check that every rank started with the same world size, rendezvous, "
+                       "checkpoint path, plan and load options" +
+                       (c.lobby ? c.lobby->hint() : "") + (refused.empty() ? "" : " (the store refused: " + refused + ")"));
+}
+
 // Every rank announces itself and waits for all others, so a missing rank is named instead
 // of surfacing as an anonymous timeout inside Gloo's own rendezvous.
 sl_status join(Comm &c, const std::string &where, Clock::time_point deadline) {
@@ -274,6 +309,7 @@ sl_status join(Comm &c, const std::string &where, Clock::time_point deadline) {
   std::string me = std::string(host) + " pid " + std::to_string(getpid());
   try {
     c.store->set(keys[size_t(c.rank)], std::vector<char>(me.begin(), me.end()));
+    if (c.store->counts()) c.store->add(kJoined, 1); // after the key: a count of N means N keys
   } catch (const shardload::TcpStoreRefused &e) { // a rank number started twice
     return init_fail(c, SL_ERR_INVALID, where + ": " + e.what());
   } catch (const std::exception &e) {
@@ -282,7 +318,7 @@ sl_status join(Comm &c, const std::string &where, Clock::time_point deadline) {
       return init_fail(c, SL_ERR_INVALID,
                        where + ": the directory holds the keys of an earlier job; empty it, or give each job a "
                                "fresh directory");
-    throw;
+    return init_fail(c, store_status(e), where + ": joining the rendezvous failed: " + gloo_text(e.what()));
   }
   // Waits in slices when there is a lobby: between them it tells of a peer that joined under
   // another job key, which would never arrive under ours (lobby.h).
@@ -299,21 +335,8 @@ sl_status join(Comm &c, const std::string &where, Clock::time_point deadline) {
       return init_fail(c, SL_ERR_INVALID, where + ": " + e.what());
     } catch (const std::exception &e) {
       // Past the deadline, or the store failed rather than the slice expiring.
-      if (Clock::now() >= deadline || (c.tcp && c.tcp->broken()) || Clock::now() - began < slice / 2) {
-        std::vector<int> missing;
-        for (int r = 0; r < c.world; r++)
-          if (!store_has(c, keys[size_t(r)])) missing.push_back(r);
-        if (missing.empty()) throw;
-        // Rank 0 knows of clients that failed the handshake: most likely the missing ranks.
-        std::string refused = c.server ? c.server->refusals() : "";
-        return init_fail(c, SL_ERR_TIMEOUT,
-                         where + ": timed out after " + std::to_string(c.timeout_ms) + " ms waiting for " +
-                             rank_list(missing) +
-                             " to join; check that every rank started with the same world size, rendezvous, "
-                             "checkpoint path, plan and load options" +
-                             (c.lobby ? c.lobby->hint() : "") +
-                             (refused.empty() ? "" : " (the store refused: " + refused + ")"));
-      }
+      if (Clock::now() >= deadline || (c.tcp && c.tcp->broken()) || Clock::now() - began < slice / 2)
+        return join_failed(c, where, keys, e);
     }
     try {
       if (c.lobby) c.lobby->check();
@@ -342,10 +365,10 @@ sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
   } else if (r.kind == SL__RDZV_C10D) {
     // torchrun's agent serves the store (c10d_store.h): every rank is a client, none serves.
     try {
-      auto cs = std::make_unique<shardload::C10dStore>(r.host, r.port, c.timeout());
+      auto cs = std::make_unique<shardload::C10dStore>(r.host, r.port, c.timeout(), deadline);
       if (!c.lobby_prefix.empty()) {
         // The lobby keys are outside every run's key space: a connection that never claims.
-        auto ls = std::make_unique<shardload::C10dStore>(r.host, r.port, c.timeout());
+        auto ls = std::make_unique<shardload::C10dStore>(r.host, r.port, c.timeout(), deadline);
         shardload::C10dStore *lraw = ls.get();
         c.lobby = std::make_unique<shardload::Lobby>(
             lraw, [lraw](const std::vector<std::string> &k) { return lraw->check(k); }, c.lobby_prefix, c.job_key,
@@ -359,13 +382,14 @@ sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
       });
       shardload::C10dStore *raw = cs.get();
       has = [raw](const std::vector<std::string> &k) { return raw->check(k); };
+      c.net = raw;
       c.base = std::move(cs);
     } catch (const shardload::C10dRankTaken &e) {
       return init_fail(c, SL_ERR_INVALID, where + ": " + e.what());
     } catch (const shardload::LobbyMismatch &e) {
       return init_fail(c, SL_ERR_MISMATCH, where + ": " + e.what());
     } catch (const std::exception &e) {
-      return init_fail(c, classify(e.what()) == SL_ERR_TIMEOUT ? SL_ERR_TIMEOUT : SL_ERR_COMM,
+      return init_fail(c, store_status(e) == SL_ERR_TIMEOUT ? SL_ERR_TIMEOUT : SL_ERR_COMM,
                        where + ": " + gloo_text(e.what()));
     }
   } else {
@@ -390,8 +414,9 @@ sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
       }
     }
     try {
-      auto ts = std::make_unique<shardload::TcpStore>(r.host, r.port, c.rank, c.world, key, c.timeout());
+      auto ts = std::make_unique<shardload::TcpStore>(r.host, r.port, c.rank, c.world, key, c.timeout(), deadline);
       c.tcp = ts.get();
+      c.net = c.tcp;
       c.base = std::move(ts);
     } catch (const shardload::TcpStoreRefused &e) {
       return init_fail(c, SL_ERR_INVALID, where + ": " + e.what());
@@ -406,7 +431,7 @@ sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
     shardload::TcpStore *raw = c.tcp;
     has = [raw](const std::vector<std::string> &k) { return raw->check(k); };
   }
-  c.store = std::make_unique<ProbingPrefixStore>(prefix, *c.base, has);
+  c.store = std::make_unique<ProbingPrefixStore>(prefix, *c.base, has, c.net);
   if (!c.lobby && !c.lobby_prefix.empty()) {
     // file:// keeps every earlier job's entries (a FileStore never replaces a key): there the
     // lobby only explains a timeout. A tcp:// store serves this job alone: an entry is proof.
@@ -447,11 +472,14 @@ sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
     std::string detail = gloo_text(e.what());
     c.ctx.reset();
     std::string hint = r.kind == SL__RDZV_FILE ? "; if the directory was used by an earlier job, empty it" : "";
-    return init_fail(c, classify(detail) == SL_ERR_TIMEOUT ? SL_ERR_TIMEOUT : SL_ERR_COMM,
+    return init_fail(c, store_status(e) == SL_ERR_TIMEOUT ? SL_ERR_TIMEOUT : SL_ERR_COMM,
                      where + ": connecting to the other ranks from " + why + " failed: " + detail +
                          "; check that they can reach this address (SHARDLOAD_GLOO_IFACE_ADDR)" + hint);
   }
-  return agree_chunk(c, where, deadline);
+  st = agree_chunk(c, where, deadline);
+  // Met: later requests (failure reports) keep to their own bounds, not the rendezvous's.
+  if (st == SL_OK && c.net) c.net->bound(Clock::time_point::max());
+  return st;
 }
 
 sl_status open_comm_over(Comm &c, const sl_control_plane &ctl, const sl__rendezvous *r) {

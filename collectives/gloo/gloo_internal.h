@@ -22,6 +22,7 @@ extern "C" {
 #include "internal.h"
 }
 #include "lobby.h"
+#include "rdzv_store.h"
 #include "tcp_store.h"
 
 namespace shardload::gloo_internal {
@@ -32,15 +33,21 @@ using std::chrono::milliseconds;
 constexpr size_t kDefaultChunk = size_t(256) << 20;
 constexpr int kDefaultTimeoutMs = 300000;
 
-// PrefixStore that can also ask, without waiting, whether a key is present (gloo_connect.cc).
+// PrefixStore that can also ask, without waiting, whether a key is present, and add to a
+// counter when the base store keeps counters (gloo_connect.cc).
 class ProbingPrefixStore : public gloo::rendezvous::PrefixStore {
  public:
   ProbingPrefixStore(const std::string &prefix, gloo::rendezvous::Store &base,
-                     std::function<bool(const std::vector<std::string> &)> has);
+                     std::function<bool(const std::vector<std::string> &)> has,
+                     shardload::RdzvStore *counters = nullptr);
   bool has(const std::string &key);
+  bool counts() const { return counters_ != nullptr; }
+  // RdzvStore::add under the prefix; only when counts().
+  int64_t add(const std::string &key, int64_t delta);
 
  private:
   std::function<bool(const std::vector<std::string> &)> has_;
+  shardload::RdzvStore *counters_;
 };
 
 // One rank's communicator: what open_comm connected, and the state of the calls made on it
@@ -55,6 +62,7 @@ struct Comm {
   std::unique_ptr<shardload::TcpStoreServer> server; // rank 0 of a tcp:// rendezvous
   std::unique_ptr<gloo::rendezvous::Store> base;     // FileStore or TcpStore
   shardload::TcpStore *tcp = nullptr;                 // BASE when it is a TcpStore (a sub: its root's)
+  shardload::RdzvStore *net = nullptr;                // BASE when it is a network store (tcp://, c10d://)
   std::unique_ptr<ProbingPrefixStore> store;         // null: bootstrapped over a control plane
   std::string lobby_prefix, job_key;           // sl_collective_init's lobby and job_key
   std::unique_ptr<gloo::rendezvous::Store> lobby_conn; // c10d: an unclaimed connection for the lobby

@@ -20,6 +20,11 @@ inline int remaining_ms(Clock::time_point deadline) {
   return left <= 0 ? 0 : left > 1000000 ? 1000000 : int(left);
 }
 
+// Milliseconds since T, for messages.
+inline long ms_since(Clock::time_point t) {
+  return long(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
+}
+
 // "HOST:PORT" ("[HOST]:PORT" for an IPv6 address), for messages.
 inline std::string host_port(const std::string &host, int port) {
   return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);

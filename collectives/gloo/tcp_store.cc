@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -24,11 +25,12 @@ using namespace tcp_store_auth;
 using std::chrono::milliseconds;
 
 TcpStore::TcpStore(const std::string &host, int port, int rank, int world, const TcpStoreKey &key,
-                   milliseconds timeout)
+                   milliseconds timeout, Clock::time_point bound_at)
     : where_(host_port(host, port)),
       timeout_(timeout), limits_(TcpStoreLimits::for_world(world, timeout)) {
   need_sodium();
-  Clock::time_point deadline = Clock::now() + timeout;
+  bound(bound_at);
+  Clock::time_point started = Clock::now(), deadline = until(timeout);
   std::string err = "not tried";
   milliseconds backoff(10);
   // Rank 0 may not be listening yet, or may shed connections past its limits while many
@@ -50,15 +52,22 @@ TcpStore::TcpStore(const std::string &host, int port, int rank, int world, const
     }
     int left = remaining_ms(deadline);
     if (left <= 0)
-      throw gloo::IoException("timed out after " + std::to_string(timeout.count()) +
-                              " ms connecting to the rendezvous store at " + where_ +
-                              " (served by rank 0): " + err);
+      throw StoreTimeout("timed out after " + std::to_string(ms_since(started)) +
+                         " ms connecting to the rendezvous store at " + where_ + " (served by rank 0): " + err);
     std::this_thread::sleep_for(std::min(backoff, milliseconds(left)));
     backoff = std::min(backoff * 2, milliseconds(250));
   }
 }
 
 namespace {
+
+// "A, B, C" for the first 8 keys, then "and N more".
+std::string first_few(const std::vector<std::string> &items) {
+  std::string list;
+  for (size_t i = 0; i < items.size() && i < 8; i++) list += (i ? ", " : "") + items[i];
+  if (items.size() > 8) list += " and " + std::to_string(items.size() - 8) + " more";
+  return list;
+}
 
 // Text from a peer that has not proved the job's token, fit for a message: at most 200
 // bytes, control characters replaced.
@@ -118,16 +127,19 @@ void TcpStore::lose(const std::string &why, bool silent) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   silent_ = silent;
-  throw gloo::IoException("rendezvous store at " + where_ + " (served by rank 0): " + why);
+  std::string msg = "rendezvous store at " + where_ + " (served by rank 0): " + why;
+  if (silent) throw StoreTimeout(msg);
+  throw gloo::IoException(msg);
 }
 
 std::vector<std::string> TcpStore::request(uint8_t op, const std::vector<std::string> &fields, milliseconds timeout,
                                            uint8_t *status) {
   if (fd_ < 0) throw gloo::IoException("rendezvous store at " + where_ + " (served by rank 0) is unreachable");
-  timeout = std::min(timeout, limit_);
-  Clock::time_point deadline = Clock::now() + timeout;
+  Clock::time_point sent_at = Clock::now(), deadline = until(std::min(timeout, limit_));
+  if (too_late(deadline)) // the connection stays usable (rdzv_store.h)
+    throw StoreTimeout("rendezvous store at " + where_ + " (served by rank 0): the rendezvous's time ran out");
   int sent = send_all(fd_, frame(op, fields), deadline);
-  if (sent < 0) lose("no progress sending a request within " + std::to_string(timeout.count()) + " ms", true);
+  if (sent < 0) lose("no progress sending a request within " + std::to_string(ms_since(sent_at)) + " ms", true);
   if (sent > 0) lose(std::string("connection lost (rank 0 exited?): ") + strerror(sent));
   std::string in;
   size_t want = 4;
@@ -135,7 +147,7 @@ std::vector<std::string> TcpStore::request(uint8_t op, const std::vector<std::st
   while (in.size() < want) {
     pollfd p = {fd_, POLLIN, 0};
     int rc = ::poll(&p, 1, remaining_ms(deadline));
-    if (rc == 0) lose("no answer within " + std::to_string(timeout.count()) + " ms", true);
+    if (rc == 0) lose("no answer within " + std::to_string(ms_since(sent_at)) + " ms", true);
     if (rc < 0) {
       if (errno == EINTR) continue;
       lose(std::string("poll: ") + strerror(errno));
@@ -197,22 +209,43 @@ void TcpStore::wait(const std::vector<std::string> &keys, const milliseconds &ti
   // Within limit() (request's bound) too, with a quarter of it left for the answer: the
   // server must time the wait out before this client gives up, or it reads as rank 0 stuck.
   milliseconds t = std::min(timeout.count() > 0 ? timeout : timeout_, limit_ - limit_ / 4);
+  // Within the bound too, with the same share left for the answer: a wait the bound cut short
+  // is the server's TIMEOUT, not a connection given up on.
+  if (bounded() != Clock::time_point::max()) {
+    auto left = std::chrono::duration_cast<milliseconds>(bounded() - Clock::now());
+    t = std::min(t, left - std::clamp(left / 4, 5 * kShortestRequest, milliseconds(5000)));
+  }
+  if (t < kShortestRequest)
+    throw StoreTimeout("Wait timeout (the rendezvous's time is up) for key(s) " + first_few(keys) +
+                       " in the rendezvous store at " + where_);
   std::vector<std::string> fields{std::to_string(t.count())};
   fields.insert(fields.end(), keys.begin(), keys.end());
   uint8_t status;
   // The server answers at its deadline; the slack covers a busy server and the network.
   auto missing = request(OP_WAIT, fields, t + milliseconds(5000), &status);
   if (status == ST_OK) return;
-  std::string list;
-  for (const auto &k : missing) list += (list.empty() ? "" : ", ") + k;
-  throw gloo::IoException("Wait timeout after " + std::to_string(t.count()) + " ms for key(s) " + list +
-                          " in the rendezvous store at " + where_);
+  if (status != ST_TIMEOUT) lose("malformed answer to a WAIT");
+  throw StoreTimeout("Wait timeout after " + std::to_string(t.count()) + " ms for key(s) " + first_few(missing) +
+                     " in the rendezvous store at " + where_);
 }
 
 bool TcpStore::check(const std::vector<std::string> &keys) {
   uint8_t status;
   request(OP_CHECK, keys, timeout_, &status);
   return status == ST_OK;
+}
+
+int64_t TcpStore::add(const std::string &key, int64_t delta) {
+  uint8_t status;
+  auto f = request(OP_ADD, {key, std::to_string(delta)}, timeout_, &status);
+  if (status == ST_BAD && f.size() == 1)
+    throw gloo::InvalidOperationException("rendezvous store at " + where_ + " refused to add to key '" +
+                                          key.substr(0, 64) + "': " + unverified(f[0]));
+  char *end = nullptr;
+  errno = 0;
+  long long v = f.size() == 1 ? strtoll(f[0].c_str(), &end, 10) : 0;
+  if (status != ST_OK || f.size() != 1 || f[0].empty() || *end || errno) lose("malformed answer to an ADD");
+  return int64_t(v);
 }
 
 } // namespace shardload

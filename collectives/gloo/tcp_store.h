@@ -17,10 +17,10 @@
 // Handshake (nothing else is served before it completes; docs/DESIGN.md#threat-model).
 // K = BLAKE2b-256("shardload rendezvous key v2" || 0x00 || token) (crypto_generichash), with
 // the empty token when none is set (loopback), so there is one protocol.
-//   HELLO [version, rank, world, cn]  -> OK [sn, server proof] | DENIED [why]
+//   HELLO [version, rank, world, cn]  -> OK [sn, server proof] | DENIED [why]   (version "3")
 //   AUTH  [client proof]              -> OK | BAD [world] | CONFLICT [why] | DENIED [why]
 // cn, sn: 32 random bytes each (the client's and the server's). A proof is
-// HMAC-SHA-256(K, "shardload-rdzv/2" || role || u32 rank || u32 world || cn || sn), role 'S'
+// HMAC-SHA-256(K, "shardload-rdzv/" version || role || u32 rank || u32 world || cn || sn), role 'S'
 // for the server's, 'C' for the client's, checked in constant time. The client checks the
 // server's proof first (a rogue store must not feed ranks forged Gloo addresses) and sends
 // AUTH [""] instead when it fails, so rank 0 learns why that rank never joined. The secret
@@ -31,7 +31,9 @@
 //   SET   [key, value]      -> OK | TOOBIG [why]
 //   GET   [key]             -> OK [value] | MISSING
 //   CHECK [key...]          -> OK | MISSING (all keys present?)
-//   WAIT  [ms, key...]      -> OK once all keys are present | TIMEOUT after ms
+//   WAIT  [ms, key...]      -> OK once all keys are present | TIMEOUT [missing key...] after ms
+//   ADD   [key, delta]      -> OK [sum] (decimal integers; a missing key counts from 0, delta 0
+//                              reads it) | BAD [why] (the key holds no integer, or it would overflow)
 //
 // Bounds (TcpStoreLimits::for_world). Gloo's connectFullMesh stores one value per rank: the
 // addresses of its W-1 pairs, each gloo::transport::Address::kMaxByteSize (192) bytes at most
@@ -61,8 +63,7 @@
 #include <string>
 #include <vector>
 
-#include <gloo/rendezvous/store.h>
-
+#include "rdzv_store.h"
 #include "tcp_store_auth.h"
 
 namespace shardload {
@@ -109,15 +110,16 @@ class TcpStoreRefused : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-class TcpStore : public gloo::rendezvous::Store {
+class TcpStore : public RdzvStore {
  public:
   // Connects to HOST:PORT, retrying until TIMEOUT because rank 0 may start late (or shed
   // the connection while busy), and authenticates with KEY. TIMEOUT also bounds every later
-  // request that has no timeout of its own. Throws TcpStoreRefused when the handshake is
-  // refused either way (see the class), and gloo::IoException naming the store on any other
-  // failure.
+  // request that has no timeout of its own; BOUND (RdzvStore::bound) holds them, and the
+  // connecting, to the rendezvous's deadline. Throws TcpStoreRefused when the handshake is
+  // refused either way (see the class), StoreTimeout when rank 0 did not answer in time, and
+  // gloo::IoException naming the store on any other failure.
   TcpStore(const std::string &host, int port, int rank, int world, const TcpStoreKey &key,
-           std::chrono::milliseconds timeout);
+           std::chrono::milliseconds timeout, Clock::time_point bound);
   ~TcpStore() override;
 
   void set(const std::string &key, const std::vector<char> &data) override;
@@ -125,8 +127,8 @@ class TcpStore : public gloo::rendezvous::Store {
   std::vector<char> get(const std::string &key) override;
   void wait(const std::vector<std::string> &keys) override;
   void wait(const std::vector<std::string> &keys, const std::chrono::milliseconds &timeout) override;
-  // Whether every key is present now.
-  bool check(const std::vector<std::string> &keys);
+  bool check(const std::vector<std::string> &keys) override;
+  int64_t add(const std::string &key, int64_t delta) override;
   // True once the connection failed: the server (rank 0) is gone or unreachable.
   bool broken() const { return fd_ < 0; }
   // True when it failed because a request went unanswered (rank 0 stuck, or its host

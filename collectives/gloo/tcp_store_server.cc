@@ -45,6 +45,13 @@ bool parse_long(const std::string &s, long *out) {
   return !s.empty() && end && !*end && errno == 0;
 }
 
+bool parse_ll(const std::string &s, long long *out) {
+  char *end = nullptr;
+  errno = 0;
+  *out = strtoll(s.c_str(), &end, 10);
+  return !s.empty() && end && !*end && errno == 0;
+}
+
 // "ADDR:PORT" ("[ADDR]:PORT" for IPv6), for messages.
 std::string peer_name(const sockaddr *sa) {
   char host[INET6_ADDRSTRLEN] = "?";
@@ -150,7 +157,10 @@ struct TcpStoreServer::State {
   }
   void handshake(Conn &c, uint8_t op, std::vector<std::string> &f);
   void handle(Conn &c, uint8_t op, std::vector<std::string> &f);
+  // Stores K = V within the limits: ST_OK, or ST_TOOBIG saying why in WHY.
+  uint8_t put(std::string &k, std::string &v, std::string *why);
   void set(Conn &c, std::string &k, std::string &v);
+  void add(Conn &c, std::string &k, const std::string &delta);
   void drop(Conn &c) {
     if (c.dead) return;
     c.dead = true;
@@ -224,21 +234,44 @@ void TcpStoreServer::State::handshake(Conn &c, uint8_t op, std::vector<std::stri
   return reply(c, ST_OK);
 }
 
-void TcpStoreServer::State::set(Conn &c, std::string &k, std::string &v) {
+uint8_t TcpStoreServer::State::put(std::string &k, std::string &v, std::string *why) {
   auto it = kv.find(k);
   size_t old = it == kv.end() ? 0 : it->first.size() + it->second.size();
-  if (k.size() > kMaxKey || v.size() > lim.max_value)
-    return reply(c, ST_TOOBIG,
-                 {"a key of " + std::to_string(k.size()) + " bytes with a value of " + std::to_string(v.size()) +
-                  " bytes is past its limits for a job of " + std::to_string(world) + " ranks (" +
-                  std::to_string(kMaxKey) + " and " + std::to_string(lim.max_value) + " bytes)"});
-  if (stored - old + k.size() + v.size() > lim.max_total)
-    return reply(c, ST_TOOBIG,
-                 {"it holds " + std::to_string(stored) + " bytes, and the limit for a job of " +
-                  std::to_string(world) + " ranks is " + std::to_string(lim.max_total)});
+  if (k.size() > kMaxKey || v.size() > lim.max_value) {
+    *why = "a key of " + std::to_string(k.size()) + " bytes with a value of " + std::to_string(v.size()) +
+           " bytes is past its limits for a job of " + std::to_string(world) + " ranks (" + std::to_string(kMaxKey) +
+           " and " + std::to_string(lim.max_value) + " bytes)";
+    return ST_TOOBIG;
+  }
+  if (stored - old + k.size() + v.size() > lim.max_total) {
+    *why = "it holds " + std::to_string(stored) + " bytes, and the limit for a job of " + std::to_string(world) +
+           " ranks is " + std::to_string(lim.max_total);
+    return ST_TOOBIG;
+  }
   stored = stored - old + k.size() + v.size();
   kv[std::move(k)] = std::move(v);
-  reply(c, ST_OK);
+  return ST_OK;
+}
+
+void TcpStoreServer::State::set(Conn &c, std::string &k, std::string &v) {
+  std::string why;
+  uint8_t st = put(k, v, &why);
+  if (st == ST_OK) return reply(c, ST_OK);
+  reply(c, st, {why});
+}
+
+// A counter in decimal, as torch's stores keep theirs.
+void TcpStoreServer::State::add(Conn &c, std::string &k, const std::string &delta) {
+  long long d, v = 0;
+  if (!parse_ll(delta, &d)) return drop(c);
+  auto it = kv.find(k);
+  if (it != kv.end() && !parse_ll(it->second, &v))
+    return reply(c, ST_BAD, {"the key holds a value that is not an integer"});
+  if (__builtin_add_overflow(v, d, &v)) return reply(c, ST_BAD, {"the sum would overflow"});
+  std::string sum = std::to_string(v), why;
+  uint8_t st = put(k, sum, &why);
+  if (st == ST_OK) return reply(c, ST_OK, {std::to_string(v)});
+  reply(c, st, {why});
 }
 
 void TcpStoreServer::State::handle(Conn &c, uint8_t op, std::vector<std::string> &f) {
@@ -257,6 +290,9 @@ void TcpStoreServer::State::handle(Conn &c, uint8_t op, std::vector<std::string>
   }
   case OP_CHECK:
     return reply(c, all_present(f) ? ST_OK : ST_MISSING);
+  case OP_ADD:
+    if (f.size() != 2) return drop(c);
+    return add(c, f[0], f[1]);
   case OP_WAIT: {
     if (f.empty()) return drop(c);
     // Clamped: a day is past any timeout, and a peer's huge number must not overflow the clock.

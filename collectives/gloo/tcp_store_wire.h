@@ -10,7 +10,7 @@
 namespace shardload {
 namespace tcp_store_wire {
 
-enum Op : uint8_t { OP_HELLO = 1, OP_SET = 2, OP_GET = 3, OP_CHECK = 4, OP_WAIT = 5, OP_AUTH = 6 };
+enum Op : uint8_t { OP_HELLO = 1, OP_SET = 2, OP_GET = 3, OP_CHECK = 4, OP_WAIT = 5, OP_AUTH = 6, OP_ADD = 7 };
 enum Status : uint8_t {
   ST_OK = 0,
   ST_MISSING = 1,
@@ -21,7 +21,8 @@ enum Status : uint8_t {
   ST_TOOBIG = 6
 };
 
-constexpr char kProtocol[] = "2";
+// 3: ADD (the rendezvous counts its ranks in).
+constexpr char kProtocol[] = "3";
 // Before authentication a peer may send only a HELLO or an AUTH: a few hundred bytes.
 constexpr uint32_t kMaxHandshakeFrame = 1024;
 constexpr size_t kMaxKey = 4096;

@@ -177,6 +177,7 @@ SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **
       st = sl__fail(ctx, SL_ERR_INVALID, "rank %d is not in a job of %d ranks", o.rank, o.world_size);
       goto out_free;
     }
+    if ((st = sl__world_size_check(ctx, "sl_context_options.world_size", o.world_size)) != SL_OK) goto out_free;
     ctx->rank = o.rank;
     ctx->world_size = o.world_size;
     ctx->local_rank = o.local_rank >= 0 ? o.local_rank : 0;

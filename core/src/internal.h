@@ -336,8 +336,13 @@ typedef struct sl__launch_info {
   const char *source; /* static: "torchrun", "slurm", "openmpi" or "default" */
 } sl__launch_info;
 /* Reads the launcher variables (torchrun, then Slurm, then Open MPI; none: rank 0 of 1) and
- * SHARDLOAD_RENDEZVOUS; every malformed value is SL_ERR_INVALID naming the variable. */
+ * SHARDLOAD_RENDEZVOUS; every malformed value is SL_ERR_INVALID naming the variable: a world
+ * past SL_MAX_WORLD_SIZE, a local rank not below the launcher's count of the node's ranks. */
 sl_status sl__launch_env(sl_context *ctx, sl__launch_info *out);
+/* SL_ERR_INVALID naming FROM (the option that gave it) and the bound when WORLD is past
+ * SL_MAX_WORLD_SIZE, as sl__launch_env says it of a launcher's variable: every world size a
+ * context takes passes one or the other. */
+sl_status sl__world_size_check(sl_context *ctx, const char *from, long world);
 /* Ranks of this job on this node: LOCAL_WORLD_SIZE (torchrun), SLURM_NTASKS_PER_NODE
  * (when a plain integer), OMPI_COMM_WORLD_LOCAL_SIZE, else 1; a malformed value is
  * SL_ERR_INVALID naming the variable. */

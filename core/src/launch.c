@@ -26,34 +26,74 @@
 /* Slurm has no MASTER_PORT of its own; torch's conventional default. */
 #define SLURM_DEFAULT_PORT 29500
 
-/* Reads integer variable NAME in [MIN, MAX]. Absent: *present = false, OK. */
-static sl_status env_int(sl_context *ctx, const char *name, long min, long max, bool *present,
-                         int *out) {
+/* Why a world is at most SL_MAX_WORLD_SIZE ranks, for messages. */
+#define WORLD_BOUND_WHY                                                                          \
+  "the most ranks shardload's rendezvous serves: each rank connects to every other one, and rank 0's " \
+  "store holds each rank's addresses for all the others; see docs/DESIGN.md#rendezvous"
+
+/* Reads integer variable NAME in [MIN, MAX] (MAX <= INT_MAX); WHY (or NULL) says why the range
+ * is what it is. Absent: *present = false, OK, *OUT untouched. */
+static sl_status env_int_why(sl_context *ctx, const char *name, long min, long max, const char *why,
+                             bool *present, int *out) {
   const char *v = getenv(name);
   *present = v != NULL;
   if (!v) return SL_OK;
   char *end = NULL;
   errno = 0;
   long x = strtol(v, &end, 10);
+  const char *sep = why ? ": " : "", *because = why ? why : "";
   /* strtol accepts leading blanks and "+"; a launcher never writes those, a typo might */
   if (!*v || end == v || *end || v[0] == ' ' || v[0] == '\t' || v[0] == '+')
     return sl__fail(ctx, SL_ERR_INVALID, "%s='%s' is not an integer; fix or unset it", name, v);
   if (errno == ERANGE)
-    return sl__fail(ctx, SL_ERR_INVALID, "%s='%s' is out of range (%ld..%ld); fix or unset it", name, v, min, max);
+    return sl__fail(ctx, SL_ERR_INVALID, "%s='%s' is out of range (%ld..%ld%s%s); fix or unset it", name, v, min,
+                    max, sep, because);
   if (x < min || x > max)
-    return sl__fail(ctx, SL_ERR_INVALID, "%s=%ld is out of range (%ld..%ld); fix or unset it", name, x,
-                    min, max);
+    return sl__fail(ctx, SL_ERR_INVALID, "%s=%ld is out of range (%ld..%ld%s%s); fix or unset it", name, x, min,
+                    max, sep, because);
   *out = (int)x;
   return SL_OK;
 }
 
-/* Reads a rank/size/local-rank triple; SIZE_VAR is required once RANK_VAR is set. */
+static sl_status env_int(sl_context *ctx, const char *name, long min, long max, bool *present, int *out) {
+  return env_int_why(ctx, name, min, max, NULL, present, out);
+}
+
+sl_status sl__world_size_check(sl_context *ctx, const char *from, long world) {
+  if (world <= SL_MAX_WORLD_SIZE) return SL_OK;
+  return sl__fail(ctx, SL_ERR_INVALID, "%s=%ld is out of range (1..%d: " WORLD_BOUND_WHY "); give fewer ranks",
+                  from, world, SL_MAX_WORLD_SIZE);
+}
+
+/* A launcher's local rank must be below its own count of the node's ranks: past it, the rank
+ * would pick a device that belongs to no rank of the node, or another rank's. Only the pair
+ * one launcher sets together is compared (torchrun under Slurm: LOCAL_RANK counts torchrun's
+ * ranks on the node, SLURM_NTASKS_PER_NODE srun's tasks); Slurm's count only when it is a
+ * plain integer ("2(x3)" names no single size). */
+static sl_status local_rank_check(sl_context *ctx, const char *local_var, const char *count_var, int local_rank) {
+  const char *v = getenv(count_var);
+  if (!v || (!strcmp(count_var, "SLURM_NTASKS_PER_NODE") && (!*v || strspn(v, "0123456789") != strlen(v))))
+    return SL_OK;
+  bool present;
+  int count = 0;
+  sl_status st = env_int(ctx, count_var, 1, INT_MAX, &present, &count);
+  if (st != SL_OK) return st;
+  if (local_rank >= count)
+    return sl__fail(ctx, SL_ERR_INVALID,
+                    "%s=%d is not less than %s=%d; local ranks count from 0 on each node: check the launcher's "
+                    "variables", local_var, local_rank, count_var, count);
+  return SL_OK;
+}
+
+/* Reads a rank/size/local-rank triple; SIZE_VAR is required once RANK_VAR is set, and the
+ * local rank is checked against COUNT_VAR, the launcher's count of the node's ranks. */
 static sl_status env_triple(sl_context *ctx, const char *rank_var, const char *size_var,
-                            const char *local_var, sl__launch_info *out) {
+                            const char *local_var, const char *count_var, sl__launch_info *out) {
   bool has_rank, has_size, has_local;
   sl_status st;
   if ((st = env_int(ctx, rank_var, 0, INT_MAX - 1, &has_rank, &out->rank)) != SL_OK) return st;
-  if ((st = env_int(ctx, size_var, 1, INT_MAX, &has_size, &out->world_size)) != SL_OK) return st;
+  if ((st = env_int_why(ctx, size_var, 1, SL_MAX_WORLD_SIZE, WORLD_BOUND_WHY, &has_size, &out->world_size)) != SL_OK)
+    return st;
   if ((st = env_int(ctx, local_var, 0, INT_MAX - 1, &has_local, &out->local_rank)) != SL_OK) return st;
   if (!has_rank || !has_size)
     return sl__fail(ctx, SL_ERR_INVALID, "%s is set but %s is not (%s launchers set both); set it or unset %s",
@@ -67,6 +107,7 @@ static sl_status env_triple(sl_context *ctx, const char *rank_var, const char *s
   if (has_local && out->local_rank >= out->world_size)
     return sl__fail(ctx, SL_ERR_INVALID, "%s=%d is not less than %s=%d", local_var, out->local_rank, size_var,
                     out->world_size);
+  if (has_local) return local_rank_check(ctx, local_var, count_var, out->local_rank);
   return SL_OK;
 }
 
@@ -163,14 +204,15 @@ sl_status sl__launch_env(sl_context *ctx, sl__launch_info *out) {
 
   if (getenv("RANK") || getenv("WORLD_SIZE")) {
     out->source = "torchrun";
-    st = env_triple(ctx, "RANK", "WORLD_SIZE", "LOCAL_RANK", out);
+    st = env_triple(ctx, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", out);
   } else if (getenv("SLURM_PROCID")) {
     out->source = "slurm";
     slurm = true;
-    st = env_triple(ctx, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", out);
+    st = env_triple(ctx, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", out);
   } else if (getenv("OMPI_COMM_WORLD_RANK") || getenv("OMPI_COMM_WORLD_SIZE")) {
     out->source = "openmpi";
-    st = env_triple(ctx, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", out);
+    st = env_triple(ctx, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                    "OMPI_COMM_WORLD_LOCAL_SIZE", out);
   } else {
     st = SL_OK;
   }

@@ -21,6 +21,10 @@ their own on the same port. Scenarios (one per CTest test, --scenario NAME):
                           surviving rank fails well within the timeout naming the lost rank.
   c10d-errors             a server that is not a c10d store is named with what to check; a rank
                           number started twice fails every rank with a message naming it.
+  c10d-missing            ranks 0 and 1 of a world of 4096 (the largest) against both of torch's
+                          servers, the others never started: each fails within about its
+                          timeout naming the lowest missing ranks and how many (a count from one
+                          ADD, not a CHECK per rank); a world of 4097 is refused at once.
 
 Exits 77 (skipped) when torch is not importable, unless SHARDLOAD_REQUIRE_TORCH=1 (CI), where that
 is a failure.
@@ -284,7 +288,7 @@ def torchrun_kill(a):
 
 # ---- scenarios against a torch TCPStore server ----------------------------------------------
 
-def start_ranks(bin_, ckpt, dump, url, ranks, world, extra_env=None):
+def start_ranks(bin_, ckpt, dump, url, ranks, world, extra_env=None, timeout_s=TIMEOUT_S):
     procs = []
     for r in ranks:
         env = clean_env()
@@ -294,7 +298,7 @@ def start_ranks(bin_, ckpt, dump, url, ranks, world, extra_env=None):
         env["SHARDLOAD_RENDEZVOUS"] = url
         procs.append(subprocess.Popen(
             [bin_, "load", ckpt, "--rank", str(r), "--world-size", str(world),
-             "--timeout", str(TIMEOUT_S), "--dump", dump],
+             "--timeout", str(timeout_s), "--dump", dump],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True))
     return procs
 
@@ -412,6 +416,34 @@ def c10d_errors(a):
     del store
 
 
+def c10d_missing(a):
+    """The largest world with two ranks started: a bounded report, within about the timeout."""
+    ckpt = synth(a.bin, a.tmp, "ck-small", "48MiB")
+    timeout_s, world = 5, 4096
+    for libuv in (True, False):
+        name = "libuv" if libuv else "classic"
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=TIMEOUT_S), use_libuv=libuv)
+        url = f"c10d://127.0.0.1:{store.port}"
+        t0 = time.monotonic()
+        outs = finish(start_ranks(a.bin, ckpt, fresh(a.tmp, "c10d-missing"), url, [0, 1], world,
+                                  timeout_s=timeout_s), TIMEOUT_S)
+        took = time.monotonic() - t0
+        want = "waiting for ranks 2, 3, 4, 5, 6, 7, 8, 9 and 4086 more to join"
+        for r, (rc, out) in enumerate(outs):
+            if rc != 1 or want not in out or "SL_ERR_TIMEOUT" not in out:
+                fail(f"{name} server: rank {r}: expected exit 1 with SL_ERR_TIMEOUT and '{want}', got {rc}:\n{out}")
+        if took > 1.6 * timeout_s + 2:  # the ranks' own start-up besides
+            fail(f"{name} server: the ranks took {took:.1f} s to fail (timeout {timeout_s} s)")
+        print(f"ok: {name} server, 2 of {world} ranks: failed in {took:.1f} s: {outs[0][1].strip().splitlines()[-1]}")
+        del store
+    (rc, out), = finish(start_ranks(a.bin, ckpt, fresh(a.tmp, "c10d-missing"), "c10d://127.0.0.1:1", [0],
+                                    world + 1), 10)
+    if rc != 2 or "--world-size" not in out or "4096" not in out:
+        fail(f"a world of {world + 1}: expected a usage error naming --world-size and 4096, got {rc}:\n{out}")
+    print(f"ok: a world of {world + 1} refused: {out.strip().splitlines()[-1]}")
+
+
 SCENARIOS = {
     "world2": lambda a: torchrun_world(a, 2),
     "world4": lambda a: torchrun_world(a, 4),
@@ -422,6 +454,7 @@ SCENARIOS = {
     "c10d-servers": c10d_servers,
     "c10d-kill": c10d_kill,
     "c10d-errors": c10d_errors,
+    "c10d-missing": c10d_missing,
 }
 
 

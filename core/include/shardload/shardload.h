@@ -24,6 +24,10 @@ extern "C" {
 
 #define SL_MAX_DIMS 8      /* tensor rank limit (safetensors has none; 8 covers every model) */
 #define SL_MAX_MESH_DIMS 4 /* device-mesh rank limit */
+/* The most ranks one job may have: what the rendezvous serves (every rank's Gloo mesh holds a
+ * connection to each other rank, and rank 0's store up to 192 W^2 bytes of their addresses:
+ * docs/DESIGN.md#rendezvous). A larger world, from the launcher or the options, is refused. */
+#define SL_MAX_WORLD_SIZE 4096
 
 /* ---- version ------------------------------------------------------------ */
 SL_API unsigned sl_version(void);              /* SL_VERSION at run time */
@@ -126,7 +130,8 @@ typedef struct sl_context_options {
   const char *collective;
   int world_size;          /* 0 (the zero value): rank, world size, local rank and rendezvous
                               come from the launcher environment (torchrun, Slurm, Open MPI;
-                              none: rank 0 of 1). > 0: the three fields below are used. */
+                              none: rank 0 of 1). > 0 (at most SL_MAX_WORLD_SIZE): the three
+                              fields below are used. */
   int rank;
   int local_rank;          /* selects the device: local_rank % device count */
   const char *rendezvous;  /* "file://DIR" or "tcp://HOST:PORT"; NULL: from the environment */
