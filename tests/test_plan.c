@@ -1,8 +1,12 @@
 /* The plan: placement parsing, default placements, rules and entries, dtype resolution,
  * JSON plan files, checks against a checkpoint, digests, geometry. */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "internal.h"
 #include "testutil.h"
@@ -550,6 +554,55 @@ static void test_json_bad(void **state) {
   assert_msg_has(f, missing);
   free(missing);
   assert_int_equal(sl_plan_load_json(f->plan, NULL), SL_ERR_INVALID);
+  /* a read that fails is said as such, not as text cut short ("'[' or '{' expected") */
+  assert_int_equal(sl_plan_load_json(f->plan, f->dir), SL_ERR_IO);
+  assert_msg_has(f, "cannot read the plan file: ");
+  assert_msg_has(f, strerror(EISDIR));
+}
+
+/* jansson's allocator, failing every allocation once g_alloc_budget is spent, as malloc
+ * fails (NULL, errno ENOMEM). */
+static long g_alloc_budget;
+static void *budget_malloc(size_t size) {
+  if (g_alloc_budget <= 0) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  g_alloc_budget--;
+  return malloc(size);
+}
+
+/* Running out of memory at any point of jansson's parse of a valid plan file is reported as out
+ * of memory, naming the file and its size, and leaves the plan as it was; never as "not valid
+ * JSON" (which, with jansson's empty error, read "PATH:-1:-1: not valid JSON: ", or a syntax
+ * error where a string's copy could not be allocated). Every allocation is made to fail in
+ * turn, until the parse needs none that fails. */
+static void test_json_out_of_memory_every_allocation(void **state) {
+  fx *f = *state;
+  const char *text = "{\"mesh\": [2], \"default_placement\": \"shard(0)\",\n"
+                     " \"rules\": [{\"match\": \"*.input_layernorm.weight\", \"placement\": \"replicate\", \"dtype\": \"F32\"}],\n"
+                     " \"tensors\": {\"model.embed_tokens.weight\": {\"placement\": \"shard(1)\"}, \"lm_head.weight\": {}}}";
+  char *p = write_file(f, "nomem.json", text);
+  char want[PATH_MAX + 96];
+  snprintf(want, sizeof want, "%s: out of memory parsing its %zu-byte plan; free memory or raise", p, strlen(text));
+  uint64_t before = sl__plan_digest(f->plan);
+  long budget = 0;
+  for (;; budget++) {
+    g_alloc_budget = budget;
+    json_set_alloc_funcs(budget_malloc, free);
+    sl_status s = sl_plan_load_json(f->plan, p);
+    json_set_alloc_funcs(malloc, free);
+    if (s == SL_OK) break;
+    const char *m = sl_context_errmsg(f->ctx);
+    if (s != SL_ERR_NOMEM || strncmp(m, want, strlen(want)) != 0)
+      fail_msg("allocation %ld of the plan's parse failed: got %s '%s', want SL_ERR_NOMEM '%s...'", budget,
+               sl_status_name(s), m, want);
+    if (sl__plan_digest(f->plan) != before) fail_msg("allocation %ld: a failed load changed the plan", budget);
+  }
+  assert_true(budget > 10); /* the file's parse took that many allocations, each failed once */
+  sl_source_tensor e = tensor("model.embed_tokens.weight", SL_DTYPE_F32, 2, 8, 8, 0);
+  assert_string_equal(describe(f, &e), "[shard(1)]");
+  free(p);
 }
 
 /* ---- checks against a checkpoint ---------------------------------------------------------- */
@@ -763,6 +816,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_json_good, setup, teardown),
       cmocka_unit_test_setup_teardown(test_json_policies_and_merge, setup, teardown),
       cmocka_unit_test_setup_teardown(test_json_bad, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_json_out_of_memory_every_allocation, setup, teardown),
       cmocka_unit_test_setup_teardown(test_check, setup, teardown),
       cmocka_unit_test_setup_teardown(test_public_check_is_the_loads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_digest, setup, teardown),

@@ -2,8 +2,10 @@
  * and the manifest that carries the tensor table to other ranks. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,8 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "internal.h"
 #include "source_impl.h"
@@ -370,6 +374,94 @@ static void index_parse_direct(void **state) {
   assert_string_equal(ix.meta_values[2], "{\"x\":[1]}");
   sl__index_free(&ix);
   assert_int_equal(ix.count, 0);
+}
+
+/* jansson's allocator, failing every allocation once g_alloc_budget is spent, as malloc
+ * fails (NULL, errno ENOMEM). */
+static long g_alloc_budget;
+static void *budget_malloc(size_t size) {
+  if (g_alloc_budget <= 0) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  g_alloc_budget--;
+  return malloc(size);
+}
+
+/* Running out of memory at any point of jansson's work on a valid index (its parse; the
+ * metadata's integer turned into text) is reported as out of memory with the index's size,
+ * never as "not valid JSON" (which, with jansson's empty error, read "not valid JSON:  (line -1,
+ * column -1)", or a syntax error where a string's copy could not be allocated), and leaves
+ * nothing behind. Every allocation is made to fail in turn, until the parse needs none that
+ * fails. */
+static void index_parse_out_of_memory_every_allocation(void **state) {
+  const char *j = "{\"metadata\":{\"total_size\":136,\"format\":\"a value longer than sixteen bytes\"},"
+                  "\"weight_map\":{\"model.layers.0.weight\":\"model-00001-of-00002.safetensors\","
+                  "\"model.layers.1.weight\":\"model-00002-of-00002.safetensors\","
+                  "\"lm_head.weight\":\"model-00002-of-00002.safetensors\"}}";
+  char want[96];
+  snprintf(want, sizeof want, "its %zu-byte index; free memory or raise", strlen(j));
+  sl__index ix;
+  char err[512];
+  long budget = 0;
+  for (;; budget++) {
+    g_alloc_budget = budget;
+    json_set_alloc_funcs(budget_malloc, free);
+    sl_status s = sl__index_parse(j, strlen(j), &ix, err, sizeof err);
+    json_set_alloc_funcs(malloc, free);
+    if (s == SL_OK) break;
+    if (s != SL_ERR_NOMEM || strncmp(err, "out of memory ", 14) != 0 || !strstr(err, want))
+      fail_msg("allocation %ld of the index's parse failed: got %s '%s', want SL_ERR_NOMEM 'out of memory ... %s'",
+               budget, sl_status_name(s), err, want);
+    assert_int_equal(ix.count, 0);
+    assert_null(ix.names);
+    assert_null(ix.files);
+    assert_null(ix.meta_keys);
+  }
+  assert_true(budget > 10); /* the index's parse took that many allocations, each failed once */
+  assert_int_equal(ix.count, 3);
+  assert_int_equal(ix.file_count, 2);
+  assert_string_equal(ix.meta_values[0], "136");
+  sl__index_free(&ix);
+}
+
+/* The same through sl_source_open of a real sharded checkpoint, where the shards' headers are
+ * parsed too: every failure is SL_ERR_NOMEM naming the file it was parsing (the index with its
+ * size, or a shard), and no source is returned. */
+static void index_open_out_of_memory_every_allocation(void **state) {
+  char *dir = sl_test_dir("source-index-nomem");
+  write_sharded(dir, "model.safetensors.index.json", NULL);
+  char *ix = sl_test_path(dir, "model.safetensors.index.json");
+  struct stat st;
+  assert_int_equal(stat(ix, &st), 0);
+  /* "parsing" it, or "keeping the metadata of" it (its integer turned into text) */
+  char want_ix[PATH_MAX + 16], size_ix[64];
+  snprintf(want_ix, sizeof want_ix, "%s: out of memory ", ix);
+  snprintf(size_ix, sizeof size_ix, " its %lld-byte index; free memory", (long long)st.st_size);
+  int named_index = 0, named_shard = 0;
+  sl_source *src = NULL;
+  long budget = 0;
+  for (;; budget++) {
+    g_alloc_budget = budget;
+    json_set_alloc_funcs(budget_malloc, free);
+    sl_status s = sl_source_open(g_ctx, ix, &src);
+    json_set_alloc_funcs(malloc, free);
+    if (s == SL_OK) break;
+    assert_null(src);
+    const char *m = errmsg();
+    if (!strncmp(m, want_ix, strlen(want_ix)) && strstr(m, size_ix)) named_index++;
+    else if (!strncmp(m, dir, strlen(dir)) && strstr(m, ".safetensors: out of memory parsing its ")) named_shard++;
+    else
+      fail_msg("allocation %ld of the open failed: got %s '%s', want SL_ERR_NOMEM '%s...%s' or a shard's", budget,
+               sl_status_name(s), m, want_ix, size_ix);
+    if (s != SL_ERR_NOMEM) fail_msg("allocation %ld: %s '%s', want SL_ERR_NOMEM", budget, sl_status_name(s), m);
+  }
+  assert_true(named_index > 10);
+  assert_true(named_shard > 0);
+  check_sharded(src, dir);
+  sl_source_destroy(src);
+  free(ix);
+  free(dir);
 }
 
 static void find(void **state) {
@@ -1109,6 +1201,8 @@ int main(void) {
       cmocka_unit_test(single_file),       cmocka_unit_test(pread_bounds_and_truncation),
       cmocka_unit_test(index_two_files),   cmocka_unit_test(directory_forms),
       cmocka_unit_test(index_errors),      cmocka_unit_test(index_parse_direct),
+      cmocka_unit_test(index_parse_out_of_memory_every_allocation),
+      cmocka_unit_test(index_open_out_of_memory_every_allocation),
       cmocka_unit_test(find),              cmocka_unit_test(manifest_round_trip),
       cmocka_unit_test(manifest_empty_source),
       cmocka_unit_test(identity_digest_and_names),

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "module.h"
@@ -235,6 +236,19 @@ void sl__free_pairs(char **keys, char **values, size_t n);
 /* Allocates the two zeroed arrays of a map of N key/value strings; false when out of memory
  * (whatever was allocated stays in *KEYS / *VALUES for sl__free_pairs). */
 bool sl__alloc_pairs(size_t n, char ***keys, char ***values);
+/* JSON text, read with jansson, duplicate keys refused. Returns the tree, or NULL with JERR set
+ * and *NOMEM telling an allocation that failed (jansson says so with no error text, or with a
+ * syntax error of valid text where a string's copy failed) from text that is not valid JSON
+ * (JERR says where). Every parse of the core goes through these, so running out of memory is
+ * reported as such (sl__errbuf_nomem), never as a malformed file. _loadf: from an open stream;
+ * a read error (ferror) is not out of memory. */
+struct json_t;
+struct json_error_t;
+struct json_t *sl__json_loadb(const char *text, size_t len, struct json_error_t *jerr, bool *nomem);
+struct json_t *sl__json_loadf(FILE *f, struct json_error_t *jerr, bool *nomem);
+/* "out of memory DOING its N-byte WHAT; free memory or raise the process's memory limit" into
+ * ERR, SL_ERR_NOMEM: with the size of what was being read, which is what it costs. */
+sl_status sl__errbuf_nomem(char *err, size_t errlen, const char *doing, size_t n, const char *what);
 /* Checked multiply; returns false on overflow. */
 static inline bool sl__mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
   return !__builtin_mul_overflow(a, b, out);

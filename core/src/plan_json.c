@@ -4,9 +4,11 @@
  * whole file is valid, so a bad file leaves the plan as it was. Every error names the file and
  * the JSON path of the offending value; unknown keys are errors, since a misspelt key would
  * otherwise silently load a different sharding. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -241,18 +243,47 @@ static sl_status apply(const jctx *j, sl_plan *plan, json_t *root) {
   return SL_OK;
 }
 
+/* Out of memory parsing the plan file F: said as such with its size (a pipe has none to say). */
+static sl_status plan_nomem(sl_context *ctx, const char *path, FILE *f) {
+  char msg[SL__ERRMSG_LEN / 2];
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode))
+    sl__errbuf_nomem(msg, sizeof msg, "parsing", (size_t)sb.st_size, "plan");
+  else
+    snprintf(msg, sizeof msg, "out of memory parsing it; free memory or raise the process's memory limit");
+  return sl__fail(ctx, SL_ERR_NOMEM, "%s: %s", path, msg);
+}
+
+/* PATH's JSON tree into *ROOT. The file is opened here rather than by jansson so that a read
+ * error is told from the text (jansson's reader ends at a failed read and calls the text cut
+ * short), and out of memory from both. */
+static sl_status read_plan_file(sl_context *ctx, const char *path, json_t **root) {
+  FILE *f = fopen(path, "rbe");
+  if (!f) return sl__fail(ctx, SL_ERR_IO, "%s: cannot read the plan file: %s", path, strerror(errno));
+  json_error_t je;
+  bool nomem;
+  *root = sl__json_loadf(f, &je, &nomem);
+  int read_errno = errno;
+  sl_status st = SL_OK;
+  if (*root) goto out_close;
+  if (ferror(f))
+    st = sl__fail(ctx, SL_ERR_IO, "%s: cannot read the plan file: %s", path, strerror(read_errno));
+  else if (nomem)
+    st = plan_nomem(ctx, path, f);
+  else
+    st = sl__fail(ctx, SL_ERR_PLAN, "%s:%d:%d: not valid JSON: %s", path, je.line, je.column, je.text);
+out_close:
+  fclose(f);
+  return st;
+}
+
 SL_API sl_status sl_plan_load_json(sl_plan *plan, const char *path) {
   if (!plan || !path) return SL_ERR_INVALID;
   sl_context *ctx = sl__plan_context(plan);
   jctx j = {ctx, path};
-  json_error_t je;
-  json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-  if (!root) {
-    if (json_error_code(&je) == json_error_cannot_open_file)
-      return sl__fail(ctx, SL_ERR_IO, "%s: cannot read the plan file: %s", path, je.text);
-    return sl__fail(ctx, SL_ERR_PLAN, "%s:%d:%d: not valid JSON: %s", path, je.line, je.column, je.text);
-  }
-  sl_status st;
+  json_t *root;
+  sl_status st = read_plan_file(ctx, path, &root);
+  if (st != SL_OK) return st;
   sl_plan *scratch = NULL;
   if (!json_is_object(root)) {
     st = sl__fail(ctx, SL_ERR_PLAN, "%s: a plan file holds one JSON object such as {\"mesh\": [8]}, not %s",

@@ -269,28 +269,17 @@ static size_t negative_zero_at(const char *text, size_t len) {
   return len;
 }
 
-/* Whether jansson's failure to read the header was an allocation that failed, not the text:
- * it then sets no error at all (an empty text: the tree or the lexer's buffer could not be
- * allocated) or, in a later version, json_error_out_of_memory; but where a string's copy
- * cannot be allocated it reports a syntax error of valid text ("string or '}' expected"), so a
- * failed malloc (errno ENOMEM, cleared before the parse) counts too. */
-static bool json_out_of_memory(const json_error_t *jerr, int saved_errno) {
-  return !jerr->text[0] || json_error_code(jerr) == json_error_out_of_memory || saved_errno == ENOMEM;
-}
-
 /* Running out of memory on a header: said as such (never as a malformed file), with the
  * header's size, which is what it costs. */
 static sl_status header_nomem(char *err, size_t errlen, const char *doing, size_t n) {
-  return sl__errbuf(err, errlen, SL_ERR_NOMEM,
-                    "out of memory %s its %zu-byte header; free memory or raise the process's memory limit", doing, n);
+  return sl__errbuf_nomem(err, errlen, doing, n, "header");
 }
 
 static sl_status parse_json(const char *text, size_t n, sl__st_header *out, char *err, size_t errlen) {
   json_error_t jerr;
-  memset(&jerr, 0, sizeof jerr); /* jansson leaves the code byte unset when it sets no error */
-  errno = 0;
-  json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &jerr);
-  if (!root && json_out_of_memory(&jerr, errno)) return header_nomem(err, errlen, "parsing", n);
+  bool nomem;
+  json_t *root = sl__json_loadb(text, n, &jerr, &nomem);
+  if (nomem) return header_nomem(err, errlen, "parsing", n);
   if (!root)
     return sl__errbuf(err, errlen, SL_ERR_FORMAT, "header is not valid JSON: %s (line %d, column %d)", jerr.text,
                   jerr.line, jerr.column);

@@ -137,7 +137,9 @@ sl_status sl__index_parse(const char *buf, size_t len, sl__index *out, char *err
   memset(out, 0, sizeof *out);
   if (err && errlen) err[0] = 0;
   json_error_t jerr;
-  json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+  bool nomem;
+  json_t *root = sl__json_loadb(buf, len, &jerr, &nomem);
+  if (nomem) return sl__errbuf_nomem(err, errlen, "parsing", len, "index");
   if (!root)
     return sl__errbuf(err, errlen, SL_ERR_FORMAT, "not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
                   jerr.column);
@@ -157,8 +159,13 @@ sl_status sl__index_parse(const char *buf, size_t len, sl__index *out, char *err
     s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "metadata must be an object");
     goto out_root;
   }
-  if ((s = index_weight_map(wm, out, err, errlen)) != SL_OK) goto out_root;
-  if (json_is_object(meta)) s = index_metadata(meta, out, err, errlen);
+  /* out of memory past the parse is said the same way: with the index's size */
+  if ((s = index_weight_map(wm, out, err, errlen)) != SL_OK) {
+    if (s == SL_ERR_NOMEM) s = sl__errbuf_nomem(err, errlen, "keeping the weight_map of", len, "index");
+    goto out_root;
+  }
+  if (json_is_object(meta) && (s = index_metadata(meta, out, err, errlen)) == SL_ERR_NOMEM)
+    s = sl__errbuf_nomem(err, errlen, "keeping the metadata of", len, "index");
 out_root:
   json_decref(root);
   if (s != SL_OK) sl__index_free(out);

@@ -4,6 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "internal.h"
 
 sl_status sl__fail(sl_context *ctx, sl_status s, const char *fmt, ...) {
@@ -110,4 +112,35 @@ void sl__free_pairs(char **keys, char **values, size_t n) {
   }
   free(keys);
   free(values);
+}
+
+/* Whether jansson's failure to read JSON was an allocation that failed, not the text: it then
+ * sets no error at all (an empty text: the tree or the lexer's buffer could not be allocated)
+ * or, in a later version, json_error_out_of_memory; but where a string's copy cannot be
+ * allocated it reports a syntax error of valid text ("string or '}' expected"), so a failed
+ * malloc (errno ENOMEM, cleared before the parse) counts too. */
+static bool json_out_of_memory(const json_error_t *jerr, int saved_errno) {
+  return !jerr->text[0] || json_error_code(jerr) == json_error_out_of_memory || saved_errno == ENOMEM;
+}
+
+json_t *sl__json_loadb(const char *text, size_t len, json_error_t *jerr, bool *nomem) {
+  memset(jerr, 0, sizeof *jerr); /* jansson leaves the code byte unset when it sets no error */
+  errno = 0;
+  json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, jerr);
+  *nomem = !root && json_out_of_memory(jerr, errno);
+  return root;
+}
+
+json_t *sl__json_loadf(FILE *f, json_error_t *jerr, bool *nomem) {
+  memset(jerr, 0, sizeof *jerr);
+  errno = 0;
+  json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, jerr);
+  /* a read error ends jansson's input early: a syntax error of the text read so far */
+  *nomem = !root && !ferror(f) && json_out_of_memory(jerr, errno);
+  return root;
+}
+
+sl_status sl__errbuf_nomem(char *err, size_t errlen, const char *doing, size_t n, const char *what) {
+  return sl__errbuf(err, errlen, SL_ERR_NOMEM,
+                    "out of memory %s its %zu-byte %s; free memory or raise the process's memory limit", doing, n, what);
 }
