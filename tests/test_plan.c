@@ -560,18 +560,6 @@ static void test_json_bad(void **state) {
   assert_msg_has(f, strerror(EISDIR));
 }
 
-/* jansson's allocator, failing every allocation once g_alloc_budget is spent, as malloc
- * fails (NULL, errno ENOMEM). */
-static long g_alloc_budget;
-static void *budget_malloc(size_t size) {
-  if (g_alloc_budget <= 0) {
-    errno = ENOMEM;
-    return NULL;
-  }
-  g_alloc_budget--;
-  return malloc(size);
-}
-
 /* Running out of memory at any point of jansson's parse of a valid plan file is reported as out
  * of memory, naming the file and its size, and leaves the plan as it was; never as "not valid
  * JSON" (which, with jansson's empty error, read "PATH:-1:-1: not valid JSON: ", or a syntax
@@ -588,10 +576,9 @@ static void test_json_out_of_memory_every_allocation(void **state) {
   uint64_t before = sl__plan_digest(f->plan);
   long budget = 0;
   for (;; budget++) {
-    g_alloc_budget = budget;
-    json_set_alloc_funcs(budget_malloc, free);
+    sl_test_json_alloc_budget(budget);
     sl_status s = sl_plan_load_json(f->plan, p);
-    json_set_alloc_funcs(malloc, free);
+    sl_test_json_alloc_budget(-1);
     if (s == SL_OK) break;
     const char *m = sl_context_errmsg(f->ctx);
     if (s != SL_ERR_NOMEM || strncmp(m, want, strlen(want)) != 0)

@@ -494,18 +494,6 @@ static unsigned char *image_of(size_t n, size_t *len, size_t *hdr_len) {
   return b;
 }
 
-/* jansson's allocator, failing every allocation once g_alloc_budget is spent, as malloc
- * fails (NULL, errno ENOMEM). */
-static long g_alloc_budget;
-static void *budget_malloc(size_t size) {
-  if (g_alloc_budget <= 0) {
-    errno = ENOMEM;
-    return NULL;
-  }
-  g_alloc_budget--;
-  return malloc(size);
-}
-
 /* Running out of memory at any point of jansson's parse of a valid header is reported as out of
  * memory, naming the header's size; never as "not valid JSON" (which, with jansson's empty
  * error, read "header is not valid JSON:  (line -1, column -1)", or a syntax error where a
@@ -519,10 +507,9 @@ static void header_out_of_memory_every_allocation(void **state) {
   sl__st_header h;
   long budget = 0;
   for (;; budget++) {
-    g_alloc_budget = budget;
-    json_set_alloc_funcs(budget_malloc, free);
+    sl_test_json_alloc_budget(budget);
     sl_status s = sl__st_parse(b, len, len, &h, g_err, sizeof g_err);
-    json_set_alloc_funcs(malloc, free);
+    sl_test_json_alloc_budget(-1);
     if (s == SL_OK) break;
     if (s != SL_ERR_NOMEM || !strstr(g_err, want))
       fail_msg("allocation %ld of the parse failed: got %s '%s', want SL_ERR_NOMEM '%s...'", budget, sl_status_name(s),

@@ -376,18 +376,6 @@ static void index_parse_direct(void **state) {
   assert_int_equal(ix.count, 0);
 }
 
-/* jansson's allocator, failing every allocation once g_alloc_budget is spent, as malloc
- * fails (NULL, errno ENOMEM). */
-static long g_alloc_budget;
-static void *budget_malloc(size_t size) {
-  if (g_alloc_budget <= 0) {
-    errno = ENOMEM;
-    return NULL;
-  }
-  g_alloc_budget--;
-  return malloc(size);
-}
-
 /* Running out of memory at any point of jansson's work on a valid index (its parse; the
  * metadata's integer turned into text) is reported as out of memory with the index's size,
  * never as "not valid JSON" (which, with jansson's empty error, read "not valid JSON:  (line -1,
@@ -405,10 +393,9 @@ static void index_parse_out_of_memory_every_allocation(void **state) {
   char err[512];
   long budget = 0;
   for (;; budget++) {
-    g_alloc_budget = budget;
-    json_set_alloc_funcs(budget_malloc, free);
+    sl_test_json_alloc_budget(budget);
     sl_status s = sl__index_parse(j, strlen(j), &ix, err, sizeof err);
-    json_set_alloc_funcs(malloc, free);
+    sl_test_json_alloc_budget(-1);
     if (s == SL_OK) break;
     if (s != SL_ERR_NOMEM || strncmp(err, "out of memory ", 14) != 0 || !strstr(err, want))
       fail_msg("allocation %ld of the index's parse failed: got %s '%s', want SL_ERR_NOMEM 'out of memory ... %s'",
@@ -442,10 +429,9 @@ static void index_open_out_of_memory_every_allocation(void **state) {
   sl_source *src = NULL;
   long budget = 0;
   for (;; budget++) {
-    g_alloc_budget = budget;
-    json_set_alloc_funcs(budget_malloc, free);
+    sl_test_json_alloc_budget(budget);
     sl_status s = sl_source_open(g_ctx, ix, &src);
-    json_set_alloc_funcs(malloc, free);
+    sl_test_json_alloc_budget(-1);
     if (s == SL_OK) break;
     assert_null(src);
     const char *m = errmsg();

@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 static size_t dtype_size(const char *dt) {
   if (!strcmp(dt, "F64") || !strcmp(dt, "I64") || !strcmp(dt, "U64")) return 8;
   if (!strcmp(dt, "F32") || !strcmp(dt, "I32") || !strcmp(dt, "U32")) return 4;
@@ -225,4 +227,21 @@ int sl_test_all_bytes(const unsigned char *p, size_t n, unsigned char v) {
   for (size_t i = 0; i < n; i++)
     if (p[i] != v) return 0;
   return 1;
+}
+
+static long json_budget;
+
+static void *json_budget_malloc(size_t size) {
+  if (json_budget <= 0) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  json_budget--;
+  return malloc(size);
+}
+
+void sl_test_json_alloc_budget(long budget) {
+  json_budget = budget;
+  if (budget < 0) json_set_alloc_funcs(malloc, free);
+  else json_set_alloc_funcs(json_budget_malloc, free);
 }

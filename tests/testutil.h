@@ -51,6 +51,9 @@ int sl_test_spawn(int world, int (*fn)(int rank, int world, void *arg), void *ar
 char *sl_test_rendezvous(const char *sub);
 /* A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick). */
 int sl_test_free_port(void);
+/* jansson's allocator for the next calls: every allocation fails (NULL, errno ENOMEM, as malloc
+ * fails) once BUDGET of them succeeded; BUDGET < 0 restores malloc/free. */
+void sl_test_json_alloc_budget(long budget);
 /* Whether all N bytes at P equal V. */
 int sl_test_all_bytes(const unsigned char *p, size_t n, unsigned char v);
 /* Child-side check that records the first failure in a buffer and makes the child fail;
