@@ -284,6 +284,24 @@ static void test_human_output(void **state) {
   free(out);
 }
 
+/* The merged report prints the user's checkpoint path and dump directory escaped: a newline in
+ * either cannot forge a line of the report (here a "shardload: " error line). */
+static void test_report_escapes_paths(void **state) {
+  char *link = sl_test_path(g_dir, "ck\nshardload: forged"), *dump = sl_test_path(g_dir, "dump\nshardload: forged2");
+  unlink(link);
+  assert_int_equal(symlink(g_uneven, link), 0);
+  char *out = NULL;
+  assert_int_equal(sl_test_run(&out, "%s load '%s' --nproc 2 --backend cpu --dump '%s'", sl_test_bin(), link, dump), 0);
+  assert_no_children();
+  if (strstr(out, "\nshardload: forged")) fail_msg("a path forged a line of the report:\n%s", out);
+  assert_non_null(strstr(out, "ck\\nshardload: forged: 2 local ranks"));
+  assert_non_null(strstr(out, "dump: "));
+  assert_non_null(strstr(out, "dump\\nshardload: forged2/rank-<r>.safetensors\n"));
+  free(out);
+  free(link);
+  free(dump);
+}
+
 /* ---- failures --------------------------------------------------------------------------------- */
 
 static void test_missing_file(void **state) {
@@ -640,6 +658,7 @@ int main(void) {
       cmocka_unit_test(test_matrix),
       cmocka_unit_test(test_cast_and_one_rank),
       cmocka_unit_test(test_human_output),
+      cmocka_unit_test(test_report_escapes_paths),
       cmocka_unit_test(test_missing_file),
       cmocka_unit_test(test_rank_dies),
       cmocka_unit_test(test_dump_fails_on_one_rank),

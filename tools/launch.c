@@ -384,7 +384,9 @@ static void print_human(cli_out *o, const launch *L, json_t **reports, uint64_t 
   json_t *r0 = reports[0];
   if (L->a->verbose)
     for (int r = 0; r < L->n; r++) print_table_file(o, L->ranks[r].table_path);
-  cli_out_printf(o, "load %s: %d local ranks, backend %s, collective %s, strategy %s, source %s\n", L->a->path, L->n,
+  cli_out_puts(o, "load ");
+  cli_out_escaped(o, L->a->path, 0); /* the user's path: any bytes */
+  cli_out_printf(o, ": %d local ranks, backend %s, collective %s, strategy %s, source %s\n", L->n,
                  jget_str(r0, "backend"), jget_str2(r0, "collective", "name"), jget_str(r0, "strategy"),
                  jget_str(r0, "source"));
   /* every rank agreed on it, so rank 0's reason is the job's */
@@ -408,7 +410,11 @@ static void print_human(cli_out *o, const launch *L, json_t **reports, uint64_t 
                  "bytes\n",
                  cli_human_bytes(h1, sizeof h1, ckpt), L->n, L->wall, L->wall > 0 ? (double)ckpt / L->wall / 1e9 : 0.0,
                  ckpt ? (double)sent0 / (double)ckpt : 0.0);
-  if (L->a->dump_dir) cli_out_printf(o, "dump: %s/rank-<r>.safetensors\n", L->a->dump_dir);
+  if (L->a->dump_dir) {
+    cli_out_puts(o, "dump: ");
+    cli_out_escaped(o, L->a->dump_dir, 0);
+    cli_out_puts(o, "/rank-<r>.safetensors\n");
+  }
 }
 
 /* The merged JSON report; NULL when out of memory (never a report with parts left out). */
