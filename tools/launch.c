@@ -450,7 +450,15 @@ static int report(launch *L) {
   }
   for (int r = 0; r < L->n; r++) {
     json_error_t err;
+    memset(&err, 0, sizeof err);
+    errno = 0;
     reports[r] = json_load_file(L->ranks[r].json_path, 0, &err);
+    /* jansson out of memory sets no error text, json_error_out_of_memory, or (a string's copy)
+     * a syntax error of valid text after a failed malloc: as core/src/util.c tells them */
+    if (!reports[r] && (!err.text[0] || json_error_code(&err) == json_error_out_of_memory || errno == ENOMEM)) {
+      cli_error(L->a->path, SL_ERR_NOMEM, "out of memory reading rank %d's report; free memory and run again", r);
+      goto out_reports;
+    }
     if (!reports[r] || !json_is_object(reports[r])) {
       cli_error(L->a->path, SL_ERR_IO, "rank %d: its report is unreadable: %s; run again with --verbose",
                 r, reports[r] ? "not an object" : err.text);
