@@ -1,12 +1,14 @@
 /* What the Gloo tests share: a module host that records the last failure, the module's table
  * found the way the core finds it, and checks for forked ranks. Included by one test file per
- * executable (test_gloo.c, test_gloo_store.c). */
+ * executable (test_gloo.c, test_gloo_store.c, test_gloo_rdzv.c, test_gloo_simccl.c). */
 #ifndef SHARDLOAD_GLOO_TESTLIB_H
 #define SHARDLOAD_GLOO_TESTLIB_H
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -54,6 +56,30 @@ static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* ---- forked ranks ---------------------------------------------------------------------- */
+/* Exit code of PID, killing it (and failing) past DEADLINE_MS from now. */
+static inline int reap(pid_t pid, double deadline_ms) {
+  double end = now_ms() + deadline_ms;
+  int status = 0;
+  while (now_ms() < end) {
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      if (!WIFEXITED(status)) fail_msg("child died of signal %d", WTERMSIG(status));
+      return WEXITSTATUS(status);
+    }
+    usleep(5000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  fail_msg("child %d still running after %.0f ms: killed", (int)pid, deadline_ms);
+  return -1;
+}
+
+/* Kills PID and reaps it. */
+static inline void stop(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
 }
 
 #endif

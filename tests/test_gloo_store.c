@@ -93,23 +93,6 @@ static pid_t spawn_rank(const rank_spec *s) {
   return pid;
 }
 
-/* Exit code of PID, killing it (and failing) past DEADLINE_MS from now. */
-static int reap(pid_t pid, double deadline_ms) {
-  double end = now_ms() + deadline_ms;
-  int status = 0;
-  while (now_ms() < end) {
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      if (!WIFEXITED(status)) fail_msg("child died of signal %d", WTERMSIG(status));
-      return WEXITSTATUS(status);
-    }
-    usleep(5000);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, &status, 0);
-  fail_msg("child %d still running after %.0f ms: killed", (int)pid, deadline_ms);
-  return -1;
-}
-
 static void run_ranks(const rank_spec *specs, int n, double deadline_ms) {
   NEED_GLOO();
   pid_t pids[16];
@@ -124,11 +107,6 @@ static void run_ranks(const rank_spec *specs, int n, double deadline_ms) {
 static pid_t serve(int port, int world, int timeout_ms) {
   rank_spec s = {.rank = 0, .world = world, .timeout_ms = timeout_ms, .port = port, .expect = SL_ERR_TIMEOUT};
   return spawn_rank(&s);
-}
-
-static void stop(pid_t pid) {
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
 }
 
 /* ---- a client speaking the store's protocol by hand ------------------------------------------ */
