@@ -11,14 +11,6 @@
 
 #include "cli_testlib.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SL_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SL_TEST_ASAN 1
-#endif
-#endif
-
 /* World size 1 whatever launcher environment the test runs under. */
 #define ENV1 "env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0"
 

@@ -11,14 +11,6 @@
 
 #include "cli_testlib.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SL_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SL_TEST_ASAN 1
-#endif
-#endif
-
 static char *g_dir, *g_small, *g_synth;
 
 static int setup(void **state) {

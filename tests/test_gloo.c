@@ -1049,15 +1049,7 @@ static void test_local_collective(void **state) {
  * A child caps its address space and takes all the memory there is left, so every allocation
  * fails, and with it the message strings the entry points build (std::bad_alloc). Not under
  * AddressSanitizer, whose allocator dies on failure instead of returning NULL. */
-#if defined(__SANITIZE_ADDRESS__)
-#define SL_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SL_ASAN 1
-#endif
-#endif
-
-#ifndef SL_ASAN
+#ifndef SL_TEST_ASAN
 /* Takes every free byte under a cap of 16 MiB more than is mapped now; returns the hoard (a
  * list threaded through the blocks) for hoard_free. */
 static void **hoard_all(void) {
@@ -1090,7 +1082,7 @@ static void hoard_free(void **head) {
 
 static void test_out_of_memory(void **state) {
   NEED_GLOO();
-#ifdef SL_ASAN
+#ifdef SL_TEST_ASAN
   skip();
 #else
   const sl_collective_ops *ops = gloo_ops();
@@ -1129,7 +1121,7 @@ static void test_out_of_memory(void **state) {
  * saying so and leave no descriptor behind (the listening socket, the wake-up pipe). */
 static void test_store_thread_fails(void **state) {
   NEED_GLOO();
-#ifdef SL_ASAN
+#ifdef SL_TEST_ASAN
   skip();
 #else
   const sl_collective_ops *ops = gloo_ops();

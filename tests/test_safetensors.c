@@ -525,14 +525,6 @@ static void header_out_of_memory_every_allocation(void **state) {
   free(b);
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SL_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SL_TEST_ASAN 1
-#endif
-#endif
-
 /* This process's private data (brk and private mappings: what RLIMIT_DATA counts), in bytes. */
 static long vm_data_bytes(void) {
   FILE *f = fopen("/proc/self/status", "r");

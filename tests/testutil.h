@@ -14,6 +14,16 @@
 
 #include "shardload/shardload.h"
 
+/* SL_TEST_ASAN: built under AddressSanitizer (whose allocator dies where malloc would return
+ * NULL, and which reserves address space: memory-limit tests skip under it). */
+#if defined(__SANITIZE_ADDRESS__)
+#define SL_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SL_TEST_ASAN 1
+#endif
+#endif
+
 typedef struct sl_test_tensor {
   const char *name;
   const char *dtype; /* safetensors spelling */
