@@ -229,27 +229,6 @@ static void *stop_bind(void *user, const sl_tensor *t) {
   return p;
 }
 
-/* Whether MSG names rank V ("rank V" or "ranks A, V") after its first ": " (what the failing
- * op says about itself comes before). */
-static bool names_rank(const char *msg, int v) {
-  const char *p = strstr(msg, ": ");
-  if (!p) return false;
-  while ((p = strstr(p, "rank"))) {
-    p += 4;
-    if (*p == 's') p++;
-    if (*p != ' ') continue;
-    for (;;) {
-      char *end;
-      long x = strtol(p, &end, 10);
-      if (end == p) break;
-      if (x == v) return true;
-      if (strncmp(end, ", ", 2) != 0) break;
-      p = end + 2;
-    }
-  }
-  return false;
-}
-
 /* Whether MSG's status S is the one its words tell (a timeout reads "timed out", a lost peer
  * "lost ... connection closed"). */
 static bool status_matches(sl_status s, const char *msg) {
@@ -293,7 +272,7 @@ static int stopped_peer_main(int rank, int world, void *arg) {
   SL_CHILD_CHECK(after < limit, "rank %d ended %.2f s after the stop, want < %.2f s (1.6x the timeout)", rank, after,
                  limit);
   SL_CHILD_CHECK(strstr(msg, "rank ") != NULL, "rank %d: message '%s' names no rank", rank, msg);
-  j->shared->named[rank] = names_rank(msg, j->victim);
+  j->shared->named[rank] = sl_test_names_rank(msg, j->victim);
   for (int i = 0; i < b.n; i++) free(b.bufs[i]);
   sl_plan_destroy(plan);
   sl_source_destroy(src);
@@ -372,7 +351,7 @@ static int fault_then_lost_main(int rank, int world, void *arg) {
   SL_CHILD_CHECK(s == SL_ERR_PEER || s == SL_ERR_TIMEOUT, "rank %d: got %s", rank, sl_status_name(s));
   SL_CHILD_CHECK(status_matches(s, msg) && !strstr(msg, "injected"),
                  "rank %d: status %s beside the message of another failure: '%s'", rank, sl_status_name(s), msg);
-  SL_CHILD_CHECK(names_rank(msg, j->victim), "rank %d: message '%s' does not name rank %d", rank, msg, j->victim);
+  SL_CHILD_CHECK(sl_test_names_rank(msg, j->victim), "rank %d: message '%s' does not name rank %d", rank, msg, j->victim);
   for (int i = 0; i < b.n; i++) free(b.bufs[i]);
   sl_plan_destroy(plan);
   sl_source_destroy(src);

@@ -419,27 +419,6 @@ static void test_chunk_size_disagreement(void **state) {
 
 /* ---- failures ----------------------------------------------------------------------------- */
 
-/* Whether the diagnosis part of MSG (after the "gloo OP on rank R of N (...): " prefix)
- * names rank V in a "rank V" or "ranks A, B, V" list. */
-static bool names_rank(const char *msg, int v) {
-  const char *p = strstr(msg, ": ");
-  if (!p) return false;
-  while ((p = strstr(p, "rank"))) {
-    p += 4;
-    if (*p == 's') p++;
-    if (*p != ' ') continue;
-    for (;;) {
-      char *end;
-      long x = strtol(p, &end, 10);
-      if (end == p) break;
-      if (x == v) return true;
-      if (strncmp(end, ", ", 2) != 0) break;
-      p = end + 2;
-    }
-  }
-  return false;
-}
-
 /* The victim leaves (dies, or hangs) while the others are inside a broadcast; they must fail
  * within the timeout, name it, and then fail fast on every later call. */
 static int lost_rank_body(const sl_collective_ops *ops, void *comm, const job *j, int rank) {
@@ -477,7 +456,7 @@ static int lost_rank_body(const sl_collective_ops *ops, void *comm, const job *j
   snprintf(first, sizeof first, "%s", g_msg);
   fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", rank, sl_status_name(st), took, first);
   CHECK(st == SL_ERR_PEER || st == SL_ERR_TIMEOUT, "status %s", sl_status_name(st));
-  CHECK(names_rank(first, j->victim), "message does not name rank %d", j->victim);
+  CHECK(sl_test_names_rank(first, j->victim), "message does not name rank %d", j->victim);
   CHECK(took < j->timeout_ms + 2500, "took %.0f ms with a timeout of %d ms", took, j->timeout_ms);
   if (j->expect_exit[j->victim] == 43) /* alive: stuck, not gone */
     CHECK(st == SL_ERR_TIMEOUT && !strstr(first, "closed"), "a stuck rank is reported as gone");
@@ -519,7 +498,7 @@ static int mid_transfer_body(const sl_collective_ops *ops, void *comm, const job
   if (st == SL_OK) st = ops->barrier(comm); /* the data may all have left before the death */
   fprintf(stderr, "rank %d: %s: %s\n", rank, sl_status_name(st), g_msg);
   CHECK(st == SL_ERR_PEER || st == SL_ERR_TIMEOUT, "status %s", sl_status_name(st));
-  CHECK(names_rank(g_msg, j->victim), "message does not name rank %d", j->victim);
+  CHECK(sl_test_names_rank(g_msg, j->victim), "message does not name rank %d", j->victim);
   free(buf);
   return 0;
 }
@@ -673,7 +652,7 @@ static int split_lost_body(const sl_collective_ops *ops, void *comm, const job *
   if (rank >= 2) {
     fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", rank, sl_status_name(st), took, g_msg);
     CHECK(st == SL_ERR_PEER || st == SL_ERR_TIMEOUT, "status %s", sl_status_name(st));
-    CHECK(names_rank(g_msg, j->victim) && !names_rank(g_msg, 1), "message does not name job rank %d only", j->victim);
+    CHECK(sl_test_names_rank(g_msg, j->victim) && !sl_test_names_rank(g_msg, 1), "message does not name job rank %d only", j->victim);
     CHECK(strstr(g_msg, "split group 1"), "message does not say which group");
     CHECK(took < j->timeout_ms + 2500, "took %.0f ms", took);
   } else {
@@ -709,7 +688,7 @@ static int abort_body(const sl_collective_ops *ops, void *comm, const job *j, in
     double t0 = now_ms();
     sl_status st = ops->barrier(comm);
     fprintf(stderr, "rank 1: %s after %.0f ms: %s\n", sl_status_name(st), now_ms() - t0, g_msg);
-    CHECK(st == SL_ERR_PEER && names_rank(g_msg, 0), "the aborted peer: %s", sl_status_name(st));
+    CHECK(st == SL_ERR_PEER && sl_test_names_rank(g_msg, 0), "the aborted peer: %s", sl_status_name(st));
     return 0;
   }
   g_abort_ops = ops;

@@ -362,26 +362,6 @@ static void test_split_2x2(void **state) {
 
 /* ---- failures ---------------------------------------------------------------------------------- */
 
-/* Whether MSG names rank V ("rank V" or "ranks A, V") after its first ": ". */
-static bool names_rank(const char *msg, int v) {
-  const char *p = strstr(msg, ": ");
-  if (!p) return false;
-  while ((p = strstr(p, "rank"))) {
-    p += 4;
-    if (*p == 's') p++;
-    if (*p != ' ') continue;
-    for (;;) {
-      char *end;
-      long x = strtol(p, &end, 10);
-      if (end == p) break;
-      if (x == v) return true;
-      if (strncmp(end, ", ", 2) != 0) break;
-      p = end + 2;
-    }
-  }
-  return false;
-}
-
 /* The victim is killed (SIGKILL) while its 64 MiB share is on its way: the root's stream sync
  * fails within the timeout, naming it. */
 static int killed_body(env *e, const scenario *s) {
@@ -402,7 +382,7 @@ static int killed_body(env *e, const scenario *s) {
   double took = now_ms() - t0;
   fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", e->rank, sl_status_name(st), took, g_msg);
   CHECK(st != SL_OK, "the lost rank went unnoticed");
-  CHECK(names_rank(g_msg, s->victim), "message does not name rank %d", s->victim);
+  CHECK(sl_test_names_rank(g_msg, s->victim), "message does not name rank %d", s->victim);
   CHECK(took < s->timeout_ms + 2500, "took %.0f ms with a timeout of %d ms", took, s->timeout_ms);
   /* sticky: the next sync says it again */
   CHECK(e->be_ops->stream_sync(e->be, e->s1) != SL_OK, "the error is not sticky");

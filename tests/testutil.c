@@ -245,3 +245,22 @@ void sl_test_json_alloc_budget(long budget) {
   if (budget < 0) json_set_alloc_funcs(malloc, free);
   else json_set_alloc_funcs(json_budget_malloc, free);
 }
+
+int sl_test_names_rank(const char *msg, int v) {
+  const char *p = strstr(msg, ": ");
+  if (!p) return 0;
+  while ((p = strstr(p, "rank"))) {
+    p += 4;
+    if (*p == 's') p++;
+    if (*p != ' ') continue;
+    for (;;) {
+      char *end;
+      long x = strtol(p, &end, 10);
+      if (end == p) break;
+      if (x == v) return 1;
+      if (strncmp(end, ", ", 2) != 0) break;
+      p = end + 2;
+    }
+  }
+  return 0;
+}

@@ -64,6 +64,9 @@ int sl_test_free_port(void);
 /* jansson's allocator for the next calls: every allocation fails (NULL, errno ENOMEM, as malloc
  * fails) once BUDGET of them succeeded; BUDGET < 0 restores malloc/free. */
 void sl_test_json_alloc_budget(long budget);
+/* Whether MSG names rank V ("rank V", or V in a list "ranks A, B, V") after its first ": "
+ * (what the failing op says about itself comes before). */
+int sl_test_names_rank(const char *msg, int v);
 /* Whether all N bytes at P equal V. */
 int sl_test_all_bytes(const unsigned char *p, size_t n, unsigned char v);
 /* Child-side check that records the first failure in a buffer and makes the child fail;
