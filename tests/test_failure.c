@@ -429,6 +429,51 @@ static void test_slow_device_fails_near_the_timeout(void **state) {
   for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
 }
 
+/* The same slow device on rank 1 alone, behind a synchronous collective (Gloo: the host route),
+ * with a short timeout on that rank only (its sim gives up its wait after about 2 s; rank 0
+ * would wait 30 s for it). The wait's SL_ERR_TIMEOUT is rank 1's own failure there, not the
+ * data plane's verdict (no collective is ordered on its streams): rank 1 keeps taking part
+ * and every rank fails at the closing agreement with rank 1's message, well before rank 0's
+ * timeout — not with "lost rank 1" once rank 1 has left phase 2 on its own. */
+static int slow_device_one_rank_main(int rank, int world, void *arg) {
+  fjob *j = arg;
+  if (rank == 1) setenv("SHARDLOAD_SIM_DELAY_US", "10000000", 1);
+  sl_context_options co = {.size = sizeof co, .backend = "sim", .collective = "gloo", .world_size = world,
+                           .rank = rank, .local_rank = rank, .rendezvous = j->rdzv,
+                           .timeout_ms = rank == 1 ? 1000 : 30000};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: source", rank);
+  sl_plan *plan = NULL;
+  sl_plan_create(ctx, &plan);
+  sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1 << 16};
+  sl_state *st = NULL;
+  double t0 = now_s();
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  double dt = now_s() - t0;
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s after %.2f s: %s\n", rank, sl_status_name(s), dt, msg);
+  SL_CHILD_CHECK(s == SL_ERR_TIMEOUT && st == NULL, "rank %d: got %s", rank, sl_status_name(s));
+  SL_CHILD_CHECK(strstr(msg, "sim:1: ") && strstr(msg, "did not complete within"),
+                 "rank %d: message '%s' is not rank 1's own", rank, msg);
+  SL_CHILD_CHECK(dt < j->max_seconds, "rank %d: sl_load took %.1f s", rank, dt);
+  /* the context outlives the failure, as a caller's would: nobody may be left to wait for it */
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_slow_device_on_one_rank_behind_gloo(void **state) {
+  fjob j = {.path = good, .max_seconds = 15, .rdzv = sl_test_rendezvous("fail-slow-device-one")};
+  int codes[2];
+  int killed = sl_test_spawn(2, slow_device_one_rank_main, &j, 90000, codes);
+  free(j.rdzv);
+  assert_int_equal(killed, 0);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+}
+
 /* A failure that only one rank sees in the data phase (here: rank 1's first device buffer is
  * released behind the loader's back, so its host-to-device copy fails on the host route, its
  * device cast on the device route): that rank keeps taking part in the collectives, and every
@@ -753,6 +798,7 @@ int main(void) {
       cmocka_unit_test(test_stopped_peer_hsdp),
       cmocka_unit_test(test_status_matches_message_after_local_fault),
       cmocka_unit_test(test_slow_device_fails_near_the_timeout),
+      cmocka_unit_test(test_slow_device_on_one_rank_behind_gloo),
       cmocka_unit_test(test_one_rank_bad_options),
       cmocka_unit_test(test_caller_device_buffer_for_cpu_placement_rejected),
       cmocka_unit_test(test_caller_buffers_on_failure_across_ranks),

@@ -42,14 +42,18 @@ void sl__loader_defer(loader *L, const char *name, sl_status st) {
  * a data op that fails at the call, it ends phase 2 at once: deferring it to the closing
  * agreement would wait a second timeout there for the rank already lost, and the others learn
  * of the failure on their own data plane (or from this rank's, which sl_load aborts). */
-static bool data_plane_verdict(sl_status st) {
+static bool data_plane_verdict(const loader *L, sl_status st) {
+  /* only a stream-ordered collective leaves its verdict on the streams: behind a synchronous
+   * one (Gloo, the host route) the streams hold this rank's own work alone, and its failure
+   * (a device past its timeout) is this rank's, for the closing agreement */
+  if (L->ctx->data->flags & SL_COLL_SYNC) return false;
   return st == SL_ERR_PEER || st == SL_ERR_TIMEOUT || st == SL_ERR_COMM;
 }
 
 /* A wait on EVENT: OK; a local failure, deferred (OK); or the data plane's verdict. */
 static sl_status sync_event(loader *L, void *event) {
   sl_status st = L->ctx->be->event_sync(L->ctx->be_ctx, event);
-  if (st == SL_OK || data_plane_verdict(st)) return st;
+  if (st == SL_OK || data_plane_verdict(L, st)) return st;
   sl__loader_defer(L, NULL, st);
   return SL_OK;
 }
