@@ -16,6 +16,7 @@ static const char *const all_vars[] = {
     "SLURM_LOCALID", "SLURM_LAUNCH_NODE_IPADDR", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK", "SHARDLOAD_RENDEZVOUS", "TORCHELASTIC_USE_AGENT_STORE",
     "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SHARDLOAD_TOKEN",
+    "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID",
 };
 
 
@@ -582,6 +583,37 @@ static void test_local_rank_bound(void **state) {
   set("SLURM_NTASKS_PER_NODE", "4(x2)"); /* uneven nodes name no single count */
   li = ok();
   free(li.rendezvous);
+  /* the step's own layout wins over the --ntasks-per-node inherited from sbatch: an srun of 8
+   * tasks per node under an allocation asked with 4 */
+  set("SLURM_NTASKS_PER_NODE", "4");
+  set("SLURM_STEP_TASKS_PER_NODE", "8(x2)");
+  set("SLURM_NODEID", "1");
+  set("SLURM_PROCID", "14");
+  set("SLURM_NTASKS", "16");
+  set("SLURM_LOCALID", "6");
+  li = ok();
+  assert_int_equal(li.local_rank, 6);
+  free(li.rendezvous);
+  int lws = 0;
+  assert_int_equal(sl__launch_local_world_size(&ctx, &lws), SL_OK);
+  assert_int_equal(lws, 8);
+  /* uneven nodes: node 3 of "2(x3),1" runs one task */
+  set("SLURM_STEP_TASKS_PER_NODE", "2(x3),1");
+  set("SLURM_NODEID", "3");
+  set("SLURM_PROCID", "6");
+  set("SLURM_NTASKS", "7");
+  set("SLURM_LOCALID", "1");
+  bad("SLURM_LOCALID=1 is not less than this node's 1 tasks in the Slurm step (SLURM_STEP_TASKS_PER_NODE=2(x3),1 "
+      "at SLURM_NODEID=3)");
+  set("SLURM_NODEID", "2");
+  li = ok();
+  free(li.rendezvous);
+  assert_int_equal(sl__launch_local_world_size(&ctx, &lws), SL_OK);
+  assert_int_equal(lws, 2);
+  /* a step list that does not parse names no count: SLURM_NTASKS_PER_NODE is compared again */
+  set("SLURM_STEP_TASKS_PER_NODE", "2(y3)");
+  set("SLURM_NTASKS_PER_NODE", "1");
+  bad("SLURM_LOCALID=1 is not less than SLURM_NTASKS_PER_NODE=1");
 
   clear_env(NULL);
   set("OMPI_COMM_WORLD_RANK", "1");

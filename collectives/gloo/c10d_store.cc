@@ -246,6 +246,8 @@ void C10dStore::claim(const std::string &prefix, int rank, int world, const std:
   Absent a = find_absent(
       world, [&] { return add_raw(count, 0, report); },
       [&](int k) { return check_raw({space_ + "sl_claimed/" + std::to_string(k)}, report); }, report);
+  // the last ranks may have claimed between the final poll and the report: then all are here
+  if (a.count == 0) return;
   std::string who = absent_text(a, world);
   throw StoreTimeout("timed out after " + std::to_string(timeout_.count()) + " ms waiting for " +
                      (who.empty() ? "the other ranks" : who) + " to join in the torch c10d store at " + where_ +

@@ -46,7 +46,8 @@ class RdzvStore : public gloo::rendezvous::Store {
   // Whether every key is present now (one request).
   virtual bool check(const std::vector<std::string> &keys) = 0;
   // Adds DELTA to the integer at KEY (0 when absent) and returns the sum (one request; DELTA
-  // 0 reads it). KEY is used as given (C10dStore: outside its run's key space; see there).
+  // 0 reads it). KEY is scoped like every other key (C10dStore: inside its run's key space,
+  // so a restarted run counts afresh).
   virtual int64_t add(const std::string &key, int64_t delta) = 0;
 
  protected:

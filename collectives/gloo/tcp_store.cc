@@ -238,7 +238,8 @@ bool TcpStore::check(const std::vector<std::string> &keys) {
 int64_t TcpStore::add(const std::string &key, int64_t delta) {
   uint8_t status;
   auto f = request(OP_ADD, {key, std::to_string(delta)}, timeout_, &status);
-  if (status == ST_BAD && f.size() == 1)
+  // a refusal (a malformed request, or the store full) is an answer: the connection stays
+  if ((status == ST_BAD || status == ST_TOOBIG) && f.size() == 1)
     throw gloo::InvalidOperationException("rendezvous store at " + where_ + " refused to add to key '" +
                                           key.substr(0, 64) + "': " + unverified(f[0]));
   char *end = nullptr;

@@ -65,12 +65,50 @@ sl_status sl__world_size_check(sl_context *ctx, const char *from, long world) {
                   from, world, SL_MAX_WORLD_SIZE);
 }
 
+/* This node's task count in the Slurm step: SLURM_STEP_TASKS_PER_NODE lists the step's nodes in
+ * SLURM_NODEID order, compressed ("2(x3),1": two tasks on each of nodes 0-2, one on node 3).
+ * Unlike SLURM_NTASKS_PER_NODE (the --ntasks-per-node asked for, inherited from sbatch even by
+ * an srun of another layout) it is what the step runs. 0 when either variable is absent or
+ * malformed. */
+static int slurm_step_tasks_here(void) {
+  const char *list = getenv("SLURM_STEP_TASKS_PER_NODE"), *id = getenv("SLURM_NODEID");
+  if (!list || !id || !*id || strspn(id, "0123456789") != strlen(id) || strlen(id) > 9) return 0;
+  long node = strtol(id, NULL, 10);
+  const char *p = list;
+  while (*p) {
+    char *end;
+    errno = 0;
+    long tasks = strtol(p, &end, 10), times = 1;
+    if (end == p || errno || tasks < 1 || tasks > INT_MAX) return 0;
+    p = end;
+    if (*p == '(') {
+      if (p[1] != 'x') return 0;
+      times = strtol(p + 2, &end, 10);
+      if (end == p + 2 || errno || times < 1 || *end != ')') return 0;
+      p = end + 1;
+    }
+    if (node < times) return (int)tasks;
+    node -= times;
+    if (*p == ',') p++;
+    else if (*p) return 0;
+  }
+  return 0;
+}
+
 /* A launcher's local rank must be below its own count of the node's ranks: past it, the rank
  * would pick a device that belongs to no rank of the node, or another rank's. Only the pair
  * one launcher sets together is compared (torchrun under Slurm: LOCAL_RANK counts torchrun's
  * ranks on the node, SLURM_NTASKS_PER_NODE srun's tasks); Slurm's count only when it is a
  * plain integer ("2(x3)" names no single size). */
 static sl_status local_rank_check(sl_context *ctx, const char *local_var, const char *count_var, int local_rank) {
+  int step = strcmp(count_var, "SLURM_NTASKS_PER_NODE") == 0 ? slurm_step_tasks_here() : 0;
+  if (step > 0) {
+    if (local_rank < step) return SL_OK;
+    return sl__fail(ctx, SL_ERR_INVALID,
+                    "%s=%d is not less than this node's %d tasks in the Slurm step (SLURM_STEP_TASKS_PER_NODE=%s at "
+                    "SLURM_NODEID=%s); local ranks count from 0 on each node: check the launcher's variables",
+                    local_var, local_rank, step, getenv("SLURM_STEP_TASKS_PER_NODE"), getenv("SLURM_NODEID"));
+  }
   const char *v = getenv(count_var);
   if (!v || (!strcmp(count_var, "SLURM_NTASKS_PER_NODE") && (!*v || strspn(v, "0123456789") != strlen(v))))
     return SL_OK;
@@ -234,9 +272,10 @@ out_fail:
 }
 
 /* The ranks of this job on this node, for backends that split a node's devices (and data
- * collectives that group a node's ranks). torchrun says LOCAL_WORLD_SIZE; Slurm says
- * SLURM_NTASKS_PER_NODE only with --ntasks-per-node, and writes it as "2(x3)" or "4,2" for
- * uneven nodes, which names no single size: such a value is skipped rather than refused;
+ * collectives that group a node's ranks). torchrun says LOCAL_WORLD_SIZE; Slurm says this
+ * node's count in SLURM_STEP_TASKS_PER_NODE (slurm_step_tasks_here), else
+ * SLURM_NTASKS_PER_NODE only with --ntasks-per-node, which it writes as "2(x3)" or "4,2" for
+ * uneven nodes, naming no single size: such a value is skipped rather than refused;
  * Open MPI says OMPI_COMM_WORLD_LOCAL_SIZE; in the precedence of sl__launch_env. The context
  * reads it for explicit multi-rank jobs too (`load --nproc` sets LOCAL_WORLD_SIZE). */
 sl_status sl__launch_local_world_size(sl_context *ctx, int *out) {
@@ -244,6 +283,8 @@ sl_status sl__launch_local_world_size(sl_context *ctx, int *out) {
   bool present;
   sl_status st = env_int(ctx, "LOCAL_WORLD_SIZE", 1, INT_MAX, &present, out);
   if (st != SL_OK || present) return st;
+  if (getenv("SLURM_PROCID") && (*out = slurm_step_tasks_here()) > 0) return SL_OK;
+  *out = 1;
   const char *slurm = getenv("SLURM_NTASKS_PER_NODE");
   if (slurm && *slurm && strspn(slurm, "0123456789") == strlen(slurm)) {
     if ((st = env_int(ctx, "SLURM_NTASKS_PER_NODE", 1, INT_MAX, &present, out)) != SL_OK || present) return st;

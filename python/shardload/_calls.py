@@ -75,8 +75,9 @@ def progress_callback(fn, trap: Trap):
             return 0
         except BaseException as e:
             trap.catch(e, "progress")
-            text = describe(e, max(0, int(length) - 1))
-            ctypes.memmove(message, text + b"\0", len(text) + 1)
+            if message and length > 0:
+                text = describe(e, int(length) - 1)
+                ctypes.memmove(message, text + b"\0", len(text) + 1)
             return 1  # SL_ERR_INVALID: the caller's callback failed; the message says how
     return PROGRESS_STATUS_FN(call)
 
@@ -177,7 +178,14 @@ def blocking(fn, *args, abort=None, trap: Trap | None = None, undo=None, started
         call.abandon()
         if abort is not None:
             abort()
-            call.done.wait()  # within the timeout, at once on Gloo (its abort shuts the sockets)
+            # within the timeout, at once on Gloo (its abort shuts the sockets); a second Ctrl-C
+            # meanwhile must not return while the call still runs the caller's callbacks
+            while True:
+                try:
+                    call.done.wait()
+                    break
+                except KeyboardInterrupt:
+                    continue
         raise
     if call.error is not None:
         raise call.error
