@@ -138,7 +138,8 @@ def worker(a) -> None:
             if local.is_meta:
                 raise AssertionError(f"rank {rank}: {k} is still on the meta device")
             c = local.detach().contiguous()
-            crc = zlib.crc32(c.view(torch.uint8).numpy()) if c.numel() else 0
+            # numpy needs host memory: a cuda mesh's shards are copied to the CPU for the checksum
+            crc = zlib.crc32(c.view(torch.uint8).cpu().numpy()) if c.numel() else 0
             sums[k] = [crc, str(c.dtype)[6:], list(c.shape), c.device.type,
                        [str(p) for p in v.placements] if isinstance(v, DTensor) else "plain"]
         t4 = time.perf_counter()

@@ -1,144 +1,213 @@
 #!/usr/bin/env bash
-# The GPU check (issue 8): everything about the CUDA backend and the NCCL collective that needs
-# a real NVIDIA GPU, on a machine with one (an H200; torch with safetensors in the system
-# python; no network). Done well within ten minutes. Results under $OUT (default
-# ./gpu-check-out): summary.md (the figures), one log per step, the --json of every load.
+# The GPU check: everything about the CUDA backend and the NCCL collective that needs a real
+# NVIDIA GPU, run from a bundle (bench/gpu-bundle.sh) on a machine that cannot build one (no
+# network, no Gloo, jansson, libsodium, xxhash, cmocka or pkg-config there): no build, no
+# installer, only bash, coreutils, nvidia-smi and a python3 with torch + safetensors.
 #
-#   bash bench/gpu-check.sh                     build, then every step
-#   OUT=/tmp/x BUILD=build/gpu bash bench/gpu-check.sh
-#   SIZE=4GiB PYTHON=python3 ...                the big checkpoint's size, the python with torch
-#   SKIP_BUILD=1 ...                            reuse $BUILD as it is (a tree built for sm_90)
+#   bash .gpu/bench/gpu-check.sh [--bundle DIR] [--smoke | --full] [--out DIR]
+#     --bundle DIR   the bundle (default: the one this script lies in; from a source tree,
+#                    bench/gpu-bundle.sh builds .gpu first, where the build dependencies are)
+#     --smoke        only the smoke phase (at most SMOKE_S=180 s)
+#     --full         only the full phase (at most FULL_S=420 s); default: both, smoke first
+#     --out DIR      results (default ./gpu-check-out): summary.md, written row by row so a
+#                    killed run still says what it saw, gpu-check.log, and gpu-check.tar.gz
+#                    (every log, --json report, table and NCCL debug file), remade after each
+#                    phase: three files
+#     --size SIZE    the big checkpoint of the full phase (default 4GiB)
+#     --python PY    the python with torch + safetensors (+ accelerate) (default python3)
+#   env: WORK (scratch for checkpoints and logs, default a new folder in $TMPDIR, removed at
+#        the end), SMOKE_S, FULL_S (the phases' bounds, seconds)
 #
-# Steps: 1 build with -DSHARDLOAD_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90; 2 ctest -L gpu
-# (a SKIPPED test is a failure here: there is a GPU); 3 the placement table on the cuda backend
-# (--cpu-offload on/off/infer x --offload-policy none/cpu/cpu-pinned, --dump) compared byte for
-# byte with the same load on --backend cpu; 4 two ranks on the one GPU over Gloo staging, same
-# comparison, and what NCCL does with two ranks on one GPU (it refuses: recorded, bounded);
-# 5 a ~4 GiB checkpoint from the page cache to GPU memory, shardload against
-# safetensors.torch.load_file(path, device="cuda"), beside the read and pinned H2D bandwidth,
-# with the device memory peak (nvidia-smi sampling); 6 the Python drop-in for Accelerate on a
-# cuda mesh against Accelerate's own function (python/tests/test_accelerate_equiv.py --device
-# cuda, world 1) and bench/bench_accelerate.py at world 1. Exit 0 only when every check passed.
+# Before the phases (each step bounded): the bundle's command starts here; the GPU (nvidia-smi:
+# name, memory, bus id, compute mode; driver and CUDA version), the C runtime against what the
+# bundle needs, python/torch/safetensors/accelerate versions, and libnccl.so.2: on the loader's
+# path (LD_LIBRARY_PATH, the system), else in the python's nvidia-nccl wheel (its lib/ is then
+# put on LD_LIBRARY_PATH, which the NCCL module's dlopen reads); which one is used is a row.
+# NCCL_DEBUG_FILE always points into the logs: an NCCL_DEBUG the image sets writes there, never
+# into a --json report on stdout.
+# Smoke: one world-1 load each with --collective local, --collective nccl and auto (auto not
+# choosing nccl because NCCL cannot run is a FAIL), two ranks on one GPU over Gloo, auto with
+# two ranks on one GPU (must take Gloo), the refusal of a forced NCCL for two ranks on one GPU
+# (every rank fails, saying they "share device" (the core) or "share GPU" (the NCCL module),
+# well within --timeout), each load with --timeout 20; then the bundle's gpu tests
+# (run-gpu-tests.sh: `ctest -L gpu` with the bundle's paths; a skip is a failure here).
+# Full: the placement table on cuda (--cpu-offload on/off/infer x --offload-policy
+# none/cpu/cpu-pinned x file dtype/F32) bit-exact against --backend cpu, two ranks over Gloo
+# and one rank over NCCL bit-exact against cpu, the 4 GiB checkpoint from the page cache to
+# the GPU against safetensors.torch.load_file(path, device="cuda") beside the read (dd) and
+# pinned H2D (torch) bandwidth and the device memory peak (nvidia-smi sampling), and the Python
+# drop-in for Accelerate on a cuda mesh (python/tests/test_accelerate_equiv.py --device cuda,
+# bench/bench_accelerate.py at world 1). Exit 0 only when every check passed.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-SRC=$PWD
-OUT=${OUT:-$SRC/gpu-check-out}
-BUILD=${BUILD:-$SRC/build/gpu-check}
-SIZE=${SIZE:-4GiB}
-PYTHON=${PYTHON:-python3}
-WORK=${WORK:-${TMPDIR:-/tmp}/gpu-check-work} # checkpoints and dumps: large, deleted after use
-mkdir -p "$OUT/loads" "$WORK" || { echo "gpu-check: cannot create $OUT and $WORK" >&2; exit 1; }
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+HERE=$(dirname "$SELF")
+
+if [ "${1:-}" != --phase ]; then # ---- the outer run: arguments, preflight, then each phase ------
+phases="smoke full" B="" OUT=$PWD/gpu-check-out SIZE=4GiB PYTHON=python3
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle) B=${2:?--bundle needs a folder}; shift 2 ;;
+    --smoke) phases=smoke; shift ;;
+    --full) phases=full; shift ;;
+    --out) OUT=${2:?--out needs a folder}; shift 2 ;;
+    --size) SIZE=${2:?--size needs a size}; shift 2 ;;
+    --python) PYTHON=${2:?--python needs an interpreter}; shift 2 ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT" || { echo "gpu-check: cannot create $OUT" >&2; exit 1; }
 OUT=$(cd "$OUT" && pwd)
-WORK=$(cd "$WORK" && pwd)
+if [ -n "${WORK:-}" ]; then mkdir -p "$WORK" && WORK=$(cd "$WORK" && pwd); else
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX") || { echo "gpu-check: no scratch folder" >&2; exit 1; }
+  own_work=1
+fi
+LOGS=$WORK/logs
+rm -rf "$LOGS" && mkdir -p "$LOGS" || { echo "gpu-check: cannot create $LOGS" >&2; exit 1; }
 SUMMARY=$OUT/summary.md
-failed=0
+rm -f "$OUT/summary.md" "$OUT/gpu-check.log" "$OUT/gpu-check.tar.gz"
+export OUT WORK LOGS SUMMARY SIZE PYTHON
 t0=$(date +%s)
+failed=0
+fi
 
+# ---- shared by the outer run and the phases ------------------------------------------------------
 say() { echo "gpu-check: $*" | tee -a "$OUT/gpu-check.log"; }
-die() { # the checks so far still go into summary.md
-  say "FAIL: $*"
-  if [ -f "$SUMMARY.rows" ]; then
-    { echo "| check | result | detail |"; echo "|---|---|---|"; cat "$SUMMARY.rows"; echo; echo "stopped: $*"; } >>"$SUMMARY"
-    rm -f "$SUMMARY.rows"
-  fi
-  exit 1
+row() { # row CHECK OK|FAIL|INFO DETAIL: one line of summary.md's table, at once
+  local d=${3//|/\\|}
+  d=${d//$'\n'/ }
+  echo "| $1 | $2 | ${d:0:600} |" >>"$SUMMARY"
+  [ "$2" != FAIL ] || failed=1
+  say "$1: $2 ${3:0:300}"
 }
-check() { # check NAME OK|FAIL DETAIL: one row of the summary
-  echo "| $1 | $2 | $3 |" >>"$SUMMARY.rows"
-  [ "$2" = OK ] || failed=1
-  say "$1: $2 $3"
+errline() { # the first error line of a load's stderr, else its last line
+  { grep -m1 -E 'shardload:|error|Error' "$1" || tail -n 1 "$1"; } 2>/dev/null | head -c 400
 }
-
-# ---- 0. preflight: fail fast, and say what is missing --------------------------------------
-command -v nvidia-smi >/dev/null || die "no nvidia-smi: this machine has no NVIDIA driver; run bench/gpu-check.sh on a machine with an NVIDIA GPU (tests needing no GPU: bash scripts/test.sh)"
-gpus=$(nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id --format=csv,noheader 2>&1) ||
-  die "nvidia-smi finds no usable GPU ($gpus); run this on a machine with an NVIDIA GPU"
-[ -n "$gpus" ] || die "nvidia-smi lists no GPU; run this on a machine with an NVIDIA GPU"
-ngpu=$(echo "$gpus" | wc -l)
-missing=()
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  for tool in cmake pkg-config cc c++; do command -v "$tool" >/dev/null || missing+=("$tool"); done
-  command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || missing+=(nvcc)
-fi
-"$PYTHON" -c 'import torch, safetensors' 2>/dev/null || missing+=("$PYTHON with torch + safetensors")
-[ ${#missing[@]} -eq 0 ] || die "missing here: ${missing[*]} (no network: they must come with the machine)"
-command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
-{
-  echo "# GPU check, $(date -u +%FT%TZ)"
-  echo
-  echo '```'
-  echo "$gpus"
-  nvcc --version 2>/dev/null | tail -n 2
-  "$PYTHON" -c 'import torch, safetensors; print("torch", torch.__version__, "cuda", torch.version.cuda, "safetensors", safetensors.__version__)'
-  echo "cpu: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r)"
-  echo '```'
-  echo
-} >"$SUMMARY"
-: >"$SUMMARY.rows"
-say "$ngpu GPU(s): $(echo "$gpus" | head -n 1); results in $OUT"
-
-# ---- 1. build for sm_90 --------------------------------------------------------------------
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  b0=$(date +%s)
-  if cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSHARDLOAD_WITH_CUDA=ON \
-       -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/build.log" 2>&1 &&
-     cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1; then
-    check build OK "$(( $(date +%s) - b0 )) s, sm_90 ($BUILD)"
-  else
-    check build FAIL "see build.log: $(grep -m1 -E 'error' "$OUT/build.log")"
-    die "nothing to check without a build"
-  fi
-fi
-SL=$BUILD/shardload
-if [ ! -x "$SL" ] || [ ! -f "$BUILD/libshardload-cuda.so" ] || [ ! -f "$BUILD/libshardload-nccl.so" ]; then
-  die "$BUILD lacks shardload or the CUDA/NCCL modules"
-fi
-
-# ---- 2. the gpu-labelled tests --------------------------------------------------------------
-(cd "$BUILD" && timeout 300 ctest -L gpu --output-on-failure --timeout 240) >"$OUT/ctest-gpu.log" 2>&1
-rc=$?
-line=$(grep -E 'tests passed|tests failed' "$OUT/ctest-gpu.log" | tail -n 1)
-if [ $rc -eq 0 ] && ! grep -q 'Skipped' "$OUT/ctest-gpu.log" && grep -q '100% tests passed' "$OUT/ctest-gpu.log"; then
-  check "ctest -L gpu" OK "$line"
-else
-  check "ctest -L gpu" FAIL "exit $rc, $line (a skip means the GPU was not usable); see ctest-gpu.log"
-fi
-
-# ---- 3. the placement table on cuda, byte for byte against cpu ------------------------------
-small=$WORK/small
-rm -rf "$small"
-"$SL" synth "$small" --size 256MiB --shards 2 >/dev/null || die "synth $small failed"
-# the GPU must be usable by the cuda backend, else nothing below means anything
-if ! probe=$("$SL" load "$small" --backend cuda 2>&1 >/dev/null); then
-  check "cuda backend usable" FAIL "$probe"
-  die "the cuda backend cannot run here: $probe"
-fi
-# What one load reports, in one cell: placements, pinned tensors, collective, seconds.
-jsum() {
+secs_since() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN {printf "%.1f", (b - a) / 1e9}'; }
+# jinfo FILE: "collective<TAB>reason<TAB>seconds<TAB>ranks<TAB>placements" of a --json report,
+# or "ERR<TAB>why" when stdout is not one JSON document (an NCCL_DEBUG there, say)
+jinfo() {
   "$PYTHON" - "$1" <<'PY'
-import json, sys, collections
-d = json.load(open(sys.argv[1]))
-ranks = d.get("ranks", [d])  # --nproc: one document, every rank's report in "ranks"
+import collections, json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    first = open(sys.argv[1], errors="replace").readline()[:120]
+    print(f"ERR\tstdout is not one JSON document ({e}; it starts {first!r})")
+    sys.exit()
+ranks = d.get("ranks", [d])
 c = collections.Counter((t["placement"], t["pinned"]) for r in ranks for t in r["tensors"])
 where = ", ".join(f"{n} {p}{' pinned' if pin else ''}" for (p, pin), n in sorted(c.items()))
 secs = d["wall_seconds"] if "ranks" in d else d["totals"]["seconds"]
-print(f"{where}; {d['collective']['name']}; {secs:.3f} s")
+print(f"{d['collective']['name']}\t{d['collective']['reason']}\t{secs:.3f}\t{len(ranks)}\t{where}")
 PY
 }
-# same_load TAG ARGS...: the load on cpu and on cuda, dumps compared; prints the cuda summary.
-# $cuda_args: extra arguments for the cuda load only (a collective the cpu backend cannot run).
+# sl_load TAG LIMIT ARGS...: one load with --json (stdout TAG.json, stderr TAG.err in the logs);
+# sets rc, took (seconds) and, when it printed a report, coll, reason, wall, nranks, placed
+sl_load() {
+  local tag=$1 limit=$2 s0
+  shift 2
+  s0=$(date +%s%N)
+  timeout -k 5 "$limit" "$SL" load "$@" --json >"$LOGS/$tag.json" 2>"$LOGS/$tag.err"
+  rc=$?
+  took=$(secs_since "$s0")
+  coll="" reason="" wall="" nranks="" placed=""
+  if [ -s "$LOGS/$tag.json" ]; then IFS=$'\t' read -r coll reason wall nranks placed < <(jinfo "$LOGS/$tag.json"); fi
+  if [ "$coll" = ERR ] && [ $rc -eq 0 ]; then rc=3; fi # a report nobody can read is a failure
+}
+load_failed() { # why the last sl_load failed, for a row
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo "ran past its bound (${took} s): a hang"
+  elif [ "$coll" = ERR ]; then echo "$reason"
+  else echo "exit $rc in ${took} s: $(errline "$LOGS/$1.err")"; fi
+}
+left() { echo $(( deadline - $(date +%s) )); } # seconds this phase has left
+bound() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo $(( l > 5 ? l - 5 : 1 )); }
+
+# ================================ the smoke phase ==================================================
+phase_smoke() {
+  local ck=$WORK/ck64
+  rm -rf "$ck"
+  "$SL" synth "$ck" --size 64MiB --shards 2 --seed 5 >/dev/null 2>"$LOGS/synth64.err" ||
+    { row "synth 64 MiB" FAIL "$(errline "$LOGS/synth64.err")"; return; }
+  # world 1: forced local, forced nccl, auto
+  sl_load w1-local "$(bound 60)" "$ck" --backend cuda --collective local --timeout 20
+  if [ $rc -eq 0 ] && [ "$coll" = local ]; then row "cuda, world 1, --collective local" OK "$placed; ${wall} s"
+  elif [ $rc -eq 0 ]; then row "cuda, world 1, --collective local" FAIL "the report names collective $coll"
+  else row "cuda, world 1, --collective local" FAIL "$(load_failed w1-local)"; fi
+  sl_load w1-nccl "$(bound 60)" "$ck" --backend cuda --collective nccl --timeout 20
+  if [ $rc -eq 0 ] && [ "$coll" = nccl ]; then row "cuda, world 1, --collective nccl" OK "$placed; ${wall} s"
+  elif [ $rc -eq 0 ]; then row "cuda, world 1, --collective nccl" FAIL "the report names collective $coll"
+  else row "cuda, world 1, --collective nccl" FAIL "$(load_failed w1-nccl)"; fi
+  sl_load w1-auto "$(bound 60)" "$ck" --backend cuda --timeout 20
+  if [ $rc -ne 0 ]; then row "cuda, world 1, auto" FAIL "$(load_failed w1-auto)"
+  elif [ "$coll" != nccl ] && [[ $reason == *"cannot run nccl"* || $reason == *libnccl* ]]; then
+    row "cuda, world 1, auto" FAIL "fell back to $coll because NCCL cannot run: $reason"
+  else row "cuda, world 1, auto" OK "$coll ($reason); ${wall} s"; fi
+  # two ranks on GPU 0 (or one GPU each where there are two)
+  sl_load w2-gloo "$(bound 90)" "$ck" --nproc 2 --backend cuda --collective gloo --timeout 20
+  if [ $rc -eq 0 ] && [ "$coll" = gloo ] && [ "$nranks" = 2 ]; then row "2 ranks, $NGPU GPU(s), --collective gloo" OK "$placed; ${wall} s"
+  elif [ $rc -eq 0 ]; then row "2 ranks, $NGPU GPU(s), --collective gloo" FAIL "collective $coll, $nranks ranks"
+  else row "2 ranks, $NGPU GPU(s), --collective gloo" FAIL "$(load_failed w2-gloo)$COMPUTE_NOTE"; fi
+  sl_load w2-auto "$(bound 90)" "$ck" --nproc 2 --backend cuda --timeout 20
+  local want=gloo
+  [ "$NGPU" -lt 2 ] || want=nccl
+  if [ $rc -eq 0 ] && [ "$coll" = $want ]; then row "2 ranks, $NGPU GPU(s), auto" OK "$coll ($reason); ${wall} s"
+  elif [ $rc -eq 0 ]; then row "2 ranks, $NGPU GPU(s), auto" FAIL "chose $coll, want $want: $reason"
+  else row "2 ranks, $NGPU GPU(s), auto" FAIL "$(load_failed w2-auto)"; fi
+  # a forced NCCL with two ranks: one GPU: refused on every rank, saying why, in time
+  local s0 msg
+  s0=$(date +%s%N)
+  timeout -k 5 "$(bound 90)" "$SL" load "$ck" --nproc 2 --backend cuda --collective nccl --timeout 20 -v \
+    >"$LOGS/w2-nccl.out" 2>"$LOGS/w2-nccl.err"
+  rc=$?
+  took=$(secs_since "$s0")
+  if [ "$NGPU" -ge 2 ]; then
+    if [ $rc -eq 0 ]; then row "2 ranks, $NGPU GPUs, --collective nccl" OK "${took} s"
+    else row "2 ranks, $NGPU GPUs, --collective nccl" FAIL "exit $rc in ${took} s: $(errline "$LOGS/w2-nccl.err")"; fi
+  else
+    msg=$(grep -m1 -E 'share (device|GPU)' "$LOGS/w2-nccl.err" | head -c 300)
+    local every=1 r
+    # -v relays every rank's error line, each tagged "<STATUS>: rank R: " by its rank
+    for r in 0 1; do grep -qE "SL_ERR_[A-Z_]*: rank $r: .*share (device|GPU)" "$LOGS/w2-nccl.err" || every=0; done
+    if [ $rc -eq 1 ] && [ -n "$msg" ] && [ $every = 1 ] && awk -v t="$took" 'BEGIN {exit !(t < 30)}'; then
+      row "2 ranks, 1 GPU, --collective nccl refused" OK "exit 1 on every rank in ${took} s: $msg"
+    elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+      row "2 ranks, 1 GPU, --collective nccl refused" FAIL "ran past its bound (${took} s): a hang"
+    else
+      row "2 ranks, 1 GPU, --collective nccl refused" FAIL "exit $rc in ${took} s, every rank said 'share device/GPU': $([ $every = 1 ] && echo yes || echo no): $(errline "$LOGS/w2-nccl.err")"
+    fi
+  fi
+  rm -rf "$ck"
+  # the bundle's gpu tests, in what the phase has left
+  local limit
+  limit=$(( $(left) - 10 ))
+  if [ "$limit" -lt 20 ]; then row "gpu tests (ctest -L gpu)" FAIL "no time left in the smoke phase"; return; fi
+  s0=$(date +%s%N)
+  SL_GPU_TEST_TIMEOUT=$limit timeout -k 5 $((limit + 5)) bash "$B/run-gpu-tests.sh" "$WORK/gpu-tests" >"$LOGS/gpu-tests.txt" 2>&1
+  rc=$?
+  cp "$WORK"/gpu-tests/*.log "$LOGS/" 2>/dev/null
+  local res
+  res=$(grep -E '^(PASS|SKIP|FAIL) ' "$LOGS/gpu-tests.txt" | tr '\n' ';')
+  if [ $rc -eq 0 ]; then row "gpu tests (ctest -L gpu)" OK "$(secs_since "$s0") s: $res"
+  else row "gpu tests (ctest -L gpu)" FAIL "exit $rc$([ $rc -eq 77 ] && echo ' (a skip: the GPU was not usable)'): $res"; fi
+  rm -rf "$WORK/gpu-tests"
+}
+
+# ================================ the full phase ===================================================
+# same_load TAG ARGS...: the load on cpu and on cuda, dumps compared byte for byte; prints the
+# cuda load's placements, collective and seconds. $cuda_args: for the cuda load only.
 cuda_args=()
 same_load() {
-  local tag=$1; shift
-  local d=$WORK/$tag j=$OUT/loads/$tag b rc f n=0 bad=""
+  local tag=$1
+  shift
+  local d=$WORK/$tag b f n=0 bad=""
   rm -rf "$d"
   for b in cpu cuda; do
     local extra=()
     [ $b = cpu ] || extra=("${cuda_args[@]}")
-    timeout 300 "$SL" load "$@" "${extra[@]}" --backend $b --dump "$d/$b" --json --timeout 120 >"$j.$b.json" 2>"$j.$b.err"
-    rc=$?
+    sl_load "$tag-$b" "$(bound 120)" "$@" "${extra[@]}" --backend $b --dump "$d/$b" --timeout 60
     if [ $rc -ne 0 ]; then
-      echo "$b exit $rc: $(head -c 400 "$j.$b.err")"
+      echo "$b: $(load_failed "$tag-$b")"
       rm -rf "$d"
       return 1
     fi
@@ -151,92 +220,73 @@ same_load() {
   rm -rf "$d"
   [ $n -gt 0 ] || { echo "no dump written"; return 1; }
   [ -z "$bad" ] || { echo "differs between cpu and cuda:$bad"; return 1; }
-  jsum "$j.cuda.json"
+  echo "$placed; $coll; ${wall} s"
 }
-{
-  echo "## Placement table: --backend cuda, 256 MiB BF16 in 2 shards, dumps == --backend cpu"
-  echo
-  echo "| --cpu-offload | --offload-policy | --param-dtype | cuda placement (tensors); collective; seconds | == cpu |"
-  echo "|---|---|---|---|---|"
-} >"$OUT/placement.md"
-for off in on off infer; do
-  for pol in none cpu cpu-pinned; do
-    for dt in file F32; do
-      [ $dt = F32 ] && [ $pol = cpu ] && continue # casts: one row per placement is enough
-      args=(--cpu-offload "$off" --offload-policy "$pol")
-      [ $dt = F32 ] && args+=(--param-dtype F32)
-      if res=$(same_load "place-$off-$pol-$dt" "$small" "${args[@]}"); then
-        echo "| $off | $pol | $dt | $res | yes |" >>"$OUT/placement.md"
-      else
-        echo "| $off | $pol | $dt | $res | **NO** |" >>"$OUT/placement.md"
-        failed_place="${failed_place:-} $off/$pol/$dt"
-      fi
+
+phase_full() {
+  local small=$WORK/small res off pol dt args failed_place=""
+  rm -rf "$small"
+  "$SL" synth "$small" --size 256MiB --shards 2 >/dev/null 2>"$LOGS/synth256.err" ||
+    { row "synth 256 MiB" FAIL "$(errline "$LOGS/synth256.err")"; return; }
+  {
+    echo "## Placement table: --backend cuda, 256 MiB BF16 in 2 shards, dumps == --backend cpu"
+    echo
+    echo "| --cpu-offload | --offload-policy | --param-dtype | cuda placement (tensors); collective; seconds | == cpu |"
+    echo "|---|---|---|---|---|"
+  } >"$LOGS/placement.md"
+  for off in on off infer; do
+    for pol in none cpu cpu-pinned; do
+      for dt in file F32; do
+        [ $dt = F32 ] && [ $pol = cpu ] && continue # casts: one row per placement is enough
+        args=(--cpu-offload "$off" --offload-policy "$pol")
+        [ $dt = F32 ] && args+=(--param-dtype F32)
+        if res=$(same_load "place-$off-$pol-$dt" "$small" "${args[@]}"); then
+          echo "| $off | $pol | $dt | $res | yes |" >>"$LOGS/placement.md"
+        else
+          echo "| $off | $pol | $dt | $res | **NO** |" >>"$LOGS/placement.md"
+          failed_place="$failed_place $off/$pol/$dt"
+        fi
+      done
     done
   done
-done
-if [ -z "${failed_place:-}" ]; then check "placement table" OK "15 loads, every dump == cpu (placement.md)"; else
-  check "placement table" FAIL "differs or fails:${failed_place} (placement.md)"; fi
-
-# ---- 4. two ranks on the one GPU ------------------------------------------------------------
-if res=$(same_load two-gloo "$small" --nproc 2 --collective gloo); then
-  check "2 ranks, 1 GPU, gloo" OK "dumps == cpu; $res"
-else check "2 ranks, 1 GPU, gloo" FAIL "$res"; fi
-if res=$(same_load two-gloo-cast "$small" --nproc 2 --collective gloo --param-dtype F32 --cpu-offload off); then
-  check "2 ranks, 1 GPU, gloo, F32 cast" OK "dumps == cpu; $res"
-else check "2 ranks, 1 GPU, gloo, F32 cast" FAIL "$res"; fi
-cuda_args=(--collective nccl)
-if res=$(same_load one-nccl "$small"); then
-  check "1 rank, nccl" OK "dumps == cpu; $res"
-else check "1 rank, nccl" FAIL "$res"; fi
-cuda_args=()
-# NCCL refuses two ranks on one device: the load must fail on every rank, say why, and
-# return well within its timeout (never a hang). With more GPUs the ranks get one each.
-for coll in nccl auto; do
-  s0=$(date +%s%N)
-  timeout 180 "$SL" load "$small" --nproc 2 --backend cuda --collective $coll --timeout 60 -v \
-    >"$OUT/two-$coll.out" 2>"$OUT/two-$coll.err"
-  rc=$?
-  secs=$(awk -v a="$s0" -v b="$(date +%s%N)" 'BEGIN {printf "%.1f", (b - a) / 1e9}')
-  msg=$(grep -m1 'shardload:' "$OUT/two-$coll.err" | head -c 300)
-  if [ "$ngpu" -gt 1 ]; then
-    if [ $rc -eq 0 ]; then check "2 ranks, $ngpu GPUs, --collective $coll" OK "${secs} s"
-    else check "2 ranks, $ngpu GPUs, --collective $coll" FAIL "exit $rc: $msg"; fi
-  elif [ $coll = nccl ]; then
-    # the refusal is the expected outcome; a success would be news, a timeout (124) a hang
-    if [ $rc -eq 1 ] && echo "$msg" | grep -qi nccl; then check "2 ranks, 1 GPU, nccl (refusal)" OK "exit 1 in ${secs} s: $msg"
-    else check "2 ranks, 1 GPU, nccl (refusal)" FAIL "exit $rc in ${secs} s: ${msg:-no message}"; fi
-  else
-    # auto: either it avoids nccl (gloo) and loads, or it fails saying why; never a hang
-    if [ $rc -eq 0 ] || { [ $rc -eq 1 ] && [ -n "$msg" ]; }; then
-      check "2 ranks, 1 GPU, auto" OK "exit $rc in ${secs} s: $(grep -m1 '^collective:' "$OUT/two-$coll.out")${msg}"
-    else check "2 ranks, 1 GPU, auto" FAIL "exit $rc in ${secs} s: ${msg:-no message}"; fi
-  fi
-done
-
-# ---- 5. ~4 GiB from the page cache to GPU memory --------------------------------------------
-big=$WORK/big.safetensors
-rm -f "$big"
-"$SL" synth "$big" --size "$SIZE" >/dev/null 2>"$OUT/synth.err" || die "synth $SIZE failed: $(cat "$OUT/synth.err")"
-bytes=$(stat -c %s "$big")
-cat "$big" >/dev/null # warm the page cache
-# background sampler of device memory (MiB), written while the tagged command runs
-sample_mem() { # sample_mem FILE: until killed
-  while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 >>"$1" 2>/dev/null; sleep 0.05; done
+  if [ -z "$failed_place" ]; then row "placement table" OK "15 loads, every dump == cpu (placement.md)"
+  else row "placement table" FAIL "differs or fails:$failed_place (placement.md)"; fi
+  if res=$(same_load two-gloo "$small" --nproc 2 --collective gloo); then row "2 ranks, gloo, dumps == cpu" OK "$res"
+  else row "2 ranks, gloo, dumps == cpu" FAIL "$res"; fi
+  if res=$(same_load two-gloo-cast "$small" --nproc 2 --collective gloo --param-dtype F32 --cpu-offload off); then
+    row "2 ranks, gloo, F32 cast, dumps == cpu" OK "$res"
+  else row "2 ranks, gloo, F32 cast, dumps == cpu" FAIL "$res"; fi
+  cuda_args=(--collective nccl)
+  if res=$(same_load one-nccl "$small"); then row "1 rank, nccl, dumps == cpu" OK "$res"
+  else row "1 rank, nccl, dumps == cpu" FAIL "$res"; fi
+  cuda_args=()
+  rm -rf "$small"
+  big_load
+  python_dropin
 }
-peak_of() { sort -n "$1" | tail -n 1; }
-base_mib=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0)
-read_gbs=$(dd if="$big" of=/dev/null bs=16M 2>&1 | awk '/copied/ {print $(NF-1), $NF}')
-: >"$OUT/mem-shardload.txt"
-sample_mem "$OUT/mem-shardload.txt" & sampler=$!
-for rep in 1 2 3; do
-  timeout 300 "$SL" load "$big" --backend cuda --json --timeout 120 >"$OUT/big-shardload-$rep.json" 2>"$OUT/big-shardload-$rep.err" ||
-    { check "$SIZE shardload" FAIL "rep $rep: $(head -c 300 "$OUT/big-shardload-$rep.err")"; break; }
-done
-kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
-sl_peak=$(peak_of "$OUT/mem-shardload.txt")
-: >"$OUT/mem-torch.txt"
-sample_mem "$OUT/mem-torch.txt" & sampler=$!
-timeout 300 "$PYTHON" - "$big" >"$OUT/big-torch.json" 2>"$OUT/big-torch.err" <<'PY'
+
+# ~4 GiB from the page cache to GPU memory: shardload against safetensors' load_file
+big_load() {
+  local big=$WORK/big.safetensors bytes base_mib read_gbs sampler rep sl_peak th_peak trc
+  rm -f "$big"
+  timeout "$(bound 120)" "$SL" synth "$big" --size "$SIZE" >/dev/null 2>"$LOGS/synth-big.err" ||
+    { row "$SIZE page cache -> GPU" FAIL "synth: $(errline "$LOGS/synth-big.err")"; rm -f "$big"; return; }
+  bytes=$(stat -c %s "$big")
+  cat "$big" >/dev/null # warm the page cache
+  sample_mem() { while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 >>"$1" 2>/dev/null; sleep 0.05; done; }
+  base_mib=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -n 1)
+  read_gbs=$(dd if="$big" of=/dev/null bs=16M 2>&1 | awk '/copied/ {print $(NF-1), $NF}')
+  : >"$LOGS/mem-shardload.txt"
+  sample_mem "$LOGS/mem-shardload.txt" & sampler=$!
+  for rep in 1 2 3; do
+    sl_load "big-shardload-$rep" "$(bound 120)" "$big" --backend cuda --timeout 60
+    [ $rc -eq 0 ] || { row "$SIZE shardload" FAIL "rep $rep: $(load_failed "big-shardload-$rep")"; break; }
+  done
+  kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
+  sl_peak=$(sort -n "$LOGS/mem-shardload.txt" | tail -n 1)
+  : >"$LOGS/mem-torch.txt"
+  sample_mem "$LOGS/mem-torch.txt" & sampler=$!
+  timeout "$(bound 150)" "$PYTHON" - "$big" >"$LOGS/big-torch.json" 2>"$LOGS/big-torch.err" <<'PY'
 import json, sys, time, torch
 from safetensors.torch import load_file
 path = sys.argv[1]
@@ -266,15 +316,15 @@ for rep in range(3):
 res["pinned_h2d_gb_per_s"] = max(h2d)
 print(json.dumps(res))
 PY
-trc=$?
-kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
-th_peak=$(peak_of "$OUT/mem-torch.txt")
-"$PYTHON" - "$OUT" "$bytes" "$base_mib" "$sl_peak" "$th_peak" "$read_gbs" "$trc" >"$OUT/big.md" <<'PY'
+  trc=$?
+  kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
+  th_peak=$(sort -n "$LOGS/mem-torch.txt" | tail -n 1)
+  "$PYTHON" - "$LOGS" "$bytes" "$base_mib" "$sl_peak" "$th_peak" "$read_gbs" "$trc" >"$LOGS/big.md" <<'PY'
 import glob, json, statistics, sys
-out, nbytes, base, slp, thp, read, trc = sys.argv[1:8]
+logs, nbytes, base, slp, thp, read, trc = sys.argv[1:8]
 nbytes = int(nbytes); base = float(base or 0)
 runs = []
-for f in sorted(glob.glob(f"{out}/big-shardload-*.json")):
+for f in sorted(glob.glob(f"{logs}/big-shardload-*.json")):
     try:
         runs.append(json.load(open(f)))
     except Exception:
@@ -289,7 +339,7 @@ if sl_s:
     print(f"| shardload load --backend cuda | {m:.3f} | {nbytes / m / 1e9:.2f} | {float(slp or 0) - base:.0f} MiB "
           f"(staging {st.get('device_staging_bytes', 0) / 2**20:.0f} MiB) |")
 try:
-    t = json.load(open(f"{out}/big-torch.json"))
+    t = json.load(open(f"{logs}/big-torch.json"))
     m2 = statistics.median(t["seconds"])
     print(f"| safetensors.torch.load_file(device=\"cuda\") | {m2:.3f} | {nbytes / m2 / 1e9:.2f} | "
           f"{float(thp or 0) - base:.0f} MiB (torch max allocated {t['peak_allocated_bytes'] / 2**20:.0f} MiB) |")
@@ -300,55 +350,186 @@ except Exception as e:
     print(f"\nsafetensors run failed (exit {trc}): {e}; see big-torch.err")
 print(f"\nidle device memory before the runs: {base:.0f} MiB; checkpoint {nbytes / 2**20:.0f} MiB")
 PY
-if [ -s "$OUT/big-shardload-3.json" ] && [ $trc -eq 0 ]; then
-  check "$SIZE page cache -> GPU" OK "$(grep -E '^\| shardload|^shardload /' "$OUT/big.md" | tr '\n' ' ' | head -c 300)"
-else
-  check "$SIZE page cache -> GPU" FAIL "see big-shardload-*.err, big-torch.err"
-fi
-rm -f "$big"
-
-# ---- 6. the Python drop-in on the GPU (issue 9), world 1 --------------------------------------
-# The equivalence test of CI on a cuda mesh: Accelerate's own fsdp2_load_full_state_dict against
-# shardload.accelerate's, policies none / CPUOffloadPolicy(pin_memory False and True) x
-# cpu_offload True/False/None/legacy x dict/path: bit-identical shards, on cuda or (pinned) CPU
-# as the placement table says, an SGD step after; then the cases where Accelerate fails.
-if "$PYTHON" -c 'import accelerate, torch.distributed.fsdp' 2>/dev/null; then
-  p0=$(date +%s)
-  SHARDLOAD_LIBRARY=$BUILD/libshardload.so PYTHONPATH=$SRC/python timeout 420 \
-    "$PYTHON" "$SRC/python/tests/test_accelerate_equiv.py" --world 1 --device cuda --tmp "$WORK/python" \
-    >"$OUT/python-dropin.log" 2>&1
-  prc=$?
-  if [ $prc -eq 0 ] && grep -q 'checks on rank 0 passed' "$OUT/python-dropin.log"; then
-    check "python drop-in (cuda mesh)" OK "$(( $(date +%s) - p0 )) s: $(grep -E '^backend|checks on rank 0' "$OUT/python-dropin.log" | tr '\n' ' ')"
+  if [ -s "$LOGS/big-shardload-3.json" ] && [ $trc -eq 0 ]; then
+    row "$SIZE page cache -> GPU" OK "$(grep -E '^\| shardload|^shardload /|^read' "$LOGS/big.md" | tr '\n' ' ' | head -c 500)"
   else
-    check "python drop-in (cuda mesh)" FAIL "exit $prc; see python-dropin.log: $(grep -m1 -E 'Error|error' "$OUT/python-dropin.log" | head -c 200)"
+    row "$SIZE page cache -> GPU" FAIL "safetensors exit $trc; see big-shardload-*.err, big-torch.err: $(tail -n 1 "$LOGS/big-torch.err" 2>/dev/null | head -c 200)"
   fi
-  # the drop-in against Accelerate's function, world 1: device placement, then CPU offload (pinned)
-  for off in none cpu+pin; do
-    SHARDLOAD_LIBRARY=$BUILD/libshardload.so PYTHONPATH=$SRC/python timeout 240 \
-      "$PYTHON" "$SRC/bench/bench_accelerate.py" --device cuda --worlds 1 --offload "$off" --repeat 2 \
-      --dir "$WORK/bench-accel" --json "$OUT/bench-accelerate-$off.json" >"$OUT/bench-accelerate-$off.log" 2>&1
-    brc=$?
-    check "python bench (world 1, cuda, offload $off)" "$([ $brc -eq 0 ] && echo OK || echo FAIL)" \
-      "exit $brc; $(grep -m1 -E '^\| 1 \| dict' "$OUT/bench-accelerate-$off.log" | head -c 200) (bench-accelerate-$off.log)"
-  done
-else
-  check "python drop-in (cuda mesh)" FAIL "$PYTHON cannot import accelerate and torch.distributed.fsdp"
-fi
-rm -rf "$WORK/python" "$WORK/bench-accel"
+  rm -f "$big"
+}
 
-# ---- summary --------------------------------------------------------------------------------
+# The Python drop-in on the GPU, world 1: the equivalence test of CI on a cuda mesh, then the
+# benchmark against Accelerate's function (device placement, then pinned CPU offload)
+python_dropin() {
+  if ! "$PYTHON" -c 'import accelerate, torch.distributed.fsdp' 2>/dev/null; then
+    row "python drop-in (cuda mesh)" FAIL "$PYTHON cannot import accelerate and torch.distributed.fsdp"
+    return
+  fi
+  local p0 prc brc off limit
+  p0=$(date +%s)
+  limit=$(bound 240)
+  SHARDLOAD_LIBRARY=$LIB PYTHONPATH=$B/python timeout -k 10 "$limit" \
+    "$PYTHON" "$B/python/tests/test_accelerate_equiv.py" --world 1 --device cuda --tmp "$WORK/python" \
+    >"$LOGS/python-dropin.log" 2>&1
+  prc=$?
+  if [ $prc -eq 0 ] && grep -q 'checks on rank 0 passed' "$LOGS/python-dropin.log"; then
+    row "python drop-in (cuda mesh)" OK "$(( $(date +%s) - p0 )) s: $(grep -E '^backend|checks on rank 0|skipped' "$LOGS/python-dropin.log" | tr '\n' ' ')"
+  else
+    row "python drop-in (cuda mesh)" FAIL "exit $prc$([ $prc -eq 124 ] && echo " (past $limit s)"); python-dropin.log: $(grep -m1 -E 'Error|error' "$LOGS/python-dropin.log" | head -c 300)"
+  fi
+  rm -rf "$WORK/python"
+  for off in none cpu+pin; do
+    limit=$(bound 120)
+    SHARDLOAD_LIBRARY=$LIB PYTHONPATH=$B/python timeout -k 10 "$limit" \
+      "$PYTHON" "$B/bench/bench_accelerate.py" --device cuda --worlds 1 --offload "$off" --repeat 2 \
+      --dir "$WORK/bench-accel" --json "$LOGS/bench-accelerate-$off.json" >"$LOGS/bench-accelerate-$off.log" 2>&1
+    brc=$?
+    row "python bench (world 1, cuda, offload $off)" "$([ $brc -eq 0 ] && echo OK || echo FAIL)" \
+      "exit $brc; $(grep -m1 -E '^\| 1 \| dict' "$LOGS/bench-accelerate-$off.log" | head -c 200) $([ $brc -eq 0 ] || grep -m1 -E 'Error|error' "$LOGS/bench-accelerate-$off.log" | head -c 200)"
+  done
+  rm -rf "$WORK/bench-accel"
+}
+
+if [ "${1:-}" = --phase ]; then # ---- one phase, under the outer run's timeout ---------------------
+  failed=0
+  deadline=$(( $(date +%s) + PHASE_S ))
+  "phase_$2"
+  exit $failed
+fi
+
+# ================================ the outer run ====================================================
+archive() { # every log into one archive in OUT (made anew: a killed phase still has the last one)
+  tar -czf "$OUT/gpu-check.tar.gz.part" -C "$WORK" logs 2>/dev/null && mv -f "$OUT/gpu-check.tar.gz.part" "$OUT/gpu-check.tar.gz"
+}
+finish() { # finish STATUS [WHY]
+  [ -z "${2:-}" ] || { echo; echo "stopped: $2"; } >>"$SUMMARY"
+  local f
+  for f in placement.md big.md; do [ -f "$LOGS/$f" ] && { echo; cat "$LOGS/$f"; } >>"$SUMMARY"; done
+  { echo; echo "total: $(( $(date +%s) - t0 )) s; result: $([ "$1" = 0 ] && echo PASS || echo FAIL)"; } >>"$SUMMARY"
+  archive
+  say "done in $(( $(date +%s) - t0 )) s: $([ "$1" = 0 ] && echo 'every check passed' || echo 'SOME CHECKS FAILED') (summary: $SUMMARY)"
+  [ -z "${own_work:-}" ] || rm -rf "$WORK"
+  exit "$1"
+}
+die() { row stopped FAIL "$*"; finish 1 "$*"; }
+
 {
+  echo "# GPU check, $(date -u +%FT%TZ), $(uname -n)"
+  echo
   echo "| check | result | detail |"
   echo "|---|---|---|"
-  cat "$SUMMARY.rows"
-  echo
-  cat "$OUT/placement.md"
-  echo
-  cat "$OUT/big.md"
-  echo
-  echo "total: $(( $(date +%s) - t0 )) s"
-} >>"$SUMMARY"
-rm -f "$SUMMARY.rows"
-say "done in $(( $(date +%s) - t0 )) s: $([ $failed = 0 ] && echo 'every check passed' || echo 'SOME CHECKS FAILED') (see $SUMMARY)"
-exit $failed
+} >"$SUMMARY"
+
+# ---- the bundle ------------------------------------------------------------------------------
+if [ -z "$B" ] && [ -f "$HERE/../BUNDLE" ]; then B=$(cd "$HERE/.." && pwd); fi
+if [ -z "$B" ]; then # a source tree: make the bundle first (needs the build dependencies)
+  say "no --bundle: building one from $(dirname "$HERE") with bench/gpu-bundle.sh"
+  b0=$(date +%s)
+  bash "$HERE/gpu-bundle.sh" "$(dirname "$HERE")/.gpu" >"$LOGS/bundle.log" 2>&1 ||
+    die "cannot build the bundle here ($(grep -m1 'gpu-bundle:' "$LOGS/bundle.log" | head -c 300)); build it where the build dependencies are (bash bench/gpu-bundle.sh), carry .gpu here, and run bash .gpu/bench/gpu-check.sh --bundle .gpu"
+  B=$(dirname "$HERE")/.gpu
+  say "bundle built in $(( $(date +%s) - b0 )) s"
+fi
+[ -d "$B" ] && B=$(cd "$B" && pwd)
+[ -f "$B/BUNDLE" ] || die "$B is not a bundle (no BUNDLE file): make one with bash bench/gpu-bundle.sh [DIR]"
+SL=$B/bin/shardload
+LIB=$(ls "$B"/lib/libshardload.so.* 2>/dev/null | head -n 1)
+needs=$(sed -n 's/^needs: \([^(]*\).*/\1/p' "$B/BUNDLE" | sed 's/ *$//')
+version=$(timeout 20 "$SL" --version 2>&1) ||
+  die "the bundle's command does not start here: $version (the bundle needs ${needs:-?}; this machine: $(getconf GNU_LIBC_VERSION 2>/dev/null))"
+export B SL LIB
+row bundle OK "$B: $version; $(sed -n 's/^commit: /commit /p' "$B/BUNDLE"), $(sed -n 's/^built on: /built on /p' "$B/BUNDLE"), $(sed -n 's/^cuda architectures: /sm_/p' "$B/BUNDLE"); needs $needs; this machine: $(getconf GNU_LIBC_VERSION 2>/dev/null)"
+# logs of the vendor libraries go to files, never into a --json report on stdout
+export NCCL_DEBUG_FILE=$LOGS/nccl.%h.%p.log
+
+# ---- the GPU -------------------------------------------------------------------------------------
+if ! command -v nvidia-smi >/dev/null; then
+  "$SL" synth "$WORK/probe.safetensors" --size 1MiB >/dev/null 2>&1
+  why=$(timeout 30 "$SL" load "$WORK/probe.safetensors" --backend cuda 2>&1 >/dev/null | head -c 300)
+  die "no GPU here: nvidia-smi not found (no NVIDIA driver); the cuda backend says: ${why:-nothing}. Run this on the GPU machine"
+fi
+gpus=$(timeout 30 nvidia-smi --query-gpu=index,name,memory.total,pci.bus_id,compute_mode --format=csv,noheader 2>&1) ||
+  die "no GPU here: nvidia-smi finds no usable GPU: $gpus"
+[ -n "$gpus" ] || die "no GPU here: nvidia-smi lists none"
+NGPU=$(echo "$gpus" | wc -l)
+COMPUTE_NOTE=""
+if echo "$gpus" | grep -qi 'exclusive'; then COMPUTE_NOTE=" (compute mode exclusive: one process per GPU, so two ranks on one GPU cannot run)"; fi
+export NGPU COMPUTE_NOTE
+row GPU OK "$NGPU: $(echo "$gpus" | tr '\n' ';')$COMPUTE_NOTE"
+driver=$(timeout 30 nvidia-smi 2>/dev/null | grep -m1 -o 'Driver Version: [0-9.]*.*CUDA Version: [0-9.]*' | tr -s ' ')
+row driver "$([ -n "$driver" ] && echo OK || echo FAIL)" "${driver:-nvidia-smi names no driver}; $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r)"
+"$SL" synth "$WORK/probe.safetensors" --size 1MiB >/dev/null 2>&1
+if ! why=$(timeout 60 "$SL" load "$WORK/probe.safetensors" --backend cuda --collective local --timeout 20 2>&1 >"$LOGS/probe.out"); then
+  row "cuda backend" FAIL "$why"
+  die "the cuda backend cannot run here: $why"
+fi
+row "cuda backend" OK "$(grep -m1 -E 'device|backend' "$LOGS/probe.out" | head -c 300)"
+
+# ---- python, torch ---------------------------------------------------------------------------------
+"$PYTHON" -c 'import json' 2>/dev/null || die "no $PYTHON here (it reads the --json reports; give --python PY)"
+pyv=$(timeout 90 "$PYTHON" - 2>&1 <<'PY'
+import platform
+out = [f"python {platform.python_version()}"]
+import torch
+try:
+    v = torch.cuda.nccl.version()
+    nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+except Exception as e:
+    nccl = f"? ({type(e).__name__})"
+out.append(f"torch {torch.__version__} (CUDA {torch.version.cuda}, available {torch.cuda.is_available()}, "
+           f"{torch.cuda.device_count()} device(s), NCCL {nccl})")
+for m in ("safetensors", "accelerate", "transformers"):
+    try:
+        out.append(f"{m} {__import__(m).__version__}")
+    except Exception as e:
+        out.append(f"{m} missing ({type(e).__name__})")
+print(", ".join(out))
+PY
+)
+prc=$?
+pyv=$(echo "$pyv" | tail -n 1)
+if [ $prc -eq 0 ] && [[ $pyv != *"safetensors missing"* ]]; then row python OK "$PYTHON: $pyv"
+else row python FAIL "$PYTHON: ${pyv:-exit $prc} (the full phase needs torch and safetensors)"; fi
+
+# ---- libnccl.so.2: the loader's path, else the python's nvidia-nccl wheel -------------------------
+nccl="" how=""
+IFS=: read -ra llp <<<"${LD_LIBRARY_PATH:-}"
+for d in "${llp[@]}"; do
+  [ -n "$d" ] && [ -e "$d/libnccl.so.2" ] && { nccl=$d/libnccl.so.2; how="LD_LIBRARY_PATH"; break; }
+done
+if [ -z "$nccl" ]; then
+  ldc=$(command -v ldconfig || echo /sbin/ldconfig)
+  nccl=$("$ldc" -p 2>/dev/null | awk '$1 == "libnccl.so.2" {print $NF; exit}')
+  [ -z "$nccl" ] || how="the system (ld.so.cache)"
+fi
+if [ -z "$nccl" ]; then
+  wheel=$(timeout 60 "$PYTHON" -c 'import nvidia.nccl as n, os; print(os.path.dirname(n.__file__) if getattr(n, "__file__", None) else list(n.__path__)[0])' 2>/dev/null)
+  if [ -n "$wheel" ] && [ -e "$wheel/lib/libnccl.so.2" ]; then
+    nccl=$wheel/lib/libnccl.so.2
+    how="the python's nvidia-nccl wheel, put on LD_LIBRARY_PATH"
+    export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fi
+fi
+if [ -n "$nccl" ]; then
+  nv=$(timeout 30 "$PYTHON" -c 'import ctypes, sys
+l = ctypes.CDLL(sys.argv[1]); v = ctypes.c_int()
+l.ncclGetVersion(ctypes.byref(v)); v = v.value
+print(f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}")' "$nccl" 2>&1 | tail -n 1)
+  row "libnccl.so.2" OK "$nccl (from $how), NCCL $nv"
+else
+  row "libnccl.so.2" FAIL "not on the loader's path (LD_LIBRARY_PATH, ld.so.cache) nor in $PYTHON's nvidia.nccl wheel: every NCCL check fails"
+fi
+
+# ---- the phases, each under its bound -----------------------------------------------------------
+for ph in $phases; do
+  case $ph in smoke) limit=${SMOKE_S:-180} ;; full) limit=${FULL_S:-420} ;; esac
+  say "phase $ph (at most $limit s)"
+  p0=$(date +%s)
+  PHASE_S=$limit timeout -k 15 "$limit" bash "$SELF" --phase "$ph"
+  prc=$?
+  if [ $prc -eq 124 ] || [ $prc -eq 137 ]; then row "phase $ph" FAIL "ran past $limit s and was stopped; the rows above are what it saw"
+  elif [ $prc -ne 0 ]; then row "phase $ph" FAIL "$(( $(date +%s) - p0 )) s, some checks failed"
+  else row "phase $ph" OK "$(( $(date +%s) - p0 )) s"; fi
+  archive
+done
+finish "$failed"
