@@ -748,7 +748,8 @@ static void test_probes_only_what_the_choice_needs(void **state) {
       {.world = 1, .backend = "cpu", .expect = SL_OK, .name = "local"},
       {.world = 2, .backend = "cpu", .expect = SL_OK, .name = "gloo"},
       {.world = 2, .backend = "cpu", .collective = "gloo", .expect = SL_OK, .name = "gloo"},
-      {.world = 1, .backend = "sim", .expect = SL_OK, .name = "simccl"},
+      {.world = 1, .backend = "sim", .expect = SL_OK, .name = "local"},
+      {.world = 1, .backend = "sim", .collective = "simccl", .expect = SL_OK, .name = "simccl"},
       {.world = 2, .backend = "sim", .expect = SL_OK, .name = "simccl"},
   };
   for (size_t i = 0; i < sizeof quiet / sizeof quiet[0]; i++) {

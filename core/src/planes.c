@@ -233,6 +233,16 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
              in[0].backend);
     goto out_free;
   }
+  /* One rank moves nothing between ranks: a device collective would only cost its start (a
+   * one-rank NCCL communicator takes seconds, through NCCL's bootstrap); host staging serves,
+   * and a forced name still gets its collective. No module is probed. */
+  if (!want && ctx->world_size == 1) {
+    put(chosen, len, "local");
+    snprintf(ctx->data_reason, sizeof ctx->data_reason,
+             "local: one rank stages through host memory (backend %s's %s only when forced: --collective %s)",
+             in[0].backend, cand, cand);
+    goto out_free;
+  }
   fill_verdict(ctx, cand, &vmine);
   if ((st = sl__ctl_allgather(ctx, &vmine, v, sizeof vmine)) != SL_OK) goto out_free;
   for (int r = 0; r < ctx->world_size; r++) take_text(v[r].reason, sizeof v[r].reason);
