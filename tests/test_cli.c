@@ -462,9 +462,10 @@ static void run_load_and_check(const char *backend, const char *co, const char *
   json_t *j = load_json_file(jp);
   assert_int_equal(json_integer_value(json_object_get(j, "rank")), 0);
   assert_int_equal(json_integer_value(json_object_get(j, "world_size")), 1);
-  /* one rank: sim's device collective (the device route), host staging through local on cpu */
+  /* one rank: host staging through local, whatever the backend; sim's device collective (the
+   * device route) only when forced */
   json_t *cj = json_object_get(j, "collective");
-  const char *coll = !strncmp(backend, "sim", 3) ? "simccl" : "local";
+  const char *coll = strstr(extra, "--collective simccl") ? "simccl" : "local";
   assert_string_equal(json_string_value(json_object_get(cj, "name")), coll);
   assert_non_null(json_string_value(json_object_get(cj, "reason")));
   const char *want_pl;
@@ -526,23 +527,27 @@ static void run_load_and_check(const char *backend, const char *co, const char *
 }
 
 static void test_load_matrix(void **state) {
-  static const char *backends[] = {"cpu", "sim", "sim:strict"};
+  /* sim:strict on both routes: host staging (auto, one rank) and the device route (forced) */
+  static const char *backends[] = {"cpu", "sim", "sim:strict", "sim:strict"};
+  static const char *extras[] = {"", "", "", "--collective simccl"};
   static const char *cos[] = {"on", "off", "infer"};
   static const char *pols[] = {"none", "cpu", "cpu-pinned"};
-  for (size_t b = 0; b < 3; b++)
+  for (size_t b = 0; b < 4; b++)
     for (size_t c = 0; c < 3; c++)
-      for (size_t p = 0; p < 3; p++) run_load_and_check(backends[b], cos[c], pols[p], g_single, "", 0);
+      for (size_t p = 0; p < 3; p++) run_load_and_check(backends[b], cos[c], pols[p], g_single, extras[b], 0);
 }
 
 static void test_load_cast_and_sharded(void **state) {
-  /* BF16 -> F32: the F32 bits are bf16 << 16; I64 and F32 tensors unchanged */
+  /* BF16 -> F32: the F32 bits are bf16 << 16; I64 and F32 tensors unchanged (cast on the device
+   * by the device route, and widened on the device after host staging) */
+  run_load_and_check("sim:strict", "infer", "none", g_single, "--param-dtype F32 --collective simccl", 1);
   run_load_and_check("sim:strict", "infer", "none", g_single, "--param-dtype F32", 1);
   run_load_and_check("cpu", "on", "cpu", g_single, "--param-dtype float32", 1);
   /* many files through a small staging budget */
   run_load_and_check("sim:strict", "off", "none", g_sharded, "--staging 64K", 0);
   run_load_and_check("cpu", "infer", "cpu-pinned", g_sharded, "--staging 512K", 0);
   /* the multi-rank switches on a world of one: same shards */
-  run_load_and_check("sim:strict", "off", "none", g_sharded, "--strategy broadcast --timeout 30", 0);
+  run_load_and_check("sim:strict", "off", "none", g_sharded, "--strategy broadcast --timeout 30 --collective simccl", 0);
   run_load_and_check("cpu", "on", "none", g_sharded, "--source every-rank --timeout 2.5 --staging 64K", 0);
 }
 
@@ -556,8 +561,9 @@ static void test_load_human(void **state) {
   assert_non_null(strstr(out, "GB/s"));
   assert_non_null(strstr(out, "stats: read "));
   assert_non_null(strstr(out, "peak RSS"));
-  assert_non_null(strstr(out, "rank 0 of 1: backend sim, collective simccl, device sim:0"));
-  assert_non_null(strstr(out, "\ncollective: simccl: preferred by backend sim and every rank runs it\n"));
+  assert_non_null(strstr(out, "rank 0 of 1: backend sim, collective local, device sim:0"));
+  assert_non_null(strstr(out, "\ncollective: local: one rank stages through host memory (backend sim's simccl only when "
+                              "forced: --collective simccl)\n"));
   assert_non_null(strstr(out, " transfers, "));
   assert_non_null(strstr(out, "\ntime: "));
   free(out);

@@ -311,13 +311,14 @@ static void test_gpu_context_and_memory(void **state) {
 }
 
 /* The same load on cuda and on cpu writes byte-identical dumps (read back through the backend):
- * every placement rule, device casts (F32), world 1 and two ranks over Gloo staging. */
-static void dump_equal(const char *tag, const char *args, int world) {
+ * every placement rule, device casts (F32), world 1 and two ranks over Gloo staging. CUDA_ARGS:
+ * what the cuda load adds (a collective the cpu backend cannot run). */
+static void dump_equal_with(const char *tag, const char *args, const char *cuda_args, int world) {
   char *d = sl_test_dir(tag), *out = NULL;
   const char *backends[] = {"cpu", "cuda"};
   for (int b = 0; b < 2; b++) {
-    int rc = sl_test_run(&out, CLI "load '%s' --backend %s %s --dump '%s/%s' --timeout 120", sl_test_bin(),
-                         checkpoint(), backends[b], args, d, backends[b]);
+    int rc = sl_test_run(&out, CLI "load '%s' --backend %s %s %s --dump '%s/%s' --timeout 120", sl_test_bin(),
+                         checkpoint(), backends[b], args, b ? cuda_args : "", d, backends[b]);
     if (rc != 0) fail_msg("%s on %s: exit %d: %s", args, backends[b], rc, out);
     free(out);
   }
@@ -326,9 +327,11 @@ static void dump_equal(const char *tag, const char *args, int world) {
     if (rc != 0) fail_msg("%s: rank %d differs between cpu and cuda: %s", args, r, out);
     free(out);
   }
-  fprintf(stderr, "cuda == cpu: %s\n", args);
+  fprintf(stderr, "cuda == cpu: %s %s\n", args, cuda_args);
   free(d);
 }
+
+static void dump_equal(const char *tag, const char *args, int world) { dump_equal_with(tag, args, "", world); }
 
 static void test_gpu_placements_match_cpu(void **state) {
   const char *offload[] = {"on", "off", "infer"}, *policy[] = {"none", "cpu", "cpu-pinned"};
@@ -346,14 +349,21 @@ static void test_gpu_two_ranks_gloo_match_cpu(void **state) {
   dump_equal("two-gloo-cast", "--nproc 2 --collective gloo --param-dtype F32 --cpu-offload off", 2);
 }
 
-/* World 1 on cuda takes the device route: auto chooses nccl (as sim chooses simccl). */
+/* World 1 on cuda stages through host memory under auto (local: no one-rank NCCL communicator
+ * to start); forced, NCCL runs there too (the device route), and both give cpu's bytes. */
 static void test_gpu_nccl_one_rank_matches_cpu(void **state) {
   char *out = NULL;
   int rc = sl_test_run(&out, CLI "load '%s' --backend cuda --json", sl_test_bin(), checkpoint());
   if (rc != 0) fail_msg("cuda, world 1: exit %d: %s", rc, out);
+  assert_non_null(strstr(out, "\"name\": \"local\""));
+  assert_non_null(strstr(out, "local: one rank stages through host memory (backend cuda's nccl only when forced"));
+  free(out);
+  rc = sl_test_run(&out, CLI "load '%s' --backend cuda --collective nccl --json", sl_test_bin(), checkpoint());
+  if (rc != 0) fail_msg("cuda, world 1, --collective nccl: exit %d: %s", rc, out);
   assert_non_null(strstr(out, "\"name\": \"nccl\""));
   free(out);
-  dump_equal("nccl-one", "--collective auto", 1);
+  dump_equal("local-one", "--collective auto --cpu-offload off", 1);
+  dump_equal_with("nccl-one", "--cpu-offload off", "--collective nccl", 1);
 }
 
 int main(int argc, char **argv) {

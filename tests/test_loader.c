@@ -50,12 +50,17 @@ typedef struct env {
   sl_plan *plan;
 } env;
 
-static void open_env(env *e, const char *backend) {
-  sl_context_options co = {.size = sizeof co, .backend = backend, .world_size = 1};
+/* One rank on BACKEND with data collective COLLECTIVE: NULL is auto (host staging through local
+ * for one rank), "simccl" the device route on sim. */
+static void open_env_on(env *e, const char *backend, const char *collective) {
+  sl_context_options co = {.size = sizeof co, .backend = backend, .collective = collective, .world_size = 1};
   assert_int_equal(sl_context_create(&co, &e->ctx), SL_OK);
+  assert_string_equal(sl_context_collective_name(e->ctx), collective ? collective : "local");
   assert_int_equal(sl_source_open(e->ctx, ckpt, &e->src), SL_OK);
   assert_int_equal(sl_plan_create(e->ctx, &e->plan), SL_OK);
 }
+
+static void open_env(env *e, const char *backend) { open_env_on(e, backend, NULL); }
 
 static void close_env(env *e) {
   sl_plan_destroy(e->plan);
@@ -109,10 +114,11 @@ static void check_placement(env *e, const sl_state *st, sl_device_kind dev, sl_p
 }
 
 static void test_null_options_infer_no_policy(void **state) {
-  const char *backends[] = {"cpu", "sim", "sim:strict"};
-  for (size_t b = 0; b < 3; b++) {
+  /* host staging on each backend, and sim's device route */
+  const char *backends[] = {"cpu", "sim", "sim:strict", "sim:strict"}, *collectives[] = {NULL, NULL, NULL, "simccl"};
+  for (size_t b = 0; b < 4; b++) {
     env e;
-    open_env(&e, backends[b]);
+    open_env_on(&e, backends[b], collectives[b]);
     sl_state *st = NULL;
     assert_int_equal(sl_load(e.ctx, e.plan, e.src, NULL, &st), SL_OK);
     check_placement(&e, st, SL_DEVICE_ACCELERATOR, SL_RULE_INFER_NO_POLICY, 0);
@@ -230,9 +236,11 @@ static void test_older_smaller_options_mean_infer(void **state) {
   close_env(&e);
 }
 
-static void test_cast_to_f32_and_tiny_staging(void **state) {
+/* On host staging (the narrow bytes copied up from the slot, widened on the device) and on the
+ * device route (copied up, cast and packed on the device). */
+static void cast_to_f32_and_tiny_staging(const char *collective) {
   env e;
-  open_env(&e, "sim:strict");
+  open_env_on(&e, "sim:strict", collective);
   assert_int_equal(sl_plan_set_param_dtype(e.plan, SL_DTYPE_F32), SL_OK);
   /* 4 KiB staging forces many chunks per tensor */
   sl_load_options o = {.size = sizeof o, .staging_bytes = 4096};
@@ -272,6 +280,11 @@ static void test_cast_to_f32_and_tiny_staging(void **state) {
   assert_true(want_h2d < 60 * 4 + 7 * 4 + 4 + 40 + 16); /* less than the F32 state */
   sl_state_destroy(st);
   close_env(&e);
+}
+
+static void test_cast_to_f32_and_tiny_staging(void **state) {
+  cast_to_f32_and_tiny_staging(NULL);
+  cast_to_f32_and_tiny_staging("simccl");
 }
 
 static void test_cast_f32_to_bf16(void **state) {
@@ -514,11 +527,13 @@ static void test_small_tensors_share_transfers(void **state) {
   }
   char *path = sl_test_path(dir, "small.safetensors");
   assert_int_equal(sl_test_write_st(path, ts, N, NULL), 0);
-  const char *backends[] = {"cpu", "sim", "sim:strict"};
-  for (size_t b = 0; b < 3; b++) {
-    sl_context_options co = {.size = sizeof co, .backend = backends[b], .world_size = 1};
+  /* host staging on each backend, and sim's device route (packed on the device) */
+  const char *backends[] = {"cpu", "sim", "sim:strict", "sim:strict"}, *collectives[] = {NULL, NULL, NULL, "simccl"};
+  for (size_t b = 0; b < 4; b++) {
+    sl_context_options co = {.size = sizeof co, .backend = backends[b], .collective = collectives[b], .world_size = 1};
     env e;
     assert_int_equal(sl_context_create(&co, &e.ctx), SL_OK);
+    assert_string_equal(sl_context_collective_name(e.ctx), collectives[b] ? collectives[b] : "local");
     assert_int_equal(sl_source_open(e.ctx, path, &e.src), SL_OK);
     assert_int_equal(sl_plan_create(e.ctx, &e.plan), SL_OK);
     assert_int_equal(sl_plan_add_rule(e.plan, "*.bf16", NULL, SL_DTYPE_F32), SL_OK); /* BF16 -> F32 */

@@ -14,6 +14,7 @@
 
 #include "internal.h"
 #include "loader.h"
+#include "planes.h"
 #include "registry_v1.h"
 
 static const char *moddir;
@@ -339,10 +340,17 @@ static void test_collective_names_and_probe(void **state) {
   close_backend(&o);
   free(c);
   char reason[512];
-  assert_true(sl__collective_probe("local", "cpu", reason, sizeof reason) > 0);
+  uint32_t domains = 0;
+  assert_true(sl__collective_probe_domains("local", "cpu", reason, sizeof reason, &domains) > 0);
+  assert_int_equal(domains, SL_MEM_HOST | SL_MEM_PINNED); /* what its table declares */
+  assert_true(sl__collective_probe_domains("simccl", "sim", reason, sizeof reason, &domains) > 0);
+  assert_int_equal(domains, SL_MEM_DEVICE);
+  assert_int_equal(sl__collective_probe_domains("simccl", "cpu", reason, sizeof reason, &domains), 0); /* no route */
+  assert_int_equal(domains, SL_MEM_DEVICE);
   assert_true(sl__collective_probe("v1local", "cpu", reason, sizeof reason) > 0);
   /* an absent loadable module: its reason names it and the file the loader could not find */
-  assert_int_equal(sl__collective_probe("nccl", "cpu", reason, sizeof reason), -1);
+  assert_int_equal(sl__collective_probe_domains("nccl", "cpu", reason, sizeof reason, &domains), -1);
+  assert_int_equal(domains, 0); /* no table read */
   assert_non_null(strstr(reason, "nccl: not available here (libshardload-nccl.so"));
   assert_int_equal(sl__collective_probe("Bad Name", "cpu", reason, sizeof reason), -1);
   assert_non_null(strstr(reason, "not a collective name"));
@@ -709,8 +717,8 @@ static int ctx_rank(int rank, int world, void *arg) {
   const ctx_job *j = arg;
   char err[1024] = "";
   sl_context_options co = {.size = sizeof co, .backend = j->backend, .collective = j->collective, .world_size = world,
-                           .rank = rank, .rendezvous = j->rdzv, .timeout_ms = 20000, .errbuf = err,
-                           .errbuf_size = sizeof err};
+                           .rank = rank, .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = 20000,
+                           .errbuf = err, .errbuf_size = sizeof err};
   sl_context *ctx = NULL;
   sl_status s = sl_context_create(&co, &ctx);
   fprintf(stderr, "rank %d/%d (%s, %s): %s: %s\n", rank, world, j->backend, j->collective ? j->collective : "auto",
@@ -748,7 +756,8 @@ static void test_probes_only_what_the_choice_needs(void **state) {
       {.world = 1, .backend = "cpu", .expect = SL_OK, .name = "local"},
       {.world = 2, .backend = "cpu", .expect = SL_OK, .name = "gloo"},
       {.world = 2, .backend = "cpu", .collective = "gloo", .expect = SL_OK, .name = "gloo"},
-      {.world = 1, .backend = "sim", .expect = SL_OK, .name = "simccl"},
+      {.world = 1, .backend = "sim", .expect = SL_OK, .name = "local"},
+      {.world = 1, .backend = "sim", .collective = "simccl", .expect = SL_OK, .name = "simccl"},
       {.world = 2, .backend = "sim", .expect = SL_OK, .name = "simccl"},
   };
   for (size_t i = 0; i < sizeof quiet / sizeof quiet[0]; i++) {
@@ -864,6 +873,39 @@ static void test_no_route_refused_everywhere(void **state) {
   assert_int_equal(sl__data_route(sl__collective_simccl(), "sim", why, sizeof why), SL__ROUTE_DEVICE);
   assert_int_equal(sl__data_route(sl__collective_simccl(), "cpu", why, sizeof why), SL__ROUTE_NONE);
   assert_non_null(strstr(why, "simccl: moves sim device memory only, and this rank's backend is cpu"));
+}
+
+/* What names a rank's device in the data-plane agreement (core/src/planes.c): the backend's
+ * device_identity; the ordinal for a table too short to hold the op (a module built before it)
+ * or a backend that cannot tell; nothing for a backend whose device memory is host memory. */
+static char *identity_of(sl_context *c, const sl_backend_ops *ops, void *be, int ordinal) {
+  static char id[SL__PLANE_DEVICE_ID];
+  c->be = ops;
+  c->be_ctx = be;
+  c->device_ordinal = ordinal;
+  memset(id, 'x', sizeof id);
+  sl__plane_device_id(c, id, sizeof id);
+  return id;
+}
+
+static void test_device_identity(void **state) {
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  assert_int_equal(open_backend(c, "sim", &o), SL_OK);
+  assert_string_equal(identity_of(c, o.ops, o.be, 0), "sim:0");
+  sl_backend_ops older = *o.ops;
+  older.size = (uint32_t)offsetof(sl_backend_ops, device_identity);
+  assert_string_equal(identity_of(c, &older, o.be, 4), "ordinal 4");
+  close_backend(&o);
+  assert_int_equal(open_backend(c, "hostmem", &o), SL_OK);
+  assert_string_equal(identity_of(c, o.ops, o.be, 0), "");
+  close_backend(&o);
+  assert_int_equal(open_backend(c, "cpu", &o), SL_OK);
+  assert_string_equal(identity_of(c, o.ops, o.be, 0), "");
+  close_backend(&o);
+  free(c);
 }
 
 /* ---- what a module's table says of itself -------------------------------------------------- */
@@ -1026,6 +1068,7 @@ int main(void) {
       cmocka_unit_test(test_probes_only_what_the_choice_needs),
       cmocka_unit_test(test_device_route_on_a_host_backend),
       cmocka_unit_test(test_no_route_refused_everywhere),
+      cmocka_unit_test(test_device_identity),
       cmocka_unit_test(test_table_names_checked),
       cmocka_unit_test(test_module_text_escaped),
       cmocka_unit_test(test_silent_init_names_the_module),

@@ -1,6 +1,7 @@
 /* The two planes (docs/DESIGN.md#modules): ranks agree on the data collective over the control
- * plane at context creation — a device collective only when every rank can run it, a forced
- * one failing on every rank with the reason of the rank that cannot — and sl_context_abort
+ * plane at context creation — a device collective only when every rank can run it on a device
+ * of its own, a forced one failing on every rank with the reason of the rank that cannot (or of
+ * the two that share a device), host staging for one rank unless forced — and sl_context_abort
  * ends a pending control-plane operation. Real processes, real Gloo over loopback. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -18,10 +19,14 @@ typedef struct planes_job {
   int world;
   const char *backend[MAX_WORLD];
   const char *collective[MAX_WORLD];
+  int pin;                 /* 1: rank r runs on device[r] (--device); 0: local rank r, as a launcher gives */
+  int device[MAX_WORLD];
   sl_status expect;        /* the status every rank gets from sl_context_create */
   const char *name;        /* with SL_OK: the data collective every rank reports */
-  const char *want[3];     /* substrings of the reason (SL_OK) or of the error message */
+  const char *want[4];     /* substrings of the reason (SL_OK) or of the error message */
 } planes_job;
+
+#define WANTS(j) (sizeof (j)->want / sizeof (j)->want[0])
 
 static double now_s(void) {
   struct timespec t;
@@ -33,8 +38,9 @@ static int planes_rank(int rank, int world, void *arg) {
   const planes_job *j = arg;
   char err[1024] = "";
   sl_context_options co = {.size = sizeof co, .backend = j->backend[rank], .collective = j->collective[rank],
-                           .world_size = world, .rank = rank, .rendezvous = j->rdzv, .timeout_ms = 20000,
-                           .errbuf = err, .errbuf_size = sizeof err};
+                           .world_size = world, .rank = rank, .local_rank = rank, .rendezvous = j->rdzv,
+                           .timeout_ms = 20000, .errbuf = err, .errbuf_size = sizeof err,
+                           .device = j->device[rank], .device_set = j->pin};
   sl_context *ctx = NULL;
   double t0 = now_s();
   sl_status s = sl_context_create(&co, &ctx);
@@ -46,14 +52,14 @@ static int planes_rank(int rank, int world, void *arg) {
   SL_CHILD_CHECK(s == j->expect, "rank %d: %s, expected %s (%s)", rank, sl_status_name(s), sl_status_name(j->expect),
                  err);
   if (s != SL_OK) {
-    for (int k = 0; k < 3 && j->want[k]; k++)
+    for (size_t k = 0; k < WANTS(j) && j->want[k]; k++)
       SL_CHILD_CHECK(strstr(err, j->want[k]) != NULL, "rank %d: message '%s' lacks '%s'", rank, err, j->want[k]);
     return 0;
   }
   const char *name = sl_context_collective_name(ctx), *why = sl_context_collective_reason(ctx);
   fprintf(stderr, "rank %d: collective %s: %s\n", rank, name, why);
   SL_CHILD_CHECK(name && strcmp(name, j->name) == 0, "rank %d: collective %s, expected %s", rank, name, j->name);
-  for (int k = 0; k < 3 && j->want[k]; k++)
+  for (size_t k = 0; k < WANTS(j) && j->want[k]; k++)
     SL_CHILD_CHECK(why && strstr(why, j->want[k]) != NULL, "rank %d: reason '%s' lacks '%s'", rank, why, j->want[k]);
   /* the control plane still works after the agreement: every rank takes part in one more */
   SL_CHILD_CHECK(sl_context_agree(ctx, SL_OK) == SL_OK, "rank %d: agree: %s", rank, sl_context_errmsg(ctx));
@@ -70,11 +76,59 @@ static void run(planes_job *j, const char *sub) {
   free(j->rdzv);
 }
 
-/* Every rank runs sim: its device collective. */
+/* Every rank runs sim, each on its own device (its local rank's, or the one it is given): its
+ * device collective. */
 static void test_sim_ranks_choose_simccl(void **state) {
   planes_job j = {.world = 2, .backend = {"sim", "sim"}, .expect = SL_OK, .name = "simccl",
                   .want = {"simccl: preferred by backend sim and every rank runs it"}};
   run(&j, "sim2");
+  planes_job k = {.world = 2, .backend = {"sim", "sim"}, .pin = 1, .device = {3, 0}, .expect = SL_OK,
+                  .name = "simccl", .want = {"simccl: preferred by backend sim and every rank runs it"}};
+  run(&k, "sim2-devices");
+}
+
+/* ---- ranks that share a device -------------------------------------------------------------- */
+
+/* "on HOST": the machine the reason names (every rank of these jobs runs here). */
+static const char *this_host(void) {
+  static char host[80];
+  if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "(no host name)");
+  return host;
+}
+
+/* Two ranks on one device (sim:0, as two CUDA ranks given --device 0 on one GPU): auto does not
+ * choose the device collective, and every rank says which ranks share which device where. */
+static void test_shared_device_chooses_gloo(void **state) {
+  char on[128];
+  snprintf(on, sizeof on, "sim:0 (sim) on %s;", this_host());
+  planes_job j = {.world = 2, .backend = {"sim", "sim"}, .pin = 1, .device = {0, 0}, .expect = SL_OK,
+                  .name = "gloo", .want = {"gloo: ranks 0 and 1 share device ", on, "simccl needs one device per rank"}};
+  run(&j, "shared");
+  /* the pair is found wherever it is in the job: ranks 0 and 2 here, rank 1 on its own device */
+  planes_job k = {.world = 3, .backend = {"sim", "sim", "sim"}, .pin = 1, .device = {1, 0, 1}, .expect = SL_OK,
+                  .name = "gloo", .want = {"gloo: ranks 0 and 2 share device sim:1 (sim)"}};
+  run(&k, "shared3");
+  /* host staging does not care */
+  planes_job g = {.world = 2, .backend = {"sim", "sim"}, .collective = {"gloo", "gloo"}, .pin = 1, .device = {0, 0},
+                  .expect = SL_OK, .name = "gloo", .want = {"gloo: forced"}};
+  run(&g, "shared-gloo");
+}
+
+/* Forced onto ranks that share a device: every rank fails at creation, at once, naming both
+ * ranks, the device and the machine, and saying what to do. */
+static void test_shared_device_forced_fails_everywhere(void **state) {
+  char on[128];
+  snprintf(on, sizeof on, "share device sim:0 (sim) on %s,", this_host());
+  planes_job j = {.world = 2, .backend = {"sim", "sim"}, .collective = {"simccl", "simccl"}, .pin = 1,
+                  .device = {0, 0}, .expect = SL_ERR_UNSUPPORTED,
+                  .want = {"the collective simccl was asked for, but ranks 0 and 1 ", on,
+                           "simccl needs one device per rank", "use --collective gloo (host staging), or give each rank "
+                                                               "its own device (--device"}};
+  run(&j, "shared-forced");
+  planes_job k = {.world = 3, .backend = {"sim", "sim", "sim"}, .collective = {"simccl", "simccl", "simccl"},
+                  .pin = 1, .device = {2, 1, 1}, .expect = SL_ERR_UNSUPPORTED,
+                  .want = {"ranks 1 and 2 share device sim:1 (sim)"}};
+  run(&k, "shared-forced3");
 }
 
 /* One rank on cpu: host staging, and the reason names the rank that cannot and why. */
@@ -122,12 +176,16 @@ static void test_ranks_asking_differently_fail(void **state) {
   run(&j, "differ");
 }
 
-/* One rank: the device collective too (it gives the device route: pinned slots, asynchronous
- * copies up, casts on the device), host staging through local on cpu. */
+/* One rank: host staging through local, whatever the backend (a one-rank device collective
+ * would only cost its start: seconds for NCCL); a forced device collective still runs. */
 static void test_one_rank(void **state) {
-  planes_job j = {.world = 1, .backend = {"sim"}, .expect = SL_OK, .name = "simccl",
-                  .want = {"preferred by backend sim"}};
+  planes_job j = {.world = 1, .backend = {"sim"}, .expect = SL_OK, .name = "local",
+                  .want = {"local: one rank stages through host memory (backend sim's simccl only when forced: "
+                           "--collective simccl)"}};
   run(&j, "one-sim");
+  planes_job f = {.world = 1, .backend = {"sim"}, .collective = {"simccl"}, .expect = SL_OK, .name = "simccl",
+                  .want = {"simccl: forced"}};
+  run(&f, "one-sim-forced");
   planes_job k = {.world = 1, .backend = {"cpu"}, .expect = SL_OK, .name = "local",
                   .want = {"local: backend cpu of rank 0 stages through host memory"}};
   run(&k, "one-cpu");
@@ -255,6 +313,8 @@ static void test_abort_ends_control_wait(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sim_ranks_choose_simccl),
+      cmocka_unit_test(test_shared_device_chooses_gloo),
+      cmocka_unit_test(test_shared_device_forced_fails_everywhere),
       cmocka_unit_test(test_mixed_ranks_choose_gloo),
       cmocka_unit_test(test_forced_collective_fails_everywhere),
       cmocka_unit_test(test_forced_collective_runs),

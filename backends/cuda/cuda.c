@@ -169,6 +169,24 @@ static sl_status env_timeout(const sl_module_host *h, unsigned *out) {
 
 static void cu_fini(void *be);
 
+/* The device's identity among this machine's (module.h, device_identity): its PCI address, the
+ * same in every process whatever CUDA_VISIBLE_DEVICES makes its ordinal there, written in one
+ * spelling (lower-case hex, as NCCL writes bus ids) so that two ranks compare equal on one GPU.
+ * The properties' address (function 0) when the runtime does not give the bus id. */
+static void pci_identity(cu_backend *s, const struct cudaDeviceProp *p) {
+  unsigned dom = (unsigned)p->pciDomainID, bus = (unsigned)p->pciBusID, dev = (unsigned)p->pciDeviceID, fn = 0;
+  char raw[32] = "";
+  unsigned a, b, c, d;
+  if (cudaDeviceGetPCIBusId(raw, (int)sizeof raw - 1, s->dev) == cudaSuccess &&
+      sscanf(raw, "%x:%x:%x.%x", &a, &b, &c, &d) == 4) {
+    dom = a;
+    bus = b;
+    dev = c;
+    fn = d;
+  }
+  snprintf(s->busid, sizeof s->busid, "%04x:%02x:%02x.%x", dom, bus, dev, fn);
+}
+
 /* Everything after the device is chosen; failures leave S for cu_fini to undo. */
 static sl_status setup(cu_backend *s) {
   cudaError_t e;
@@ -192,6 +210,7 @@ static sl_status setup(cu_backend *s) {
   if ((e = cudaGetDeviceProperties(&p, s->dev)) != cudaSuccess)
     return cu__fail_cuda(s, 0, "cudaGetDeviceProperties", e, NULL);
   s->max_pitch = p.memPitch; /* cudaMemcpy2DAsync refuses larger pitches (copy_2d_async falls back) */
+  pci_identity(s, &p);
   snprintf(s->desc, sizeof s->desc, "cuda:%d %.200s, %.0f GiB, sm_%d%d, bus %04x:%02x:%02x.0", s->dev, p.name,
            (double)p.totalGlobalMem / (1024.0 * 1024 * 1024), p.major, p.minor, (unsigned)p.pciDomainID,
            (unsigned)p.pciBusID, (unsigned)p.pciDeviceID);
@@ -279,6 +298,8 @@ static void cu_describe(void *be, char *buf, size_t len) { snprintf(buf, len, "%
 
 static int cu_device_ordinal(void *be) { return ((cu_backend *)be)->dev; }
 
+static void cu_device_identity(void *be, char *buf, size_t len) { snprintf(buf, len, "%s", ((cu_backend *)be)->busid); }
+
 /* ---- extensions ---------------------------------------------------------------------------- */
 /* Complete on return: ordered after everything queued on every stream, then waited for. */
 static sl_status cu_sgd(void *be, void *x, const void *g, sl_dtype dt, size_t count, float lr) {
@@ -342,6 +363,7 @@ static const sl_backend_ops cu_ops = {
     .unregister_host = cu__unregister_host,
     .is_device_ptr = cu__is_device_ptr,
     .get_proc = cu_get_proc,
+    .device_identity = cu_device_identity,
 };
 
 /* The only exported symbol (exports.map). */

@@ -43,6 +43,7 @@ typedef struct cu_backend {
   char errmsg[CU_MSG_LEN];
   uint64_t h2d, d2h; /* bytes copied each way (atomics) */
   char desc[256];
+  char busid[32]; /* the device's PCI address, "0000:3b:00.0": its identity on this machine */
 } cu_backend;
 
 /* Dtype names and sizes without calling into libshardload: the module is self-contained (linked

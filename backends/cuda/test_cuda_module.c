@@ -73,7 +73,7 @@ static void test_table(void **state) {
   assert_true(SL_HAS_OP(ops, event_sync) && SL_HAS_OP(ops, stream_sync) && SL_HAS_OP(ops, synchronize));
   assert_true(SL_HAS_OP(ops, copy_async) && SL_HAS_OP(ops, cast_async) && SL_HAS_OP(ops, copy_2d_async));
   assert_true(SL_HAS_OP(ops, register_host) && SL_HAS_OP(ops, unregister_host) && SL_HAS_OP(ops, is_device_ptr));
-  assert_true(SL_HAS_OP(ops, get_proc));
+  assert_true(SL_HAS_OP(ops, get_proc) && SL_HAS_OP(ops, device_identity));
   assert_non_null(ops->get_proc(SL_EXT_SGD_STEP));
   assert_non_null(ops->get_proc(SL_EXT_TRAFFIC));
   assert_null(ops->get_proc("sl_ext_no_such_thing"));
@@ -160,6 +160,19 @@ static void test_init_device(void **state) {
   assert_non_null(strstr(desc, ", sm_"));
   assert_non_null(strstr(desc, ", bus "));
   assert_int_equal(ops->device_ordinal(be), 0);
+  /* the identity the ranks compare: the PCI address in one spelling (lower-case hex), the one
+   * describe() shows */
+  char id[64];
+  unsigned dom, bus, dev, fn;
+  int end = 0;
+  ops->device_identity(be, id, sizeof id);
+  printf("# identity %s\n", id);
+  assert_int_equal(sscanf(id, "%4x:%2x:%2x.%1x%n", &dom, &bus, &dev, &fn, &end), 4);
+  assert_int_equal((size_t)end, strlen(id));
+  for (const char *c = id; *c; c++) assert_false(*c >= 'A' && *c <= 'F');
+  char shown[32];
+  snprintf(shown, sizeof shown, ", bus %04x:%02x:%02x.", dom, bus, dev);
+  assert_non_null(strstr(desc, shown));
   ops->fini(be);
 }
 

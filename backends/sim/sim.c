@@ -228,6 +228,12 @@ static void sim_describe(void *be, char *buf, size_t len) {
 
 static int sim_device_ordinal(void *be) { return ((sim_backend *)be)->device_index; }
 
+/* The simulated machine has one device per ordinal, the same in every process: two ranks given
+ * one --device share it, as two CUDA ranks on one GPU do, so CI sees the core's refusal. */
+static void sim_device_identity(void *be, char *buf, size_t len) {
+  snprintf(buf, len, "sim:%d", ((sim_backend *)be)->device_index);
+}
+
 /* ---- memory -------------------------------------------------------------------------------- */
 /* Adds a buffer to the table (lock held). */
 static sl_status track_locked(sim_backend *s, unsigned char *base, size_t bytes, size_t mapped, sl__sim_kind kind,
@@ -567,6 +573,7 @@ static const sl_backend_ops sim_ops = {
     .unregister_host = sim_unregister_host,
     .is_device_ptr = sim_is_device_ptr,
     .get_proc = sim_get_proc,
+    .device_identity = sim_device_identity,
 };
 
 const sl_backend_ops *sl__backend_sim(void) { return &sim_ops; }

@@ -309,6 +309,9 @@ size_t sl__collective_names(const char **names, size_t max);
  * again): > 0 yes; 0 no, and REASON says why; -1 no such module (not a module name, or no
  * file libshardload-NAME.so anywhere the registry looks), and REASON says so. */
 int sl__collective_probe(const char *name, const char *backend, char *reason, size_t len);
+/* The same, and DOMAINS gets the memory domains its table declares (sl_mem_domain bits; 0 when
+ * no table could be read): what the data-plane agreement needs to tell a device collective. */
+int sl__collective_probe_domains(const char *name, const char *backend, char *reason, size_t len, uint32_t *domains);
 /* The loader's route for collective C on a rank whose backend is named BACKEND
  * (docs/DESIGN.md#data-flow, Routes): host staging when C moves host memory, the device route
  * when it moves only device memory and that memory is BACKEND's; otherwise none, and WHY (when

@@ -3,14 +3,17 @@
  * The control plane carries every agreement, manifest and status in host memory and is always
  * the module that works everywhere: Gloo, or local for one rank. The data plane carries tensor
  * bytes and may be a device collective (NCCL, simccl); since a device collective works only
- * when EVERY rank can run it, the ranks agree on it over the control plane: each contributes
- * fixed-size records (what it was asked for, its backend and device, then what the candidate's
- * probe said), and every rank decides from the same tables in the same way, so all choose the
- * same module or all fail with the same message. */
+ * when EVERY rank can run it, on a device of its own, the ranks agree on it over the control
+ * plane: each contributes fixed-size records (what it was asked for, its backend and device and
+ * where that device is, then what the candidate's probe said), and every rank decides from the
+ * same tables in the same way, so all choose the same module or all fail with the same
+ * message. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include "planes.h"
 #include "ranks_agree.h"
@@ -65,6 +68,7 @@ static sl_status control_allgather(void *c, const void *sendbuf, void *recvbuf, 
 #define PLANE_KNOWN 8    /* collectives one build lists (this one knows 5) */
 #define PLANE_NAME 33    /* a module name is at most 32 characters (registry.c) */
 #define PLANE_REASON 400 /* a probe's reason, cut to fit */
+#define PLANE_HOST 65    /* a host name (HOST_NAME_MAX is 64) */
 
 typedef struct plane_intent {
   char want[PLANE_NAME]; /* the collective this rank was asked for, "" for auto */
@@ -72,11 +76,17 @@ typedef struct plane_intent {
   char preferred[PLANE_NAME]; /* the backend's preferred data collective, "" for host staging */
   char device[160];
   char known[PLANE_KNOWN][PLANE_NAME]; /* what this build lists: rank 0's name an unknown one */
+  /* Where the device is: its identity on its machine (sl__plane_device_id, "" when its memory
+   * is host memory) and the machine (the host name, and the kernel's boot id when readable). */
+  char device_id[SL__PLANE_DEVICE_ID];
+  char hostname[PLANE_HOST];
+  char boot_id[40];
 } plane_intent;
 
 typedef struct plane_verdict {
   int32_t can;   /* the probe's verdict for this rank's backend: 1 yes, 0 no */
   int32_t known; /* the candidate is one this build lists, or a module file it found */
+  uint32_t domains; /* the memory domains the candidate's table declares here (0: no table) */
   char reason[PLANE_REASON];
 } plane_verdict;
 
@@ -94,6 +104,36 @@ static void take_text(char *field, size_t len) {
   sl__module_text(field, len);
 }
 
+void sl__plane_device_id(const sl_context *ctx, char *buf, size_t len) {
+  if (!len) return;
+  buf[0] = 0;
+  if (ctx->be->flags & SL_BACKEND_DEVICE_IS_HOST) return; /* each process's own memory */
+  if (SL_HAS_OP(ctx->be, device_identity)) {
+    ctx->be->device_identity(ctx->be_ctx, buf, len);
+    buf[len - 1] = 0;
+    sl__module_text(buf, len);
+  }
+  /* No identity from the backend: assume that its ordinals name the same devices in every
+   * process of the machine. That holds unless the ranks see different device lists (per-rank
+   * CUDA_VISIBLE_DEVICES), where it may take two devices for one: host staging, never a
+   * device collective on a shared device. */
+  if (!buf[0]) snprintf(buf, len, "ordinal %d", ctx->device_ordinal);
+}
+
+/* The machine this rank runs on: its host name, and the kernel's boot id, which is one per boot
+ * of one machine and shared by the containers on it (whose host names may differ), so that a
+ * device address compared under it names one physical device; and two machines that carry one
+ * host name ("localhost") are told apart. */
+static void machine_identity(plane_intent *r) {
+  if (gethostname(r->hostname, sizeof r->hostname - 1) != 0) r->hostname[0] = 0;
+  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ssize_t n = read(fd, r->boot_id, sizeof r->boot_id - 1);
+  close(fd);
+  r->boot_id[n > 0 ? n : 0] = 0;
+  r->boot_id[strcspn(r->boot_id, "\n")] = 0;
+}
+
 static void fill_intent(const sl_context *ctx, const char *want, plane_intent *r) {
   memset(r, 0, sizeof *r);
   put(r->want, sizeof r->want, want);
@@ -104,6 +144,8 @@ static void fill_intent(const sl_context *ctx, const char *want, plane_intent *r
   const char *names[PLANE_KNOWN];
   size_t n = sl__collective_names(names, PLANE_KNOWN);
   for (size_t i = 0; i < n; i++) put(r->known[i], sizeof r->known[i], names[i]);
+  sl__plane_device_id(ctx, r->device_id, sizeof r->device_id);
+  machine_identity(r);
 }
 
 static void take_intent(plane_intent *r) {
@@ -112,6 +154,9 @@ static void take_intent(plane_intent *r) {
   take_text(r->preferred, sizeof r->preferred);
   take_text(r->device, sizeof r->device);
   for (int i = 0; i < PLANE_KNOWN; i++) take_text(r->known[i], sizeof r->known[i]);
+  take_text(r->device_id, sizeof r->device_id);
+  take_text(r->hostname, sizeof r->hostname);
+  take_text(r->boot_id, sizeof r->boot_id);
 }
 
 /* This rank's probe of the candidate NAME: the only collective module it opens to choose. */
@@ -120,7 +165,7 @@ static void fill_verdict(const sl_context *ctx, const char *name, plane_verdict 
   const char *names[PLANE_KNOWN];
   size_t n = sl__collective_names(names, PLANE_KNOWN);
   for (size_t i = 0; i < n && !v->known; i++) v->known = strcmp(names[i], name) == 0;
-  int score = sl__collective_probe(name, ctx->be->name, v->reason, sizeof v->reason);
+  int score = sl__collective_probe_domains(name, ctx->be->name, v->reason, sizeof v->reason, &v->domains);
   v->can = score > 0;
   v->known = v->known || score >= 0;
   if (v->can) v->reason[0] = 0;
@@ -138,6 +183,37 @@ static int first_unable(const sl_context *ctx, const plane_intent *in, const pla
     return r;
   }
   return -1;
+}
+
+/* One machine: the same kernel boot id where both ranks read one, else the same host name. */
+static bool same_machine(const plane_intent *a, const plane_intent *b) {
+  if (a->boot_id[0] && b->boot_id[0]) return strcmp(a->boot_id, b->boot_id) == 0;
+  return a->hostname[0] && strcmp(a->hostname, b->hostname) == 0;
+}
+
+/* The first two ranks (*A < *B) that would run the candidate on one device: the same backend and
+ * device identity on one machine. Only a collective that moves device memory cares (some rank's
+ * table declares SL_MEM_DEVICE; every rank reads the same tables), and only devices that are not
+ * host memory (an empty identity). */
+static bool shared_device(const sl_context *ctx, const plane_intent *in, const plane_verdict *v, int *a, int *b) {
+  uint32_t domains = 0;
+  for (int r = 0; r < ctx->world_size; r++) domains |= v[r].domains;
+  if (!(domains & SL_MEM_DEVICE)) return false;
+  for (*a = 0; *a < ctx->world_size; (*a)++) {
+    if (!in[*a].device_id[0]) continue;
+    for (*b = *a + 1; *b < ctx->world_size; (*b)++)
+      if (strcmp(in[*a].device_id, in[*b].device_id) == 0 && strcmp(in[*a].backend, in[*b].backend) == 0 &&
+          same_machine(&in[*a], &in[*b]))
+        return true;
+  }
+  return false;
+}
+
+/* "HOST", or "HOST (also called OTHER: one kernel boot id)" when the ranks' names differ. */
+static void machine_name(const plane_intent *a, const plane_intent *b, char *buf, size_t len) {
+  const char *ha = a->hostname[0] ? a->hostname : "(no host name)";
+  if (strcmp(a->hostname, b->hostname) == 0) snprintf(buf, len, "%s", ha);
+  else snprintf(buf, len, "%s (also called %s: one kernel boot id)", ha, b->hostname[0] ? b->hostname : "(none)");
 }
 
 /* A forced collective that rank 0's build does not list and that is no module file there: a
@@ -169,8 +245,9 @@ static sl_status unknown_collective(sl_context *ctx, const plane_intent *in, con
  * ctx->data_reason, or the same failure. */
 static sl_status choose(sl_context *ctx, const plane_intent *in, const plane_verdict *v, const char *want,
                         const char *cand, char *chosen, size_t len) {
-  char why[PLANE_REASON + 160];
+  char why[PLANE_REASON + 160], where[2 * PLANE_HOST + 48];
   const char *host = ctx->world_size == 1 ? "local" : "gloo";
+  int a, b;
   if (want) {
     if (!v[0].known) return unknown_collective(ctx, in, v, want);
     int bad = first_unable(ctx, in, v, why, sizeof why);
@@ -179,6 +256,15 @@ static sl_status choose(sl_context *ctx, const plane_intent *in, const plane_ver
                       "the collective %s was asked for, but rank %d cannot run it (%s); ask for another one, "
                       "or auto",
                       want, bad, why);
+    if (shared_device(ctx, in, v, &a, &b)) {
+      machine_name(&in[a], &in[b], where, sizeof where);
+      return sl__fail(ctx, SL_ERR_UNSUPPORTED,
+                      "the collective %s was asked for, but ranks %d and %d share device %s (%s) on %s, and %s "
+                      "needs one device per rank; use --collective gloo (host staging), or give each rank its "
+                      "own device (--device or sl_context_options.device per rank; without one, local rank r "
+                      "takes device r modulo the device count)",
+                      want, a, b, in[a].device_id, in[a].backend, where, want);
+    }
     put(chosen, len, want);
     snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: forced (--collective, sl_context_options.collective)",
              want);
@@ -187,6 +273,14 @@ static sl_status choose(sl_context *ctx, const plane_intent *in, const plane_ver
   /* auto: rank 0's backend says which device collective its memory wants; ranks with other
    * backends take part through their probes (a device collective only when all can). */
   int bad = first_unable(ctx, in, v, why, sizeof why);
+  if (bad < 0 && shared_device(ctx, in, v, &a, &b)) {
+    machine_name(&in[a], &in[b], where, sizeof where);
+    put(chosen, len, host);
+    snprintf(ctx->data_reason, sizeof ctx->data_reason,
+             "%s: ranks %d and %d share device %.48s (%.32s) on %.64s; %.32s needs one device per rank", host, a, b,
+             in[a].device_id, in[a].backend, where, cand);
+    return SL_OK;
+  }
   if (bad < 0) {
     put(chosen, len, cand);
     snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: preferred by backend %s and every rank runs it", cand,
@@ -214,7 +308,9 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
   if ((st = sl__ctl_allgather(ctx, &mine, in, sizeof mine)) != SL_OK) goto out_free;
   for (int r = 0; r < ctx->world_size; r++) {
     take_intent(&in[r]);
-    sl__log(ctx, SL_LOG_DEBUG, "rank %d: backend %s (%s)", r, in[r].backend, in[r].device);
+    sl__log(ctx, SL_LOG_DEBUG, "rank %d: backend %s (%s), device %s on %s (boot id %s)", r, in[r].backend,
+            in[r].device, in[r].device_id[0] ? in[r].device_id : "(host memory)", in[r].hostname,
+            in[r].boot_id[0] ? in[r].boot_id : "unknown");
   }
   /* ranks asked for different collectives would each choose their own: refuse it on all */
   for (int r = 1; r < ctx->world_size; r++) {
@@ -231,6 +327,16 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
     put(chosen, len, host);
     snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: backend %s of rank 0 stages through host memory", host,
              in[0].backend);
+    goto out_free;
+  }
+  /* One rank moves nothing between ranks: a device collective would only cost its start (a
+   * one-rank NCCL communicator takes seconds, through NCCL's bootstrap); host staging serves,
+   * and a forced name still gets its collective. No module is probed. */
+  if (!want && ctx->world_size == 1) {
+    put(chosen, len, "local");
+    snprintf(ctx->data_reason, sizeof ctx->data_reason,
+             "local: one rank stages through host memory (backend %s's %s only when forced: --collective %s)",
+             in[0].backend, cand, cand);
     goto out_free;
   }
   fill_verdict(ctx, cand, &vmine);

@@ -13,6 +13,11 @@
  * open. Needs ctx's backend. */
 sl_status sl__planes_open(sl_context *ctx, const char *want, const char *prefix, const char *lobby,
                           const char *job_key);
+/* What names this rank's device on its machine, for the data-plane agreement: the backend's
+ * device_identity ("0000:3b:00.0", "sim:1"), else "ordinal N"; "" for a backend whose device
+ * memory is host memory. Complete on return; needs ctx's backend. */
+#define SL__PLANE_DEVICE_ID 96
+void sl__plane_device_id(const sl_context *ctx, char *buf, size_t len);
 /* Closes the data plane (unless it shares the control plane's communicator), then the control
  * plane. Safe on a context whose planes are not (or only partly) open. */
 void sl__planes_close(sl_context *ctx);

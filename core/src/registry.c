@@ -575,7 +575,8 @@ sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_coll
   return SL_OK;
 }
 
-int sl__collective_probe(const char *name, const char *backend, char *reason, size_t len) {
+int sl__collective_probe_domains(const char *name, const char *backend, char *reason, size_t len, uint32_t *domains) {
+  *domains = 0;
   if (!len) return 0;
   reason[0] = 0;
   if (!name || !valid_name(name)) {
@@ -589,6 +590,7 @@ int sl__collective_probe(const char *name, const char *backend, char *reason, si
       snprintf(reason, len, "%s: built-in table is broken: %s", name, problem);
       return 0;
     }
+    *domains = b->domains;
     return probe_collective(b, NULL, backend, reason, len);
   }
   loaded m;
@@ -598,9 +600,15 @@ int sl__collective_probe(const char *name, const char *backend, char *reason, si
     snprintf(reason, len, "%s: %s (%s)", name, e == MODULE_ABSENT ? "not available here" : "unusable", why);
     return e == MODULE_ABSENT ? -1 : 0;
   }
+  *domains = ((const sl_collective_ops *)m.ops)->domains;
   int score = probe_collective(m.ops, m.shim, backend, reason, len);
   loaded_close(&m);
   return score;
+}
+
+int sl__collective_probe(const char *name, const char *backend, char *reason, size_t len) {
+  uint32_t domains;
+  return sl__collective_probe_domains(name, backend, reason, len, &domains);
 }
 
 sl__route sl__data_route(const sl_collective_ops *c, const char *backend, char *why, size_t len) {

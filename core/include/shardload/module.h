@@ -154,6 +154,14 @@ typedef struct sl_backend_ops {
   /* Complete on return: an extension function by name, or NULL (see SL_EXT_* below). Test
    * instruments live here, not in the production table. */
   void *(*get_proc)(const char *name);
+  /* Complete on return; cheap (no allocation, no device work). Writes into BUF (NUL-terminated,
+   * at most LEN bytes, printable ASCII) what names the device in use among the devices of this
+   * machine, the same in every process that uses it whatever its ordinal there (CUDA: the PCI
+   * bus id, "0000:3b:00.0"); "" when it cannot tell. The core adds the machine and compares the
+   * ranks' identities, so that a device collective is not run by two ranks on one device
+   * (docs/DESIGN.md#modules). Absent, or "": the core assumes the backend name and ordinal
+   * name the device. Not called for a backend whose device memory is host memory. */
+  void (*device_identity)(void *be, char *buf, size_t len);
 } sl_backend_ops;
 
 /* Extensions a backend may offer through get_proc. */
