@@ -36,6 +36,7 @@ typedef struct sl_nccl_lib {
   ncclResult_t (*GroupEnd)(void);
   const char *(*GetErrorString)(ncclResult_t);
   const char *(*GetLastError)(ncclComm_t);
+  int version; /* ncclGetVersion's, read once at load (2.19.0 = 21900) */
 } sl_nccl_lib;
 
 /* The library, opened once per process (never closed: NCCL keeps threads of its own); NULL
@@ -70,6 +71,12 @@ typedef struct nccl_comm {
   struct timespec last_progress; /* when the oldest pending op was queued or the last one finished */
   cudaEvent_t spare[NCCL_MAX_PENDING];
   int n_spare;
+
+  /* Whether an ncclCommAbort/Destroy of COMM outlived its bound (nccl_end.c): then its
+   * kernels may still run on OWN_STREAM, which is left behind with it. */
+  bool leaked;
+  const char *leaked_call;
+  int leaked_ms; /* the wait it outlived */
 
   atomic_int abort_req; /* set by abort(), possibly from a signal handler */
   atomic_int dead;      /* the communicator was aborted: every later call fails */
@@ -110,6 +117,15 @@ bool sl__nccl_aborted(const nccl_comm *c);
 int sl__nccl_wait_ms(const nccl_comm *c);
 void sl__nccl_deadline(struct timespec *until, int ms);
 double sl__nccl_ms_since(const struct timespec *t);
+
+/* nccl_end.c: ncclCommAbort (or, with DESTROY, ncclCommDestroy) of COMM, waited for at most MS
+ * (less while another call is left behind). ncclSuccess or NCCL's error; past the bound
+ * *LEFT_MS is the wait that passed (0 otherwise) and COMM is left to finish, or not, on a
+ * thread of its own. COMM must not be used again either way. */
+ncclResult_t sl__nccl_end(const sl_nccl_lib *L, ncclComm_t comm, bool destroy, int ms, int *left_ms);
+
+/* nccl.c: fails with why C died (the watchdog's or an abort's reason), on the caller's thread. */
+sl_status sl__nccl_report_dead(nccl_comm *c, const char *op);
 
 /* Selects C's device on the calling thread (nccl_init.c). */
 void sl__nccl_bind(const nccl_comm *c);
