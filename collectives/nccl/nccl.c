@@ -13,7 +13,8 @@
  * Failures: every NCCL call is non-blocking (config.blocking = 0) and polled against the
  * timeout; a watchdog thread (nccl_watch.c) aborts the communicator when an op stalls or NCCL
  * reports an error, and the next call on the caller's thread reports why. Aborts and destroys
- * are bounded too (nccl_end.c). */
+ * are bounded too (nccl_end.c), and a split's child is written where it outlives the call
+ * (nccl_split.c). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -282,7 +283,8 @@ static void nccl_abort(void *comm) {
 
 /* Healthy: ncclCommFinalize (flushes NCCL's work, polled) then ncclCommDestroy; else
  * ncclCommAbort. Each bounded by the timeout (nccl_end.c): a communicator that a stuck kernel
- * keeps from ending is left behind with a warning, so teardown ends. */
+ * keeps from ending is left behind with a warning, so teardown ends. Then the children of a
+ * failed split that have landed since (nccl_split.c). */
 static void nccl_fini(void *comm) {
   nccl_comm *c = comm;
   if (!c) return;
@@ -307,6 +309,7 @@ static void nccl_fini(void *comm) {
     }
   }
   if (c->comm) sl__nccl_kill(c, SL_ERR_COMM, "nccl fini on rank %d (cuda:%d): aborted", c->job_rank, c->device);
+  sl__nccl_settle_children(c);
   const sl_module_host *h = c->host;
   if (atomic_load(&c->dead) && h->log)
     h->log(h->core, SL_LOG_DEBUG, "nccl fini on rank %d: communicator was aborted (%s)", c->job_rank, c->why);
@@ -319,61 +322,9 @@ static void nccl_fini(void *comm) {
   sl__nccl_comm_free(c);
 }
 
-/* Collective over C, complete on return: ncclCommSplit, the sub wrapped like its parent (its
- * own watchdog; an abort of the parent reaches it through PARENT). */
+/* Collective over C, complete on return (nccl_split.c). */
 static sl_status nccl_split(void *comm, int color, int key, void **out) {
-  nccl_comm *c = comm;
-  sl__nccl_bind(c);
-  *out = NULL;
-  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return sl__nccl_report_dead(c, "split");
-  ncclConfig_t cfg;
-  sl__nccl_config(&cfg);
-  ncclComm_t sub = NULL;
-  char what[NCCL_MSG_LEN / 2] = "";
-  pthread_mutex_lock(&c->mu);
-  if (!c->comm) {
-    pthread_mutex_unlock(&c->mu);
-    return sl__nccl_report_dead(c, "split");
-  }
-  ncclResult_t r = c->L->CommSplit(c->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, &cfg);
-  sl_status st = SL_OK;
-  /* non-blocking: the split is a job of the parent too, which must settle before its next call */
-  if (r == ncclInProgress) {
-    if (sub) st = sl__nccl_settle(c, sub, what, sizeof what);
-    if (st == SL_OK) st = sl__nccl_settle(c, c->comm, what, sizeof what);
-  }
-  else if (r != ncclSuccess) st = SL_ERR_COMM, sl__nccl_describe(c->L, c->comm, r, what, sizeof what);
-  int n = 0, me = 0;
-  if (st == SL_OK && sub && (c->L->CommCount(sub, &n) != ncclSuccess || c->L->CommUserRank(sub, &me) != ncclSuccess))
-    st = SL_ERR_COMM, snprintf(what, sizeof what, "cannot read the new communicator's size and rank");
-  if (st != SL_OK) {
-    if (sub) c->L->CommAbort(sub);
-    /* the peers are in the same split: leaving the parent alive would let them wait on it */
-    sl__nccl_kill(c, st, "nccl split on rank %d (cuda:%d): ncclCommSplit failed (%s); the communicator was aborted",
-                  c->job_rank, c->device, what);
-    pthread_mutex_unlock(&c->mu);
-    return sl__nccl_report_dead(c, "split");
-  }
-  pthread_mutex_unlock(&c->mu);
-  if (!sub) return SL_OK; /* not in any group (color < 0) */
-  nccl_comm *s = sl__nccl_comm_new(c->host, c->L, c->be_ops, c->be, c->device, c->timeout_ms);
-  if (!s) {
-    c->L->CommAbort(sub);
-    return c->host->fail(c->host->core, SL_ERR_NOMEM, "nccl split on rank %d: out of memory", c->job_rank);
-  }
-  s->comm = sub;
-  s->rank = me;
-  s->world = n;
-  s->job_rank = c->job_rank;
-  s->parent = c;
-  if ((st = sl__nccl_comm_resources(s)) != SL_OK) {
-    c->L->CommAbort(sub);
-    s->comm = NULL;
-    sl__nccl_comm_free(s);
-    return st;
-  }
-  *out = s;
-  return SL_OK;
+  return sl__nccl_split(comm, color, key, out);
 }
 
 static const sl_collective_ops nccl_ops = {

@@ -94,8 +94,13 @@ void sl__nccl_comm_free(nccl_comm *c) {
 /* Polls a non-blocking communicator until its pending call (init, split, finalize) is done.
  * SL_OK, or the communicator is left for the caller to abort and WHAT says what NCCL said. */
 sl_status sl__nccl_settle(nccl_comm *c, ncclComm_t comm, char *what, size_t len) {
-  struct timespec start;
-  clock_gettime(CLOCK_MONOTONIC, &start);
+  struct timespec until;
+  sl__nccl_deadline(&until, sl__nccl_wait_ms(c));
+  return sl__nccl_settle_until(c, comm, &until, what, len);
+}
+
+sl_status sl__nccl_settle_until(nccl_comm *c, ncclComm_t comm, const struct timespec *until, char *what,
+                                size_t len) {
   int ms = 1;
   for (;;) {
     ncclResult_t a = ncclInProgress;
@@ -110,7 +115,7 @@ sl_status sl__nccl_settle(nccl_comm *c, ncclComm_t comm, char *what, size_t len)
       snprintf(what, len, "aborted (sl_context_abort)");
       return SL_ERR_COMM;
     }
-    if (sl__nccl_ms_since(&start) > sl__nccl_wait_ms(c)) {
+    if (sl__nccl_ms_since(until) > 0) {
       snprintf(what, len, "no answer within %d ms", sl__nccl_wait_ms(c));
       return SL_ERR_TIMEOUT;
     }

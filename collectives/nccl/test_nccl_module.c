@@ -6,7 +6,8 @@
  *
  * With --fake: the module's code (its objects, linked in) against a fake libnccl.so.2
  * (fake_nccl.c) that its own dlopen finds on LD_LIBRARY_PATH, for the paths only a GPU reaches
- * otherwise: teardown behind a stuck kernel. */
+ * otherwise: a non-blocking split whose child NCCL writes late, and teardown behind a stuck
+ * kernel. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -328,6 +329,93 @@ static void assert_no_violation(void) {
   if (n) fail_msg("the module misused NCCL %d time(s); last: %s", n, last);
 }
 
+/* A split whose peers never arrive fails within the timeout, and the child NCCL writes when the
+ * parent's abort ends the split's job is aborted too: nothing of the split is left alive. */
+static void split_that_never_completes_fails_within_the_timeout(void **state) {
+  enum { T = 1500 };
+  rank_host h;
+  host_init(&h);
+  F.config(-1, 0);
+  int written = F.children_written(), live0 = F.live();
+  nccl_comm *c = fake_parent(&h, T);
+  void *sub = (void *)1;
+  double t0 = now_s();
+  sl_status st = g_ops->split(c, 0, 0, &sub);
+  double dt = now_s() - t0;
+  print_message("split: %s after %.2f s: %s\n", sl_status_name(st), dt, h.msg);
+  assert_int_equal(st, SL_ERR_TIMEOUT);
+  assert_null(sub);
+  assert_non_null(strstr(h.msg, "nccl split on rank 0 (cuda:0): ncclCommSplit failed (no answer within 1500 ms); "
+                                "the communicator was aborted"));
+  assert_true(dt < 1.6 * T / 1e3);
+  assert_int_equal(F.children_written(), written + 1);
+  assert_int_equal(F.live(), live0); /* the parent, and the child that landed in the slot, ended */
+  g_ops->fini(c);
+  assert_int_equal(F.live(), live0);
+  assert_no_violation();
+}
+
+/* The parent's abort outlives its bound (the split's job sits in a blocking bootstrap step), so
+ * the split returns before NCCL writes the child, and even the parent's fini comes first. The
+ * late write lands in storage that outlives both (under ASan: no stack-use-after-return, no
+ * heap-use-after-free), and the child is aborted by the next fini's sweep. */
+static void split_child_that_lands_after_the_call_is_kept_and_aborted(void **state) {
+  enum { T = 1000, LAG = 1500 };
+  rank_host h;
+  host_init(&h);
+  F.config(-1, LAG);
+  int written = F.children_written(), live0 = F.live();
+  nccl_comm *c = fake_parent(&h, T);
+  void *sub = (void *)1;
+  double t0 = now_s();
+  sl_status st = g_ops->split(c, 0, 0, &sub);
+  double dt = now_s() - t0;
+  print_message("split: %s after %.2f s: %s\n", sl_status_name(st), dt, h.msg);
+  assert_int_equal(st, SL_ERR_TIMEOUT);
+  assert_null(sub);
+  assert_true(dt < 2.6 * T / 1e3); /* the settle's timeout, then the abort's */
+  assert_int_equal(F.children_written(), written); /* NCCL writes it after the split returned */
+  g_ops->fini(c);
+  print_message("fini: %s\n", h.warn);
+  assert_non_null(strstr(h.warn, "nccl fini on rank 0 (cuda:0): ncclCommAbort did not return within 1000 ms"));
+  assert_true(WAIT_FOR(F.children_written() == written + 1, 10.0));
+  rank_host h2;
+  host_init(&h2);
+  F.config(20, 0);
+  nccl_comm *other = fake_parent(&h2, T);
+  g_ops->fini(other); /* sweeps the kept slots: the late child is aborted */
+  assert_true(WAIT_FOR(F.live() == live0, 10.0));
+  assert_no_violation();
+}
+
+/* A split that completes: the parent settles, the child is read from the slot and settled, and
+ * without a device its resources fail, so it is aborted (on a GPU machine: it is kept). A
+ * NOCOLOR split gives no child. */
+static void split_that_completes_reads_the_child(void **state) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) skip(); /* the fake's tokens are no streams there */
+  rank_host h;
+  host_init(&h);
+  F.config(30, 0);
+  int written = F.children_written(), live0 = F.live();
+  nccl_comm *c = fake_parent(&h, 5000);
+  void *sub = (void *)1;
+  assert_int_equal(g_ops->split(c, -1, 0, &sub), SL_OK);
+  assert_null(sub);
+  sub = (void *)1;
+  sl_status st = g_ops->split(c, 0, 0, &sub);
+  print_message("split: %s: %s\n", sl_status_name(st), h.msg);
+  assert_int_equal(F.children_written(), written + 1);
+  assert_int_equal(st, SL_ERR_NOMEM);
+  assert_non_null(strstr(h.msg, "cannot allocate 1 bytes"));
+  assert_null(sub);
+  assert_int_equal(F.live(), live0 + 1); /* the parent: the child was aborted */
+  g_ops->fini(c);
+  assert_int_equal(F.live(), live0);
+  assert_string_equal(h.warn, "");
+  assert_no_violation();
+}
+
 typedef struct fini_run {
   nccl_comm *c[2];
   int n;
@@ -425,6 +513,9 @@ static int run_fake(void) {
     return 1;
   }
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(split_that_never_completes_fails_within_the_timeout),
+      cmocka_unit_test(split_child_that_lands_after_the_call_is_kept_and_aborted),
+      cmocka_unit_test(split_that_completes_reads_the_child),
       cmocka_unit_test(fini_after_abort_ends_behind_a_stuck_kernel),
       cmocka_unit_test(fini_ends_behind_a_stuck_destroy),
   };
