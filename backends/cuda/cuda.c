@@ -37,7 +37,7 @@ static sl_status status_of(cudaError_t e) {
 }
 
 /* Records MSG as the sticky error if none is (the first failure wins, like CUDA's own). */
-static void set_sticky(cu_backend *s, sl_status st, const char *msg) {
+void cu__set_sticky(cu_backend *s, sl_status st, const char *msg) {
   pthread_mutex_lock(&s->lock);
   if (s->err == SL_OK) {
     s->err = st;
@@ -47,7 +47,7 @@ static void set_sticky(cu_backend *s, sl_status st, const char *msg) {
 }
 
 static sl_status report(cu_backend *s, int sticky, sl_status st, const char *msg) {
-  if (sticky) set_sticky(s, st, msg);
+  if (sticky) cu__set_sticky(s, st, msg);
   return s->host->fail(s->host->core, st, "%s", msg);
 }
 
@@ -268,7 +268,9 @@ static sl_status cu_init(const sl_backend_init *in, void **be) {
 }
 
 /* The core synchronised first; what is still live here was leaked by the caller and is freed so
- * the pool can go. Never cudaDeviceReset: other users of the device share this process. */
+ * the pool can go. Never cudaDeviceReset: other users of the device share this process. Every
+ * wait is bounded, and once one gave up on a stuck kernel the others do not wait again
+ * (cuda_stream.c), so fini ends even then. */
 static void cu_fini(void *be) {
   cu_backend *s = be;
   if (!s) return;
@@ -280,7 +282,7 @@ static void cu_fini(void *be) {
   }
   if (s->alloc_stream) {
     for (size_t i = 0; i < s->nallocs; i++) cudaFreeAsync((void *)s->allocs[i].base, s->alloc_stream);
-    cudaStreamSynchronize(s->alloc_stream);
+    cu__wait_stream(s, s->alloc_stream, "fini");
     cudaStreamDestroy(s->alloc_stream);
   }
   if (s->pool) {

@@ -40,6 +40,8 @@ typedef struct cu_backend {
   cudaStream_t *streams; /* streams created through the ABI (synchronize polls them) */
   size_t nstreams, scap;
   sl_status err; /* sticky: the first failure of enqueued work */
+  int stuck;     /* a wait gave up on queued work (a kernel that does not end): later waits ask
+                    once and do not wait again (atomic; cuda_stream.c) */
   char errmsg[CU_MSG_LEN];
   uint64_t h2d, d2h; /* bytes copied each way (atomics) */
   char desc[256];
@@ -69,6 +71,9 @@ __attribute__((format(printf, 4, 5))) sl_status cu__fail(cu_backend *s, int stic
                                                          ...);
 /* The sticky error (reported again through the host), or SL_OK. */
 sl_status cu__sticky(cu_backend *s);
+/* Records MSG as the sticky error if none is, without reporting it (teardown's own findings
+ * must not replace the message of the failure being returned). */
+void cu__set_sticky(cu_backend *s, sl_status st, const char *msg);
 
 /* ---- cuda_mem.c ---------------------------------------------------------------------------- */
 sl_status cu__alloc_device(void *be, size_t bytes, void **ptr);
@@ -102,5 +107,10 @@ sl_status cu__cast_async(void *be, void *dst, sl_dtype dst_dt, const void *src, 
                          void *stream);
 /* Polls STREAM (cudaStreamQuery) until it is idle, within the sync timeout; WHAT names the wait. */
 sl_status cu__wait_stream(cu_backend *s, cudaStream_t stream, const char *what);
+/* Whether every stream of S is idle — at once where the core synchronised first, within the
+ * sync timeout otherwise, asked once when the device is known stuck. What would synchronise
+ * the whole device (cudaFreeHost) is done only when it is; past the bound the sticky
+ * SL_ERR_TIMEOUT is set (not reported: WHAT names the teardown step in it) and 0 returned. */
+int cu__quiet(cu_backend *s, const char *what);
 
 #endif

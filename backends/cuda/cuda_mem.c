@@ -114,10 +114,22 @@ sl_status cu__alloc_pinned(void *be, size_t bytes, void **ptr) {
   return SL_OK;
 }
 
+/* cudaFreeHost synchronises the whole device: behind a kernel that never ends (a collective
+ * whose peer died and whose abort did not end it) it would never return. So the buffer is
+ * freed only once the backend's streams are quiet (cu__quiet: at once after the core's
+ * synchronize), and otherwise left to the process's exit, with a warning: at teardown a
+ * leaked staging buffer is better than a hung job. */
 void cu__free_pinned(void *be, void *ptr) {
   cu_backend *s = be;
   if (!ptr) return;
   cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess && !cu__quiet(s, "free_pinned")) {
+    s->host->log(s->host->core, SL_LOG_WARN,
+                 "cuda:%d (local rank %d): pinned buffer %p is not freed: work queued on the device has not "
+                 "completed (a stuck kernel) and cudaFreeHost would wait for it without bound; it is left to the "
+                 "process's exit (leaked)", s->dev, s->local_rank, ptr);
+    return;
+  }
   if (e == cudaSuccess) e = cudaFreeHost(ptr);
   if (e != cudaSuccess) cu__fail_cuda(s, 1, "cudaFreeHost", e, "freeing pinned buffer %p", ptr);
 }

@@ -3,51 +3,87 @@
  * and the synchronisation ops.
  *
  * No wait is unbounded: syncs poll cudaEventQuery / cudaStreamQuery with a short back-off
- * instead of cudaEventSynchronize (which cannot be interrupted), and give up after the sync
- * timeout (SHARDLOAD_CUDA_SYNC_TIMEOUT_S, default 600 s) with a sticky SL_ERR_TIMEOUT. A failed
- * enqueue or sync is sticky too, as in sim: every later sync reports the first failure. */
+ * (cu__poll, cuda_wait.c) instead of cudaEventSynchronize (which cannot be interrupted), and
+ * give up after the sync timeout (SHARDLOAD_CUDA_SYNC_TIMEOUT_S, default 600 s) with a sticky
+ * SL_ERR_TIMEOUT; after one has, later waits ask once and do not wait again. A failed enqueue
+ * or sync is sticky too, as in sim: every later sync reports the first failure. */
 #define _GNU_SOURCE
-#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cuda_internal.h"
 #include "cuda_kernels.h"
+#include "cuda_wait.h"
 
 cudaStream_t cu__stream_of(cu_backend *s, void *stream) { return stream ? (cudaStream_t)stream : s->def; }
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+/* Whether an earlier wait gave up on queued work: a kernel that does not end. Later waits then
+ * ask once and do not wait again — at teardown above all, where every stream, buffer and
+ * communicator would otherwise wait out the timeout in turn. */
+static int wedged(cu_backend *s) { return __atomic_load_n(&s->stuck, __ATOMIC_ACQUIRE); }
+static void gave_up(cu_backend *s) { __atomic_store_n(&s->stuck, 1, __ATOMIC_RELEASE); }
+
+static int query_status(cudaError_t e) { return e == cudaSuccess ? 1 : e == cudaErrorNotReady ? 0 : -1; }
+
+typedef struct one_query {
+  cudaEvent_t event;
+  cudaStream_t stream;
+  cudaError_t e;
+} one_query;
+
+static int query_one(void *arg, size_t i) {
+  one_query *q = arg;
+  q->e = q->event ? cudaEventQuery(q->event) : cudaStreamQuery(q->stream);
+  return query_status(q->e);
 }
 
-/* Polls EVENT (or STREAM when EVENT is NULL) until it completes, then returns the sticky error.
- * Spins briefly (copies of a staging slot finish in tens of microseconds), then sleeps up to
- * 100 us between queries. */
+/* Polls EVENT (or STREAM when EVENT is NULL) until it completes (cu__poll), then returns the
+ * sticky error. */
 static sl_status poll_done(cu_backend *s, cudaEvent_t event, cudaStream_t stream, const char *what) {
-  const double deadline = now_s() + s->sync_timeout_s;
-  long sleep_ns = 1000;
-  for (unsigned i = 0;; i++) {
-    cudaError_t e = event ? cudaEventQuery(event) : cudaStreamQuery(stream);
-    if (e == cudaSuccess) return cu__sticky(s);
-    if (e != cudaErrorNotReady)
-      return cu__fail_cuda(s, 1, event ? "cudaEventQuery" : "cudaStreamQuery", e, "%s: work queued before it failed",
-                           what);
-    if (now_s() > deadline)
-      return cu__fail(s, 1, SL_ERR_TIMEOUT,
-                      "%s: work queued on the device did not complete within %u s (SHARDLOAD_CUDA_SYNC_TIMEOUT_S, "
-                      "default %u): a kernel or a collective is stuck; check the other ranks",
-                      what, s->sync_timeout_s, CU_DEFAULT_SYNC_TIMEOUT_S);
-    if (i < 64) {
-      sched_yield();
-      continue;
-    }
-    struct timespec ts = {0, sleep_ns};
-    nanosleep(&ts, NULL);
-    if (sleep_ns < 100000) sleep_ns *= 2;
+  int stuck = wedged(s);
+  one_query q = {event, stream, cudaSuccess};
+  cu_wait w = cu__poll(query_one, &q, 1, cu__now_s() + (stuck ? 0 : s->sync_timeout_s), NULL);
+  if (w == CU_WAIT_DONE) return cu__sticky(s);
+  if (w == CU_WAIT_FAILED)
+    return cu__fail_cuda(s, 1, event ? "cudaEventQuery" : "cudaStreamQuery", q.e, "%s: work queued before it failed",
+                         what);
+  if (stuck)
+    return cu__fail(s, 1, SL_ERR_TIMEOUT, "%s: work queued on the device has still not completed (an earlier wait "
+                                          "gave up on a stuck kernel); not waiting again", what);
+  gave_up(s);
+  return cu__fail(s, 1, SL_ERR_TIMEOUT,
+                  "%s: work queued on the device did not complete within %u s (SHARDLOAD_CUDA_SYNC_TIMEOUT_S, "
+                  "default %u): a kernel or a collective is stuck; check the other ranks",
+                  what, s->sync_timeout_s, CU_DEFAULT_SYNC_TIMEOUT_S);
+}
+
+static int query_stream(void *arg, size_t i) { return query_status(cudaStreamQuery(((cudaStream_t *)arg)[i])); }
+
+int cu__quiet(cu_backend *s, const char *what) {
+  cudaStream_t two[2] = {s->def, s->alloc_stream}, *q = two;
+  size_t n = 2;
+  pthread_mutex_lock(&s->lock);
+  cudaStream_t *all = malloc((s->nstreams + 2) * sizeof *all);
+  if (all) { /* without memory for the list: the module's own two, better than none */
+    memcpy(all, two, sizeof two);
+    memcpy(all + 2, s->streams, s->nstreams * sizeof *all);
+    q = all;
+    n += s->nstreams;
   }
+  pthread_mutex_unlock(&s->lock);
+  int stuck = wedged(s);
+  cu_wait w = cu__poll(query_stream, q, n, cu__now_s() + (stuck ? 0 : s->sync_timeout_s), NULL);
+  free(all);
+  if (w != CU_WAIT_TIMEOUT) return 1; /* idle, or failed: either way nothing runs any more */
+  if (!stuck) {
+    gave_up(s);
+    char msg[CU_MSG_LEN];
+    snprintf(msg, sizeof msg, "cuda:%d (local rank %d): %s: work queued on the device did not complete within %u s: "
+             "a kernel or a collective is stuck", s->dev, s->local_rank, what, s->sync_timeout_s);
+    cu__set_sticky(s, SL_ERR_TIMEOUT, msg);
+  }
+  return 0;
 }
 
 sl_status cu__wait_stream(cu_backend *s, cudaStream_t stream, const char *what) {

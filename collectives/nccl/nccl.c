@@ -12,7 +12,9 @@
  *
  * Failures: every NCCL call is non-blocking (config.blocking = 0) and polled against the
  * timeout; a watchdog thread (nccl_watch.c) aborts the communicator when an op stalls or NCCL
- * reports an error, and the next call on the caller's thread reports why. */
+ * reports an error, and the next call on the caller's thread reports why. Aborts and destroys
+ * are bounded too (nccl_end.c), and a split's child is written where it outlives the call
+ * (nccl_split.c). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,7 +84,7 @@ static sl_status nccl_init(const sl_collective_init *in, void **out) {
  * are fine would not make the same call, and the job-wide control plane's sequence would break.
  * The core's next agreement over the control plane (the status window, the closing one) is what
  * names a lost rank, through Gloo's diagnosis. */
-static sl_status report_dead(nccl_comm *c, const char *op) {
+sl_status sl__nccl_report_dead(nccl_comm *c, const char *op) {
   const sl_module_host *h = c->host;
   pthread_mutex_lock(&c->mu);
   if (!atomic_load(&c->dead)) /* abort() was called and the watchdog has not acted yet */
@@ -190,7 +192,7 @@ static sl_status issue(nccl_comm *c, nccl_op op, const nccl_args *a, void *strea
   pthread_mutex_lock(&c->mu);
   if (atomic_load(&c->dead) || !c->comm) {
     pthread_mutex_unlock(&c->mu);
-    return report_dead(c, name);
+    return sl__nccl_report_dead(c, name);
   }
   cudaStream_t s;
   sl_status st = begin(c, stream, &s);
@@ -202,7 +204,7 @@ static sl_status issue(nccl_comm *c, nccl_op op, const nccl_args *a, void *strea
   if (st == SL_OK) st = sl__nccl_track(c, name, s);
   sl_status se = end(c, stream); /* even after a failure: the default stream stays ordered */
   pthread_mutex_unlock(&c->mu);
-  if (atomic_load(&c->dead)) return report_dead(c, name);
+  if (atomic_load(&c->dead)) return sl__nccl_report_dead(c, name);
   return st != SL_OK ? st : se;
 }
 
@@ -217,7 +219,7 @@ static sl_status check_root(nccl_comm *c, const char *op, int root) {
 static sl_status nccl_broadcast(void *comm, void *buf, size_t bytes, int root, void *stream) {
   nccl_comm *c = comm;
   sl_status st;
-  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return report_dead(c, "broadcast");
+  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return sl__nccl_report_dead(c, "broadcast");
   if ((st = check_root(c, "broadcast", root)) != SL_OK) return st;
   if (bytes == 0) return SL_OK;
   nccl_args a = {.send = buf, .recv = buf, .bytes = bytes, .root = root};
@@ -228,7 +230,7 @@ static sl_status nccl_scatterv(void *comm, const void *sendbuf, const size_t *co
                                void *recvbuf, size_t recvbytes, int root, void *stream) {
   nccl_comm *c = comm;
   sl_status st;
-  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return report_dead(c, "scatterv");
+  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return sl__nccl_report_dead(c, "scatterv");
   if ((st = check_root(c, "scatterv", root)) != SL_OK) return st;
   if (c->rank == root && counts[root] != recvbytes)
     return c->host->fail(c->host->core, SL_ERR_INVALID,
@@ -243,7 +245,7 @@ static sl_status nccl_scatterv(void *comm, const void *sendbuf, const size_t *co
 static sl_status nccl_allgather(void *comm, const void *sendbuf, void *recvbuf, size_t bytes, void *stream) {
   nccl_comm *c = comm;
   size_t total;
-  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return report_dead(c, "allgather");
+  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return sl__nccl_report_dead(c, "allgather");
   if (__builtin_mul_overflow(bytes, (size_t)c->world, &total))
     return c->host->fail(c->host->core, SL_ERR_INVALID, "nccl allgather on rank %d: %zu bytes x %d ranks overflows",
                          c->job_rank, bytes, c->world);
@@ -257,8 +259,8 @@ static sl_status nccl_allgather(void *comm, const void *sendbuf, void *recvbuf, 
 static sl_status nccl_barrier(void *comm) {
   nccl_comm *c = comm;
   sl__nccl_bind(c);
-  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return report_dead(c, "barrier");
-  if (sl__nccl_drain(c, "barrier") != SL_OK) return report_dead(c, "barrier");
+  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return sl__nccl_report_dead(c, "barrier");
+  if (sl__nccl_drain(c, "barrier") != SL_OK) return sl__nccl_report_dead(c, "barrier");
   nccl_args a = {.send = (char *)c->barrier_buf + c->rank, .recv = c->barrier_buf, .bytes = 1};
   pthread_mutex_lock(&c->mu);
   sl_status st = SL_ERR_COMM;
@@ -269,7 +271,7 @@ static sl_status nccl_barrier(void *comm) {
   }
   pthread_mutex_unlock(&c->mu);
   if (st == SL_OK) st = sl__nccl_drain(c, "barrier");
-  return st == SL_OK ? SL_OK : report_dead(c, "barrier");
+  return st == SL_OK ? SL_OK : sl__nccl_report_dead(c, "barrier");
 }
 
 /* Async-signal-safe: one atomic store. The watchdog sees it within 100 ms and calls
@@ -280,7 +282,9 @@ static void nccl_abort(void *comm) {
 }
 
 /* Healthy: ncclCommFinalize (flushes NCCL's work, polled) then ncclCommDestroy; else
- * ncclCommAbort. Bounded by the timeout either way. */
+ * ncclCommAbort. Each bounded by the timeout (nccl_end.c): a communicator that a stuck kernel
+ * keeps from ending is left behind with a warning, so teardown ends. Then the children of a
+ * failed split that have landed since (nccl_split.c). */
 static void nccl_fini(void *comm) {
   nccl_comm *c = comm;
   if (!c) return;
@@ -291,70 +295,36 @@ static void nccl_fini(void *comm) {
     char what[NCCL_MSG_LEN / 2];
     ncclResult_t r = c->L->CommFinalize(c->comm);
     sl_status st = r == ncclSuccess || r == ncclInProgress ? sl__nccl_settle(c, c->comm, what, sizeof what) : SL_ERR_COMM;
-    if (st == SL_OK && c->L->CommDestroy(c->comm) == ncclSuccess) c->comm = NULL;
-    else sl__nccl_kill(c, st, "nccl fini on rank %d (cuda:%d): ncclCommFinalize failed; aborted", c->job_rank, c->device);
+    int left_ms = 0;
+    if (st == SL_OK && (sl__nccl_end(c->L, c->comm, true, sl__nccl_wait_ms(c), &left_ms) == ncclSuccess || left_ms)) {
+      c->comm = NULL;
+      if (left_ms) {
+        c->leaked = true;
+        c->leaked_call = "ncclCommDestroy";
+        c->leaked_ms = left_ms;
+      }
+    } else {
+      sl__nccl_kill(c, st != SL_OK ? st : SL_ERR_COMM,
+                    "nccl fini on rank %d (cuda:%d): ncclCommFinalize failed; aborted", c->job_rank, c->device);
+    }
   }
   if (c->comm) sl__nccl_kill(c, SL_ERR_COMM, "nccl fini on rank %d (cuda:%d): aborted", c->job_rank, c->device);
-  if (atomic_load(&c->dead) && c->host->log)
-    c->host->log(c->host->core, SL_LOG_DEBUG, "nccl fini on rank %d: communicator was aborted (%s)", c->job_rank, c->why);
+  sl__nccl_settle_children(c);
+  const sl_module_host *h = c->host;
+  if (atomic_load(&c->dead) && h->log)
+    h->log(h->core, SL_LOG_DEBUG, "nccl fini on rank %d: communicator was aborted (%s)", c->job_rank, c->why);
+  if (c->leaked && h->log)
+    h->log(h->core, SL_LOG_WARN,
+           "nccl fini on rank %d (cuda:%d): %s did not return within %d ms (what it waits for, a kernel on the "
+           "device or a peer, did not end); the communicator and its stream are left behind (leaked) so that "
+           "teardown ends",
+           c->job_rank, c->device, c->leaked_call, c->leaked_ms);
   sl__nccl_comm_free(c);
 }
 
-/* Collective over C, complete on return: ncclCommSplit, the sub wrapped like its parent (its
- * own watchdog; an abort of the parent reaches it through PARENT). */
+/* Collective over C, complete on return (nccl_split.c). */
 static sl_status nccl_split(void *comm, int color, int key, void **out) {
-  nccl_comm *c = comm;
-  sl__nccl_bind(c);
-  *out = NULL;
-  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return report_dead(c, "split");
-  ncclConfig_t cfg;
-  sl__nccl_config(&cfg);
-  ncclComm_t sub = NULL;
-  char what[NCCL_MSG_LEN / 2] = "";
-  pthread_mutex_lock(&c->mu);
-  if (!c->comm) {
-    pthread_mutex_unlock(&c->mu);
-    return report_dead(c, "split");
-  }
-  ncclResult_t r = c->L->CommSplit(c->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, &cfg);
-  sl_status st = SL_OK;
-  /* non-blocking: the split is a job of the parent too, which must settle before its next call */
-  if (r == ncclInProgress) {
-    if (sub) st = sl__nccl_settle(c, sub, what, sizeof what);
-    if (st == SL_OK) st = sl__nccl_settle(c, c->comm, what, sizeof what);
-  }
-  else if (r != ncclSuccess) st = SL_ERR_COMM, sl__nccl_describe(c->L, c->comm, r, what, sizeof what);
-  int n = 0, me = 0;
-  if (st == SL_OK && sub && (c->L->CommCount(sub, &n) != ncclSuccess || c->L->CommUserRank(sub, &me) != ncclSuccess))
-    st = SL_ERR_COMM, snprintf(what, sizeof what, "cannot read the new communicator's size and rank");
-  if (st != SL_OK) {
-    if (sub) c->L->CommAbort(sub);
-    /* the peers are in the same split: leaving the parent alive would let them wait on it */
-    sl__nccl_kill(c, st, "nccl split on rank %d (cuda:%d): ncclCommSplit failed (%s); the communicator was aborted",
-                  c->job_rank, c->device, what);
-    pthread_mutex_unlock(&c->mu);
-    return report_dead(c, "split");
-  }
-  pthread_mutex_unlock(&c->mu);
-  if (!sub) return SL_OK; /* not in any group (color < 0) */
-  nccl_comm *s = sl__nccl_comm_new(c->host, c->L, c->be_ops, c->be, c->device, c->timeout_ms);
-  if (!s) {
-    c->L->CommAbort(sub);
-    return c->host->fail(c->host->core, SL_ERR_NOMEM, "nccl split on rank %d: out of memory", c->job_rank);
-  }
-  s->comm = sub;
-  s->rank = me;
-  s->world = n;
-  s->job_rank = c->job_rank;
-  s->parent = c;
-  if ((st = sl__nccl_comm_resources(s)) != SL_OK) {
-    c->L->CommAbort(sub);
-    s->comm = NULL;
-    sl__nccl_comm_free(s);
-    return st;
-  }
-  *out = s;
-  return SL_OK;
+  return sl__nccl_split(comm, color, key, out);
 }
 
 static const sl_collective_ops nccl_ops = {

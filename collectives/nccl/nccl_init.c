@@ -59,9 +59,6 @@ nccl_comm *sl__nccl_comm_new(const sl_module_host *host, const sl_nccl_lib *L, c
   return c;
 }
 
-/* Frees what the communicator owns besides COMM (destroyed or aborted by the caller, so no
- * kernel of it still waits for a peer): the watchdog, the events, the barrier's buffer and the
- * module's stream (the backend's stream_destroy finishes its work first, bounded). */
 /* The module's own (static) CUDA runtime has its own current device per thread: every entry
  * from a caller's thread selects the communicator's device before any CUDA call, so that events
  * and copies land on it (not on device 0, where a context would cost every rank memory). */
@@ -69,17 +66,26 @@ void sl__nccl_bind(const nccl_comm *c) {
   if (c && c->device >= 0) (void)cudaSetDevice(c->device);
 }
 
+/* Frees what the communicator owns besides COMM (destroyed or aborted by the caller, so no
+ * kernel of it still waits for a peer): the watchdog, the events, the barrier's buffer and the
+ * module's stream (the backend's stream_destroy finishes its work first, bounded). */
 void sl__nccl_comm_free(nccl_comm *c) {
   sl__nccl_bind(c);
   sl__nccl_watch_stop(c);
   for (int i = 0; i < c->q_len; i++) cudaEventDestroy(c->q[(c->q_head + i) % NCCL_MAX_PENDING].ev);
   for (int i = 0; i < c->n_spare; i++) cudaEventDestroy(c->spare[i]);
-  /* stream-ordered: no device-wide synchronisation (cudaFree's) that a stuck kernel could hang */
-  if (c->barrier_buf) cudaFreeAsync(c->barrier_buf, (cudaStream_t)c->own_stream);
-  if (c->ev_in) c->be_ops->event_destroy(c->be, c->ev_in);
-  if (c->ev_out) c->be_ops->event_destroy(c->be, c->ev_out);
-  /* an aborted communicator's kernels have exited (ncclCommAbort), so this does not hang */
-  if (c->own_stream) c->be_ops->stream_destroy(c->be, c->own_stream);
+  /* An abort or destroy that outlived its bound (nccl_end.c) leaves kernels of COMM that may
+   * still run on the module's stream, reading the barrier's buffer and waiting on its events:
+   * those stay behind with it (the backend's fini destroys its streams, bounded too), since
+   * destroying the stream would first wait for kernels that do not end. */
+  if (!c->leaked) {
+    /* stream-ordered: no device-wide synchronisation (cudaFree's) that a stuck kernel could hang */
+    if (c->barrier_buf) cudaFreeAsync(c->barrier_buf, (cudaStream_t)c->own_stream);
+    if (c->ev_in) c->be_ops->event_destroy(c->be, c->ev_in);
+    if (c->ev_out) c->be_ops->event_destroy(c->be, c->ev_out);
+    /* an aborted communicator's kernels have exited (ncclCommAbort), so this does not hang */
+    if (c->own_stream) c->be_ops->stream_destroy(c->be, c->own_stream);
+  }
   pthread_cond_destroy(&c->wake);
   pthread_mutex_destroy(&c->mu);
   free(c);
@@ -88,8 +94,13 @@ void sl__nccl_comm_free(nccl_comm *c) {
 /* Polls a non-blocking communicator until its pending call (init, split, finalize) is done.
  * SL_OK, or the communicator is left for the caller to abort and WHAT says what NCCL said. */
 sl_status sl__nccl_settle(nccl_comm *c, ncclComm_t comm, char *what, size_t len) {
-  struct timespec start;
-  clock_gettime(CLOCK_MONOTONIC, &start);
+  struct timespec until;
+  sl__nccl_deadline(&until, sl__nccl_wait_ms(c));
+  return sl__nccl_settle_until(c, comm, &until, what, len);
+}
+
+sl_status sl__nccl_settle_until(nccl_comm *c, ncclComm_t comm, const struct timespec *until, char *what,
+                                size_t len) {
   int ms = 1;
   for (;;) {
     ncclResult_t a = ncclInProgress;
@@ -104,7 +115,7 @@ sl_status sl__nccl_settle(nccl_comm *c, ncclComm_t comm, char *what, size_t len)
       snprintf(what, len, "aborted (sl_context_abort)");
       return SL_ERR_COMM;
     }
-    if (sl__nccl_ms_since(&start) > sl__nccl_wait_ms(c)) {
+    if (sl__nccl_ms_since(until) > 0) {
       snprintf(what, len, "no answer within %d ms", sl__nccl_wait_ms(c));
       return SL_ERR_TIMEOUT;
     }
@@ -246,7 +257,8 @@ sl_status sl__nccl_init(const sl_collective_init *in, nccl_comm **out) {
     st = sl__nccl_settle(c, comm, what, sizeof what);
   }
   if (st != SL_OK) {
-    if (comm) L->CommAbort(comm);
+    int left_ms; /* nothing of COMM runs on the module's stream yet (it has none) */
+    if (comm) (void)sl__nccl_end(L, comm, false, sl__nccl_wait_ms(c), &left_ms);
     sl__nccl_comm_free(c);
     return h->fail(h->core, st,
                    "nccl init on rank %d of %d (cuda:%d, GPU %s): the communicator did not form: %s; a peer rank may "
@@ -256,7 +268,8 @@ sl_status sl__nccl_init(const sl_collective_init *in, nccl_comm **out) {
   }
   c->comm = comm;
   if ((st = sl__nccl_comm_resources(c)) != SL_OK) {
-    L->CommAbort(comm);
+    int left_ms; /* no op was issued: nothing of COMM runs on the module's stream */
+    (void)sl__nccl_end(L, comm, false, sl__nccl_wait_ms(c), &left_ms);
     c->comm = NULL;
     sl__nccl_comm_free(c);
     return st;

@@ -36,6 +36,7 @@ typedef struct sl_nccl_lib {
   ncclResult_t (*GroupEnd)(void);
   const char *(*GetErrorString)(ncclResult_t);
   const char *(*GetLastError)(ncclComm_t);
+  int version; /* ncclGetVersion's, read once at load (2.19.0 = 21900) */
 } sl_nccl_lib;
 
 /* The library, opened once per process (never closed: NCCL keeps threads of its own); NULL
@@ -71,6 +72,14 @@ typedef struct nccl_comm {
   cudaEvent_t spare[NCCL_MAX_PENDING];
   int n_spare;
 
+  /* The slot of a failed split whose child NCCL may still write (nccl_split.c), and whether an
+   * ncclCommAbort/Destroy of COMM outlived its bound (nccl_end.c): then its kernels may still
+   * run on OWN_STREAM, which is left behind with it. */
+  struct nccl_slot *split_slot;
+  bool leaked;
+  const char *leaked_call;
+  int leaked_ms; /* the wait it outlived */
+
   atomic_int abort_req; /* set by abort(), possibly from a signal handler */
   atomic_int dead;      /* the communicator was aborted: every later call fails */
   char why[NCCL_MSG_LEN]; /* why it died (written under MU, once) */
@@ -92,6 +101,9 @@ nccl_comm *sl__nccl_comm_new(const sl_module_host *host, const sl_nccl_lib *L, c
                              int device, int timeout_ms);
 void sl__nccl_comm_free(nccl_comm *c); /* COMM already destroyed or aborted */
 sl_status sl__nccl_settle(nccl_comm *c, ncclComm_t comm, char *what, size_t len);
+/* The same against a deadline of the caller's (one bound for several settles). */
+sl_status sl__nccl_settle_until(nccl_comm *c, ncclComm_t comm, const struct timespec *until, char *what,
+                                size_t len);
 void sl__nccl_config(ncclConfig_t *cfg);
 sl_status sl__nccl_comm_resources(nccl_comm *c);
 sl_status sl__nccl_init(const sl_collective_init *in, nccl_comm **out); /* arguments checked by the caller */
@@ -110,6 +122,21 @@ bool sl__nccl_aborted(const nccl_comm *c);
 int sl__nccl_wait_ms(const nccl_comm *c);
 void sl__nccl_deadline(struct timespec *until, int ms);
 double sl__nccl_ms_since(const struct timespec *t);
+
+/* nccl_end.c: ncclCommAbort (or, with DESTROY, ncclCommDestroy) of COMM, waited for at most MS
+ * (less while another call is left behind). ncclSuccess or NCCL's error; past the bound
+ * *LEFT_MS is the wait that passed (0 otherwise) and COMM is left to finish, or not, on a
+ * thread of its own. COMM must not be used again either way. */
+ncclResult_t sl__nccl_end(const sl_nccl_lib *L, ncclComm_t comm, bool destroy, int ms, int *left_ms);
+
+/* nccl.c: fails with why C died (the watchdog's or an abort's reason), on the caller's thread. */
+sl_status sl__nccl_report_dead(nccl_comm *c, const char *op);
+
+/* nccl_split.c: the split op, and the children of failed splits that land after it returned. */
+sl_status sl__nccl_split(nccl_comm *c, int color, int key, void **out);
+/* At C's fini: its pending slot (a child there is aborted; a slot NCCL may still write is kept
+ * for the process's life), then every kept slot a child has landed in since. */
+void sl__nccl_settle_children(nccl_comm *c);
 
 /* Selects C's device on the calling thread (nccl_init.c). */
 void sl__nccl_bind(const nccl_comm *c);

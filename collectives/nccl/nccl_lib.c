@@ -41,6 +41,7 @@ static void load(void) {
       return; /* H stays open: harmless, and closing NCCL is not safe once it ran */
     }
   }
+  if (g_lib.GetVersion(&g_lib.version) != ncclSuccess) g_lib.version = 0;
   g_ok = &g_lib;
 }
 

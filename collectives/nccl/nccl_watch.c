@@ -49,8 +49,16 @@ void sl__nccl_kill(nccl_comm *c, sl_status why, const char *fmt, ...) {
     atomic_store(&c->dead, 1);
   }
   if (c->comm) {
-    /* the kernels of every op queued on this communicator exit; their data is not valid */
-    c->L->CommAbort(c->comm);
+    /* the kernels of every op queued on this communicator exit; their data is not valid.
+     * Bounded (nccl_end.c): behind a kernel that never ends the communicator is left behind,
+     * and fini says so. */
+    int left_ms;
+    (void)sl__nccl_end(c->L, c->comm, false, sl__nccl_wait_ms(c), &left_ms);
+    if (left_ms) {
+      c->leaked = true;
+      c->leaked_call = "ncclCommAbort";
+      c->leaked_ms = left_ms;
+    }
     c->comm = NULL;
   }
   pthread_cond_broadcast(&c->wake);

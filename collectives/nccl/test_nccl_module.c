@@ -2,7 +2,13 @@
  * is a valid ABI v2 stream-ordered device collective, probe says why it cannot run, and init
  * fails cleanly on every rank (no hang: the ranks agree over the control plane before NCCL
  * starts). argv[1]: the module file. The registry finds it through SHARDLOAD_MODULE_PATH.
- * On a machine where the probe says yes, the no-device cases skip (the gpu test covers it). */
+ * On a machine where the probe says yes, the no-device cases skip (the gpu test covers it).
+ *
+ * With --fake: the module's code (its objects, linked in) against a fake libnccl.so.2
+ * (fake_nccl.c) that its own dlopen finds on LD_LIBRARY_PATH, for the paths only a GPU reaches
+ * otherwise: a non-blocking split whose child NCCL writes late, and teardown behind a stuck
+ * kernel. */
+#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -11,10 +17,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "internal.h"
+#include "nccl_internal.h"
 #include "shardload/module.h"
 
 static const char *g_path;
@@ -24,6 +33,7 @@ static const sl_collective_ops *g_ops;
 typedef struct rank_host {
   sl_module_host host;
   char msg[1024];
+  char warn[1024]; /* the last warning logged (fini may log it on a thread of the test's) */
 } rank_host;
 
 static sl_status host_fail(void *core, sl_status s, const char *fmt, ...) {
@@ -35,9 +45,18 @@ static sl_status host_fail(void *core, sl_status s, const char *fmt, ...) {
   return s;
 }
 
+static void host_log(void *core, sl_log_level level, const char *fmt, ...) {
+  rank_host *h = core;
+  if (level > SL_LOG_WARN) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(h->warn, sizeof h->warn, fmt, ap);
+  va_end(ap);
+}
+
 static void host_init(rank_host *h) {
   memset(h, 0, sizeof *h);
-  h->host = (sl_module_host){sizeof(sl_module_host), h, NULL, host_fail};
+  h->host = (sl_module_host){sizeof(sl_module_host), h, host_log, host_fail};
 }
 
 /* ---- an in-process control plane for N threads (real data exchange, pthread barriers) ------ */
@@ -243,11 +262,272 @@ static void every_rank_fails_together(void **state) {
   }
 }
 
+/* ---- --fake: the module's code against a fake libnccl.so.2 ------------------------------- */
+
+typedef struct fake_api {
+  void (*config)(int split_ms, int abort_lag_ms);
+  void (*stick)(int stuck);
+  int (*live)(void);
+  int (*violations)(char *last, size_t len);
+  int (*children_written)(void);
+} fake_api;
+static fake_api F;
+static const sl_nccl_lib *g_L;
+const sl_collective_ops *sl_collective_module_v2(void); /* the module's entry, linked in */
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Polls COND for up to S seconds; whether it came true. */
+#define WAIT_FOR(cond, s)                                                                                              \
+  ({                                                                                                                   \
+    double until_ = now_s() + (s);                                                                                     \
+    while (!(cond) && now_s() < until_) usleep(2000);                                                                  \
+    (bool)(cond);                                                                                                      \
+  })
+
+/* The cuda backend's stream and event ops as the module's resources use them, with tokens (no
+ * device: cudaMallocAsync of the barrier's buffer fails after them). */
+static char g_tokens[64];
+static sl_status fb_create(void *be, void **out) {
+  static int next;
+  *out = &g_tokens[__atomic_fetch_add(&next, 1, __ATOMIC_RELAXED) % 64];
+  return SL_OK;
+}
+static void fb_destroy(void *be, void *x) {}
+static sl_status fb_record(void *be, void *ev, void *stream) { return SL_OK; }
+static sl_status fb_wait(void *be, void *stream, void *ev) { return SL_OK; }
+static const sl_backend_ops fake_cuda_streams = {
+    .abi_version = SL_BACKEND_ABI_VERSION, .size = sizeof(sl_backend_ops), .name = "cuda",
+    .device_ordinal = fake_ordinal, .stream_create = fb_create, .stream_destroy = fb_destroy,
+    .event_create = fb_create, .event_destroy = fb_destroy, .event_record = fb_record, .stream_wait_event = fb_wait};
+
+/* A formed one-rank communicator of the fake, wrapped as init wraps one (its watchdog runs). */
+static nccl_comm *fake_parent(rank_host *h, int timeout_ms) {
+  nccl_comm *c = sl__nccl_comm_new(&h->host, g_L, &fake_cuda_streams, &g_dummy_handle, 0, timeout_ms);
+  assert_non_null(c);
+  ncclUniqueId id;
+  assert_int_equal(g_L->GetUniqueId(&id), ncclSuccess);
+  ncclConfig_t cfg;
+  sl__nccl_config(&cfg);
+  ncclComm_t comm = NULL;
+  assert_int_equal(g_L->CommInitRankConfig(&comm, 1, id, 0, &cfg), ncclInProgress);
+  char what[256];
+  assert_int_equal(sl__nccl_settle(c, comm, what, sizeof what), SL_OK);
+  c->comm = comm;
+  c->world = 1;
+  assert_int_equal(sl__nccl_watch_start(c), SL_OK);
+  return c;
+}
+
+static void assert_no_violation(void) {
+  char last[256] = "";
+  int n = F.violations(last, sizeof last);
+  if (n) fail_msg("the module misused NCCL %d time(s); last: %s", n, last);
+}
+
+/* A split whose peers never arrive fails within the timeout, and the child NCCL writes when the
+ * parent's abort ends the split's job is aborted too: nothing of the split is left alive. */
+static void split_that_never_completes_fails_within_the_timeout(void **state) {
+  enum { T = 1500 };
+  rank_host h;
+  host_init(&h);
+  F.config(-1, 0);
+  int written = F.children_written(), live0 = F.live();
+  nccl_comm *c = fake_parent(&h, T);
+  void *sub = (void *)1;
+  double t0 = now_s();
+  sl_status st = g_ops->split(c, 0, 0, &sub);
+  double dt = now_s() - t0;
+  print_message("split: %s after %.2f s: %s\n", sl_status_name(st), dt, h.msg);
+  assert_int_equal(st, SL_ERR_TIMEOUT);
+  assert_null(sub);
+  assert_non_null(strstr(h.msg, "nccl split on rank 0 (cuda:0): ncclCommSplit failed (no answer within 1500 ms); "
+                                "the communicator was aborted"));
+  assert_true(dt < 1.6 * T / 1e3);
+  assert_int_equal(F.children_written(), written + 1);
+  assert_int_equal(F.live(), live0); /* the parent, and the child that landed in the slot, ended */
+  g_ops->fini(c);
+  assert_int_equal(F.live(), live0);
+  assert_no_violation();
+}
+
+/* The parent's abort outlives its bound (the split's job sits in a blocking bootstrap step), so
+ * the split returns before NCCL writes the child, and even the parent's fini comes first. The
+ * late write lands in storage that outlives both (under ASan: no stack-use-after-return, no
+ * heap-use-after-free), and the child is aborted by the next fini's sweep. */
+static void split_child_that_lands_after_the_call_is_kept_and_aborted(void **state) {
+  enum { T = 1000, LAG = 1500 };
+  rank_host h;
+  host_init(&h);
+  F.config(-1, LAG);
+  int written = F.children_written(), live0 = F.live();
+  nccl_comm *c = fake_parent(&h, T);
+  void *sub = (void *)1;
+  double t0 = now_s();
+  sl_status st = g_ops->split(c, 0, 0, &sub);
+  double dt = now_s() - t0;
+  print_message("split: %s after %.2f s: %s\n", sl_status_name(st), dt, h.msg);
+  assert_int_equal(st, SL_ERR_TIMEOUT);
+  assert_null(sub);
+  assert_true(dt < 2.6 * T / 1e3); /* the settle's timeout, then the abort's */
+  assert_int_equal(F.children_written(), written); /* NCCL writes it after the split returned */
+  g_ops->fini(c);
+  print_message("fini: %s\n", h.warn);
+  assert_non_null(strstr(h.warn, "nccl fini on rank 0 (cuda:0): ncclCommAbort did not return within 1000 ms"));
+  assert_true(WAIT_FOR(F.children_written() == written + 1, 10.0));
+  rank_host h2;
+  host_init(&h2);
+  F.config(20, 0);
+  nccl_comm *other = fake_parent(&h2, T);
+  g_ops->fini(other); /* sweeps the kept slots: the late child is aborted */
+  assert_true(WAIT_FOR(F.live() == live0, 10.0));
+  assert_no_violation();
+}
+
+/* A split that completes: the parent settles, the child is read from the slot and settled, and
+ * without a device its resources fail, so it is aborted (on a GPU machine: it is kept). A
+ * NOCOLOR split gives no child. */
+static void split_that_completes_reads_the_child(void **state) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) skip(); /* the fake's tokens are no streams there */
+  rank_host h;
+  host_init(&h);
+  F.config(30, 0);
+  int written = F.children_written(), live0 = F.live();
+  nccl_comm *c = fake_parent(&h, 5000);
+  void *sub = (void *)1;
+  assert_int_equal(g_ops->split(c, -1, 0, &sub), SL_OK);
+  assert_null(sub);
+  sub = (void *)1;
+  sl_status st = g_ops->split(c, 0, 0, &sub);
+  print_message("split: %s: %s\n", sl_status_name(st), h.msg);
+  assert_int_equal(F.children_written(), written + 1);
+  assert_int_equal(st, SL_ERR_NOMEM);
+  assert_non_null(strstr(h.msg, "cannot allocate 1 bytes"));
+  assert_null(sub);
+  assert_int_equal(F.live(), live0 + 1); /* the parent: the child was aborted */
+  g_ops->fini(c);
+  assert_int_equal(F.live(), live0);
+  assert_string_equal(h.warn, "");
+  assert_no_violation();
+}
+
+typedef struct fini_run {
+  nccl_comm *c[2];
+  int n;
+  double seconds;
+} fini_run;
+
+static void *fini_main(void *arg) {
+  fini_run *r = arg;
+  double t0 = now_s();
+  for (int i = 0; i < r->n; i++) g_ops->fini(r->c[i]);
+  r->seconds = now_s() - t0;
+  return NULL;
+}
+
+/* The fini of R's communicators, in turn, on a thread while the fake's teardown is stuck: all
+ * of it must return within 1.6 x the timeout (the test waits at most 3 x, then unsticks the
+ * fake so that a hung fini can end). */
+static void fini_with_stuck_teardown(fini_run *r, int live0, int timeout_ms) {
+  F.stick(1);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, fini_main, r), 0);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 3 * timeout_ms / 1000;
+  int rc = pthread_timedjoin_np(t, NULL, &until);
+  F.stick(0);
+  if (rc != 0) {
+    pthread_join(t, NULL);
+    fail_msg("fini did not return within %d ms behind a stuck ncclCommAbort/ncclCommDestroy", 3 * timeout_ms);
+  }
+  print_message("fini of %d communicator(s) returned after %.2f s\n", r->n, r->seconds);
+  assert_true(r->seconds < 1.6 * timeout_ms / 1e3);
+  assert_true(WAIT_FOR(F.live() == live0, 10.0)); /* unstuck, the calls left behind finished */
+  assert_no_violation();
+}
+
+static void assert_left_behind(const rank_host *h, const char *call, int ms) {
+  char want[256];
+  print_message("warning: %s\n", h->warn);
+  snprintf(want, sizeof want, "nccl fini on rank 0 (cuda:0): %s did not return within %d ms", call, ms);
+  assert_non_null(strstr(h->warn, want));
+  assert_non_null(strstr(h->warn, "left behind (leaked) so that teardown ends"));
+}
+
+/* After an abort, teardown ends within the timeout even when ncclCommAbort is held by a kernel
+ * that never ends (NCCL's cudaFree synchronises the device): the communicator is left behind.
+ * A second communicator's teardown, while the first is stuck, is not waited for as long. */
+static void fini_after_abort_ends_behind_a_stuck_kernel(void **state) {
+  enum { T = 1500 };
+  rank_host h, h2;
+  host_init(&h);
+  host_init(&h2);
+  F.config(20, 0);
+  int live0 = F.live();
+  fini_run r = {{fake_parent(&h, T), fake_parent(&h2, T)}, 2, -1};
+  g_ops->abort(r.c[0]);
+  fini_with_stuck_teardown(&r, live0, T);
+  assert_left_behind(&h, "ncclCommAbort", T);
+  assert_left_behind(&h2, "ncclCommDestroy", 250);
+}
+
+/* The same for a healthy fini's ncclCommDestroy. */
+static void fini_ends_behind_a_stuck_destroy(void **state) {
+  enum { T = 1500 };
+  rank_host h;
+  host_init(&h);
+  F.config(20, 0);
+  int live0 = F.live();
+  fini_run r = {{fake_parent(&h, T)}, 1, -1};
+  fini_with_stuck_teardown(&r, live0, T);
+  assert_left_behind(&h, "ncclCommDestroy", T);
+}
+
+static int run_fake(void) {
+  char why[512] = "";
+  g_ops = sl_collective_module_v2();
+  if (!(g_L = sl__nccl_lib(why, sizeof why))) {
+    fprintf(stderr, "the fake NCCL did not load: %s (LD_LIBRARY_PATH must name its directory)\n", why);
+    return 1;
+  }
+  /* the very object the module's dlopen found, by its soname */
+  void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  void *sym;
+  if (!h || !(sym = dlsym(h, "fakenccl_live"))) {
+    fprintf(stderr, "libnccl.so.2 as loaded is not the fake (LD_LIBRARY_PATH must name its directory first)\n");
+    return 1;
+  }
+  F.live = (int (*)(void))sym;
+  F.config = (void (*)(int, int))dlsym(h, "fakenccl_config");
+  F.stick = (void (*)(int))dlsym(h, "fakenccl_stick");
+  F.violations = (int (*)(char *, size_t))dlsym(h, "fakenccl_violations");
+  F.children_written = (int (*)(void))dlsym(h, "fakenccl_children_written");
+  if (!F.config || !F.stick || !F.violations || !F.children_written) {
+    fprintf(stderr, "the fake NCCL lacks its fakenccl_* handles\n");
+    return 1;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(split_that_never_completes_fails_within_the_timeout),
+      cmocka_unit_test(split_child_that_lands_after_the_call_is_kept_and_aborted),
+      cmocka_unit_test(split_that_completes_reads_the_child),
+      cmocka_unit_test(fini_after_abort_ends_behind_a_stuck_kernel),
+      cmocka_unit_test(fini_ends_behind_a_stuck_destroy),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s libshardload-nccl.so\n", argv[0]);
+    fprintf(stderr, "usage: %s libshardload-nccl.so | --fake\n", argv[0]);
     return 2;
   }
+  if (strcmp(argv[1], "--fake") == 0) return run_fake();
   g_path = argv[1];
   void *h = dlopen(g_path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {

@@ -103,12 +103,16 @@ typedef struct sl_backend_ops {
    * one line naming the module ("cuda: no device"). */
   int (*probe)(char *reason, size_t len);
   sl_status (*init)(const sl_backend_init *init, void **be); /* complete on return */
-  void (*fini)(void *be); /* complete on return; the core has synchronised first */
+  /* Complete on return; the core has synchronised first. Bounded even behind a kernel that
+   * never ends (what would wait for it is left behind, with a warning). */
+  void (*fini)(void *be);
   /* Complete on return. One line naming the device ("cuda:0 NVIDIA H200, 141 GiB, sm_90"). */
   void (*describe)(void *be, char *buf, size_t len);
   /* Device ordinal in use (DLPack's device_id). Complete on return. */
   int (*device_ordinal)(void *be);
-  /* Allocation: complete on return. free_*: the caller guarantees no pending work uses PTR. */
+  /* Allocation: complete on return. free_*: the caller guarantees no pending work uses PTR; a
+   * free that would wait for a device still busy past the sync timeout (cudaFreeHost
+   * synchronises it) may leave the memory to the process's exit instead, with a warning. */
   sl_status (*alloc_device)(void *be, size_t bytes, void **ptr);
   void (*free_device)(void *be, void *ptr);
   sl_status (*alloc_pinned)(void *be, size_t bytes, void **ptr);
@@ -222,6 +226,8 @@ typedef struct sl_collective_ops {
    * with BACKEND (the rank's backend name), else 0 and REASON says why. */
   int (*probe)(const char *backend, char *reason, size_t len);
   sl_status (*init)(const sl_collective_init *init, void **comm); /* collective, complete on return */
+  /* Complete on return, and bounded by the timeout (a small multiple of it), even when a
+   * kernel never ends: a communicator it cannot end in time is left behind, with a warning. */
   void (*fini)(void *comm);
   /* Optional. Callable from any thread (a signal handler's thread included, as far as the
    * transport allows): pending and later ops on COMM fail (SL_ERR_COMM) within the timeout. */
