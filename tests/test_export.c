@@ -378,7 +378,8 @@ static void test_host_memory_and_arguments(void **state) {
     sl_state *st;
     assert_int_equal(sl_load(ctx, plan, src, &lo, &st), SL_OK);
     char err[512];
-    sl_export_options eo = {.size = sizeof eo, .stream = (void *)(uintptr_t)5, .errbuf = err, .errbuf_size = sizeof err};
+    sl_export_options eo = {.size = sizeof eo, .stream = (void *)(uintptr_t)5, .errbuf = err,
+                            .errbuf_size = sizeof err};
     sl_export *ex = (sl_export *)&eo;
     assert_int_equal(sl_state_export(st, 0, &eo, &ex), SL_ERR_INVALID);
     assert_null(ex);

@@ -337,7 +337,9 @@ static sl_status run_release(void *arg) {
 static sl_status sim_free_device_after(void *be, void *const *ptrs, size_t n, void *const *events, size_t nevents) {
   sim_backend *s = be;
   sim_release *r = calloc(1, sizeof *r);
-  if (r) *r = (sim_release){s, n, nevents, malloc((n ? n : 1) * sizeof(void *)), malloc((nevents ? nevents : 1) * sizeof(void *))};
+  if (r)
+    *r = (sim_release){s, n, nevents, malloc((n ? n : 1) * sizeof(void *)),
+                       malloc((nevents ? nevents : 1) * sizeof(void *))};
   if (!r || !r->ptrs || !r->events) {
     if (r) release_free(r);
     return sim__fail(s, SL_ERR_NOMEM, "sim:%d: free_device_after: out of memory", s->device_index);

@@ -55,7 +55,8 @@ static int free_device_after_fences(sl_state *st, sl_export *fences, const char 
       if (owned_device_memory(st, &st->tensors[i])) ptrs[k++] = st->tensors[i].data;
     k = 0;
     for (sl_export *f = fences; f; f = f->next) events[k++] = f->event;
-    ok = st->be->ops->free_device_after(st->be->handle, (void *const *)ptrs, nptrs, (void *const *)events, nev) == SL_OK;
+    ok = st->be->ops->free_device_after(st->be->handle, (void *const *)ptrs, nptrs, (void *const *)events, nev) ==
+         SL_OK;
     if (!ok)
       st->be->host.log(st->be->host.core, SL_LOG_WARN,
                        "freeing %zu lent device buffer(s) after their consumers' work: %s; waiting for it instead",
