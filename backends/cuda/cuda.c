@@ -192,7 +192,8 @@ static sl_status setup(cu_backend *s) {
   cudaError_t e;
   if ((e = cudaSetDevice(s->dev)) != cudaSuccess) return cu__fail_cuda(s, 0, "cudaSetDevice", e, NULL);
   if ((e = cudaStreamCreateWithFlags(&s->alloc_stream, cudaStreamNonBlocking)) != cudaSuccess ||
-      (e = cudaStreamCreateWithFlags(&s->def, cudaStreamNonBlocking)) != cudaSuccess)
+      (e = cudaStreamCreateWithFlags(&s->def, cudaStreamNonBlocking)) != cudaSuccess ||
+      (e = cudaStreamCreateWithFlags(&s->release_stream, cudaStreamNonBlocking)) != cudaSuccess)
     return cu__fail_cuda(s, 0, "cudaStreamCreateWithFlags", e, "creating the module's streams");
   struct cudaMemPoolProps pp;
   memset(&pp, 0, sizeof pp);
@@ -206,6 +207,12 @@ static sl_status setup(cu_backend *s) {
   uint64_t keep = UINT64_MAX;
   if ((e = cudaMemPoolSetAttribute(s->pool, cudaMemPoolAttrReleaseThreshold, &keep)) != cudaSuccess)
     return cu__fail_cuda(s, 0, "cudaMemPoolSetAttribute", e, "release threshold");
+  /* memory freed behind a consumer's work (free_device_after) is not reused by an allocation on
+   * another stream through a dependency the driver inserts: the allocation stream would wait for
+   * the consumer's kernels. Reuse once the free has run (opportunistic) stays on. */
+  int no = 0;
+  if ((e = cudaMemPoolSetAttribute(s->pool, cudaMemPoolReuseAllowInternalDependencies, &no)) != cudaSuccess)
+    return cu__fail_cuda(s, 0, "cudaMemPoolSetAttribute", e, "internal dependencies");
   struct cudaDeviceProp p;
   if ((e = cudaGetDeviceProperties(&p, s->dev)) != cudaSuccess)
     return cu__fail_cuda(s, 0, "cudaGetDeviceProperties", e, NULL);
@@ -285,6 +292,9 @@ static void cu_fini(void *be) {
     cu__wait_stream(s, s->alloc_stream, "fini");
     cudaStreamDestroy(s->alloc_stream);
   }
+  /* frees still waiting for a consumer's work: the driver finishes them, then releases the stream
+   * and (below) the pool, without this thread waiting */
+  if (s->release_stream) cudaStreamDestroy(s->release_stream);
   if (s->pool) {
     cudaMemPoolTrimTo(s->pool, 0);
     cudaMemPoolDestroy(s->pool);
@@ -366,6 +376,8 @@ static const sl_backend_ops cu_ops = {
     .is_device_ptr = cu__is_device_ptr,
     .get_proc = cu_get_proc,
     .device_identity = cu_device_identity,
+    .event_record_native = cu__event_record_native,
+    .free_device_after = cu__free_device_after,
 };
 
 /* The only exported symbol (exports.map). */

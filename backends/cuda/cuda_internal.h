@@ -31,6 +31,9 @@ typedef struct cu_backend {
   unsigned sync_timeout_s;
   cudaStream_t alloc_stream; /* allocations and frees only: completes on return */
   cudaStream_t def;          /* the ABI's NULL stream: non-blocking, never CUDA's legacy stream */
+  /* free_device_after's frees, each behind waits for a consumer's events: never synchronised by
+   * the module (the work it waits for is another API's), left to the driver at fini */
+  cudaStream_t release_stream;
   cudaMemPool_t pool;        /* the module's own pool, so trimming it touches nobody else's */
   void *libcuda;             /* for cuMemGetAddressRange (is_device_ptr on foreign pointers) */
   int (*get_range)(unsigned long long *base, size_t *size, unsigned long long ptr);
@@ -39,6 +42,9 @@ typedef struct cu_backend {
   size_t nallocs, cap;
   cudaStream_t *streams; /* streams created through the ABI (synchronize polls them) */
   size_t nstreams, scap;
+  /* a deferred free emptied the table: the pool gives its memory back at the next synchronize
+   * (release threshold 0) until the next allocation restores the caching */
+  int release_due;
   sl_status err; /* sticky: the first failure of enqueued work */
   int stuck;     /* a wait gave up on queued work (a kernel that does not end): later waits ask
                     once and do not wait again (atomic; cuda_stream.c) */
@@ -78,6 +84,7 @@ void cu__set_sticky(cu_backend *s, sl_status st, const char *msg);
 /* ---- cuda_mem.c ---------------------------------------------------------------------------- */
 sl_status cu__alloc_device(void *be, size_t bytes, void **ptr);
 void cu__free_device(void *be, void *ptr);
+sl_status cu__free_device_after(void *be, void *const *ptrs, size_t n, void *const *events, size_t nevents);
 sl_status cu__alloc_pinned(void *be, size_t bytes, void **ptr);
 void cu__free_pinned(void *be, void *ptr);
 sl_status cu__register_host(void *be, void *ptr, size_t bytes);
@@ -95,6 +102,7 @@ void cu__stream_destroy(void *be, void *stream);
 sl_status cu__event_create(void *be, void **event);
 void cu__event_destroy(void *be, void *event);
 sl_status cu__event_record(void *be, void *event, void *stream);
+sl_status cu__event_record_native(void *be, void *event, void *native);
 sl_status cu__stream_wait_event(void *be, void *stream, void *event);
 int cu__event_query(void *be, void *event);
 sl_status cu__event_sync(void *be, void *event);

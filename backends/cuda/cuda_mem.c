@@ -55,6 +55,13 @@ sl_status cu__alloc_device(void *be, size_t bytes, void **ptr) {
   void *p = NULL;
   size_t n = bytes ? bytes : 1; /* a zero-byte buffer still has a distinct address */
   cudaError_t e = cu__bind(s);
+  pthread_mutex_lock(&s->lock);
+  if (e == cudaSuccess && s->release_due) { /* cache freed memory again while allocations live */
+    uint64_t keep = UINT64_MAX;
+    e = cudaMemPoolSetAttribute(s->pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    s->release_due = 0;
+  }
+  pthread_mutex_unlock(&s->lock);
   if (e == cudaSuccess) e = cudaMallocFromPoolAsync(&p, n, s->pool, s->alloc_stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s->alloc_stream);
   if (e != cudaSuccess)
@@ -73,32 +80,85 @@ sl_status cu__alloc_device(void *be, size_t bytes, void **ptr) {
   return SL_OK;
 }
 
-/* The caller guarantees no pending work uses PTR (shardload/module.h), so the free is ordered on
- * the allocation stream alone. */
-void cu__free_device(void *be, void *ptr) {
-  cu_backend *s = be;
-  if (!ptr) return;
-  pthread_mutex_lock(&s->lock);
+/* Takes PTR out of the table (lock held); false, said loudly, when it is not an allocation of
+ * ours (a core bug: the memory is left alone). *LAST: the table is empty now. */
+static int table_take_locked(cu_backend *s, void *ptr, const char *op, int *last) {
   ptrdiff_t i = index_le(s, (uintptr_t)ptr);
   int found = i >= 0 && s->allocs[i].base == (uintptr_t)ptr;
   if (found) {
     memmove(s->allocs + i, s->allocs + i + 1, (s->nallocs - (size_t)i - 1) * sizeof *s->allocs);
     s->nallocs--;
+  } else {
+    s->host->log(s->host->core, SL_LOG_ERROR, "cuda:%d: %s(%p): not a device allocation of this backend", s->dev, op,
+                 ptr);
   }
-  int last = found && s->nallocs == 0;
+  *last = found && s->nallocs == 0;
+  return found;
+}
+
+/* The caller guarantees no pending work uses PTR (shardload/module.h), so the free is ordered on
+ * the allocation stream alone. */
+void cu__free_device(void *be, void *ptr) {
+  cu_backend *s = be;
+  if (!ptr) return;
+  int last;
+  pthread_mutex_lock(&s->lock);
+  int found = table_take_locked(s, ptr, "free_device", &last);
   pthread_mutex_unlock(&s->lock);
-  if (!found) {
-    /* a core bug; free returns nothing, so say it loudly and leave the memory alone */
-    s->host->log(s->host->core, SL_LOG_ERROR, "cuda:%d: free_device(%p): not a device allocation of this backend",
-                 s->dev, ptr);
-    return;
-  }
+  if (!found) return;
   cudaError_t e = cu__bind(s);
   if (e == cudaSuccess) e = cudaFreeAsync(ptr, s->alloc_stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s->alloc_stream);
   /* nothing is live: give the cached memory back, so the pool's peak does not outlive the load */
   if (e == cudaSuccess && last) e = cudaMemPoolTrimTo(s->pool, 0);
   if (e != cudaSuccess) cu__fail_cuda(s, 1, "cudaFreeAsync", e, "freeing device buffer %p", ptr);
+}
+
+/* Memory a consumer's streams may still use (shardload.h at sl_state_export): the release stream
+ * waits for each consumer's event, then frees, so the pool hands the memory out again, and trim
+ * gives it back to the driver, only once that work ran (a pending free counts as outstanding;
+ * the pool's internal dependencies are off, so no allocation stream is made to wait for it).
+ * Nothing here waits for the consumer. When every event has completed already (the usual case:
+ * the consumer's work ran long ago) the frees are the synchronous ones, which also trim. */
+sl_status cu__free_device_after(void *be, void *const *ptrs, size_t n, void *const *events, size_t nevents) {
+  cu_backend *s = be;
+  cudaError_t e = cu__bind(s);
+  if (e != cudaSuccess) return cu__fail_cuda(s, 0, "cudaSetDevice", e, "free_device_after");
+  int pending = 0;
+  for (size_t i = 0; i < nevents && !pending; i++) {
+    e = cudaEventQuery((cudaEvent_t)events[i]);
+    if (e == cudaErrorNotReady) pending = 1;
+    else if (e != cudaSuccess) /* the consumer's work failed: the caller waits and frees instead */
+      return cu__fail_cuda(s, 0, "cudaEventQuery", e, "a consumer's event %p before freeing its memory", events[i]);
+  }
+  for (size_t i = 0; pending && i < nevents; i++)
+    if ((e = cudaStreamWaitEvent(s->release_stream, (cudaEvent_t)events[i], 0)) != cudaSuccess)
+      /* the waits queued so far only hold the release stream back: nothing was freed */
+      return cu__fail_cuda(s, 0, "cudaStreamWaitEvent", e, "the release stream on a consumer's event %p", events[i]);
+  if (!pending) {
+    for (size_t i = 0; i < n; i++) cu__free_device(s, ptrs[i]);
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      int last, found;
+      pthread_mutex_lock(&s->lock);
+      found = table_take_locked(s, ptrs[i], "free_device_after", &last);
+      pthread_mutex_unlock(&s->lock);
+      if (found && (e = cudaFreeAsync(ptrs[i], s->release_stream)) != cudaSuccess)
+        cu__fail_cuda(s, 0, "cudaFreeAsync", e, "freeing device buffer %p behind its consumers", ptrs[i]);
+      if (found && last) {
+        /* nothing live: let the pool give the memory back at the next synchronize after the frees ran */
+        uint64_t release_all = 0;
+        pthread_mutex_lock(&s->lock);
+        if (cudaMemPoolSetAttribute(s->pool, cudaMemPoolAttrReleaseThreshold, &release_all) == cudaSuccess)
+          s->release_due = 1;
+        pthread_mutex_unlock(&s->lock);
+      }
+    }
+  }
+  /* the waits captured the records: destroying an event with a record pending is allowed, the
+   * driver releases it once it completes */
+  for (size_t i = 0; i < nevents; i++) cudaEventDestroy((cudaEvent_t)events[i]);
+  return SL_OK;
 }
 
 /* ---- pinned and registered host memory ----------------------------------------------------- */

@@ -163,6 +163,24 @@ sl_status cu__event_record(void *be, void *event, void *stream) {
   return e == cudaSuccess ? SL_OK : cu__fail_cuda(s, 1, "cudaEventRecord", e, "event %p on stream %p", event, stream);
 }
 
+/* NATIVE is the consumer's own stream (a torch stream; DLPack numbers cudaStreamLegacy 1 and
+ * cudaStreamPerThread 2 as the runtime does). The per-thread default stream is the calling
+ * thread's, and a release may run on another thread than the consumer's (a garbage collector):
+ * its record goes on the legacy stream instead, which first waits for every blocking stream,
+ * each thread's per-thread default stream included. A failure is the caller's (a stream of
+ * another device or context): not sticky, and the runtime's last error is cleared so that the
+ * consumer's own error checks do not trip on it. */
+sl_status cu__event_record_native(void *be, void *event, void *native) {
+  cu_backend *s = be;
+  cudaStream_t q = (cudaStream_t)native == cudaStreamPerThread ? cudaStreamLegacy : (cudaStream_t)native;
+  cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess) e = cudaEventRecord((cudaEvent_t)event, q);
+  if (e == cudaSuccess) return SL_OK;
+  (void)cudaGetLastError();
+  return cu__fail_cuda(s, 0, "cudaEventRecord", e, "on the consumer's stream %p: not a live stream of device %d?",
+                       native, s->dev);
+}
+
 sl_status cu__stream_wait_event(void *be, void *stream, void *event) {
   cu_backend *s = be;
   cudaError_t e = cu__bind(s);

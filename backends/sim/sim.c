@@ -194,7 +194,7 @@ static sl_status sim_init(const sl_backend_init *init, void **be) {
   clock_gettime(CLOCK_REALTIME, &now);
   s->rng = ((uint64_t)getpid() << 32) ^ (uint64_t)now.tv_nsec ^ ((uint64_t)now.tv_sec << 20) ^ (uintptr_t)s;
   if (!s->rng) s->rng = 0x9E3779B97F4A7C15ull;
-  if ((st = sim__stream_start(s, &s->def)) != SL_OK) {
+  if ((st = sim__stream_start(s, &s->def)) != SL_OK || (st = sim__stream_start(s, &s->release)) != SL_OK) {
     sim_fini(s);
     return st;
   }
@@ -312,6 +312,65 @@ static void untrack(sim_backend *s, void *ptr, sl__sim_kind kind, int owned, con
 static void sim_free_device(void *be, void *ptr) {
   if (ptr) untrack(be, ptr, SL__SIM_DEVICE, 1, "free_device");
 }
+
+/* ---- frees behind a consumer's work (free_device_after) ------------------------------------ */
+typedef struct sim_release {
+  sim_backend *s;
+  size_t n, nevents;
+  void **ptrs, **events;
+} sim_release;
+
+static void release_free(void *arg) {
+  sim_release *r = arg;
+  free(r->ptrs);
+  free(r->events);
+  free(r);
+}
+
+/* On the release stream, after the waits: a buffer that work still uses aborts in untrack, so a
+ * free that did not wait for the consumer crashes the test instead of passing. The waits before
+ * this task have finished, so the events are idle and go too. */
+static sl_status run_release(void *arg) {
+  sim_release *r = arg;
+  for (size_t i = 0; i < r->n; i++) untrack(r->s, r->ptrs[i], SL__SIM_DEVICE, 1, "free_device_after");
+  for (size_t i = 0; i < r->nevents; i++) sim__event_destroy(r->s, r->events[i]);
+  return SL_OK;
+}
+
+/* The buffers are checked and marked released at the call (a core bug aborts here, on the
+ * caller's stack), so work enqueued later on them fails at once; the frees run on the release
+ * stream, behind a wait for each event. */
+static sl_status sim_free_device_after(void *be, void *const *ptrs, size_t n, void *const *events, size_t nevents) {
+  sim_backend *s = be;
+  sim_release *r = calloc(1, sizeof *r);
+  if (r)
+    *r = (sim_release){s, n, nevents, malloc((n ? n : 1) * sizeof(void *)),
+                       malloc((nevents ? nevents : 1) * sizeof(void *))};
+  if (!r || !r->ptrs || !r->events) {
+    if (r) release_free(r);
+    return sim__fail(s, SL_ERR_NOMEM, "sim:%d: free_device_after: out of memory", s->device_index);
+  }
+  if (n) memcpy(r->ptrs, ptrs, n * sizeof *ptrs);
+  if (nevents) memcpy(r->events, events, nevents * sizeof *events);
+  pthread_mutex_lock(&s->lock);
+  for (size_t i = 0; i < n; i++) {
+    ssize_t k = buf_index_le(s, ptrs[i]);
+    sim_buf *b = k >= 0 ? s->bufs[k] : NULL;
+    if (!b || b->base != ptrs[i] || b->kind != SL__SIM_DEVICE || !b->owned || b->released)
+      sim__abort(s, "free_device_after(%p): not a live device buffer of this backend%s", ptrs[i],
+                 b && b->base == ptrs[i] && b->released ? " (already released)" : "");
+    b->released = 1; /* before the free is queued: once it is, the buffer may be gone */
+  }
+  pthread_mutex_unlock(&s->lock);
+  sl_status st = sim__enqueue_after_events(s, s->release, events, nevents, run_release, r, release_free);
+  if (st != SL_OK) {
+    pthread_mutex_lock(&s->lock); /* nothing was queued: the buffers are the caller's again */
+    for (size_t i = 0; i < n; i++) buf_within(s, ptrs[i], 0)->released = 0;
+    pthread_mutex_unlock(&s->lock);
+    release_free(r);
+  }
+  return st;
+}
 static void sim_free_pinned(void *be, void *ptr) {
   if (ptr) untrack(be, ptr, SL__SIM_PINNED, 1, "free_pinned");
 }
@@ -366,9 +425,12 @@ static int sim_is_device_ptr(void *be, const void *ptr, size_t bytes) {
 static sim_buf *check_device(sim_backend *s, const void *p, size_t n, const char *op, const char *side, char *msg,
                              size_t len) {
   sim_buf *b = buf_within(s, p, n);
-  if (b && b->kind == SL__SIM_DEVICE) return b;
+  if (b && b->kind == SL__SIM_DEVICE && !b->released) return b;
   snprintf(msg, len, "sim:%d: %s: %s %p (+%zu bytes) is not inside a live device buffer of this backend%s",
-           s->device_index, op, side, p, n, b ? " (it is pinned host memory)" : "");
+           s->device_index, op, side, p, n,
+           !b                           ? ""
+           : b->kind != SL__SIM_DEVICE ? " (it is pinned host memory)"
+                                        : " (its buffer was released: free_device_after)");
   return NULL;
 }
 
@@ -574,6 +636,9 @@ static const sl_backend_ops sim_ops = {
     .is_device_ptr = sim_is_device_ptr,
     .get_proc = sim_get_proc,
     .device_identity = sim_device_identity,
+    /* its streams are its own native streams */
+    .event_record_native = sim__event_record,
+    .free_device_after = sim_free_device_after,
 };
 
 const sl_backend_ops *sl__backend_sim(void) { return &sim_ops; }

@@ -24,6 +24,7 @@ typedef struct sim_buf {
   int owned; /* 0: a caller's range registered with register_host */
   int opens; /* host access opens in progress (strict mode: mapped RW while > 0) */
   int refs;  /* queued or running tasks that use it */
+  int released; /* handed to free_device_after: no new work may use it */
 } sim_buf;
 
 typedef struct sim_event {
@@ -81,6 +82,7 @@ typedef struct sim_backend {
   sim_buf **bufs;          /* sorted by base, never overlapping */
   size_t nbufs, cap;
   sim_stream *def; /* the NULL stream */
+  sim_stream *release; /* free_device_after's frees, each behind its waits (started at init) */
   sim_stream *streams;
   sim_event *events;
   uint64_t rng;       /* xorshift64 state */
@@ -109,6 +111,10 @@ sim_stream *sim__stream_of(sim_backend *s, void *stream);
 /* Starts a stream and its worker; stopping drains its queue, joins the worker and frees it. */
 sl_status sim__stream_start(sim_backend *s, sim_stream **out);
 void sim__stream_stop(sim_backend *s, sim_stream *q);
+/* Queues on Q a wait for the current record of each of the N EVENTS, then FN(ARG), all or
+ * nothing: on failure (out of memory) nothing was queued and ARG was not freed. */
+sl_status sim__enqueue_after_events(sim_backend *s, sim_stream *q, void *const *events, size_t n, sl__sim_task_fn fn,
+                                    void *arg, void (*free_arg)(void *));
 /* The stream, event and synchronisation ops of the table in sim.c. */
 sl_status sim__stream_create(void *be, void **stream);
 void sim__stream_destroy(void *be, void *stream);

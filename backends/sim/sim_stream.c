@@ -323,6 +323,45 @@ sl_status sl__sim_enqueue(void *be, void *stream, sl__sim_task_fn fn, void *arg,
   return SL_OK;
 }
 
+/* Every task is allocated before the first is queued, so that a failure leaves nothing behind:
+ * a queued wait would keep its event pending, and the caller, which keeps the events on
+ * failure, could not destroy them. Waits for records already complete are not queued, as in
+ * stream_wait_event. */
+sl_status sim__enqueue_after_events(sim_backend *s, sim_stream *q, void *const *events, size_t n, sl__sim_task_fn fn,
+                                    void *arg, void (*free_arg)(void *)) {
+  sim_event **evs = calloc(n ? n : 1, sizeof *evs);
+  sim_task **waits = calloc(n ? n : 1, sizeof *waits), *run = calloc(1, sizeof *run);
+  int ok = evs && waits && run;
+  for (size_t i = 0; ok && i < n; i++) {
+    evs[i] = event_of(s, events[i]);
+    ok = (waits[i] = calloc(1, sizeof **waits)) != NULL;
+  }
+  if (!ok) {
+    for (size_t i = 0; waits && i < n; i++) free(waits[i]);
+    free(waits);
+    free(evs);
+    free(run);
+    return sim__fail(s, SL_ERR_NOMEM, "sim:%d: out of memory queueing a free behind %zu event(s)", s->device_index, n);
+  }
+  *run = (sim_task){.op = OP_FN, .fn = fn, .arg = arg, .free_arg = free_arg};
+  pthread_mutex_lock(&s->lock);
+  for (size_t i = 0; i < n; i++) {
+    sim_task *t = waits[i];
+    *t = (sim_task){.op = OP_WAIT, .ev = evs[i], .seq = evs[i]->recorded};
+    if (t->seq > evs[i]->completed) {
+      evs[i]->pending++;
+      sim__enqueue_locked(s, q, t);
+      waits[i] = NULL;
+    }
+  }
+  sim__enqueue_locked(s, q, run);
+  pthread_mutex_unlock(&s->lock);
+  for (size_t i = 0; i < n; i++) free(waits[i]); /* not queued: nothing to wait for */
+  free(waits);
+  free(evs);
+  return SL_OK;
+}
+
 /* For a function run by sl__sim_enqueue (on the worker thread): the message of the failure it
  * is about to return; the next sync reports it on the caller's thread. Elsewhere it goes to the
  * host directly. */

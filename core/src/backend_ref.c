@@ -14,12 +14,24 @@ static void ref_log(void *core, sl_log_level level, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* Set around a backend call made for a state on whatever thread holds it (an export's release
+ * runs in a garbage collector): the module's message lands here, never in the context's buffer,
+ * which belongs to the context's thread (and the context may be gone). */
+static __thread char *tls_capture;
+static __thread size_t tls_capture_len;
+
+void sl__backend_ref_capture(char *buf, size_t len) {
+  if (buf && len) buf[0] = 0;
+  tls_capture = buf;
+  tls_capture_len = len;
+}
+
 static sl_status ref_fail(void *core, sl_status s, const char *fmt, ...) {
   sl__backend_ref *r = core;
-  if (!r->ctx) return s;
   va_list ap;
   va_start(ap, fmt);
-  sl__vfail(r->ctx, s, fmt, ap);
+  if (tls_capture) vsnprintf(tls_capture, tls_capture_len, fmt, ap);
+  else if (r->ctx) sl__vfail(r->ctx, s, fmt, ap);
   va_end(ap);
   return s;
 }

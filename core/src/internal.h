@@ -32,6 +32,9 @@ sl__backend_ref *sl__backend_ref_new(const sl_backend_ops *ops, void *handle, vo
 void sl__backend_ref_detach(sl__backend_ref *r);
 void sl__backend_ref_get(sl__backend_ref *r);
 void sl__backend_ref_put(sl__backend_ref *r);
+/* Until called again with NULL, the backend's failures reported on this thread go to BUF
+ * (cleared here) instead of the context (backend_ref.c). */
+void sl__backend_ref_capture(char *buf, size_t len);
 /* Frees memory of the backend (device, pinned or plain host) through a reference. */
 void sl__backend_free(sl__backend_ref *r, sl_device_kind where, int pinned, void *ptr);
 

@@ -29,9 +29,16 @@ struct sl_state {
   /* caller host buffers the load registered with the backend (unregistered at destroy) */
   void **registered;
   size_t nregistered;
+  /* Lending (state.c; shardload.h at sl_state_export). REFS: the references beyond the owner's
+   * (calloc's zero is the owner alone), one per live export; the last one frees the state.
+   * FENCES: released exports whose events recorded the consumers' work, pushed without a lock
+   * (releases run on any thread). WAIT_FREE: a release the backend could not order on the
+   * device, so the free waits on its own thread. All three atomics. */
+  int refs;
+  struct sl_export *fences;
+  int wait_free;
 };
 
-void sl__state_free_tensors(sl_state *st);
 sl_status sl__state_index(sl_state *st);
 
 /* ---- loader ------------------------------------------------------------------------------ */

@@ -651,9 +651,10 @@ class LoadedTensor:
     data_ptr: int
     dlpack_device: tuple[int, int]
     _state: "_Handle | None" = field(default=None, repr=False, compare=False)  # owns the memory
+    _index: int = field(default=-1, repr=False, compare=False)  # in the C state (sl_state_tensor)
 
     @staticmethod
-    def _from_c(t, state) -> "LoadedTensor":
+    def _from_c(t, state, index: int = -1) -> "LoadedTensor":
         lib = _capi.lib()
         nd = t.ndim
         return LoadedTensor(
@@ -662,13 +663,19 @@ class LoadedTensor:
             _capi.text(lib.sl_device_kind_name(t.device)),
             _capi.text(lib.sl_placement_rule_describe(t.rule)) if t.rule else "",
             bool(t.pinned), bool(t.caller_buffer), int(t.nbytes), int(t.data or 0),
-            (int(t.device_type), int(t.device_id)), state)
+            (int(t.device_type), int(t.device_id)), state, index)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.dlpack_device
 
     def __dlpack__(self, stream=None, **_):
-        """A DLPack capsule of this shard (zero copy); the state lives until it is released."""
+        """A DLPack capsule of this shard (zero copy); the state lives until it is released.
+
+        STREAM is the consumer's, as DLPack numbers it: for CUDA memory a cudaStream_t as an int,
+        1 the legacy default stream, 2 the per-thread one, None (and -1, no synchronisation asked)
+        the legacy default stream; host memory takes None only. The data is ready on any stream;
+        what the consumer queues on STREAM before it releases the capsule finishes before the
+        memory is freed (sl_state_export)."""
         from . import _dlpack
         if self._state is None or not self._state.ptr:
             raise ValueError(f"{self.name}: no live state owns this tensor")
@@ -677,16 +684,18 @@ class LoadedTensor:
             raise ShardloadError(18, f"tensor '{self.name}' lives in memory of DLPack device type {dt} "
                                      "(the sim backend's simulated device), which no framework can address; "
                                      "load with backend 'cpu' or a real accelerator backend")
-        return _dlpack.capsule(self._state, self.data_ptr, self.local_shape, self.dtype,
-                               _DLPACK_TORCH_DEVICE[dt], did)
+        native = _dlpack.native_stream(self.name, dt, stream)
+        return _dlpack.capsule(self._state, self._state.ptr, self._index, native, self.data_ptr, self.local_shape,
+                               self.dtype, _DLPACK_TORCH_DEVICE[dt], did)
 
     def to_torch(self):
-        """The local shard as a torch tensor viewing the loaded memory (no copy)."""
+        """The local shard as a torch tensor viewing the loaded memory (no copy), lent for torch's
+        current stream: kernels queued on it finish before the memory is freed."""
         if self.caller_buffer and self._state is not None and self.name in self._state.buffers:
             from ._torch import view_buffer
             return view_buffer(self._state.buffers[self.name], self)
-        from ._torch import from_capsule
-        return from_capsule(self.__dlpack__(), self.dtype)
+        from ._torch import consumer_stream, from_capsule
+        return from_capsule(self.__dlpack__(stream=consumer_stream(self.dlpack_device)), self.dtype)
 
 
 class _Handle:
@@ -720,7 +729,7 @@ class State:
         lib = _capi.lib()
         self._tensors: dict[str, LoadedTensor] = {}
         for i in range(lib.sl_state_count(ptr)):
-            t = LoadedTensor._from_c(lib.sl_state_tensor(ptr, i).contents, self._h)
+            t = LoadedTensor._from_c(lib.sl_state_tensor(ptr, i).contents, self._h, i)
             self._tensors[t.name] = t
 
     @property

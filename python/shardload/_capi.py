@@ -120,6 +120,10 @@ class LoadStats(Structure):
     ]
 
 
+class ExportOptions(Structure):
+    _fields_ = [("size", c_size_t), ("stream", c_void_p), ("errbuf", c_void_p), ("errbuf_size", c_size_t)]
+
+
 class LibraryNotFound(OSError):
     """libshardload could not be found; the message lists where it was looked for."""
 
@@ -215,6 +219,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sl_state_skipped_count": (c_size_t, [st]),
         "sl_state_skipped_at": (c_char_p, [st, c_size_t]),
         "sl_state_stats": (S, [st, POINTER(LoadStats)]),
+        "sl_state_export": (S, [st, c_size_t, POINTER(ExportOptions), POINTER(c_void_p)]),
+        "sl_export_tensor": (POINTER(Tensor), [c_void_p]),
+        "sl_export_release": (None, [c_void_p]),
     }
     optional = {"sl_source_open_memory"}  # newer than the first public API: checked at use
     for name, (res, args) in sigs.items():

@@ -1,10 +1,13 @@
 """Exporting a loaded shard as a DLPack capsule (zero copy), kept alive by its owner.
 
 The capsule holds a DLManagedTensor whose manager_ctx keys an entry of `_live` that references
-the owner (the State): the state's memory is freed only after every tensor viewing it is gone
-and the State object itself is unreachable. torch consumes the capsule (renames it
-"used_dltensor") and calls the deleter when its tensor's storage dies; an unconsumed capsule's
-destructor calls the deleter instead.
+the owner (the State) and the C export (sl_state_export): the state's memory is freed only after
+every tensor viewing it is gone and the State object itself is unreachable. torch consumes the
+capsule (renames it "used_dltensor") and calls the deleter when its tensor's storage dies; an
+unconsumed capsule's destructor calls the deleter instead. The deleter releases the export
+(sl_export_release), which records what the consumer queued on the stream it named in
+__dlpack__(stream=...): the free of device memory waits, on the device, for that work (a torch
+kernel still reading the tensor when its last view died), and the deleter never waits for it.
 """
 
 from __future__ import annotations
@@ -61,11 +64,19 @@ _py.PyCapsule_GetPointer.argtypes = [c_void_p, c_char_p]
 
 # The callbacks bind what they use as defaults and are made immortal below: torch may call them
 # during interpreter shutdown, after this module's globals were cleared.
+def _release(entry):
+    """Releases the entry's C export, then lets the entry (and its owner) go."""
+    if entry is not None:
+        export, release = entry[4], entry[5]
+        release(export)
+
+
 @_DELETER
-def _deleter(managed, _live=_live, _lock=_lock, _addressof=ctypes.addressof):
+def _deleter(managed, _live=_live, _lock=_lock, _addressof=ctypes.addressof, _release=_release):
     try:
         with _lock:
-            _live.pop(_addressof(managed.contents), None)
+            entry = _live.pop(_addressof(managed.contents), None)
+        _release(entry)
     except Exception:  # shutting down
         pass
 
@@ -74,13 +85,14 @@ _CAPSULE_DESTRUCTOR = CFUNCTYPE(None, c_void_p)
 
 
 @_CAPSULE_DESTRUCTOR
-def _capsule_destructor(capsule, _py=_py, _NAME=_NAME, _live=_live, _lock=_lock):
+def _capsule_destructor(capsule, _py=_py, _NAME=_NAME, _live=_live, _lock=_lock, _release=_release):
     # consumed capsules were renamed by the consumer, which now owns the deleter call
     try:
         if _py.PyCapsule_IsValid(capsule, _NAME):
             ptr = _py.PyCapsule_GetPointer(capsule, _NAME)
             with _lock:
-                _live.pop(ptr, None)
+                entry = _live.pop(ptr, None)
+            _release(entry)
     except Exception:  # shutting down
         pass
 
@@ -95,25 +107,74 @@ def live_count() -> int:
         return len(_live)
 
 
-def capsule(owner, data: int, shape, dtype_name: str, device_type: int, device_id: int):
-    """A "dltensor" capsule of a C-contiguous tensor at DATA; OWNER stays alive until released."""
-    code, bits = DL_DTYPES[dtype_name]
-    ndim = len(shape)
-    shape_arr = (c_int64 * max(ndim, 1))(*shape)
-    strides = [1] * ndim
-    for i in range(ndim - 2, -1, -1):
-        strides[i] = strides[i + 1] * max(int(shape[i + 1]), 1)
-    strides_arr = (c_int64 * max(ndim, 1))(*strides)
-    m = DLManagedTensor()
-    m.dl_tensor.data = data
-    m.dl_tensor.device = DLDevice(device_type, device_id)
-    m.dl_tensor.ndim = ndim
-    m.dl_tensor.dtype = DLDataType(code, bits, 1)
-    m.dl_tensor.shape = ctypes.cast(shape_arr, POINTER(c_int64))
-    m.dl_tensor.strides = ctypes.cast(strides_arr, POINTER(c_int64))
-    m.dl_tensor.byte_offset = 0
-    m.deleter = _deleter
-    addr = ctypes.addressof(m)
-    with _lock:
-        _live[addr] = (owner, m, shape_arr, strides_arr)
-    return _py.PyCapsule_New(addr, _NAME, ctypes.cast(_capsule_destructor, c_void_p))
+# DLDeviceType
+_KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST, _KDL_ROCM, _KDL_ROCM_HOST = 1, 2, 3, 10, 11
+_HOST_TYPES = (_KDL_CPU, _KDL_CUDA_HOST, _KDL_ROCM_HOST)
+_POINTER_LIMIT = 1 << (8 * ctypes.sizeof(c_void_p))
+
+
+def native_stream(name: str, device_type: int, stream) -> int | None:
+    """The consumer's stream of a DLPack export as the backend's native handle (an int, or None
+    for NULL), after the DLPack rules: an int >= -1 or None; -1 asks for no synchronisation.
+    CUDA: None and -1 are the legacy default stream (1, cudaStreamLegacy), 2 the per-thread one,
+    0 is ambiguous and refused, anything else a cudaStream_t. Host memory takes None (-1 too);
+    another value is passed on, and the library refuses it naming the tensor."""
+    if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)):
+        raise TypeError(f"tensor '{name}': __dlpack__ stream must be an int (the consumer's stream) or None, "
+                        f"not {type(stream).__name__}")
+    if stream is not None and not -1 <= stream < _POINTER_LIMIT:
+        raise ValueError(f"tensor '{name}': __dlpack__ stream {stream} is not a stream: DLPack streams are -1 "
+                         f"(no synchronisation), None, or a stream handle (an int from 0 to {_POINTER_LIMIT - 1})")
+    if device_type == _KDL_CUDA:
+        if stream == 0:
+            raise ValueError(f"tensor '{name}': __dlpack__ stream 0 is ambiguous for CUDA under DLPack; pass 1 for "
+                             "the legacy default stream, 2 for the per-thread default stream, or the stream's handle")
+        return 1 if stream is None or stream == -1 else stream
+    return None if stream is None or stream == -1 else stream
+
+
+def capsule(owner, state_ptr, index: int, stream, data: int, shape, dtype_name: str, device_type: int,
+            device_id: int):
+    """A "dltensor" capsule of tensor INDEX of the C state (C-contiguous at DATA), lent through
+    sl_state_export for the consumer's STREAM (native_stream's value); OWNER stays alive, and the
+    export unreleased, until the consumer lets the tensor go."""
+    from . import _capi
+    lib = _capi.lib()
+    err = ctypes.create_string_buffer(1024)
+    opts = _capi.ExportOptions(ctypes.sizeof(_capi.ExportOptions), stream, ctypes.cast(err, c_void_p),
+                               ctypes.sizeof(err))
+    export = c_void_p()
+    status = lib.sl_state_export(state_ptr, index, ctypes.byref(opts), ctypes.byref(export))
+    if status != 0:
+        from . import ShardloadError
+        raise ShardloadError(status, _capi.text(err.value))
+    try:
+        code, bits = DL_DTYPES[dtype_name]
+        ndim = len(shape)
+        shape_arr = (c_int64 * max(ndim, 1))(*shape)
+        strides = [1] * ndim
+        for i in range(ndim - 2, -1, -1):
+            strides[i] = strides[i + 1] * max(int(shape[i + 1]), 1)
+        strides_arr = (c_int64 * max(ndim, 1))(*strides)
+        m = DLManagedTensor()
+        m.dl_tensor.data = data
+        m.dl_tensor.device = DLDevice(device_type, device_id)
+        m.dl_tensor.ndim = ndim
+        m.dl_tensor.dtype = DLDataType(code, bits, 1)
+        m.dl_tensor.shape = ctypes.cast(shape_arr, POINTER(c_int64))
+        m.dl_tensor.strides = ctypes.cast(strides_arr, POINTER(c_int64))
+        m.dl_tensor.byte_offset = 0
+        m.deleter = _deleter
+        addr = ctypes.addressof(m)
+        with _lock:
+            _live[addr] = (owner, m, shape_arr, strides_arr, export.value, lib.sl_export_release)
+    except BaseException:
+        lib.sl_export_release(export)
+        raise
+    try:
+        return _py.PyCapsule_New(addr, _NAME, ctypes.cast(_capsule_destructor, c_void_p))
+    except BaseException:
+        with _lock:
+            entry = _live.pop(addr, None)
+        _release(entry)
+        raise

@@ -137,6 +137,16 @@ def view_buffer(buf: torch.Tensor, info) -> torch.Tensor:
     return flat.view(dt).view(info.local_shape)
 
 
+def consumer_stream(dlpack_device) -> int | None:
+    """torch's current stream on DLPACK_DEVICE, as DLPack numbers it (what torch.from_dlpack
+    passes a producer): the stream torch's next kernels on the tensor run on. None for host memory."""
+    device_type, index = dlpack_device
+    if device_type not in (2, 10):  # kDLCUDA, kDLROCM
+        return None
+    s = torch.cuda.current_stream(index).cuda_stream
+    return 1 if device_type == 2 and s == 0 else s  # CUDA's 0 is ambiguous: the legacy stream is 1
+
+
 def from_capsule(capsule, dtype_name_: str) -> torch.Tensor:
     t = torch.utils.dlpack.from_dlpack(capsule)
     if dtype_name_ in ("F8_E4M3", "F8_E5M2"):

@@ -175,6 +175,79 @@ def world1(tmp, sd, path):
     print("world 1: ok", flush=True)
 
 
+def dlpack_streams(tmp, sd, path):
+    """__dlpack__(stream=...) checks the consumer's stream as DLPack defines it and hands it to the
+    library (sl_state_export), which refuses a stream for host memory naming the tensor: the
+    refusal comes back from C, so the value reached it. Nothing is lent by a refused export."""
+    for backend, offload in (("cpu", None), ("sim", True)):  # the cpu backend's memory; a CPU placement on sim
+        ctx = shardload.Context(backend=backend)
+        st = ctx.load(ctx.plan(param_dtype="F32"), ctx.open(path), cpu_offload=offload)
+        t = st["w"]
+        check(t.dlpack_device[0] == 1, f"{backend}: host memory is kDLCPU")
+        expect(TypeError, lambda: t.__dlpack__(stream="1"), "tensor 'w'", "stream must be an int", "str")
+        expect(TypeError, lambda: t.__dlpack__(stream=1.0), "float")
+        expect(TypeError, lambda: t.__dlpack__(stream=True), "bool")
+        expect(ValueError, lambda: t.__dlpack__(stream=-2), "tensor 'w'", "-2", "not a stream")
+        expect(ValueError, lambda: t.__dlpack__(stream=1 << 64), "not a stream")
+        e = expect(shardload.ShardloadError, lambda: t.__dlpack__(stream=7), "tensor 'w'", "host memory", "stream=None")
+        check(e.status_name == "SL_ERR_INVALID", f"{backend}: refusal status {e.status_name}")
+        check(_dlpack.live_count() == 0, f"{backend}: a refused export lends nothing")
+        for stream in (None, -1):
+            w = torch.utils.dlpack.from_dlpack(t.__dlpack__(stream=stream))
+            check(torch.equal(w, sd["w"]) and _dlpack.live_count() == 1, f"{backend}: stream={stream} exports")
+            del w
+            gc.collect()
+            check(_dlpack.live_count() == 0, f"{backend}: stream={stream}: the release reaches the library")
+        c = t.__dlpack__()  # never consumed: its destructor releases the export
+        check(_dlpack.live_count() == 1, "an unconsumed capsule lends")
+        del c
+        check(_dlpack.live_count() == 0, "an unconsumed capsule releases")
+        # the state outlives its context and owner while a view lives, and goes with the view
+        w = st["w"].to_torch()
+        ctx.close()
+        del st, t
+        gc.collect()
+        check(torch.equal(w, sd["w"]), f"{backend}: the view outlives its state object and context")
+        del w
+        gc.collect()
+        check(_dlpack.live_count() == 0, f"{backend}: the last view releases")
+    print("dlpack streams: ok", flush=True)
+
+
+def cuda_release_order(tmp):
+    """On a GPU: a torch kernel queued on the tensor's stream, still pending when the tensor, its
+    state and the context are all gone, reads the loaded bytes (the free waits for it on the
+    device). Without the ordering the memory is freed and trimmed under the kernel: an illegal
+    address. Skipped without a CUDA device."""
+    if not torch.cuda.is_available():
+        print("cuda release order: skipped (no CUDA device)", flush=True)
+        return
+    try:
+        ctx = shardload.Context(backend="cuda")
+    except shardload.ShardloadError as e:
+        print(f"cuda release order: skipped ({e})", flush=True)
+        return
+    x = torch.arange(1 << 24, dtype=torch.float32)  # 64 MiB
+    path = os.path.join(tmp, "cuda_release.safetensors")
+    save_file({"x": x}, path)
+    st = ctx.load(ctx.plan(), ctx.open(path))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        t = st["x"].to_torch()  # lent for the side stream
+        torch.cuda._sleep(2_000_000_000)  # about a second of spinning ahead of the read
+        out = t * 1
+    del t
+    st.close()
+    del st
+    ctx.close()
+    gc.collect()
+    pending = not side.query()
+    side.synchronize()
+    check(pending, "the side stream's work was still pending at the release (lengthen the sleep)")
+    check(torch.equal(out.cpu(), x), "a kernel pending at the release read the loaded bytes")
+    print("cuda release order: ok", flush=True)
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -263,6 +336,8 @@ def main():
     check(shardload.resolve_placement(False, "cpu+pin")[0] == "device", "resolve off")
     without_torch(path)
     world1(a.tmp, sd, path)
+    dlpack_streams(a.tmp, sd, path)
+    cuda_release_order(a.tmp)
     exit_with_exports(a.tmp, path)
     process_groups(a.tmp, sd, path)
     print(f"test_api: {CHECKS} checks passed", flush=True)

@@ -166,6 +166,29 @@ typedef struct sl_backend_ops {
    * (docs/DESIGN.md#modules). Absent, or "": the core assumes the backend name and ordinal
    * name the device. Not called for a backend whose device memory is host memory. */
   void (*device_identity)(void *be, char *buf, size_t len);
+
+  /* ---- optional: memory lent to a consumer's streams (DLPack; shardload.h at sl_state_export).
+   * Appended as one block; a module offers both or neither. Without them the core frees exported
+   * device memory only after event_sync of what it recorded and a synchronize, on the freeing
+   * thread: that covers the module's own streams, not another API's, so a module whose device
+   * memory other APIs' streams can read (any real accelerator) should offer both. ---- */
+  /* Enqueued: as event_record, but on NATIVE, a stream of the API the module wraps rather than
+   * one of stream_create (cuda: a cudaStream_t of the module's device, cudaStreamLegacy (1) and
+   * cudaStreamPerThread (2) included, NULL the runtime's default stream; sim: its own streams).
+   * The caller keeps NATIVE live during the call and the module keeps nothing of it. Callable from
+   * any thread, and the consumer may have queued its work on another thread than this call's: a
+   * per-thread stream must be recorded so that the record covers the consumer's thread's work
+   * (cuda records cudaStreamPerThread's on the legacy stream, which waits for every thread's). A
+   * failure is the caller's (a stream of another device), not sticky. */
+  sl_status (*event_record_native)(void *be, void *event, void *native);
+  /* Enqueued: frees the N device buffers PTRS (from alloc_device) once the last record, as of
+   * this call, of each of the NEVENTS EVENTS has completed. Never waits for that work: it returns
+   * once the frees are queued, and no allocation gets the memory before they ran. On SL_OK it
+   * takes the events (the module destroys them once nothing waits on them; the caller never
+   * touches them again); on failure nothing was freed and the caller keeps buffers and events.
+   * Callable from any thread. synchronize need not wait for these frees (they wait for work the
+   * module does not own), and fini may run while they are pending: the module settles them. */
+  sl_status (*free_device_after)(void *be, void *const *ptrs, size_t n, void *const *events, size_t nevents);
 } sl_backend_ops;
 
 /* Extensions a backend may offer through get_proc. */

@@ -342,8 +342,9 @@ typedef struct sl_tensor {
   int device_type;
   int device_id;
 } sl_tensor;
-/* Tensors belong to their state (sl_state_destroy frees them), and the state keeps alive what
- * it needs to free them: it may outlive its context (sl_context_destroy first is fine). */
+/* Tensors belong to their state (sl_state_destroy frees them, once no export of them is live:
+ * see sl_state_export), and the state keeps alive what it needs to free them: it may outlive its
+ * context (sl_context_destroy first is fine). */
 
 /* Called once per tensor, in file order, once every rank agreed on the plan (and, reading on
  * every rank, on the checkpoint's bytes) and before any byte moves. Return a buffer of at least
@@ -441,6 +442,61 @@ typedef struct sl_load_stats {
   double seconds_phase1;   /* of which agreeing, planning and allocating */
 } sl_load_stats;
 SL_API sl_status sl_state_stats(const sl_state *st, sl_load_stats *out);
+
+/* ---- lending a tensor to a consumer (DLPack) ------------------------------ */
+/* An export lends one tensor of a state to a consumer that views its memory without a copy (a
+ * framework tensor made through DLPack; sl_export_release is what a DLManagedTensor's deleter
+ * calls). It holds a reference on the state: the state's memory is freed once sl_state_destroy
+ * was called AND every export of it was released, on whichever thread comes last.
+ *
+ * Ordering: a consumer queues work that reads or writes the memory on its own stream, and that
+ * work may still be pending when it releases the export (a torch kernel queued on the tensor when
+ * its last view dies). The export records, at release, what the consumer's stream has queued so
+ * far, and the free of the state's device memory waits ON THE DEVICE for every release's record:
+ * it is enqueued behind them and never blocks the releasing thread (nor the thread of
+ * sl_state_destroy). The data is ready for the consumer at export with no wait (sl_load returns
+ * once every byte is in place), so nothing is queued on the consumer's stream.
+ *
+ * Fallback: a backend without the ops for it (module.h: event_record_native, free_device_after),
+ * or a release whose record failed, has the free wait on the freeing thread instead: for the
+ * records made (event_sync) and then for the backend's synchronize (its own streams; bounded by
+ * the backend's timeout) before the memory goes.
+ *
+ * Host memory (CPU placements, every tensor of a backend whose device memory is host memory,
+ * such as cpu) is not ordered by any stream: its stream must be NULL, and a consumer that queued
+ * device work on it (a non-blocking copy from pinned memory) finishes that work before release.
+ * Caller buffers (sl_bind_fn) stay the caller's: their exports order nothing. */
+typedef struct sl_export sl_export;
+
+typedef struct sl_export_options {
+  size_t size; /* sizeof(sl_export_options) as the caller compiled it */
+  /* The consumer's stream: a stream of the API the backend wraps, live during sl_state_export
+   * and sl_export_release (it may be destroyed after). cuda: a cudaStream_t of the backend's
+   * device; (void *)1 is cudaStreamLegacy and (void *)2 cudaStreamPerThread, as DLPack numbers
+   * them (the per-thread one is ordered through the legacy stream, which waits for every
+   * thread's: the release may run on another thread than the consumer's); NULL is the
+   * runtime's default stream (the legacy one). sim: one of its own streams (stream_create), NULL
+   * its default stream. Must be NULL for host memory (see above). */
+  void *stream;
+  /* When the export fails, the specific message goes here (truncated to ERRBUF_SIZE,
+   * NUL-terminated): the state has no message buffer, and its context may be gone. */
+  char *errbuf;
+  size_t errbuf_size;
+} sl_export_options;
+
+/* Lends tensor INDEX of ST (sl_state_tensor's numbering). OPTS NULL: the zero value (stream
+ * NULL). Fails with SL_ERR_INVALID for a bad argument or a stream given for host memory, and
+ * with the backend's status when it cannot record on the stream (a stream of another device);
+ * nothing is lent then. Thread safety: sl_state_export and sl_export_release may be called from
+ * any thread, concurrently with each other and with sl_state_destroy, but sl_state_export not
+ * once sl_state_destroy was called (the handle is then no longer the caller's). */
+SL_API sl_status sl_state_export(sl_state *st, size_t index, const sl_export_options *opts, sl_export **out);
+/* The tensor lent (its data, shape and dtype for a DLManagedTensor); valid until the release. */
+SL_API const sl_tensor *sl_export_tensor(const sl_export *ex);
+/* The consumer's last use of the tensor has been queued on its stream: records that work
+ * (enqueued, never waits for it) and drops the export's reference on the state; the last
+ * reference frees the state (see above). NULL is a no-op. */
+SL_API void sl_export_release(sl_export *ex);
 
 /* ---- agreement on a caller's outcome ------------------------------------- */
 /* Collective over the context's ranks, for work done outside the library (writing a dump,
