@@ -22,6 +22,7 @@
 #include "testutil.h"
 
 #include "internal.h"
+#include "loader.h"
 
 static char *dir, *ckpt;
 
@@ -317,6 +318,64 @@ static int context_gone_first(void) {
 
 static void test_context_gone_first(void **state) { expect_child_ok(context_gone_first); }
 
+/* ---- one export per training step: the fences stay bounded ---------------------------------- */
+/* A state lent again and again (to_torch() once per step), each consumer's work done before the
+ * next step: the fences of completed work go at the next release, so the list (an event each)
+ * does not grow with the steps. The last step's work is still pending at the end: its fence
+ * stays and the free still waits for it. */
+static int fences_stay_bounded(void) {
+  enum { STEPS = 2000 };
+  sl_context *ctx;
+  sl_source *src;
+  sl_plan *plan;
+  if (open_ctx("sim", &ctx, &src, &plan)) return 1;
+  sl_state *st = NULL;
+  SL_CHILD_CHECK(sl_load(ctx, plan, src, NULL, &st) == SL_OK, "load: %s", sl_context_errmsg(ctx));
+  const sl_tensor *w = sl_state_tensor(st, 0);
+  void *wd = w->data;
+  size_t wn = (size_t)w->nbytes, most = 0;
+  void *stream;
+  SL_CHILD_CHECK(ctx->be->stream_create(ctx->be_ctx, &stream) == SL_OK, "stream_create");
+  sl_export_options eo = {.size = sizeof eo, .stream = stream};
+  unsigned char head[16];
+  for (int i = 0; i < STEPS; i++) {
+    sl_export *ex;
+    SL_CHILD_CHECK(sl_state_export(st, 0, &eo, &ex) == SL_OK, "step %d: export", i);
+    SL_CHILD_CHECK(ctx->be->copy_async(ctx->be_ctx, head, wd, sizeof head, SL_COPY_D2H, stream) == SL_OK,
+                   "step %d: the consumer's read", i);
+    sl_export_release(ex);
+    SL_CHILD_CHECK(ctx->be->stream_sync(ctx->be_ctx, stream) == SL_OK, "step %d: %s", i, sl_context_errmsg(ctx));
+    size_t n = sl__state_fence_count(st);
+    if (n > most) most = n;
+  }
+  SL_CHILD_CHECK(most <= 2, "%d released exports left %zu fences (events) on the state at once", STEPS, most);
+  SL_CHILD_CHECK(file_bytes("w", head, sizeof head), "the consumer read w");
+  /* the last consumer's work still pending at its release: ordered as ever */
+  consumer c;
+  if (consumer_open(ctx, &c)) return 1;
+  sl_export_options co = {.size = sizeof co, .stream = c.stream};
+  sl_export *ex;
+  SL_CHILD_CHECK(sl_state_export(st, 0, &co, &ex) == SL_OK, "export w");
+  if (consumer_use(ctx, &c, wd, wn)) return 1;
+  sl_export_release(ex);
+  sl_state_destroy(st);
+  SL_CHILD_CHECK(sl__sim_query(ctx->be_ctx, wd) == SL__SIM_DEVICE, "the free waits for the pending consumer");
+  gate_open(&c.g);
+  SL_CHILD_CHECK(ctx->be->stream_sync(ctx->be_ctx, c.stream) == SL_OK, "consumer: %s", sl_context_errmsg(ctx));
+  SL_CHILD_CHECK(file_bytes("w", c.host, wn), "the pending consumer read w");
+  SL_CHILD_CHECK(ctx->be->synchronize(ctx->be_ctx) == SL_OK, "synchronize: %s", sl_context_errmsg(ctx));
+  SL_CHILD_CHECK(sl__sim_query(ctx->be_ctx, wd) == SL__SIM_NONE, "freed once it ran");
+  ctx->be->stream_destroy(ctx->be_ctx, stream);
+  ctx->be->stream_destroy(ctx->be_ctx, c.stream);
+  free(c.host);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_fences_stay_bounded(void **state) { expect_child_ok(fences_stay_bounded); }
+
 /* ---- a release that logs on its own thread while the context goes -------------------------- */
 /* The consumer's stream is refused at release (a record that fails, as a destroyed stream's
  * would), so the release logs its warning through the backend's host on the releasing thread
@@ -532,6 +591,7 @@ int main(void) {
       cmocka_unit_test(test_two_consumers),
       cmocka_unit_test(test_context_gone_first),
       cmocka_unit_test(test_log_while_context_goes),
+      cmocka_unit_test(test_fences_stay_bounded),
       cmocka_unit_test(test_fallback_without_the_ops),
       cmocka_unit_test(test_host_memory_and_arguments),
   };
