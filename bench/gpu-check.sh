@@ -21,15 +21,17 @@
 # Before the phases (each step bounded): the bundle's command starts here; the GPU (nvidia-smi:
 # name, memory, bus id, compute mode; driver and CUDA version), the C runtime against what the
 # bundle needs, python/torch/safetensors/accelerate versions, and libnccl.so.2: on the loader's
-# path (LD_LIBRARY_PATH, the system), else in the python's nvidia-nccl wheel (its lib/ is then
-# put on LD_LIBRARY_PATH, which the NCCL module's dlopen reads); which one is used is a row.
+# path (LD_LIBRARY_PATH, the system), else in an NVIDIA wheel of the python (nvidia/nccl/lib or
+# nvidia/cu13/lib, then put on LD_LIBRARY_PATH, which the NCCL module's dlopen reads); which one
+# is used is a row.
 # NCCL_DEBUG_FILE always points into the logs: an NCCL_DEBUG the image sets writes there, never
 # into a --json report on stdout.
 # Smoke: one world-1 load each with --collective local, --collective nccl and auto (auto not
 # choosing nccl because NCCL cannot run is a FAIL), two ranks on one GPU over Gloo, auto with
 # two ranks on one GPU (must take Gloo), the refusal of a forced NCCL for two ranks on one GPU
 # (every rank fails, saying they "share device" (the core) or "share GPU" (the NCCL module),
-# well within --timeout), each load with --timeout 20; then the bundle's gpu tests
+# well within --timeout), each load with --timeout 20; the Python API on cuda (test_api.py:
+# DLPack on torch's streams, the free of lent memory after a pending kernel); then the bundle's gpu tests
 # (run-gpu-tests.sh: `ctest -L gpu` with the bundle's paths; a skip is a failure here).
 # Full: the placement table on cuda (--cpu-offload on/off/infer x --offload-policy
 # none/cpu/cpu-pinned x file dtype/F32) bit-exact against --backend cpu, two ranks over Gloo
@@ -178,6 +180,21 @@ phase_smoke() {
     fi
   fi
   rm -rf "$ck"
+  # the Python API on the GPU: DLPack lending on torch's streams, and the free of lent device
+  # memory ordered after a kernel still pending on the consumer's stream (cuda_release_order;
+  # its skip is a FAIL here)
+  local p0 prc plimit
+  p0=$(date +%s)
+  plimit=$(bound 120)
+  SHARDLOAD_LIBRARY=$LIB PYTHONPATH=$B/python timeout -k 10 "$plimit" \
+    "$PYTHON" "$B/python/tests/test_api.py" --tmp "$WORK/api" >"$LOGS/python-api.log" 2>&1
+  prc=$?
+  if [ $prc -eq 0 ] && grep -q '^cuda release order: ok' "$LOGS/python-api.log"; then
+    row "python API on cuda (test_api.py)" OK "$(( $(date +%s) - p0 )) s: $(grep -E '^(dlpack|cuda release|test_api)' "$LOGS/python-api.log" | tr '\n' ' ')"
+  else
+    row "python API on cuda (test_api.py)" FAIL "exit $prc$([ $prc -eq 124 ] && echo " (past $plimit s)"): $(grep -m1 -E 'skipped|Error|error|FAIL' "$LOGS/python-api.log" | head -c 300)"
+  fi
+  rm -rf "$WORK/api"
   # the bundle's gpu tests, in what the phase has left
   local limit
   limit=$(( $(left) - 10 ))
@@ -503,11 +520,28 @@ if [ -z "$nccl" ]; then
   [ -z "$nccl" ] || how="the system (ld.so.cache)"
 fi
 if [ -z "$nccl" ]; then
-  wheel=$(timeout 60 "$PYTHON" -c 'import nvidia.nccl as n, os; print(os.path.dirname(n.__file__) if getattr(n, "__file__", None) else list(n.__path__)[0])' 2>/dev/null)
-  if [ -n "$wheel" ] && [ -e "$wheel/lib/libnccl.so.2" ]; then
-    nccl=$wheel/lib/libnccl.so.2
-    how="the python's nvidia-nccl wheel, put on LD_LIBRARY_PATH"
-    export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # nvidia-nccl-cu12/cu13 put it in nvidia/nccl/lib (2.27 and 2.32 both); CUDA 13's merged
+  # wheels use nvidia/cu13/lib. nvidia is a namespace package that may span several site
+  # directories: look in each, the known places first, then any nvidia/*/lib.
+  wheel=$(timeout 60 "$PYTHON" - 2>/dev/null <<'PY'
+import glob, os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except Exception:
+    roots = []
+for pattern in ("nccl/lib", "cu13/lib", "cu12/lib", "*/lib"):
+    for root in roots:
+        for d in sorted(glob.glob(os.path.join(root, pattern))):
+            if os.path.isfile(os.path.join(d, "libnccl.so.2")):
+                print(d)
+                raise SystemExit(0)
+PY
+)
+  if [ -n "$wheel" ] && [ -e "$wheel/libnccl.so.2" ]; then
+    nccl=$wheel/libnccl.so.2
+    how="the python's NCCL wheel ($wheel), put on LD_LIBRARY_PATH"
+    export LD_LIBRARY_PATH=$wheel${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   fi
 fi
 if [ -n "$nccl" ]; then
@@ -517,7 +551,7 @@ l.ncclGetVersion(ctypes.byref(v)); v = v.value
 print(f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}")' "$nccl" 2>&1 | tail -n 1)
   row "libnccl.so.2" OK "$nccl (from $how), NCCL $nv"
 else
-  row "libnccl.so.2" FAIL "not on the loader's path (LD_LIBRARY_PATH, ld.so.cache) nor in $PYTHON's nvidia.nccl wheel: every NCCL check fails"
+  row "libnccl.so.2" FAIL "not on the loader's path (LD_LIBRARY_PATH, ld.so.cache) nor in an NVIDIA wheel of $PYTHON (nvidia/nccl/lib, nvidia/cu13/lib): every NCCL check fails"
 fi
 
 # ---- the phases, each under its bound -----------------------------------------------------------

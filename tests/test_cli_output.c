@@ -194,6 +194,33 @@ static int smallest_limit(const char *args, int from, int step, int *saw_header)
  * JSON report of inspect, and of load, fails as out of memory under the limit their tables run
  * in (inspect said "cannot write the JSON report", and the reports dropped what they could not
  * allocate). Not under ASan, whose shadow memory is private data too. */
+/* A library in the process that prints to stdout while a load runs (NCCL with NCCL_DEBUG set
+ * and no NCCL_DEBUG_FILE, which GPU images often set) must not land inside the report: stdout
+ * is the report's, whatever else the process prints goes to stderr (cli_claim_stdout), one rank
+ * or --nproc ranks. The preloaded library wraps sl_load with a line on stdout. */
+static void test_foreign_stdout_stays_out_of_the_report(void **state) {
+  const char *noise = getenv("SHARDLOAD_TEST_STDOUT_NOISE");
+  if (!noise || !*noise) skip(); /* a sanitizer build: nothing may be preloaded before its runtime */
+  char *json = sl_test_path(g_dir, "noise.json");
+  const char *modes[] = {"", " --nproc 2"};
+  for (size_t i = 0; i < sizeof modes / sizeof *modes; i++) {
+    char *err = NULL; /* the command's stderr: its stdout goes to JSON */
+    int rc = sl_test_run(&err, "{ " ENV1 " LD_PRELOAD='%s' %s load '%s' --json%s >'%s'; }", noise, sl_test_bin(), g_ck,
+                         modes[i], json);
+    if (rc != 0) fail_msg("load --json%s with a library printing to stdout: exit %d: %s", modes[i], rc, err);
+    json_error_t je;
+    json_t *doc = json_load_file(json, 0, &je);
+    if (!doc)
+      fail_msg("load --json%s with a library printing to stdout: the report is not one JSON document (%s, "
+               "line %d)", modes[i], je.text, je.line);
+    json_decref(doc);
+    if (!strstr(err, "NCCL INFO a vendor library's line"))
+      fail_msg("load --json%s: the library's line is neither in the report nor on stderr: '%s'", modes[i], err);
+    free(err);
+  }
+  free(json);
+}
+
 static void test_out_of_memory_is_reported_as_such(void **state) {
 #ifdef SL_TEST_ASAN
   skip();
@@ -236,6 +263,7 @@ int main(void) {
       cmocka_unit_test(test_file_size_limit_fails_with_the_reason),
       cmocka_unit_test(test_reports_are_whole),
       cmocka_unit_test(test_out_of_memory_is_reported_as_such),
+      cmocka_unit_test(test_foreign_stdout_stays_out_of_the_report),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

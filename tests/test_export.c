@@ -22,6 +22,7 @@
 #include "testutil.h"
 
 #include "internal.h"
+#include "loader.h"
 
 static char *dir, *ckpt;
 
@@ -317,6 +318,158 @@ static int context_gone_first(void) {
 
 static void test_context_gone_first(void **state) { expect_child_ok(context_gone_first); }
 
+/* ---- one export per training step: the fences stay bounded ---------------------------------- */
+/* A state lent again and again (to_torch() once per step), each consumer's work done before the
+ * next step: the fences of completed work go at the next release, so the list (an event each)
+ * does not grow with the steps. The last step's work is still pending at the end: its fence
+ * stays and the free still waits for it. */
+static int fences_stay_bounded(void) {
+  enum { STEPS = 2000 };
+  sl_context *ctx;
+  sl_source *src;
+  sl_plan *plan;
+  if (open_ctx("sim", &ctx, &src, &plan)) return 1;
+  sl_state *st = NULL;
+  SL_CHILD_CHECK(sl_load(ctx, plan, src, NULL, &st) == SL_OK, "load: %s", sl_context_errmsg(ctx));
+  const sl_tensor *w = sl_state_tensor(st, 0);
+  void *wd = w->data;
+  size_t wn = (size_t)w->nbytes, most = 0;
+  void *stream;
+  SL_CHILD_CHECK(ctx->be->stream_create(ctx->be_ctx, &stream) == SL_OK, "stream_create");
+  sl_export_options eo = {.size = sizeof eo, .stream = stream};
+  unsigned char head[16];
+  for (int i = 0; i < STEPS; i++) {
+    sl_export *ex;
+    SL_CHILD_CHECK(sl_state_export(st, 0, &eo, &ex) == SL_OK, "step %d: export", i);
+    SL_CHILD_CHECK(ctx->be->copy_async(ctx->be_ctx, head, wd, sizeof head, SL_COPY_D2H, stream) == SL_OK,
+                   "step %d: the consumer's read", i);
+    sl_export_release(ex);
+    SL_CHILD_CHECK(ctx->be->stream_sync(ctx->be_ctx, stream) == SL_OK, "step %d: %s", i, sl_context_errmsg(ctx));
+    size_t n = sl__state_fence_count(st);
+    if (n > most) most = n;
+  }
+  SL_CHILD_CHECK(most <= 2, "%d released exports left %zu fences (events) on the state at once", STEPS, most);
+  SL_CHILD_CHECK(file_bytes("w", head, sizeof head), "the consumer read w");
+  /* the last consumer's work still pending at its release: ordered as ever */
+  consumer c;
+  if (consumer_open(ctx, &c)) return 1;
+  sl_export_options co = {.size = sizeof co, .stream = c.stream};
+  sl_export *ex;
+  SL_CHILD_CHECK(sl_state_export(st, 0, &co, &ex) == SL_OK, "export w");
+  if (consumer_use(ctx, &c, wd, wn)) return 1;
+  sl_export_release(ex);
+  sl_state_destroy(st);
+  SL_CHILD_CHECK(sl__sim_query(ctx->be_ctx, wd) == SL__SIM_DEVICE, "the free waits for the pending consumer");
+  gate_open(&c.g);
+  SL_CHILD_CHECK(ctx->be->stream_sync(ctx->be_ctx, c.stream) == SL_OK, "consumer: %s", sl_context_errmsg(ctx));
+  SL_CHILD_CHECK(file_bytes("w", c.host, wn), "the pending consumer read w");
+  SL_CHILD_CHECK(ctx->be->synchronize(ctx->be_ctx) == SL_OK, "synchronize: %s", sl_context_errmsg(ctx));
+  SL_CHILD_CHECK(sl__sim_query(ctx->be_ctx, wd) == SL__SIM_NONE, "freed once it ran");
+  ctx->be->stream_destroy(ctx->be_ctx, stream);
+  ctx->be->stream_destroy(ctx->be_ctx, c.stream);
+  free(c.host);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_fences_stay_bounded(void **state) { expect_child_ok(fences_stay_bounded); }
+
+/* ---- a release that logs on its own thread while the context goes -------------------------- */
+/* The consumer's stream is refused at release (a record that fails, as a destroyed stream's
+ * would), so the release logs its warning through the backend's host on the releasing thread
+ * while the owner destroys the context on another. The log callback is the user's: it must never
+ * run once sl_context_destroy has returned (shardload.h at sl_context_options.log), nor may the
+ * report touch the freed context (ASan, TSan). */
+static sl_backend_ops flaky_ops;
+static sl_status (*real_record_native)(void *be, void *event, void *native);
+static int refuse_records; /* atomic: the consumer's stream is refused from now on */
+
+static sl_status flaky_record_native(void *be, void *event, void *native) {
+  if (__atomic_load_n(&refuse_records, __ATOMIC_ACQUIRE)) return SL_ERR_BACKEND;
+  return real_record_native(be, event, native);
+}
+
+typedef struct log_probe {
+  int sleep_ms;  /* how long the callback takes */
+  int in_log;    /* atomic: the release's warning is being logged */
+  int destroyed; /* atomic: sl_context_destroy has returned */
+  int late;      /* atomic: the callback was still running after that */
+  int calls;     /* atomic */
+  char line[512];
+} log_probe;
+
+static void probe_log(void *user, sl_log_level level, const char *msg) {
+  log_probe *p = user;
+  if (!strstr(msg, "cannot order its free")) return;
+  if (__atomic_add_fetch(&p->calls, 1, __ATOMIC_ACQ_REL) == 1) snprintf(p->line, sizeof p->line, "%s", msg);
+  __atomic_store_n(&p->in_log, 1, __ATOMIC_RELEASE);
+  if (p->sleep_ms) usleep((useconds_t)p->sleep_ms * 1000);
+  if (__atomic_load_n(&p->destroyed, __ATOMIC_ACQUIRE)) __atomic_store_n(&p->late, 1, __ATOMIC_RELEASE);
+}
+
+static void *release_main(void *arg) {
+  sl_export_release(arg);
+  return NULL;
+}
+
+/* One round: load, lend w to a consumer stream, refuse the stream, then release on a thread of
+ * its own while this thread destroys the context (at once, or once the callback runs). */
+static int release_racing_destroy(log_probe *p, int wait_for_log) {
+  sl_context *ctx;
+  sl_source *src;
+  sl_plan *plan;
+  sl_context_options co = {.size = sizeof co, .backend = "sim", .world_size = 1, .log = probe_log, .log_user = p,
+                           .log_level = SL_LOG_WARN};
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "context");
+  SL_CHILD_CHECK(sl_source_open(ctx, ckpt, &src) == SL_OK, "open: %s", sl_context_errmsg(ctx));
+  SL_CHILD_CHECK(sl_plan_create(ctx, &plan) == SL_OK, "plan");
+  flaky_ops = *ctx->be;
+  real_record_native = flaky_ops.event_record_native;
+  flaky_ops.event_record_native = flaky_record_native;
+  ctx->be = ctx->beref->ops = &flaky_ops;
+  __atomic_store_n(&refuse_records, 0, __ATOMIC_RELEASE);
+  sl_state *st = NULL;
+  SL_CHILD_CHECK(sl_load(ctx, plan, src, NULL, &st) == SL_OK, "load: %s", sl_context_errmsg(ctx));
+  void *stream;
+  SL_CHILD_CHECK(ctx->be->stream_create(ctx->be_ctx, &stream) == SL_OK, "stream_create");
+  sl_export_options eo = {.size = sizeof eo, .stream = stream};
+  sl_export *ex;
+  SL_CHILD_CHECK(sl_state_export(st, 0, &eo, &ex) == SL_OK, "export w");
+  __atomic_store_n(&refuse_records, 1, __ATOMIC_RELEASE);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  pthread_t t;
+  SL_CHILD_CHECK(pthread_create(&t, NULL, release_main, ex) == 0, "thread");
+  if (wait_for_log) {
+    for (int i = 0; i < 2000 && !__atomic_load_n(&p->in_log, __ATOMIC_ACQUIRE); i++) usleep(1000);
+    SL_CHILD_CHECK(__atomic_load_n(&p->in_log, __ATOMIC_ACQUIRE), "the release logged no warning");
+  }
+  sl_context_destroy(ctx);
+  __atomic_store_n(&p->destroyed, 1, __ATOMIC_RELEASE);
+  pthread_join(t, NULL);
+  sl_state_destroy(st); /* waits on this thread (the release's record failed), then frees */
+  return 0;
+}
+
+static int log_while_context_goes(void) {
+  /* the callback is running when the owner destroys the context: destroy waits for it */
+  log_probe p = {.sleep_ms = 300};
+  if (release_racing_destroy(&p, 1)) return 1;
+  SL_CHILD_CHECK(!p.late, "the log callback was still running after sl_context_destroy returned");
+  SL_CHILD_CHECK(strstr(p.line, "tensor 'w': cannot order its free"), "warning: %s", p.line);
+  /* and the two race freely: a report must never touch a context being freed (ASan, TSan) */
+  for (int i = 0; i < 40; i++) {
+    log_probe q = {0};
+    if (release_racing_destroy(&q, 0)) return 1;
+    SL_CHILD_CHECK(!q.late, "round %d: the log callback ran after sl_context_destroy returned", i);
+  }
+  return 0;
+}
+
+static void test_log_while_context_goes(void **state) { expect_child_ok(log_while_context_goes); }
+
 /* ---- (c) a backend without the ops: the free waits on the releasing thread, and is safe --------- */
 static sl_backend_ops no_native_ops;
 
@@ -437,6 +590,8 @@ int main(void) {
       cmocka_unit_test(test_release_waits_for_the_consumer),
       cmocka_unit_test(test_two_consumers),
       cmocka_unit_test(test_context_gone_first),
+      cmocka_unit_test(test_log_while_context_goes),
+      cmocka_unit_test(test_fences_stay_bounded),
       cmocka_unit_test(test_fallback_without_the_ops),
       cmocka_unit_test(test_host_memory_and_arguments),
   };

@@ -114,11 +114,21 @@ int cli_out_flush(cli_out *o);
  * memory). WHAT is a printf format. Returns CLI_EXIT_ERROR. */
 int cli_out_fail(const char *subject, const cli_out *o, const char *what, ...)
     __attribute__((format(printf, 3, 4)));
-/* A --help text on stdout, checked; returns the exit status. */
+/* The stream a command's report goes to: the process's standard output as it started.
+ * cli_claim_stdout, called first thing in main, keeps a private copy of it for the reports and
+ * points descriptor 1 at standard error, so that whatever a vendor library prints to stdout
+ * (NCCL's NCCL_DEBUG lines without NCCL_DEBUG_FILE, a runtime's banner) lands beside the
+ * command's own messages and never inside a --json report. Without a claim (no stderr, or
+ * stdout closed) this is stdout itself. */
+void cli_claim_stdout(void);
+FILE *cli_report(void);
+/* In a forked rank, closes its copy of the report stream (cli_report is then stdout). */
+void cli_drop_report(void);
+/* A --help text on the report stream, checked; returns the exit status. */
 int cli_print_help(const char *text);
-/* Closes stdout as the command ends, so that nothing written to it, checked or not, can be
- * lost while the exit status says 0. Returns RC, or CLI_EXIT_ERROR (with the error line)
- * when RC was CLI_EXIT_OK and the close failed. */
+/* Closes the report stream as the command ends, so that nothing written to it, checked or not,
+ * can be lost while the exit status says 0. Returns RC, or CLI_EXIT_ERROR (with the error
+ * line) when RC was CLI_EXIT_OK and the close failed. */
 int cli_close_stdout(int rc);
 /* A world-size-1 context on the cpu backend that ignores the launcher environment, for the
  * commands that only read metadata. Prints the error line on failure. */

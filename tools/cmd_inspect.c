@@ -167,7 +167,7 @@ int cli_cmd_inspect(int argc, char **argv) {
     goto out_ctx;
   }
   cli_out o;
-  cli_out_init(&o, stdout, "stdout");
+  cli_out_init(&o, cli_report(), "stdout");
   rc = json ? print_json(&o, path, src) : print_table(&o, path, src);
   sl_source_destroy(src);
 out_ctx:

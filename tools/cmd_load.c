@@ -775,5 +775,5 @@ int cli_cmd_load(int argc, char **argv) {
   if (a.world_size && a.local_rank < 0) a.local_rank = a.rank;
   if (a.nproc) return cli_launch(&a);
   a.progress = isatty(STDERR_FILENO);
-  return cli_load_rank(&a, stdout, "stdout");
+  return cli_load_rank(&a, cli_report(), "stdout");
 }

@@ -343,7 +343,7 @@ int cli_cmd_plan(int argc, char **argv) {
   sl_plan *plan = NULL;
   plan_row *rows = NULL;
   cli_out o;
-  cli_out_init(&o, stdout, "stdout");
+  cli_out_init(&o, cli_report(), "stdout");
   sl_status s = sl_source_open(ctx, path, &src);
   if (s != SL_OK) {
     rc = cli_fail(path, s, ctx);

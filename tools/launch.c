@@ -116,6 +116,9 @@ static void run_rank(launch *L, int r) {
   /* stdout too: anything a rank prints outside its report ends up with its errors */
   if (dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(CLI_EXIT_ERROR);
   close(fd);
+  /* nor may a rank keep the launcher's stdout open: a reader of it waits for the launcher's
+   * end, not for a straggling rank's */
+  cli_drop_report();
   static char tag[32];
   snprintf(tag, sizeof tag, "rank %d: ", r);
   cli_set_error_tag(tag);
@@ -468,7 +471,7 @@ static int report(launch *L) {
   relay_stderr(L, -1);
   uint64_t ckpt = jget_u64(reports[0], "totals", "checkpoint_bytes");
   cli_out o;
-  cli_out_init(&o, stdout, "stdout");
+  cli_out_init(&o, cli_report(), "stdout");
   if (L->a->json) {
     json_t *root = merged_json(L, reports, ckpt);
     if (!root) {

@@ -4,10 +4,12 @@
  * out of memory while it writes is reported as out of memory, not as a failed write. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdio_ext.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -107,9 +109,39 @@ int cli_out_fail(const char *subject, const cli_out *o, const char *what, ...) {
   return CLI_EXIT_ERROR;
 }
 
+static FILE *g_report; /* the claimed standard output; NULL: stdout itself */
+
+void cli_claim_stdout(void) {
+  /* only when both are open: a stdout closed by the caller stays closed (and its writes fail
+   * as they should), and with no stderr there is nowhere better for foreign output */
+  if (fcntl(STDERR_FILENO, F_GETFD) < 0) return;
+  int fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+  if (fd < 0) return;
+  FILE *f = fdopen(fd, "w");
+  if (!f) {
+    close(fd);
+    return;
+  }
+  /* as stdio buffers stdout: by line on a terminal, else in blocks */
+  if (isatty(fd)) setvbuf(f, NULL, _IOLBF, 0);
+  if (dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+    fclose(f);
+    return;
+  }
+  g_report = f;
+}
+
+FILE *cli_report(void) { return g_report ? g_report : stdout; }
+
+void cli_drop_report(void) {
+  if (!g_report) return;
+  fclose(g_report); /* empty: the launcher flushes everything before it forks */
+  g_report = NULL;
+}
+
 int cli_print_help(const char *text) {
   cli_out o;
-  cli_out_init(&o, stdout, "stdout");
+  cli_out_init(&o, cli_report(), "stdout");
   if (cli_out_puts(&o, text) != 0 || cli_out_flush(&o) != 0) return cli_out_fail("--help", &o, "the help");
   return CLI_EXIT_OK;
 }
@@ -118,9 +150,13 @@ int cli_close_stdout(int rc) {
   /* what a command flushed and checked is gone already; this catches anything else, and a
    * failure that stdio kept to itself. A stdout closed by the caller (>&-) with nothing left
    * to write is no failure (as coreutils' close_stdout has it). */
-  int pending = __fpending(stdout) != 0, failed = ferror(stdout) != 0;
+  FILE *report = cli_report();
+  /* foreign output that went to stdout (now stderr) is not the command's to check */
+  if (report != stdout) fflush(stdout);
+  int pending = __fpending(report) != 0, failed = ferror(report) != 0;
   errno = 0;
-  if (fclose(stdout) != 0 && (pending || errno != EBADF)) failed = 1;
+  if (fclose(report) != 0 && (pending || errno != EBADF)) failed = 1;
+  g_report = NULL;
   if (failed && rc == CLI_EXIT_OK) {
     cli_error("stdout", SL_ERR_IO, "cannot write to stdout: %s", errno ? strerror(errno) : "a write failed");
     rc = CLI_EXIT_ERROR;

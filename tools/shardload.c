@@ -385,6 +385,8 @@ int main(int argc, char **argv) {
   /* A file size limit (ulimit -f) must fail a write with EFBIG, reported and cleaned up like a
    * full disk, not kill the process halfway through a file. */
   signal(SIGXFSZ, SIG_IGN);
+  /* before anything can print: the reports keep stdout, foreign output goes to stderr */
+  cli_claim_stdout();
   if (argc < 2) {
     fputs(MAIN_HELP, stderr);
     return CLI_EXIT_USAGE;
@@ -395,7 +397,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "-V") || !strcmp(cmd, "--version")) {
     /* The header the command was built with and the library it runs with can differ. */
     cli_out o;
-    cli_out_init(&o, stdout, "stdout");
+    cli_out_init(&o, cli_report(), "stdout");
     if (cli_out_printf(&o, "shardload %s (library %s)\n", SL_VERSION_STRING, sl_version_string()) != 0 ||
         cli_out_flush(&o) != 0)
       return cli_close_stdout(cli_out_fail("--version", &o, "the version"));

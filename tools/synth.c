@@ -496,7 +496,7 @@ int cli_cmd_synth(int argc, char **argv) {
    * says so (a script reading it must not take a part of it for the whole) */
   char hb[32];
   cli_out o;
-  cli_out_init(&o, stdout, "stdout");
+  cli_out_init(&o, cli_report(), "stdout");
   cli_out_puts(&o, "synth: wrote ");
   cli_out_escaped(&o, shards == 1 ? path : out, 0);
   cli_out_printf(&o, ": %zu tensors, %llu bytes (%s) in %ld file%s; hidden %lld, layers %lld, vocab %lld, "

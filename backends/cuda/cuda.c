@@ -90,6 +90,22 @@ cudaError_t cu__bind(cu_backend *s) {
   return cudaSetDevice(s->dev);
 }
 
+/* The driver's current context, not the runtime's current device: a thread with none current (a
+ * fresh garbage collector's) gets none back, where cudaSetDevice(0) would make a context on
+ * device 0. The capture mode: cudaThreadExchangeStreamCaptureMode, as torch's own guard does. */
+cudaError_t cu__enter(cu_backend *s, cu_saved *sv) {
+  sv->has_ctx = s->ctx_get && s->ctx_get(&sv->ctx) == 0;
+  sv->mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&sv->mode) != cudaSuccess) sv->mode = cudaStreamCaptureModeRelaxed;
+  return cu__bind(s);
+}
+
+void cu__leave(cu_backend *s, const cu_saved *sv) {
+  enum cudaStreamCaptureMode mode = sv->mode;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  if (sv->has_ctx) (void)s->ctx_set(sv->ctx);
+}
+
 /* ---- probe --------------------------------------------------------------------------------- */
 /* Cheap and side-effect free for the process: the driver through dlopen (RTLD_NODELETE: the
  * runtime opens it again at init, and unloading an initialised driver is not safe), cuInit and
@@ -223,9 +239,13 @@ static sl_status setup(cu_backend *s) {
            (unsigned)p.pciBusID, (unsigned)p.pciDeviceID);
   /* the driver is present (the runtime initialised): cuMemGetAddressRange for is_device_ptr */
   s->libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-  if (s->libcuda)
+  if (s->libcuda) {
     s->get_range = (int (*)(unsigned long long *, size_t *, unsigned long long))dlsym(s->libcuda,
                                                                                       "cuMemGetAddressRange_v2");
+    s->ctx_get = (int (*)(void **))dlsym(s->libcuda, "cuCtxGetCurrent");
+    s->ctx_set = (int (*)(void *))dlsym(s->libcuda, "cuCtxSetCurrent");
+    if (!s->ctx_get || !s->ctx_set) s->ctx_get = NULL, s->ctx_set = NULL;
+  }
   return SL_OK;
 }
 
@@ -281,7 +301,14 @@ static sl_status cu_init(const sl_backend_init *in, void **be) {
 static void cu_fini(void *be) {
   cu_backend *s = be;
   if (!s) return;
-  if (s->def || s->alloc_stream) cu__bind(s);
+  /* the last state may go on a caller's thread (a garbage collector's): its context stays */
+  cu_saved sv;
+  int (*ctx_set)(void *) = s->ctx_set;
+  int entered = s->def || s->alloc_stream;
+  if (entered) cu__enter(s, &sv);
+  /* while the streams still exist to be asked: the core synchronised, so they are quiet unless
+   * a kernel never ends */
+  if (s->def && s->alloc_stream) cu__free_deferred(s, 1);
   while (s->nstreams) cu__stream_destroy(s, (void *)s->streams[s->nstreams - 1]);
   if (s->def) {
     cu__wait_stream(s, s->def, "fini");
@@ -302,8 +329,15 @@ static void cu_fini(void *be) {
   if (s->libcuda) dlclose(s->libcuda);
   free(s->allocs);
   free(s->streams);
+  free(s->abandoned); /* the streams themselves stay with the work given up on them */
+  free(s->deferred);
   pthread_mutex_destroy(&s->lock);
   free(s);
+  if (entered) { /* cu__leave, without S */
+    enum cudaStreamCaptureMode mode = sv.mode;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    if (sv.has_ctx) (void)ctx_set(sv.ctx);
+  }
 }
 
 static void cu_describe(void *be, char *buf, size_t len) { snprintf(buf, len, "%s", ((cu_backend *)be)->desc); }
@@ -340,6 +374,7 @@ static void *cu_get_proc(const char *name) {
   if (!name) return NULL;
   if (strcmp(name, SL_EXT_SGD_STEP) == 0) return (void *)(sl_ext_sgd_step_fn)cu_sgd;
   if (strcmp(name, SL_EXT_TRAFFIC) == 0) return (void *)(sl_ext_traffic_fn)cu_traffic;
+  if (strcmp(name, SL_EXT_STREAM_ABANDON) == 0) return (void *)(sl_ext_stream_abandon_fn)cu__stream_abandon;
   return NULL;
 }
 

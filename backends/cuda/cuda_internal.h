@@ -37,11 +37,22 @@ typedef struct cu_backend {
   cudaMemPool_t pool;        /* the module's own pool, so trimming it touches nobody else's */
   void *libcuda;             /* for cuMemGetAddressRange (is_device_ptr on foreign pointers) */
   int (*get_range)(unsigned long long *base, size_t *size, unsigned long long ptr);
+  /* cuCtxGetCurrent / cuCtxSetCurrent: what cu__enter saves and cu__leave restores (NULL: not
+   * found, nothing is restored) */
+  int (*ctx_get)(void **ctx);
+  int (*ctx_set)(void *ctx);
   pthread_mutex_t lock; /* the tables below and the sticky error */
   cu_alloc *allocs;     /* live device allocations, sorted by base */
   size_t nallocs, cap;
   cudaStream_t *streams; /* streams created through the ABI (synchronize polls them) */
   size_t nstreams, scap;
+  /* streams given up with their work (SL_EXT_STREAM_ABANDON: a communicator left behind): no
+   * wait of the module waits for them, never destroyed; cu__quiet still looks at them */
+  cudaStream_t *abandoned;
+  size_t nabandoned, acap;
+  /* pinned buffers whose cudaFreeHost waits for a quiet device (cu__free_pinned) */
+  void **deferred;
+  size_t ndeferred, dcap;
   /* a deferred free emptied the table: the pool gives its memory back at the next synchronize
    * (release threshold 0) until the next allocation restores the caching */
   int release_due;
@@ -67,6 +78,19 @@ static inline const char *cu__dt_name(sl_dtype dt) {
 /* Makes S's device current on the calling thread (CUDA's current device is per thread, and the
  * core calls from several); returns the CUDA error. */
 cudaError_t cu__bind(cu_backend *s);
+
+/* What an op run on a caller's thread (a state's free or an export's release, on a user's or a
+ * garbage collector's thread) changes there and gives back: the thread's current context, so
+ * that the caller's current device (torch's) stays what it was, and its stream-capture mode,
+ * relaxed meanwhile so that the op's calls are legal while a thread captures a CUDA graph. */
+typedef struct cu_saved {
+  void *ctx;
+  int has_ctx;
+  enum cudaStreamCaptureMode mode;
+} cu_saved;
+/* cu__bind after saving into SV; every cu__enter is paired with one cu__leave. */
+cudaError_t cu__enter(cu_backend *s, cu_saved *sv);
+void cu__leave(cu_backend *s, const cu_saved *sv);
 
 /* Reports a failure through the host: "cuda:DEV: CALL failed: cudaErrorX (text); WHAT". With
  * STICKY the failure is also remembered and returned by later syncs. */
@@ -115,10 +139,16 @@ sl_status cu__cast_async(void *be, void *dst, sl_dtype dst_dt, const void *src, 
                          void *stream);
 /* Polls STREAM (cudaStreamQuery) until it is idle, within the sync timeout; WHAT names the wait. */
 sl_status cu__wait_stream(cu_backend *s, cudaStream_t stream, const char *what);
-/* Whether every stream of S is idle — at once where the core synchronised first, within the
- * sync timeout otherwise, asked once when the device is known stuck. What would synchronise
- * the whole device (cudaFreeHost) is done only when it is; past the bound the sticky
- * SL_ERR_TIMEOUT is set (not reported: WHAT names the teardown step in it) and 0 returned. */
-int cu__quiet(cu_backend *s, const char *what);
+/* Whether every stream of S, abandoned ones included, is idle now: one look under the lock (no
+ * stream is destroyed meanwhile), no wait, nothing latched. What would synchronise the whole
+ * device (cudaFreeHost) is done only when it is. Lock held by the caller. */
+int cu__quiet_locked(cu_backend *s);
+/* SL_EXT_STREAM_ABANDON (module.h): STREAM leaves the module's waits, with its work. */
+void cu__stream_abandon(void *be, void *stream);
+
+/* ---- cuda_mem.c, continued ------------------------------------------------------------------ */
+/* Frees the deferred pinned buffers when the device is quiet now (after a synchronize); with
+ * AT_FINI, says how many are left to the process's exit when it is not. */
+void cu__free_deferred(cu_backend *s, int at_fini);
 
 #endif

@@ -97,7 +97,8 @@ static int table_take_locked(cu_backend *s, void *ptr, const char *op, int *last
 }
 
 /* The caller guarantees no pending work uses PTR (shardload/module.h), so the free is ordered on
- * the allocation stream alone. */
+ * the allocation stream alone. A state's free may run on a caller's thread: its current device
+ * stays (cu__enter). */
 void cu__free_device(void *be, void *ptr) {
   cu_backend *s = be;
   if (!ptr) return;
@@ -106,11 +107,13 @@ void cu__free_device(void *be, void *ptr) {
   int found = table_take_locked(s, ptr, "free_device", &last);
   pthread_mutex_unlock(&s->lock);
   if (!found) return;
-  cudaError_t e = cu__bind(s);
+  cu_saved sv;
+  cudaError_t e = cu__enter(s, &sv);
   if (e == cudaSuccess) e = cudaFreeAsync(ptr, s->alloc_stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s->alloc_stream);
   /* nothing is live: give the cached memory back, so the pool's peak does not outlive the load */
   if (e == cudaSuccess && last) e = cudaMemPoolTrimTo(s->pool, 0);
+  cu__leave(s, &sv);
   if (e != cudaSuccess) cu__fail_cuda(s, 1, "cudaFreeAsync", e, "freeing device buffer %p", ptr);
 }
 
@@ -119,32 +122,56 @@ void cu__free_device(void *be, void *ptr) {
  * gives it back to the driver, only once that work ran (a pending free counts as outstanding;
  * the pool's internal dependencies are off, so no allocation stream is made to wait for it).
  * Nothing here waits for the consumer. When every event has completed already (the usual case:
- * the consumer's work ran long ago) the frees are the synchronous ones, which also trim. */
+ * the consumer's work ran long ago) the frees are the synchronous ones, which also trim. Runs on
+ * the releasing thread (a garbage collector's): its current device stays (cu__enter). */
 sl_status cu__free_device_after(void *be, void *const *ptrs, size_t n, void *const *events, size_t nevents) {
   cu_backend *s = be;
-  cudaError_t e = cu__bind(s);
-  if (e != cudaSuccess) return cu__fail_cuda(s, 0, "cudaSetDevice", e, "free_device_after");
+  cu_saved sv;
+  cudaError_t e = cu__enter(s, &sv);
+  sl_status st = SL_OK;
+  if (e != cudaSuccess) {
+    st = cu__fail_cuda(s, 0, "cudaSetDevice", e, "free_device_after");
+    goto out_leave;
+  }
   int pending = 0;
   for (size_t i = 0; i < nevents && !pending; i++) {
     e = cudaEventQuery((cudaEvent_t)events[i]);
-    if (e == cudaErrorNotReady) pending = 1;
-    else if (e != cudaSuccess) /* the consumer's work failed: the caller waits and frees instead */
-      return cu__fail_cuda(s, 0, "cudaEventQuery", e, "a consumer's event %p before freeing its memory", events[i]);
+    if (e == cudaErrorNotReady) {
+      pending = 1;
+    } else if (e != cudaSuccess) { /* the consumer's work failed: the caller waits and frees instead */
+      st = cu__fail_cuda(s, 0, "cudaEventQuery", e, "a consumer's event %p before freeing its memory", events[i]);
+      goto out_leave;
+    }
   }
   for (size_t i = 0; pending && i < nevents; i++)
-    if ((e = cudaStreamWaitEvent(s->release_stream, (cudaEvent_t)events[i], 0)) != cudaSuccess)
+    if ((e = cudaStreamWaitEvent(s->release_stream, (cudaEvent_t)events[i], 0)) != cudaSuccess) {
       /* the waits queued so far only hold the release stream back: nothing was freed */
-      return cu__fail_cuda(s, 0, "cudaStreamWaitEvent", e, "the release stream on a consumer's event %p", events[i]);
+      st = cu__fail_cuda(s, 0, "cudaStreamWaitEvent", e, "the release stream on a consumer's event %p", events[i]);
+      goto out_leave;
+    }
   if (!pending) {
     for (size_t i = 0; i < n; i++) cu__free_device(s, ptrs[i]);
   } else {
     for (size_t i = 0; i < n; i++) {
-      int last, found;
       pthread_mutex_lock(&s->lock);
-      found = table_take_locked(s, ptrs[i], "free_device_after", &last);
+      ptrdiff_t k = index_le(s, (uintptr_t)ptrs[i]);
+      int ours = k >= 0 && s->allocs[k].base == (uintptr_t)ptrs[i];
       pthread_mutex_unlock(&s->lock);
-      if (found && (e = cudaFreeAsync(ptrs[i], s->release_stream)) != cudaSuccess)
-        cu__fail_cuda(s, 0, "cudaFreeAsync", e, "freeing device buffer %p behind its consumers", ptrs[i]);
+      if (ours && (e = cudaFreeAsync(ptrs[i], s->release_stream)) != cudaSuccess) {
+        if (i == 0) { /* nothing freed: the caller keeps buffers and events, and waits instead */
+          st = cu__fail_cuda(s, 0, "cudaFreeAsync", e, "device buffer %p behind its consumers; nothing freed", ptrs[i]);
+          goto out_leave;
+        }
+        /* some are queued already (the context failed meanwhile): the rest stay in the table,
+         * which fini frees, and the failure is said, not hidden */
+        cu__fail_cuda(s, 0, "cudaFreeAsync", e, "device buffer %p behind its consumers; it and %zu more stay "
+                      "allocated until the backend's fini", ptrs[i], n - i - 1);
+        break;
+      }
+      int last; /* not ours: said loudly there (a core bug), the memory left alone */
+      pthread_mutex_lock(&s->lock);
+      int found = table_take_locked(s, ptrs[i], "free_device_after", &last);
+      pthread_mutex_unlock(&s->lock);
       if (found && last) {
         /* nothing live: let the pool give the memory back at the next synchronize after the frees ran */
         uint64_t release_all = 0;
@@ -158,10 +185,22 @@ sl_status cu__free_device_after(void *be, void *const *ptrs, size_t n, void *con
   /* the waits captured the records: destroying an event with a record pending is allowed, the
    * driver releases it once it completes */
   for (size_t i = 0; i < nevents; i++) cudaEventDestroy((cudaEvent_t)events[i]);
-  return SL_OK;
+out_leave:
+  cu__leave(s, &sv);
+  return st;
 }
 
 /* ---- pinned and registered host memory ----------------------------------------------------- */
+/* Room for one more in the deferred list (lock held); 0, the list unchanged, without memory. */
+static int grow_deferred_locked(cu_backend *s) {
+  size_t cap = s->dcap ? 2 * s->dcap : 16;
+  void **n = realloc(s->deferred, cap * sizeof *n);
+  if (!n) return 0;
+  s->deferred = n;
+  s->dcap = cap;
+  return 1;
+}
+
 sl_status cu__alloc_pinned(void *be, size_t bytes, void **ptr) {
   cu_backend *s = be;
   void *p = NULL;
@@ -175,23 +214,81 @@ sl_status cu__alloc_pinned(void *be, size_t bytes, void **ptr) {
 }
 
 /* cudaFreeHost synchronises the whole device: behind a kernel that never ends (a collective
- * whose peer died and whose abort did not end it) it would never return. So the buffer is
- * freed only once the backend's streams are quiet (cu__quiet: at once after the core's
- * synchronize), and otherwise left to the process's exit, with a warning: at teardown a
- * leaked staging buffer is better than a hung job. */
+ * whose peer died and whose abort did not end it) it would never return, and behind a load that
+ * another thread runs meanwhile it would wait for that load. A state's pinned tensors are freed
+ * on whichever thread lets the state go, which must not block (shardload.h at
+ * sl_state_export), nor fail anybody else's work. So the buffer is freed at once only when
+ * every stream of the backend is idle now (one look under the lock, no wait: at once after the
+ * core's synchronize), else deferred: freed at the next quiet point (a later pinned free, the
+ * end of a synchronize, fini), and at fini left to the process's exit if the device is still
+ * busy (a stuck kernel), with a warning. Nothing is latched: a busy device is no failure. */
+static void free_host_now(cu_backend *s, void *ptr) {
+  cudaError_t e = cudaFreeHost(ptr);
+  if (e != cudaSuccess) cu__fail_cuda(s, 0, "cudaFreeHost", e, "freeing pinned buffer %p", ptr);
+}
+
+/* Takes the deferred list when the device is quiet now (lock held); NULL when not, or empty. */
+static void **take_deferred_locked(cu_backend *s, size_t *n) {
+  *n = 0;
+  if (!s->ndeferred || !cu__quiet_locked(s)) return NULL;
+  void **list = s->deferred;
+  *n = s->ndeferred;
+  s->deferred = NULL;
+  s->ndeferred = s->dcap = 0;
+  return list;
+}
+
+void cu__free_deferred(cu_backend *s, int at_fini) {
+  size_t n;
+  cu_saved sv;
+  if (cu__enter(s, &sv) != cudaSuccess) goto out_leave;
+  pthread_mutex_lock(&s->lock);
+  void **list = take_deferred_locked(s, &n);
+  size_t left = s->ndeferred;
+  pthread_mutex_unlock(&s->lock);
+  for (size_t i = 0; i < n; i++) free_host_now(s, list[i]);
+  free(list);
+  if (at_fini && left)
+    s->host->log(s->host->core, SL_LOG_WARN,
+                 "cuda:%d (local rank %d): %zu pinned buffer(s) not freed: work queued on the device has not "
+                 "completed (a stuck kernel) and cudaFreeHost would wait for it without bound; left to the "
+                 "process's exit (leaked)", s->dev, s->local_rank, left);
+out_leave:
+  cu__leave(s, &sv);
+}
+
 void cu__free_pinned(void *be, void *ptr) {
   cu_backend *s = be;
   if (!ptr) return;
-  cudaError_t e = cu__bind(s);
-  if (e == cudaSuccess && !cu__quiet(s, "free_pinned")) {
-    s->host->log(s->host->core, SL_LOG_WARN,
-                 "cuda:%d (local rank %d): pinned buffer %p is not freed: work queued on the device has not "
-                 "completed (a stuck kernel) and cudaFreeHost would wait for it without bound; it is left to the "
-                 "process's exit (leaked)", s->dev, s->local_rank, ptr);
-    return;
+  cu_saved sv;
+  cudaError_t e = cu__enter(s, &sv);
+  if (e != cudaSuccess) {
+    cu__fail_cuda(s, 0, "cudaSetDevice", e, "freeing pinned buffer %p", ptr);
+    goto out_leave;
   }
-  if (e == cudaSuccess) e = cudaFreeHost(ptr);
-  if (e != cudaSuccess) cu__fail_cuda(s, 1, "cudaFreeHost", e, "freeing pinned buffer %p", ptr);
+  size_t n = 0;
+  void **list = NULL;
+  int now = 0;
+  pthread_mutex_lock(&s->lock);
+  if (cu__quiet_locked(s)) {
+    now = 1;
+    list = take_deferred_locked(s, &n);
+  } else if (s->ndeferred < s->dcap || grow_deferred_locked(s)) {
+    s->deferred[s->ndeferred++] = ptr;
+  } else {
+    now = -1; /* no memory to remember it: leaked, said below */
+  }
+  pthread_mutex_unlock(&s->lock);
+  if (now == 1) {
+    for (size_t i = 0; i < n; i++) free_host_now(s, list[i]);
+    free(list);
+    free_host_now(s, ptr);
+  } else if (now < 0) {
+    s->host->log(s->host->core, SL_LOG_WARN, "cuda:%d (local rank %d): pinned buffer %p is not freed: the device "
+                 "is busy and there is no host memory to defer its free; leaked", s->dev, s->local_rank, ptr);
+  }
+out_leave:
+  cu__leave(s, &sv);
 }
 
 sl_status cu__register_host(void *be, void *ptr, size_t bytes) {
@@ -207,11 +304,14 @@ sl_status cu__register_host(void *be, void *ptr, size_t bytes) {
   return SL_OK;
 }
 
+/* A state's free may run on a caller's thread: its current device stays (cu__enter). */
 void cu__unregister_host(void *be, void *ptr) {
   cu_backend *s = be;
   if (!ptr) return;
-  cudaError_t e = cu__bind(s);
+  cu_saved sv;
+  cudaError_t e = cu__enter(s, &sv);
   if (e == cudaSuccess) e = cudaHostUnregister(ptr);
+  cu__leave(s, &sv);
   if (e != cudaSuccess) cu__fail_cuda(s, 0, "cudaHostUnregister", e, "%p was not registered with register_host", ptr);
 }
 

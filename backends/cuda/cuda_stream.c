@@ -6,7 +6,8 @@
  * (cu__poll, cuda_wait.c) instead of cudaEventSynchronize (which cannot be interrupted), and
  * give up after the sync timeout (SHARDLOAD_CUDA_SYNC_TIMEOUT_S, default 600 s) with a sticky
  * SL_ERR_TIMEOUT; after one has, later waits ask once and do not wait again. A failed enqueue
- * or sync is sticky too, as in sim: every later sync reports the first failure. */
+ * or sync is sticky too, as in sim: every later sync reports the first failure. Frees on a
+ * state's behalf never wait and latch nothing (cu__quiet_locked, cu__free_pinned). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,28 +27,43 @@ static void gave_up(cu_backend *s) { __atomic_store_n(&s->stuck, 1, __ATOMIC_REL
 
 static int query_status(cudaError_t e) { return e == cudaSuccess ? 1 : e == cudaErrorNotReady ? 0 : -1; }
 
+/* What a wait polls: EVENT, or STREAM when EVENT is NULL. With LISTED the stream is one of the
+ * module's list (synchronize), asked under the lock and only while it is still there: another
+ * thread's stream_destroy (an NCCL communicator's end) takes it out under the lock before it
+ * destroys it, and a stream gone from the list had finished its work first (or was abandoned). */
 typedef struct one_query {
+  cu_backend *s;
   cudaEvent_t event;
   cudaStream_t stream;
+  int listed;
   cudaError_t e;
 } one_query;
 
+static int in_list_locked(const cu_backend *s, cudaStream_t q) {
+  for (size_t i = 0; i < s->nstreams; i++)
+    if (s->streams[i] == q) return 1;
+  return 0;
+}
+
 static int query_one(void *arg, size_t i) {
   one_query *q = arg;
-  q->e = q->event ? cudaEventQuery(q->event) : cudaStreamQuery(q->stream);
+  if (q->event) return query_status(q->e = cudaEventQuery(q->event));
+  if (!q->listed) return query_status(q->e = cudaStreamQuery(q->stream));
+  pthread_mutex_lock(&q->s->lock);
+  q->e = in_list_locked(q->s, q->stream) ? cudaStreamQuery(q->stream) : cudaSuccess;
+  pthread_mutex_unlock(&q->s->lock);
   return query_status(q->e);
 }
 
-/* Polls EVENT (or STREAM when EVENT is NULL) until it completes (cu__poll), then returns the
- * sticky error. */
-static sl_status poll_done(cu_backend *s, cudaEvent_t event, cudaStream_t stream, const char *what) {
+/* Polls Q until it completes (cu__poll), then returns the sticky error. */
+static sl_status poll_done(cu_backend *s, one_query *q, const char *what) {
   int stuck = wedged(s);
-  one_query q = {event, stream, cudaSuccess};
-  cu_wait w = cu__poll(query_one, &q, 1, cu__now_s() + (stuck ? 0 : s->sync_timeout_s), NULL);
+  q->s = s;
+  cu_wait w = cu__poll(query_one, q, 1, cu__now_s() + (stuck ? 0 : s->sync_timeout_s), NULL);
   if (w == CU_WAIT_DONE) return cu__sticky(s);
   if (w == CU_WAIT_FAILED)
-    return cu__fail_cuda(s, 1, event ? "cudaEventQuery" : "cudaStreamQuery", q.e, "%s: work queued before it failed",
-                         what);
+    return cu__fail_cuda(s, 1, q->event ? "cudaEventQuery" : "cudaStreamQuery", q->e,
+                         "%s: work queued before it failed", what);
   if (stuck)
     return cu__fail(s, 1, SL_ERR_TIMEOUT, "%s: work queued on the device has still not completed (an earlier wait "
                                           "gave up on a stuck kernel); not waiting again", what);
@@ -58,38 +74,29 @@ static sl_status poll_done(cu_backend *s, cudaEvent_t event, cudaStream_t stream
                   what, s->sync_timeout_s, CU_DEFAULT_SYNC_TIMEOUT_S);
 }
 
-static int query_stream(void *arg, size_t i) { return query_status(cudaStreamQuery(((cudaStream_t *)arg)[i])); }
+static int busy(cudaStream_t q) {
+  cudaError_t e = cudaStreamQuery(q);
+  if (e != cudaSuccess && e != cudaErrorNotReady) (void)cudaGetLastError(); /* not the caller's error */
+  return e == cudaErrorNotReady;
+}
 
-int cu__quiet(cu_backend *s, const char *what) {
-  cudaStream_t two[2] = {s->def, s->alloc_stream}, *q = two;
-  size_t n = 2;
-  pthread_mutex_lock(&s->lock);
-  cudaStream_t *all = malloc((s->nstreams + 2) * sizeof *all);
-  if (all) { /* without memory for the list: the module's own two, better than none */
-    memcpy(all, two, sizeof two);
-    memcpy(all + 2, s->streams, s->nstreams * sizeof *all);
-    q = all;
-    n += s->nstreams;
-  }
-  pthread_mutex_unlock(&s->lock);
-  int stuck = wedged(s);
-  cu_wait w = cu__poll(query_stream, q, n, cu__now_s() + (stuck ? 0 : s->sync_timeout_s), NULL);
-  free(all);
-  if (w != CU_WAIT_TIMEOUT) return 1; /* idle, or failed: either way nothing runs any more */
-  if (!stuck) {
-    gave_up(s);
-    char msg[CU_MSG_LEN];
-    snprintf(msg, sizeof msg, "cuda:%d (local rank %d): %s: work queued on the device did not complete within %u s: "
-             "a kernel or a collective is stuck", s->dev, s->local_rank, what, s->sync_timeout_s);
-    cu__set_sticky(s, SL_ERR_TIMEOUT, msg);
-  }
-  return 0;
+/* One look, no wait (frees on a state's behalf run on any thread, maybe while another load
+ * keeps the streams busy: busy is no failure, and nothing is latched). A failed query counts as
+ * idle: nothing runs there any more. */
+int cu__quiet_locked(cu_backend *s) {
+  if (busy(s->def) || busy(s->alloc_stream)) return 0;
+  for (size_t i = 0; i < s->nstreams; i++)
+    if (busy(s->streams[i])) return 0;
+  for (size_t i = 0; i < s->nabandoned; i++) /* a left-behind kernel would hold cudaFreeHost */
+    if (busy(s->abandoned[i])) return 0;
+  return 1;
 }
 
 sl_status cu__wait_stream(cu_backend *s, cudaStream_t stream, const char *what) {
   cudaError_t e = cu__bind(s);
   if (e != cudaSuccess) return cu__fail_cuda(s, 1, "cudaSetDevice", e, "%s", what);
-  return poll_done(s, NULL, stream, what);
+  one_query q = {.stream = stream};
+  return poll_done(s, &q, what);
 }
 
 /* ---- streams and events -------------------------------------------------------------------- */
@@ -121,6 +128,33 @@ sl_status cu__stream_create(void *be, void **stream) {
   return SL_OK;
 }
 
+/* Its work is given up with it (a communicator left behind, whose kernels may never end): the
+ * stream leaves the list that synchronize and fini wait for, and is never destroyed (destroying
+ * it would not wait, but NCCL may still use it); cu__quiet_locked still looks at it, since
+ * cudaFreeHost would wait for its kernels. Never waits. */
+void cu__stream_abandon(void *be, void *stream) {
+  cu_backend *s = be;
+  cudaStream_t q = (cudaStream_t)stream;
+  if (!q) return;
+  pthread_mutex_lock(&s->lock);
+  for (size_t i = 0; i < s->nstreams; i++)
+    if (s->streams[i] == q) {
+      s->streams[i] = s->streams[--s->nstreams];
+      if (s->nabandoned == s->acap) {
+        size_t cap = s->acap ? 2 * s->acap : 4;
+        cudaStream_t *n = realloc(s->abandoned, cap * sizeof *n);
+        if (n) {
+          s->abandoned = n;
+          s->acap = cap;
+        }
+      }
+      /* without memory for the list it is only unwatched: cudaFreeHost may then wait for it */
+      if (s->nabandoned < s->acap) s->abandoned[s->nabandoned++] = q;
+      break;
+    }
+  pthread_mutex_unlock(&s->lock);
+}
+
 /* The NULL stream is the module's own. Another stream finishes its queued work first (the ABI
  * promises it; cudaStreamDestroy alone would return at once). */
 void cu__stream_destroy(void *be, void *stream) {
@@ -138,11 +172,14 @@ void cu__stream_destroy(void *be, void *stream) {
   cudaStreamDestroy(q);
 }
 
+/* An export's on the caller's thread: its current device stays (cu__enter). */
 sl_status cu__event_create(void *be, void **event) {
   cu_backend *s = be;
   cudaEvent_t ev = NULL;
-  cudaError_t e = cu__bind(s);
+  cu_saved sv;
+  cudaError_t e = cu__enter(s, &sv);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  cu__leave(s, &sv);
   if (e != cudaSuccess) return cu__fail_cuda(s, 0, "cudaEventCreateWithFlags", e, NULL);
   *event = (void *)ev;
   return SL_OK;
@@ -151,8 +188,10 @@ sl_status cu__event_create(void *be, void **event) {
 void cu__event_destroy(void *be, void *event) {
   cu_backend *s = be;
   if (!event) return;
-  cu__bind(s);
+  cu_saved sv;
+  cu__enter(s, &sv);
   cudaError_t e = cudaEventDestroy((cudaEvent_t)event);
+  cu__leave(s, &sv);
   if (e != cudaSuccess) cu__fail_cuda(s, 0, "cudaEventDestroy", e, "event %p", event);
 }
 
@@ -167,16 +206,31 @@ sl_status cu__event_record(void *be, void *event, void *stream) {
  * cudaStreamPerThread 2 as the runtime does). The per-thread default stream is the calling
  * thread's, and a release may run on another thread than the consumer's (a garbage collector):
  * its record goes on the legacy stream instead, which first waits for every blocking stream,
- * each thread's per-thread default stream included. A failure is the caller's (a stream of
- * another device or context): not sticky, and the runtime's last error is cleared so that the
- * consumer's own error checks do not trip on it. */
+ * each thread's per-thread default stream included. A stream being captured into a CUDA graph
+ * (a tensor whose last view dies inside torch.cuda.graph) is refused: the record would become a
+ * node of the graph, and the release stream's wait and the free would join the capture; the
+ * legacy stream too while a blocking stream captures (cudaErrorStreamCaptureImplicit), since
+ * using it would invalidate that capture. The core then falls back (shardload.h). A failure is
+ * the caller's (a stream of another device or context): not sticky, and the runtime's last
+ * error is cleared so that the consumer's own error checks do not trip on it. Runs on the
+ * caller's thread: its current device stays (cu__enter). */
 sl_status cu__event_record_native(void *be, void *event, void *native) {
   cu_backend *s = be;
   cudaStream_t q = (cudaStream_t)native == cudaStreamPerThread ? cudaStreamLegacy : (cudaStream_t)native;
-  cudaError_t e = cu__bind(s);
-  if (e == cudaSuccess) e = cudaEventRecord((cudaEvent_t)event, q);
-  if (e == cudaSuccess) return SL_OK;
+  enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cu_saved sv;
+  cudaError_t e = cu__enter(s, &sv), ce = cudaSuccess;
+  if (e == cudaSuccess) ce = cudaStreamIsCapturing(q, &capture);
+  if (e == cudaSuccess && ce == cudaSuccess && capture == cudaStreamCaptureStatusNone)
+    e = cudaEventRecord((cudaEvent_t)event, q);
+  cu__leave(s, &sv);
+  if (e == cudaSuccess && ce == cudaSuccess && capture == cudaStreamCaptureStatusNone) return SL_OK;
   (void)cudaGetLastError();
+  if (e == cudaSuccess)
+    return cu__fail(s, 0, SL_ERR_UNSUPPORTED, "the consumer's stream %p is being captured into a CUDA graph%s: a "
+                    "record there would become a node of the graph, so the free is not ordered on the device",
+                    native, ce == cudaErrorStreamCaptureImplicit ? " (the legacy stream, while a blocking stream "
+                                                                   "captures)" : "");
   return cu__fail_cuda(s, 0, "cudaEventRecord", e, "on the consumer's stream %p: not a live stream of device %d?",
                        native, s->dev);
 }
@@ -204,7 +258,8 @@ sl_status cu__event_sync(void *be, void *event) {
   cu_backend *s = be;
   cudaError_t e = cu__bind(s);
   if (e != cudaSuccess) return cu__fail_cuda(s, 1, "cudaSetDevice", e, "event_sync");
-  return poll_done(s, (cudaEvent_t)event, NULL, "event_sync");
+  one_query q = {.event = (cudaEvent_t)event};
+  return poll_done(s, &q, "event_sync");
 }
 
 sl_status cu__stream_sync(void *be, void *stream) {
@@ -213,9 +268,13 @@ sl_status cu__stream_sync(void *be, void *stream) {
 }
 
 /* Every stream of the module, one after the other: the module's two and those created through
- * the ABI (a snapshot: a stream created meanwhile is not covered, as with any sync). */
+ * the ABI (a snapshot: a stream created meanwhile is not covered, as with any sync; one
+ * destroyed or abandoned meanwhile is not waited for), then the pinned frees that waited for a
+ * quiet device. */
 sl_status cu__synchronize(void *be) {
   cu_backend *s = be;
+  cu_saved sv; /* the core's fallback and its last reference call from a caller's thread */
+  cu__enter(s, &sv);
   sl_status st = cu__wait_stream(s, s->def, "synchronize");
   if (st == SL_OK) st = cu__wait_stream(s, s->alloc_stream, "synchronize");
   for (size_t i = 0; st == SL_OK; i++) {
@@ -223,8 +282,11 @@ sl_status cu__synchronize(void *be) {
     cudaStream_t q = i < s->nstreams ? s->streams[i] : NULL;
     pthread_mutex_unlock(&s->lock);
     if (!q) break;
-    st = cu__wait_stream(s, q, "synchronize");
+    one_query oq = {.stream = q, .listed = 1};
+    st = poll_done(s, &oq, "synchronize");
   }
+  if (st == SL_OK) cu__free_deferred(s, 0);
+  cu__leave(s, &sv);
   return st;
 }
 

@@ -79,6 +79,7 @@ static void test_table(void **state) {
   assert_true(SL_HAS_OP(ops, get_proc) && SL_HAS_OP(ops, device_identity));
   assert_non_null(ops->get_proc(SL_EXT_SGD_STEP));
   assert_non_null(ops->get_proc(SL_EXT_TRAFFIC));
+  assert_non_null(ops->get_proc(SL_EXT_STREAM_ABANDON)); /* the NCCL module gives up a left-behind stream */
   assert_null(ops->get_proc("sl_ext_no_such_thing"));
   /* no v1 entry: the core adapts nothing */
   assert_null(dlsym(module, SL_BACKEND_ENTRY_V1));

@@ -296,7 +296,7 @@ static void nccl_fini(void *comm) {
     ncclResult_t r = c->L->CommFinalize(c->comm);
     sl_status st = r == ncclSuccess || r == ncclInProgress ? sl__nccl_settle(c, c->comm, what, sizeof what) : SL_ERR_COMM;
     int left_ms = 0;
-    if (st == SL_OK && (sl__nccl_end(c->L, c->comm, true, sl__nccl_wait_ms(c), &left_ms) == ncclSuccess || left_ms)) {
+    if (st == SL_OK && (sl__nccl_end(c, c->comm, true, sl__nccl_wait_ms(c), &left_ms) == ncclSuccess || left_ms)) {
       c->comm = NULL;
       if (left_ms) {
         c->leaked = true;

@@ -4,9 +4,11 @@
  * or any stuck kernel on the device — holds them, and the rank's teardown, forever. Each runs
  * on a thread of its own and the caller waits at most the timeout; past it the thread is left
  * to finish when it can and the communicator behind (leaked): at teardown, a leak is better
- * than a hung job. While a call left behind has not returned, the device (or NCCL) is stuck,
- * and later calls are waited for only briefly: teardown does not wait out the timeout once per
- * communicator.
+ * than a hung job. Once a call of one teardown was left behind (a communicator and those split
+ * from it: one job's, ended children first), the device (or NCCL) is stuck for that job, and
+ * its later calls are waited for only briefly: teardown does not wait out the timeout once per
+ * communicator. Another job's teardown later waits in full again: what held this one may have
+ * passed, and a healthy communicator must not be leaked for it.
  *
  * Only from NCCL 2.19 on: there ncclCommAbort joins the communicator's pending job (an init or
  * a split in progress) from any thread. NCCL 2.18 joins only the calling thread's, and would
@@ -19,9 +21,7 @@
 #include "nccl_internal.h"
 
 #define NCCL_ANY_THREAD_ABORT 21900 /* 2.19.0 */
-#define NCCL_STUCK_GRACE_MS 250      /* the wait for a call while another is left behind */
-
-static atomic_int g_left_behind; /* calls whose caller stopped waiting, not returned yet */
+#define NCCL_STUCK_GRACE_MS 250      /* the wait for a call once another of its teardown was left behind */
 
 typedef struct end_job {
   const sl_nccl_lib *L;
@@ -30,7 +30,6 @@ typedef struct end_job {
   pthread_mutex_t mu;
   pthread_cond_t done_cv;
   bool done;
-  bool abandoned; /* the caller stopped waiting: counted in g_left_behind until it returns */
   ncclResult_t r;
   int refs; /* the waiter's and the thread's: the last to let go frees the job */
 } end_job;
@@ -51,7 +50,6 @@ static void *end_main(void *arg) {
   pthread_mutex_lock(&j->mu);
   j->r = r;
   j->done = true;
-  if (j->abandoned) atomic_fetch_sub(&g_left_behind, 1);
   pthread_cond_signal(&j->done_cv);
   pthread_mutex_unlock(&j->mu);
   job_put(j);
@@ -84,11 +82,20 @@ static end_job *job_start(const sl_nccl_lib *L, ncclComm_t comm, bool destroy) {
   return j;
 }
 
-ncclResult_t sl__nccl_end(const sl_nccl_lib *L, ncclComm_t comm, bool destroy, int ms, int *left_ms) {
+/* The communicator a teardown is counted on: C's root (children end before their parent, so it
+ * outlives every call of its teardown). */
+static nccl_comm *teardown_of(nccl_comm *c) {
+  while (c->parent) c = c->parent;
+  return c;
+}
+
+ncclResult_t sl__nccl_end(nccl_comm *c, ncclComm_t comm, bool destroy, int ms, int *left_ms) {
+  const sl_nccl_lib *L = c->L;
+  nccl_comm *root = teardown_of(c);
   *left_ms = 0;
   end_job *j = L->version >= NCCL_ANY_THREAD_ABORT ? job_start(L, comm, destroy) : NULL;
   if (!j) return destroy ? L->CommDestroy(comm) : L->CommAbort(comm); /* 2.18, or no thread to spare */
-  if (atomic_load(&g_left_behind) > 0 && ms > NCCL_STUCK_GRACE_MS) ms = NCCL_STUCK_GRACE_MS;
+  if (atomic_load(&root->left_behind) && ms > NCCL_STUCK_GRACE_MS) ms = NCCL_STUCK_GRACE_MS;
   struct timespec until;
   sl__nccl_deadline(&until, ms);
   pthread_mutex_lock(&j->mu);
@@ -96,11 +103,8 @@ ncclResult_t sl__nccl_end(const sl_nccl_lib *L, ncclComm_t comm, bool destroy, i
   }
   bool done = j->done;
   ncclResult_t r = j->r;
-  if (!done) {
-    j->abandoned = true;
-    atomic_fetch_add(&g_left_behind, 1);
-  }
   pthread_mutex_unlock(&j->mu);
+  if (!done) atomic_store(&root->left_behind, true);
   job_put(j);
   if (!done) {
     *left_ms = ms;

@@ -56,6 +56,7 @@ nccl_comm *sl__nccl_comm_new(const sl_module_host *host, const sl_nccl_lib *L, c
   pthread_condattr_destroy(&ca);
   atomic_init(&c->abort_req, 0);
   atomic_init(&c->dead, 0);
+  atomic_init(&c->left_behind, false);
   return c;
 }
 
@@ -76,8 +77,15 @@ void sl__nccl_comm_free(nccl_comm *c) {
   for (int i = 0; i < c->n_spare; i++) cudaEventDestroy(c->spare[i]);
   /* An abort or destroy that outlived its bound (nccl_end.c) leaves kernels of COMM that may
    * still run on the module's stream, reading the barrier's buffer and waiting on its events:
-   * those stay behind with it (the backend's fini destroys its streams, bounded too), since
-   * destroying the stream would first wait for kernels that do not end. */
+   * those stay behind with it, since destroying the stream would first wait for kernels that do
+   * not end. The backend is told to give the stream up (SL_EXT_STREAM_ABANDON), or each of its
+   * later waits (the loader's, the synchronize before its fini) would wait its sync timeout for
+   * it; a backend without the extension waits, bounded. */
+  if (c->leaked && c->own_stream) {
+    sl_ext_stream_abandon_fn abandon =
+        SL_HAS_OP(c->be_ops, get_proc) ? (sl_ext_stream_abandon_fn)c->be_ops->get_proc(SL_EXT_STREAM_ABANDON) : NULL;
+    if (abandon) abandon(c->be, c->own_stream);
+  }
   if (!c->leaked) {
     /* stream-ordered: no device-wide synchronisation (cudaFree's) that a stuck kernel could hang */
     if (c->barrier_buf) cudaFreeAsync(c->barrier_buf, (cudaStream_t)c->own_stream);
@@ -258,7 +266,7 @@ sl_status sl__nccl_init(const sl_collective_init *in, nccl_comm **out) {
   }
   if (st != SL_OK) {
     int left_ms; /* nothing of COMM runs on the module's stream yet (it has none) */
-    if (comm) (void)sl__nccl_end(L, comm, false, sl__nccl_wait_ms(c), &left_ms);
+    if (comm) (void)sl__nccl_end(c, comm, false, sl__nccl_wait_ms(c), &left_ms);
     sl__nccl_comm_free(c);
     return h->fail(h->core, st,
                    "nccl init on rank %d of %d (cuda:%d, GPU %s): the communicator did not form: %s; a peer rank may "
@@ -269,7 +277,7 @@ sl_status sl__nccl_init(const sl_collective_init *in, nccl_comm **out) {
   c->comm = comm;
   if ((st = sl__nccl_comm_resources(c)) != SL_OK) {
     int left_ms; /* no op was issued: nothing of COMM runs on the module's stream */
-    (void)sl__nccl_end(L, comm, false, sl__nccl_wait_ms(c), &left_ms);
+    (void)sl__nccl_end(c, comm, false, sl__nccl_wait_ms(c), &left_ms);
     c->comm = NULL;
     sl__nccl_comm_free(c);
     return st;

@@ -76,6 +76,9 @@ typedef struct nccl_comm {
    * ncclCommAbort/Destroy of COMM outlived its bound (nccl_end.c): then its kernels may still
    * run on OWN_STREAM, which is left behind with it. */
   struct nccl_slot *split_slot;
+  /* The root's only (nccl_end.c): a call of this communicator's teardown, or of one split from
+   * it (freed first), was left behind, so the rest of that teardown waits only briefly. */
+  atomic_bool left_behind;
   bool leaked;
   const char *leaked_call;
   int leaked_ms; /* the wait it outlived */
@@ -123,11 +126,12 @@ int sl__nccl_wait_ms(const nccl_comm *c);
 void sl__nccl_deadline(struct timespec *until, int ms);
 double sl__nccl_ms_since(const struct timespec *t);
 
-/* nccl_end.c: ncclCommAbort (or, with DESTROY, ncclCommDestroy) of COMM, waited for at most MS
- * (less while another call is left behind). ncclSuccess or NCCL's error; past the bound
- * *LEFT_MS is the wait that passed (0 otherwise) and COMM is left to finish, or not, on a
- * thread of its own. COMM must not be used again either way. */
-ncclResult_t sl__nccl_end(const sl_nccl_lib *L, ncclComm_t comm, bool destroy, int ms, int *left_ms);
+/* nccl_end.c: ncclCommAbort (or, with DESTROY, ncclCommDestroy) of COMM, part of C's teardown
+ * (COMM is C's, or one C made or reaps), waited for at most MS (less once a call of the same
+ * teardown was left behind). ncclSuccess or NCCL's error; past the bound *LEFT_MS is the wait
+ * that passed (0 otherwise) and COMM is left to finish, or not, on a thread of its own. COMM
+ * must not be used again either way. */
+ncclResult_t sl__nccl_end(nccl_comm *c, ncclComm_t comm, bool destroy, int ms, int *left_ms);
 
 /* nccl.c: fails with why C died (the watchdog's or an abort's reason), on the caller's thread. */
 sl_status sl__nccl_report_dead(nccl_comm *c, const char *op);

@@ -27,13 +27,13 @@ static nccl_slot *g_kept;
 
 static ncclComm_t landed(nccl_slot *s) { return __atomic_load_n(&s->child, __ATOMIC_ACQUIRE); }
 
-/* Aborts the child that landed in S, if one did. True when NCCL is done with S: its job wrote
- * the child, and writes nothing after. */
-static bool reap(nccl_slot *s) {
+/* Aborts the child that landed in S, if one did, as part of C's teardown (nccl_end.c). True
+ * when NCCL is done with S: its job wrote the child, and writes nothing after. */
+static bool reap(nccl_comm *c, nccl_slot *s) {
   ncclComm_t child = __atomic_exchange_n(&s->child, NULL, __ATOMIC_ACQ_REL);
   if (!child) return false;
   int left_ms; /* a child whose abort outlives its bound is left to finish on its own */
-  (void)sl__nccl_end(s->L, child, false, s->timeout_ms, &left_ms);
+  (void)sl__nccl_end(c, child, false, s->timeout_ms, &left_ms);
   return true;
 }
 
@@ -46,7 +46,7 @@ static void keep(nccl_slot *s) {
 
 /* The kept slots a child has landed in: unlinked under the lock, reaped outside it (an abort
  * may take up to the timeout). NOCOLOR slots stay: their job ends by writing NULL, unseen. */
-static void sweep_kept(void) {
+static void sweep_kept(nccl_comm *c) {
   nccl_slot *ready = NULL;
   pthread_mutex_lock(&g_kept_mu);
   for (nccl_slot **p = &g_kept; *p;) {
@@ -63,7 +63,7 @@ static void sweep_kept(void) {
   while (ready) {
     nccl_slot *s = ready;
     ready = s->next;
-    reap(s);
+    reap(c, s);
     free(s);
   }
 }
@@ -71,9 +71,9 @@ static void sweep_kept(void) {
 void sl__nccl_settle_children(nccl_comm *c) {
   nccl_slot *s = c->split_slot;
   c->split_slot = NULL;
-  if (s && reap(s)) free(s);
+  if (s && reap(c, s)) free(s);
   else if (s) keep(s);
-  sweep_kept();
+  sweep_kept(c);
 }
 
 /* After a failed split (caller holds MU): the parent dies — the peers are in the same split,
@@ -83,7 +83,7 @@ void sl__nccl_settle_children(nccl_comm *c) {
 static sl_status split_failed(nccl_comm *c, nccl_slot *slot, sl_status st, const char *what) {
   sl__nccl_kill(c, st, "nccl split on rank %d (cuda:%d): ncclCommSplit failed (%s); the communicator was aborted",
                 c->job_rank, c->device, what);
-  if (reap(slot)) free(slot);
+  if (reap(c, slot)) free(slot);
   else if (!c->split_slot) c->split_slot = slot;
   else keep(slot); /* not reached: a dead parent splits no more */
   pthread_mutex_unlock(&c->mu);
@@ -124,7 +124,7 @@ static sl_status wrap_child(nccl_comm *c, ncclComm_t sub, int n, int me, void **
   int left_ms;
   nccl_comm *s = sl__nccl_comm_new(c->host, c->L, c->be_ops, c->be, c->device, c->timeout_ms);
   if (!s) {
-    (void)sl__nccl_end(c->L, sub, false, sl__nccl_wait_ms(c), &left_ms);
+    (void)sl__nccl_end(c, sub, false, sl__nccl_wait_ms(c), &left_ms);
     return c->host->fail(c->host->core, SL_ERR_NOMEM, "nccl split on rank %d: out of memory", c->job_rank);
   }
   s->comm = sub;
@@ -134,7 +134,7 @@ static sl_status wrap_child(nccl_comm *c, ncclComm_t sub, int n, int me, void **
   s->parent = c;
   sl_status st = sl__nccl_comm_resources(s);
   if (st != SL_OK) {
-    (void)sl__nccl_end(c->L, sub, false, sl__nccl_wait_ms(c), &left_ms); /* no op was issued on it */
+    (void)sl__nccl_end(c, sub, false, sl__nccl_wait_ms(c), &left_ms); /* no op was issued on it */
     s->comm = NULL;
     sl__nccl_comm_free(s);
     return st;

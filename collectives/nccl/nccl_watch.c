@@ -53,7 +53,7 @@ void sl__nccl_kill(nccl_comm *c, sl_status why, const char *fmt, ...) {
      * Bounded (nccl_end.c): behind a kernel that never ends the communicator is left behind,
      * and fini says so. */
     int left_ms;
-    (void)sl__nccl_end(c->L, c->comm, false, sl__nccl_wait_ms(c), &left_ms);
+    (void)sl__nccl_end(c, c->comm, false, sl__nccl_wait_ms(c), &left_ms);
     if (left_ms) {
       c->leaked = true;
       c->leaked_call = "ncclCommAbort";

@@ -297,13 +297,21 @@ static sl_status fb_create(void *be, void **out) {
   *out = &g_tokens[__atomic_fetch_add(&next, 1, __ATOMIC_RELAXED) % 64];
   return SL_OK;
 }
+static void *g_stream_destroyed, *g_stream_abandoned; /* the last stream each op was given */
 static void fb_destroy(void *be, void *x) {}
+static void fb_stream_destroy(void *be, void *x) { __atomic_store_n(&g_stream_destroyed, x, __ATOMIC_RELEASE); }
 static sl_status fb_record(void *be, void *ev, void *stream) { return SL_OK; }
 static sl_status fb_wait(void *be, void *stream, void *ev) { return SL_OK; }
+/* SL_EXT_STREAM_ABANDON, as the cuda backend offers it */
+static void fb_abandon(void *be, void *stream) { __atomic_store_n(&g_stream_abandoned, stream, __ATOMIC_RELEASE); }
+static void *fb_get_proc(const char *name) {
+  return name && strcmp(name, SL_EXT_STREAM_ABANDON) == 0 ? (void *)(sl_ext_stream_abandon_fn)fb_abandon : NULL;
+}
 static const sl_backend_ops fake_cuda_streams = {
     .abi_version = SL_BACKEND_ABI_VERSION, .size = sizeof(sl_backend_ops), .name = "cuda",
-    .device_ordinal = fake_ordinal, .stream_create = fb_create, .stream_destroy = fb_destroy,
-    .event_create = fb_create, .event_destroy = fb_destroy, .event_record = fb_record, .stream_wait_event = fb_wait};
+    .device_ordinal = fake_ordinal, .stream_create = fb_create, .stream_destroy = fb_stream_destroy,
+    .event_create = fb_create, .event_destroy = fb_destroy, .event_record = fb_record, .stream_wait_event = fb_wait,
+    .get_proc = fb_get_proc};
 
 /* A formed one-rank communicator of the fake, wrapped as init wraps one (its watchdog runs). */
 static nccl_comm *fake_parent(rank_host *h, int timeout_ms) {
@@ -417,7 +425,7 @@ static void split_that_completes_reads_the_child(void **state) {
 }
 
 typedef struct fini_run {
-  nccl_comm *c[2];
+  nccl_comm *c[3];
   int n;
   double seconds;
 } fini_run;
@@ -431,23 +439,23 @@ static void *fini_main(void *arg) {
 }
 
 /* The fini of R's communicators, in turn, on a thread while the fake's teardown is stuck: all
- * of it must return within 1.6 x the timeout (the test waits at most 3 x, then unsticks the
- * fake so that a hung fini can end). */
-static void fini_with_stuck_teardown(fini_run *r, int live0, int timeout_ms) {
+ * of it must return within 1.6 x BOUND_MS (the test waits at most 3 x, then unsticks the fake
+ * so that a hung fini can end). */
+static void fini_with_stuck_teardown(fini_run *r, int live0, int bound_ms) {
   F.stick(1);
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, fini_main, r), 0);
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += 3 * timeout_ms / 1000;
+  until.tv_sec += 3 * bound_ms / 1000;
   int rc = pthread_timedjoin_np(t, NULL, &until);
   F.stick(0);
   if (rc != 0) {
     pthread_join(t, NULL);
-    fail_msg("fini did not return within %d ms behind a stuck ncclCommAbort/ncclCommDestroy", 3 * timeout_ms);
+    fail_msg("fini did not return within %d ms behind a stuck ncclCommAbort/ncclCommDestroy", 3 * bound_ms);
   }
   print_message("fini of %d communicator(s) returned after %.2f s\n", r->n, r->seconds);
-  assert_true(r->seconds < 1.6 * timeout_ms / 1e3);
+  assert_true(r->seconds < 1.6 * bound_ms / 1e3);
   assert_true(WAIT_FOR(F.live() == live0, 10.0)); /* unstuck, the calls left behind finished */
   assert_no_violation();
 }
@@ -462,7 +470,8 @@ static void assert_left_behind(const rank_host *h, const char *call, int ms) {
 
 /* After an abort, teardown ends within the timeout even when ncclCommAbort is held by a kernel
  * that never ends (NCCL's cudaFree synchronises the device): the communicator is left behind.
- * A second communicator's teardown, while the first is stuck, is not waited for as long. */
+ * The rest of that teardown (the parent the aborted one was split from, ended after it) is not
+ * waited for as long. */
 static void fini_after_abort_ends_behind_a_stuck_kernel(void **state) {
   enum { T = 1500 };
   rank_host h, h2;
@@ -470,23 +479,51 @@ static void fini_after_abort_ends_behind_a_stuck_kernel(void **state) {
   host_init(&h2);
   F.config(20, 0);
   int live0 = F.live();
-  fini_run r = {{fake_parent(&h, T), fake_parent(&h2, T)}, 2, -1};
-  g_ops->abort(r.c[0]);
+  nccl_comm *root = fake_parent(&h2, T), *child = fake_parent(&h, T);
+  child->parent = root; /* as split wraps a child */
+  fini_run r = {{child, root}, 2, -1};
+  g_ops->abort(child);
   fini_with_stuck_teardown(&r, live0, T);
   assert_left_behind(&h, "ncclCommAbort", T);
   assert_left_behind(&h2, "ncclCommDestroy", 250);
 }
 
-/* The same for a healthy fini's ncclCommDestroy. */
+/* The short wait belongs to one teardown: another job's later teardown, while the first one's
+ * call is still left behind, waits the full timeout again (a healthy communicator must not be
+ * leaked after 250 ms for an earlier job's stuck one). */
+static void a_later_teardown_waits_in_full(void **state) {
+  enum { T = 1500 };
+  rank_host h, h2;
+  host_init(&h);
+  host_init(&h2);
+  F.config(20, 0);
+  int live0 = F.live();
+  fini_run r = {{fake_parent(&h, T), fake_parent(&h2, T)}, 2, -1};
+  fini_with_stuck_teardown(&r, live0, 2 * T);
+  assert_left_behind(&h, "ncclCommDestroy", T);
+  assert_left_behind(&h2, "ncclCommDestroy", T);
+}
+
+/* The same for a healthy fini's ncclCommDestroy. The communicator's stream, left behind with
+ * it, is given up to the backend (SL_EXT_STREAM_ABANDON) rather than destroyed, so that the
+ * backend's later waits do not wait out their timeout for it. */
 static void fini_ends_behind_a_stuck_destroy(void **state) {
   enum { T = 1500 };
   rank_host h;
   host_init(&h);
   F.config(20, 0);
   int live0 = F.live();
-  fini_run r = {{fake_parent(&h, T)}, 1, -1};
+  nccl_comm *c = fake_parent(&h, T);
+  void *stream;
+  assert_int_equal(fb_create(NULL, &stream), SL_OK);
+  c->own_stream = stream;
+  __atomic_store_n(&g_stream_abandoned, NULL, __ATOMIC_RELEASE);
+  __atomic_store_n(&g_stream_destroyed, NULL, __ATOMIC_RELEASE);
+  fini_run r = {{c}, 1, -1};
   fini_with_stuck_teardown(&r, live0, T);
   assert_left_behind(&h, "ncclCommDestroy", T);
+  assert_ptr_equal(__atomic_load_n(&g_stream_abandoned, __ATOMIC_ACQUIRE), stream);
+  assert_null(__atomic_load_n(&g_stream_destroyed, __ATOMIC_ACQUIRE));
 }
 
 static int run_fake(void) {
@@ -518,6 +555,7 @@ static int run_fake(void) {
       cmocka_unit_test(split_that_completes_reads_the_child),
       cmocka_unit_test(fini_after_abort_ends_behind_a_stuck_kernel),
       cmocka_unit_test(fini_ends_behind_a_stuck_destroy),
+      cmocka_unit_test(a_later_teardown_waits_in_full),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <sys/types.h>
 
@@ -27,6 +28,9 @@ typedef struct sl__backend_ref {
    * silent after sl__backend_ref_detach (a state freeing tensors after its context is gone). */
   sl_module_host host;
   sl_context *ctx;
+  /* Guards CTX: held by every report through the host (on whatever thread frees a state or
+   * releases an export) and by detach, so that the context is never used once it may be gone. */
+  pthread_mutex_t mu;
 } sl__backend_ref;
 sl__backend_ref *sl__backend_ref_new(const sl_backend_ops *ops, void *handle, void *dl, void *shim, sl_context *ctx);
 void sl__backend_ref_detach(sl__backend_ref *r);

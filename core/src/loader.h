@@ -32,7 +32,7 @@ struct sl_state {
   /* Lending (state.c; shardload.h at sl_state_export). REFS: the references beyond the owner's
    * (calloc's zero is the owner alone), one per live export; the last one frees the state.
    * FENCES: released exports whose events recorded the consumers' work, pushed without a lock
-   * (releases run on any thread). WAIT_FREE: a release the backend could not order on the
+   * (releases run on any thread); each release drops those whose work has completed. WAIT_FREE: a release the backend could not order on the
    * device, so the free waits on its own thread. All three atomics. */
   int refs;
   struct sl_export *fences;
@@ -40,6 +40,8 @@ struct sl_state {
 };
 
 sl_status sl__state_index(sl_state *st);
+/* The fences ST holds now (state.c; a test reads it: the count must stay bounded). */
+size_t sl__state_fence_count(sl_state *st);
 
 /* ---- loader ------------------------------------------------------------------------------ */
 #define SL__DEFAULT_STAGING (64u << 20)

@@ -188,7 +188,45 @@ SL_API sl_status sl_state_export(sl_state *st, size_t index, const sl_export_opt
   return SL_OK;
 }
 
+size_t sl__state_fence_count(sl_state *st) {
+  size_t n = 0;
+  for (sl_export *f = __atomic_load_n(&st->fences, __ATOMIC_ACQUIRE); f; f = f->next) n++;
+  return n;
+}
+
 SL_API const sl_tensor *sl_export_tensor(const sl_export *ex) { return ex ? &ex->st->tensors[ex->index] : NULL; }
+
+/* The fences whose recorded work has completed order nothing any more: their events go, so that
+ * a state lent once per training step keeps only the fences of work still pending, not one per
+ * export ever released. Releases run on any thread and push without a lock: the list is taken
+ * whole (another release meanwhile sees the rest, or none), pruned, and the survivors pushed
+ * back; the free (free_tensors) cannot run meanwhile, since this release still holds its
+ * reference. */
+static sl_export *prune_fences(sl_state *st) {
+  sl_export *keep = NULL, *f = __atomic_exchange_n(&st->fences, NULL, __ATOMIC_ACQUIRE);
+  char msg[SL__ERRMSG_LEN];
+  sl__backend_ref_capture(msg, sizeof msg); /* a failed query is the free's to handle, not the context's */
+  while (f) {
+    sl_export *next = f->next;
+    if (f->event && st->be->ops->event_query(st->be->handle, f->event) == 1) {
+      st->be->ops->event_destroy(st->be->handle, f->event);
+      free(f);
+    } else {
+      f->next = keep;
+      keep = f;
+    }
+    f = next;
+  }
+  sl__backend_ref_capture(NULL, 0);
+  return keep;
+}
+
+/* Pushes the chain HEAD..TAIL onto the fence list without a lock. */
+static void push_fences(sl_state *st, sl_export *head, sl_export *tail) {
+  tail->next = __atomic_load_n(&st->fences, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(&st->fences, &tail->next, head, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+  }
+}
 
 SL_API void sl_export_release(sl_export *ex) {
   if (!ex) return;
@@ -202,10 +240,11 @@ SL_API void sl_export_release(sl_export *ex) {
                        "tensor '%s': cannot order its free after the consumer's stream %p (%s): the free will wait "
                        "for the device on its thread instead", st->tensors[ex->index].name, ex->stream, msg);
     }
-    /* the export itself is the fence: pushed without a lock (releases run on any thread) */
-    ex->next = __atomic_load_n(&st->fences, __ATOMIC_RELAXED);
-    while (!__atomic_compare_exchange_n(&st->fences, &ex->next, ex, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
-    }
+    /* the export itself is the fence, behind the earlier ones still pending */
+    ex->next = prune_fences(st);
+    sl_export *tail = ex;
+    while (tail->next) tail = tail->next;
+    push_fences(st, ex, tail);
   } else {
     if (ex->unordered) __atomic_store_n(&st->wait_free, 1, __ATOMIC_RELEASE);
     free(ex);

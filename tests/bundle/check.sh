@@ -39,6 +39,13 @@ B=$work/moved
 bytes=$(du -sb "$B" | cut -f1)
 [ "$bytes" -lt $((16 * 1048576)) ] || fail "the bundle holds $bytes bytes, not under 16 MiB"
 echo "bundle: $bytes bytes, $(find "$B" -type f | wc -l) files"
+# every file of the bundle that gpu-check.sh runs ($B/...) is in it: a script left out is a check
+# that fails only on the GPU machine
+missing=""
+for rel in $(grep -o '"\$B/[A-Za-z0-9_./-]*' "$B/bench/gpu-check.sh" | sed 's|^"\$B/||' | sort -u); do
+  [ -e "$B/$rel" ] || missing="$missing $rel"
+done
+[ -z "$missing" ] || fail "gpu-check.sh runs files the bundle lacks:$missing"
 
 # ---- a root with only the C runtime -------------------------------------------------------------
 # What the bundle's programs take from outside it, as the loader resolves them here: each must

@@ -110,9 +110,11 @@ typedef struct sl_backend_ops {
   void (*describe)(void *be, char *buf, size_t len);
   /* Device ordinal in use (DLPack's device_id). Complete on return. */
   int (*device_ordinal)(void *be);
-  /* Allocation: complete on return. free_*: the caller guarantees no pending work uses PTR; a
-   * free that would wait for a device still busy past the sync timeout (cudaFreeHost
-   * synchronises it) may leave the memory to the process's exit instead, with a warning. */
+  /* Allocation: complete on return. free_*: the caller guarantees no pending work uses PTR, and
+   * the call never waits for a busy device (it runs on whichever thread frees a state): a free
+   * that would synchronise the device (cudaFreeHost) while work is queued may be deferred to a
+   * later point where the device is idle (at the latest fini, which leaves it to the process's
+   * exit, with a warning, behind a kernel that never ends). */
   sl_status (*alloc_device)(void *be, size_t bytes, void **ptr);
   void (*free_device)(void *be, void *ptr);
   sl_status (*alloc_pinned)(void *be, size_t bytes, void **ptr);
@@ -196,6 +198,11 @@ typedef struct sl_backend_ops {
 typedef sl_status (*sl_ext_sgd_step_fn)(void *be, void *x, const void *g, sl_dtype dt, size_t count, float lr);
 #define SL_EXT_TRAFFIC "sl_ext_traffic" /* sl_ext_traffic_fn: bytes copied each way since init */
 typedef void (*sl_ext_traffic_fn)(void *be, uint64_t *h2d, uint64_t *d2h);
+/* sl_ext_stream_abandon_fn: complete on return, never waits. STREAM (from stream_create) is given
+ * up with its queued work (a communicator left behind at teardown): no later wait of the module
+ * (synchronize, fini) waits for it, and the caller never uses or destroys it again. */
+#define SL_EXT_STREAM_ABANDON "sl_ext_stream_abandon"
+typedef void (*sl_ext_stream_abandon_fn)(void *be, void *stream);
 
 /* ---- collectives ------------------------------------------------------------------------ */
 /* The control plane as a module sees it: host memory, synchronous, bounded by the timeout.

@@ -138,7 +138,11 @@ typedef struct sl_context_options {
   int local_rank;          /* selects the device: local_rank % device count */
   const char *rendezvous;  /* "file://DIR" or "tcp://HOST:PORT"; NULL: from the environment */
   int timeout_ms;          /* collective / rendezvous timeout; 0: 300000 */
-  sl_log_fn log;           /* NULL: silent */
+  /* NULL: silent. Called from the library's threads too, and from whichever thread releases an
+   * export or frees a state of this context (sl_state_export: a garbage collector's), until
+   * sl_context_destroy returns (it waits for a call in flight); never after. Calls may be
+   * concurrent; it must not call into the library. */
+  sl_log_fn log;
   void *log_user;
   sl_log_level log_level;
   /* When creation fails there is no context to ask: the specific message goes here
