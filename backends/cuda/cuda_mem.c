@@ -89,8 +89,8 @@ static int table_take_locked(cu_backend *s, void *ptr, const char *op, int *last
     memmove(s->allocs + i, s->allocs + i + 1, (s->nallocs - (size_t)i - 1) * sizeof *s->allocs);
     s->nallocs--;
   } else {
-    s->host->log(s->host->core, SL_LOG_ERROR, "cuda:%d: %s(%p): not a device allocation of this backend", s->dev, op,
-                 ptr);
+    s->host->log(s->host->core, SL_LOG_ERROR, SL_GPU_NAME ":%d: %s(%p): not a device allocation of this backend",
+                 s->dev, op, ptr);
   }
   *last = found && s->nallocs == 0;
   return found;
@@ -185,8 +185,8 @@ void cu__free_pinned(void *be, void *ptr) {
   cudaError_t e = cu__bind(s);
   if (e == cudaSuccess && !cu__quiet(s, "free_pinned")) {
     s->host->log(s->host->core, SL_LOG_WARN,
-                 "cuda:%d (local rank %d): pinned buffer %p is not freed: work queued on the device has not "
-                 "completed (a stuck kernel) and cudaFreeHost would wait for it without bound; it is left to the "
+                 SL_GPU_NAME ":%d (local rank %d): pinned buffer %p is not freed: work queued on the device has not "
+                 "completed (a stuck kernel) and the free would wait for it without bound; it is left to the "
                  "process's exit (leaked)", s->dev, s->local_rank, ptr);
     return;
   }
@@ -231,7 +231,7 @@ int cu__is_device_ptr(void *be, const void *ptr, size_t bytes) {
     (void)cudaGetLastError(); /* not an error of the load: clear it */
     return 0;
   }
-  if (a.type != cudaMemoryTypeDevice || a.device != s->dev || !s->get_range) return 0;
+  if (SL_PTR_ATTR_TYPE(a) != cudaMemoryTypeDevice || a.device != s->dev || !s->get_range) return 0;
   unsigned long long base = 0;
   size_t size = 0;
   if (s->get_range(&base, &size, (unsigned long long)(uintptr_t)ptr) != 0) return 0;
@@ -244,5 +244,5 @@ int cu__is_device_ptr(void *be, const void *ptr, size_t bytes) {
     (void)cudaGetLastError();
     return 0;
   }
-  return b.type == cudaMemoryTypeDevice && b.device == s->dev;
+  return SL_PTR_ATTR_TYPE(b) == cudaMemoryTypeDevice && b.device == s->dev;
 }

@@ -53,8 +53,8 @@ static sl_status poll_done(cu_backend *s, cudaEvent_t event, cudaStream_t stream
                                           "gave up on a stuck kernel); not waiting again", what);
   gave_up(s);
   return cu__fail(s, 1, SL_ERR_TIMEOUT,
-                  "%s: work queued on the device did not complete within %u s (SHARDLOAD_CUDA_SYNC_TIMEOUT_S, "
-                  "default %u): a kernel or a collective is stuck; check the other ranks",
+                  "%s: work queued on the device did not complete within %u s (" SL_GPU_SYNC_TIMEOUT_ENV ", default "
+                  "%u): a kernel or a collective is stuck; check the other ranks",
                   what, s->sync_timeout_s, CU_DEFAULT_SYNC_TIMEOUT_S);
 }
 
@@ -79,8 +79,8 @@ int cu__quiet(cu_backend *s, const char *what) {
   if (!stuck) {
     gave_up(s);
     char msg[CU_MSG_LEN];
-    snprintf(msg, sizeof msg, "cuda:%d (local rank %d): %s: work queued on the device did not complete within %u s: "
-             "a kernel or a collective is stuck", s->dev, s->local_rank, what, s->sync_timeout_s);
+    snprintf(msg, sizeof msg, SL_GPU_NAME ":%d (local rank %d): %s: work queued on the device did not complete within "
+             "%u s: a kernel or a collective is stuck", s->dev, s->local_rank, what, s->sync_timeout_s);
     cu__set_sticky(s, SL_ERR_TIMEOUT, msg);
   }
   return 0;
