@@ -10,31 +10,58 @@
 #                              multi-GB installs, made by the machine's image): prints the nvcc
 #                              the CUDA modules build with when nvcc and nccl.h are both there,
 #                              else nothing, and says on stderr what is missing. No GPU needed.
+#   scripts/deps.sh --hip      ... plus Debian's ROCm toolchain and HIP runtime (hipcc, clang-15
+#                              underneath, libamdhip64-dev, llvm-15: ROCm 5.2 on Debian 12; ~50 MB
+#                              to fetch, ~400 MB installed) for the HIP and RCCL modules: prints
+#                              the hipcc they build with when it is usable, else nothing, and says
+#                              on stderr why. Where
+#                              apt has no hipcc (not Debian 12 or later) it installs nothing and
+#                              prints the hipcc already on PATH or under $ROCM_PATH, if any. No
+#                              AMD GPU needed (and RCCL is not packaged: the module opens it at
+#                              run time, and its probe says it is missing).
+#   scripts/deps.sh --check    installs nothing: with --hip, only prints the usable hipcc.
 # The venv lives at $SHARDLOAD_VENV (default ~/.cache/shardload/venv) so it outlives clones.
 set -euo pipefail
-fuzz=0 python=0 cuda=0
+fuzz=0 python=0 cuda=0 hip=0 check=0
 for a in "$@"; do
   case "$a" in
     --fuzz) fuzz=1 ;;
     --python) python=1 ;;
     --cuda) cuda=1 ;;
+    --hip) hip=1 ;;
+    --check) check=1 ;;
     *) echo "deps: unknown option $a" >&2; exit 2 ;;
   esac
 done
 pkgs=(cmake make gcc g++ pkg-config libgloo-dev libcmocka-dev libjansson-dev libxxhash-dev libsodium-dev)
 if [ "$fuzz" = 1 ]; then pkgs+=(clang libclang-rt-14-dev); fi
 if [ "$python" = 1 ]; then pkgs+=(python3 python3-venv); fi
+# hipcc pulls clang-15, lld-15, rocm-device-libs and the HSA runtime; llvm-15 brings llvm-objdump
+# and clang-15 the offload bundler, which the FMA check of the kernels' code objects uses
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+updated=0
+if [ "$hip" = 1 ] && [ "$check" = 0 ]; then
+  hip_pkgs=(hipcc libamdhip64-dev llvm-15)
+  hip_missing=0
+  for p in "${hip_pkgs[@]}"; do installed "$p" || hip_missing=1; done
+  if [ "$hip_missing" = 1 ]; then
+    $SUDO apt-get update -qq # a fresh image's lists may not name hipcc yet
+    updated=1
+    # only where apt has them (Debian 12 or later); elsewhere ROCm's own hipcc, if any, is used
+    if apt-cache show hipcc >/dev/null 2>&1; then pkgs+=("${hip_pkgs[@]}"); fi
+  fi
+fi
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  installed "$p" || missing+=("$p")
 done
-if [ "${#missing[@]}" -gt 0 ]; then
+if [ "${#missing[@]}" -gt 0 ] && [ "$check" = 0 ]; then
   echo "deps: installing ${missing[*]}" >&2
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
+  [ "$updated" = 1 ] || $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-if [ "$python" = 1 ]; then
+if [ "$python" = 1 ] && [ "$check" = 0 ]; then
   venv="${SHARDLOAD_VENV:-$HOME/.cache/shardload/venv}"
   if ! "$venv/bin/python" -c 'import torch, safetensors, accelerate' 2>/dev/null; then
     echo "deps: creating $venv with torch, safetensors, accelerate (first time: several minutes)" >&2
@@ -55,5 +82,17 @@ if [ "$cuda" = 1 ]; then
     echo "deps: $nvcc found but no nccl.h ($cuda_root/include, /usr/include): the CUDA and NCCL modules are not built; install NVIDIA's libnccl-dev" >&2
   else
     echo "$nvcc"
+  fi
+fi
+if [ "$hip" = 1 ]; then
+  hipcc="$(command -v hipcc || true)"
+  rocm="${ROCM_PATH:-/opt/rocm}"
+  [ -n "$hipcc" ] || [ ! -x "$rocm/bin/hipcc" ] || hipcc="$rocm/bin/hipcc"
+  if [ -z "$hipcc" ]; then
+    echo "deps: no hipcc (PATH, $rocm/bin; apt has none here): the HIP and RCCL modules are not built" >&2
+  elif ! printf '#include <hip/hip_runtime_api.h>\n' | "$hipcc" -x c++ -fsyntax-only -D__HIP_PLATFORM_AMD__ - 2>/dev/null; then
+    echo "deps: $hipcc found but it cannot compile against hip/hip_runtime_api.h (install libamdhip64-dev, or ROCm's hip-dev): the HIP and RCCL modules are not built" >&2
+  else
+    echo "$hipcc"
   fi
 fi

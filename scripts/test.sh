@@ -4,27 +4,50 @@
 # build and run every test. SHARDLOAD_REQUIRE_TORCH=1 turns a missing reference implementation
 # into a failure.
 #
-# Where the CUDA toolkit and NCCL's header are installed (nvcc; a GPU is not needed) it runs the
-# "cuda" preset: the cpu preset plus libshardload-cuda.so and libshardload-nccl.so, and their
-# tests. Then the only tests that may report SKIPPED are those labelled "gpu", and only where
-# no GPU is usable. Elsewhere it runs the "cpu" preset, where nothing skips. It says which.
-# SHARDLOAD_WITH_CUDA=OFF forces the cpu preset.
+# The GPU vendors' modules are built where their toolchains are installed (no GPU needed):
+#   CUDA  nvcc and NCCL's header (scripts/deps.sh --cuda finds them): libshardload-cuda.so and
+#         libshardload-nccl.so and their tests;
+#   HIP   hipcc and the HIP headers (scripts/deps.sh --hip installs Debian's ROCm; this script
+#         only looks, unless SHARDLOAD_WITH_HIP=ON): libshardload-hip.so, libshardload-rccl.so
+#         and their tests.
+# Preset cuda-hip, cuda, hip or cpu, whichever the machine has; it says which. Then the only
+# tests that may report SKIPPED are those labelled gpu (NVIDIA) or amdgpu (AMD), and only where
+# no such GPU is usable; under the cpu preset nothing skips. SHARDLOAD_WITH_CUDA=OFF and
+# SHARDLOAD_WITH_HIP=OFF leave a vendor out; SHARDLOAD_WITH_HIP=ON installs ROCm (Debian) and
+# fails where hipcc cannot be had.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARDLOAD_PYTHON="$(bash scripts/deps.sh --python)"
 export SHARDLOAD_PYTHON SHARDLOAD_REQUIRE_TORCH=1
-preset=cpu why="SHARDLOAD_WITH_CUDA=OFF"
+cuda="" hip="" why_cuda="SHARDLOAD_WITH_CUDA=OFF" why_hip="SHARDLOAD_WITH_HIP=OFF"
 if [ "${SHARDLOAD_WITH_CUDA:-}" != OFF ]; then
-  why="no nvcc with nccl.h here"
-  nvcc="$(bash scripts/deps.sh --cuda)"
-  if [ -n "$nvcc" ]; then
-    preset=cuda
-    export CUDACXX="${CUDACXX:-$nvcc}" # CMake's CUDA detection, where nvcc is not on PATH
-  fi
+  why_cuda="no nvcc with nccl.h here"
+  cuda="$(bash scripts/deps.sh --cuda)"
+  [ -z "$cuda" ] || export CUDACXX="${CUDACXX:-$cuda}" # CMake's CUDA detection, where nvcc is not on PATH
 fi
-if [ "$preset" = cuda ]; then
-  echo "test.sh: $nvcc found: preset cuda (cpu + the CUDA/NCCL modules, -DSHARDLOAD_WITH_CUDA=ON; gpu tests skip without a GPU)"
+case "${SHARDLOAD_WITH_HIP:-}" in
+  OFF) ;;
+  ON)
+    hip="$(bash scripts/deps.sh --hip)"
+    if [ -z "$hip" ]; then echo "test.sh: SHARDLOAD_WITH_HIP=ON but no usable hipcc (see above)" >&2; exit 1; fi ;;
+  *)
+    why_hip="no hipcc here (scripts/deps.sh --hip installs Debian's)"
+    hip="$(bash scripts/deps.sh --hip --check 2>/dev/null)" ;;
+esac
+if [ -n "$cuda" ] && [ -n "$hip" ]; then preset=cuda-hip
+elif [ -n "$cuda" ]; then preset=cuda
+elif [ -n "$hip" ]; then preset=hip
+else preset=cpu
+fi
+if [ -n "$cuda" ]; then
+  echo "test.sh: $cuda found: the CUDA/NCCL modules are built (gpu tests skip without an NVIDIA GPU)"
 else
-  echo "test.sh: preset cpu ($why: the CUDA/NCCL modules are not built)"
+  echo "test.sh: the CUDA/NCCL modules are not built ($why_cuda)"
 fi
+if [ -n "$hip" ]; then
+  echo "test.sh: $hip found: the HIP/RCCL modules are built (amdgpu tests skip without an AMD GPU)"
+else
+  echo "test.sh: the HIP/RCCL modules are not built ($why_hip)"
+fi
+echo "test.sh: preset $preset"
 cmake --workflow --preset "$preset"

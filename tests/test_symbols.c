@@ -3,7 +3,9 @@
  * Loadable modules export only their entry symbols (docs/DESIGN.md#modules): the test modules
  * in $SHARDLOAD_TEST_MODULES, built as out-of-tree modules are, are checked too, and so are the
  * CUDA and NCCL modules in $SHARDLOAD_CUDA_MODULES (set where -DSHARDLOAD_WITH_CUDA=ON built
- * them): they link the CUDA runtime statically, whose symbols must stay inside. */
+ * them): they link the CUDA runtime statically, whose symbols must stay inside; and the HIP and
+ * RCCL modules in $SHARDLOAD_HIP_MODULES (-DSHARDLOAD_WITH_HIP=ON), which define the compiler's
+ * launch ABI (hipLaunchKernel, __hipRegisterFatBinary...) and their runtime table inside. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -96,6 +98,20 @@ static void test_cuda_modules_export_only_entry_symbols(void **state) {
   free(got);
 }
 
+/* The same for the HIP twins: no hip* launch ABI, no runtime table, no helper leaves them. */
+static void test_hip_modules_export_only_entry_symbols(void **state) {
+  const char *dir = getenv("SHARDLOAD_HIP_MODULES");
+  if (!dir || !*dir) skip();
+  char *got = module_exports(dir, "hip");
+  fprintf(stderr, "libshardload-hip.so exports: %s\n", got);
+  assert_string_equal(got, "sl_backend_module_v2 ");
+  free(got);
+  got = module_exports(dir, "rccl");
+  fprintf(stderr, "libshardload-rccl.so exports: %s\n", got);
+  assert_string_equal(got, "sl_collective_module_v2 ");
+  free(got);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_symbols LIBSHARDLOAD.so\n");
@@ -107,6 +123,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_public_entry_points_present),
       cmocka_unit_test(test_modules_export_only_entry_symbols),
       cmocka_unit_test(test_cuda_modules_export_only_entry_symbols),
+      cmocka_unit_test(test_hip_modules_export_only_entry_symbols),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,8 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cuda.h>
-
 #include "cuda_internal.h"
 #include "cuda_kernels.h"
 
@@ -59,8 +57,9 @@ sl_status cu__fail_cuda(cu_backend *s, int sticky, const char *call, cudaError_t
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
   }
-  snprintf(msg, sizeof msg, "cuda:%d (local rank %d): %s failed: %s (%s)%s%s", s->dev, s->local_rank, call,
-           cudaGetErrorName(e), cudaGetErrorString(e), what[0] ? "; " : "", what);
+  const char *rest, *pre = sl_vendor_call(call, &rest); /* the vendor's name of the call */
+  snprintf(msg, sizeof msg, SL_GPU_NAME ":%d (local rank %d): %s%s failed: %s (%s)%s%s", s->dev, s->local_rank, pre,
+           rest, cudaGetErrorName(e), cudaGetErrorString(e), what[0] ? "; " : "", what);
   return report(s, sticky, status_of(e), msg);
 }
 
@@ -70,7 +69,7 @@ sl_status cu__fail(cu_backend *s, int sticky, sl_status st, const char *fmt, ...
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
-  snprintf(msg, sizeof msg, "cuda:%d (local rank %d): %s", s->dev, s->local_rank, what);
+  snprintf(msg, sizeof msg, SL_GPU_NAME ":%d (local rank %d): %s", s->dev, s->local_rank, what);
   return report(s, sticky, st, msg);
 }
 
@@ -106,7 +105,44 @@ void cu__leave(cu_backend *s, const cu_saved *sv) {
   if (sv->has_ctx) (void)s->ctx_set(sv->ctx);
 }
 
-/* ---- probe --------------------------------------------------------------------------------- */
+/* ---- probe and the vendor's driver --------------------------------------------------------- */
+#ifdef SL_VENDOR_HIP
+/* HIP: the runtime through dlopen, then a device count (backends/hip/hip_rt.c). */
+static int cu_probe(char *reason, size_t len) { return sl__hip_probe(reason, len); }
+
+/* hipMemGetAddressRange, through the runtime table: is_device_ptr on foreign pointers. */
+static int hip_range(unsigned long long *base, size_t *size, unsigned long long ptr) {
+  hipDeviceptr_t b = NULL;
+  int e = (int)sl__hip_rt.MemGetAddressRange(&b, size, (hipDeviceptr_t)(uintptr_t)ptr);
+  *base = (unsigned long long)(uintptr_t)b;
+  return e;
+}
+/* HIP's current device stands for CUDA's current context (cu__enter/cu__leave): hipGetDevice
+ * on a thread that never chose one says 0 and makes nothing. */
+static int hip_dev_get(void **saved) {
+  int d = 0;
+  int e = (int)cudaGetDevice(&d);
+  *saved = (void *)(intptr_t)d;
+  return e;
+}
+static int hip_dev_set(void *saved) { return (int)cudaSetDevice((int)(intptr_t)saved); }
+static void open_range(cu_backend *s) {
+  s->get_range = hip_range;
+  s->ctx_get = hip_dev_get;
+  s->ctx_set = hip_dev_set;
+}
+
+/* HIP has no JIT: a device whose processor the module has no code object for would fail every
+ * kernel launch, so init refuses it, naming what was built. */
+static sl_status check_device(cu_backend *s, const struct cudaDeviceProp *p) {
+  if (sl__hip_has_code_for(p->gcnArchName)) return SL_OK;
+  return cu__fail(s, 0, SL_ERR_NO_DEVICE, "the device is %.64s, and this module holds code for %s only; rebuild it "
+                  "with -DSHARDLOAD_HIP_ARCHS naming the device's processor (gfx942 needs ROCm 6), or use --backend "
+                  "cpu", p->gcnArchName, sl__hip_archs());
+}
+#else
+#include <cuda.h>
+
 /* Cheap and side-effect free for the process: the driver through dlopen (RTLD_NODELETE: the
  * runtime opens it again at init, and unloading an initialised driver is not safe), cuInit and
  * a device count. No context, no allocation. */
@@ -168,17 +204,33 @@ out:
   return score;
 }
 
+/* The driver is present (the runtime initialised): cuMemGetAddressRange for is_device_ptr, and
+ * the current context's accessors for cu__enter/cu__leave. */
+static void open_range(cu_backend *s) {
+  s->libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (!s->libcuda) return;
+  s->get_range = (int (*)(unsigned long long *, size_t *, unsigned long long))dlsym(s->libcuda,
+                                                                                    "cuMemGetAddressRange_v2");
+  s->ctx_get = (int (*)(void **))dlsym(s->libcuda, "cuCtxGetCurrent");
+  s->ctx_set = (int (*)(void *))dlsym(s->libcuda, "cuCtxSetCurrent");
+  if (!s->ctx_get || !s->ctx_set) s->ctx_get = NULL, s->ctx_set = NULL;
+}
+
+/* Any device: the kernels carry PTX, which the driver compiles for a newer architecture. */
+static sl_status check_device(cu_backend *s, const struct cudaDeviceProp *p) { return SL_OK; }
+#endif
+
 /* ---- init, fini, describe ------------------------------------------------------------------ */
 static sl_status env_timeout(const sl_module_host *h, unsigned *out) {
-  const char *v = getenv("SHARDLOAD_CUDA_SYNC_TIMEOUT_S");
+  const char *v = getenv(SL_GPU_SYNC_TIMEOUT_ENV);
   *out = CU_DEFAULT_SYNC_TIMEOUT_S;
   if (!v || !*v) return SL_OK;
   char *end;
   errno = 0;
   unsigned long x = strtoul(v, &end, 10);
   if (*end || errno || v[0] == '-' || x == 0 || x > 86400)
-    return h->fail(h->core, SL_ERR_INVALID, "cuda backend: SHARDLOAD_CUDA_SYNC_TIMEOUT_S='%s' is not a number of "
-                                            "seconds from 1 to 86400", v);
+    return h->fail(h->core, SL_ERR_INVALID, SL_GPU_NAME " backend: " SL_GPU_SYNC_TIMEOUT_ENV "='%s' is not a number "
+                                            "of seconds from 1 to 86400", v);
   *out = (unsigned)x;
   return SL_OK;
 }
@@ -233,33 +285,27 @@ static sl_status setup(cu_backend *s) {
   if ((e = cudaGetDeviceProperties(&p, s->dev)) != cudaSuccess)
     return cu__fail_cuda(s, 0, "cudaGetDeviceProperties", e, NULL);
   s->max_pitch = p.memPitch; /* cudaMemcpy2DAsync refuses larger pitches (copy_2d_async falls back) */
+  sl_status st = check_device(s, &p);
+  if (st != SL_OK) return st;
   pci_identity(s, &p);
-  snprintf(s->desc, sizeof s->desc, "cuda:%d %.200s, %.0f GiB, sm_%d%d, bus %04x:%02x:%02x.0", s->dev, p.name,
-           (double)p.totalGlobalMem / (1024.0 * 1024 * 1024), p.major, p.minor, (unsigned)p.pciDomainID,
-           (unsigned)p.pciBusID, (unsigned)p.pciDeviceID);
-  /* the driver is present (the runtime initialised): cuMemGetAddressRange for is_device_ptr */
-  s->libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-  if (s->libcuda) {
-    s->get_range = (int (*)(unsigned long long *, size_t *, unsigned long long))dlsym(s->libcuda,
-                                                                                      "cuMemGetAddressRange_v2");
-    s->ctx_get = (int (*)(void **))dlsym(s->libcuda, "cuCtxGetCurrent");
-    s->ctx_set = (int (*)(void *))dlsym(s->libcuda, "cuCtxSetCurrent");
-    if (!s->ctx_get || !s->ctx_set) s->ctx_get = NULL, s->ctx_set = NULL;
-  }
+  snprintf(s->desc, sizeof s->desc, SL_GPU_NAME ":%d %.120s, %.0f GiB, " SL_GPU_ARCH_FMT ", bus %04x:%02x:%02x.0",
+           s->dev, p.name, (double)p.totalGlobalMem / (1024.0 * 1024 * 1024), SL_GPU_ARCH_ARGS(p),
+           (unsigned)p.pciDomainID, (unsigned)p.pciBusID, (unsigned)p.pciDeviceID);
+  open_range(s);
   return SL_OK;
 }
 
 static sl_status cu_init(const sl_backend_init *in, void **be) {
   const sl_module_host *h = in->host;
   if (in->variant && *in->variant)
-    return h->fail(h->core, SL_ERR_INVALID, "cuda backend: unknown variant '%s'; use --backend cuda (and --device N "
-                                            "to pick a device)", in->variant);
+    return h->fail(h->core, SL_ERR_INVALID, SL_GPU_NAME " backend: unknown variant '%s'; use --backend " SL_GPU_NAME
+                                            " (and --device N to pick a device)", in->variant);
   unsigned timeout_s;
   sl_status st = env_timeout(h, &timeout_s);
   if (st != SL_OK) return st;
   /* without the variable: twice the job's timeout, so that the data collective's watchdog
    * (which aborts at the job's timeout) always fires first and says why */
-  const char *env = getenv("SHARDLOAD_CUDA_SYNC_TIMEOUT_S");
+  const char *env = getenv(SL_GPU_SYNC_TIMEOUT_ENV);
   if ((!env || !*env) && in->size >= offsetof(sl_backend_init, timeout_ms) + sizeof in->timeout_ms &&
       in->timeout_ms > 0)
     timeout_s = (unsigned)(2 * (in->timeout_ms / 1000) + 5);
@@ -267,20 +313,21 @@ static sl_status cu_init(const sl_backend_init *in, void **be) {
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess)
     return h->fail(h->core, status_of(e) == SL_ERR_BACKEND ? SL_ERR_NO_DEVICE : status_of(e),
-                   "cuda (local rank %d): cudaGetDeviceCount failed: %s (%s); install or update the NVIDIA driver, "
-                   "or use --backend cpu", local_rank, cudaGetErrorName(e), cudaGetErrorString(e));
+                   SL_GPU_NAME " (local rank %d): %sGetDeviceCount failed: %s (%s); " SL_GPU_INSTALL_HINT ", or use "
+                   "--backend cpu", local_rank, SL_GPU_NAME, cudaGetErrorName(e), cudaGetErrorString(e));
   if (count <= 0)
-    return h->fail(h->core, SL_ERR_NO_DEVICE, "cuda (local rank %d): no device visible (CUDA_VISIBLE_DEVICES=%s); "
-                                              "use --backend cpu", local_rank,
-                   getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+    return h->fail(h->core, SL_ERR_NO_DEVICE, SL_GPU_NAME " (local rank %d): no device visible (" SL_GPU_VISIBLE_ENV
+                                              "=%s); use --backend cpu", local_rank,
+                   getenv(SL_GPU_VISIBLE_ENV) ? getenv(SL_GPU_VISIBLE_ENV) : "unset");
   int dev = in->device >= 0 ? in->device : local_rank % count;
   if (dev >= count)
-    return h->fail(h->core, SL_ERR_NO_DEVICE, "cuda (local rank %d): device %d requested but %d device%s visible "
-                                              "(ordinals 0..%d, CUDA_VISIBLE_DEVICES=%s); pass --device within range",
+    return h->fail(h->core, SL_ERR_NO_DEVICE, SL_GPU_NAME " (local rank %d): device %d requested but %d device%s "
+                                              "visible (ordinals 0..%d, " SL_GPU_VISIBLE_ENV "=%s); pass --device "
+                                              "within range",
                    local_rank, dev, count, count == 1 ? " is" : "s are", count - 1,
-                   getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+                   getenv(SL_GPU_VISIBLE_ENV) ? getenv(SL_GPU_VISIBLE_ENV) : "unset");
   cu_backend *s = calloc(1, sizeof *s);
-  if (!s) return h->fail(h->core, SL_ERR_NOMEM, "cuda (local rank %d): out of host memory", local_rank);
+  if (!s) return h->fail(h->core, SL_ERR_NOMEM, SL_GPU_NAME " (local rank %d): out of host memory", local_rank);
   s->host = h;
   s->dev = dev;
   s->local_rank = local_rank;
@@ -381,9 +428,9 @@ static void *cu_get_proc(const char *name) {
 static const sl_backend_ops cu_ops = {
     .abi_version = SL_BACKEND_ABI_VERSION,
     .size = sizeof(sl_backend_ops),
-    .name = "cuda",
+    .name = SL_GPU_NAME,
     .flags = SL_BACKEND_HAS_PINNED,
-    .preferred_collective = "nccl",
+    .preferred_collective = SL_CCL_NAME,
     .probe = cu_probe,
     .init = cu_init,
     .fini = cu_fini,

@@ -18,14 +18,21 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifdef __CUDACC__
+#ifdef __HIPCC__
+#include <hip/hip_runtime.h> /* __host__, __device__, __forceinline__: nvcc predefines CUDA's */
+#endif
+#if defined(__CUDACC__) || defined(__HIPCC__)
 #define SLC_FN static __host__ __device__ __forceinline__
 #else
 #define SLC_FN static inline
 #endif
+/* device code: CUDA's, or HIP's (the HIP backend compiles cuda_kernels.cu with clang) */
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define SLC_DEVICE_CODE 1
+#endif
 
 SLC_FN uint32_t slc_f32_bits(float f) {
-#ifdef __CUDA_ARCH__
+#ifdef SLC_DEVICE_CODE
   return __float_as_uint(f);
 #else
   uint32_t u;
@@ -34,7 +41,7 @@ SLC_FN uint32_t slc_f32_bits(float f) {
 #endif
 }
 SLC_FN float slc_f32_from(uint32_t u) {
-#ifdef __CUDA_ARCH__
+#ifdef SLC_DEVICE_CODE
   return __uint_as_float(u);
 #else
   float f;
@@ -43,7 +50,7 @@ SLC_FN float slc_f32_from(uint32_t u) {
 #endif
 }
 SLC_FN uint64_t slc_f64_bits(double d) {
-#ifdef __CUDA_ARCH__
+#ifdef SLC_DEVICE_CODE
   return (uint64_t)__double_as_longlong(d);
 #else
   uint64_t u;
@@ -52,7 +59,7 @@ SLC_FN uint64_t slc_f64_bits(double d) {
 #endif
 }
 SLC_FN double slc_f64_from(uint64_t u) {
-#ifdef __CUDA_ARCH__
+#ifdef SLC_DEVICE_CODE
   return __longlong_as_double((long long)u);
 #else
   double d;

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <cuda_runtime_api.h>
+#include "vendor.h" /* cuda_runtime_api.h, or the HIP map */
 
 #include "shardload/module.h"
 

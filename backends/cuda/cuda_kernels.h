@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include <cuda_runtime_api.h>
+#include "vendor.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -89,8 +89,8 @@ static int table_take_locked(cu_backend *s, void *ptr, const char *op, int *last
     memmove(s->allocs + i, s->allocs + i + 1, (s->nallocs - (size_t)i - 1) * sizeof *s->allocs);
     s->nallocs--;
   } else {
-    s->host->log(s->host->core, SL_LOG_ERROR, "cuda:%d: %s(%p): not a device allocation of this backend", s->dev, op,
-                 ptr);
+    s->host->log(s->host->core, SL_LOG_ERROR, SL_GPU_NAME ":%d: %s(%p): not a device allocation of this backend",
+                 s->dev, op, ptr);
   }
   *last = found && s->nallocs == 0;
   return found;
@@ -250,7 +250,7 @@ void cu__free_deferred(cu_backend *s, int at_fini) {
   free(list);
   if (at_fini && left)
     s->host->log(s->host->core, SL_LOG_WARN,
-                 "cuda:%d (local rank %d): %zu pinned buffer(s) not freed: work queued on the device has not "
+                 SL_GPU_NAME ":%d (local rank %d): %zu pinned buffer(s) not freed: work queued on the device has not "
                  "completed (a stuck kernel) and cudaFreeHost would wait for it without bound; left to the "
                  "process's exit (leaked)", s->dev, s->local_rank, left);
 out_leave:
@@ -284,7 +284,7 @@ void cu__free_pinned(void *be, void *ptr) {
     free(list);
     free_host_now(s, ptr);
   } else if (now < 0) {
-    s->host->log(s->host->core, SL_LOG_WARN, "cuda:%d (local rank %d): pinned buffer %p is not freed: the device "
+    s->host->log(s->host->core, SL_LOG_WARN, SL_GPU_NAME ":%d (local rank %d): pinned buffer %p is not freed: the device "
                  "is busy and there is no host memory to defer its free; leaked", s->dev, s->local_rank, ptr);
   }
 out_leave:
@@ -331,7 +331,7 @@ int cu__is_device_ptr(void *be, const void *ptr, size_t bytes) {
     (void)cudaGetLastError(); /* not an error of the load: clear it */
     return 0;
   }
-  if (a.type != cudaMemoryTypeDevice || a.device != s->dev || !s->get_range) return 0;
+  if (SL_PTR_ATTR_TYPE(a) != cudaMemoryTypeDevice || a.device != s->dev || !s->get_range) return 0;
   unsigned long long base = 0;
   size_t size = 0;
   if (s->get_range(&base, &size, (unsigned long long)(uintptr_t)ptr) != 0) return 0;
@@ -344,5 +344,5 @@ int cu__is_device_ptr(void *be, const void *ptr, size_t bytes) {
     (void)cudaGetLastError();
     return 0;
   }
-  return b.type == cudaMemoryTypeDevice && b.device == s->dev;
+  return SL_PTR_ATTR_TYPE(b) == cudaMemoryTypeDevice && b.device == s->dev;
 }

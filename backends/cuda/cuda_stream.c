@@ -69,8 +69,8 @@ static sl_status poll_done(cu_backend *s, one_query *q, const char *what) {
                                           "gave up on a stuck kernel); not waiting again", what);
   gave_up(s);
   return cu__fail(s, 1, SL_ERR_TIMEOUT,
-                  "%s: work queued on the device did not complete within %u s (SHARDLOAD_CUDA_SYNC_TIMEOUT_S, "
-                  "default %u): a kernel or a collective is stuck; check the other ranks",
+                  "%s: work queued on the device did not complete within %u s (" SL_GPU_SYNC_TIMEOUT_ENV ", default "
+                  "%u): a kernel or a collective is stuck; check the other ranks",
                   what, s->sync_timeout_s, CU_DEFAULT_SYNC_TIMEOUT_S);
 }
 

@@ -22,15 +22,16 @@
 
 #include "nccl_internal.h"
 
-/* "cuda" or "cuda:VARIANT". */
+/* "cuda" or "cuda:VARIANT" (SL_GPU_NAME: "hip" for rccl). */
 static bool is_cuda(const char *backend) {
-  return backend && strncmp(backend, "cuda", 4) == 0 && (backend[4] == 0 || backend[4] == ':');
+  const size_t n = sizeof SL_GPU_NAME - 1;
+  return backend && strncmp(backend, SL_GPU_NAME, n) == 0 && (backend[n] == 0 || backend[n] == ':');
 }
 
 static int nccl_probe(const char *backend, char *reason, size_t len) {
   char buf[512];
   if (!is_cuda(backend)) {
-    snprintf(buf, sizeof buf, "nccl: moves CUDA device memory only; this rank's backend is %s",
+    snprintf(buf, sizeof buf, SL_CCL_NAME ": moves " SL_GPU_PLATFORM " device memory only; this rank's backend is %s",
              backend ? backend : "(none)");
     goto no;
   }
@@ -39,11 +40,13 @@ static int nccl_probe(const char *backend, char *reason, size_t len) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
-    snprintf(buf, sizeof buf, "nccl: no CUDA driver/device (%s: %s)", cudaGetErrorName(e), cudaGetErrorString(e));
+    snprintf(buf, sizeof buf, SL_CCL_NAME ": no " SL_GPU_PLATFORM " driver/device (%s: %s)",
+                              cudaGetErrorName(e), cudaGetErrorString(e));
     goto no;
   }
   if (n == 0) {
-    snprintf(buf, sizeof buf, "nccl: no CUDA driver/device (no device visible; check CUDA_VISIBLE_DEVICES)");
+    snprintf(buf, sizeof buf, SL_CCL_NAME ": no " SL_GPU_PLATFORM " driver/device (no device visible; check "
+                              SL_GPU_VISIBLE_ENV ")");
     goto no;
   }
   return 1;
@@ -58,19 +61,22 @@ static sl_status nccl_init(const sl_collective_init *in, void **out) {
   const sl_module_host *h = in->host;
   if (in->size < offsetof(sl_collective_init, control) + sizeof in->control)
     return h->fail(h->core, SL_ERR_ABI,
-                   "nccl: sl_collective_init of %u bytes lacks the backend and control plane of module ABI 2; "
+                   SL_CCL_NAME ": sl_collective_init of %u bytes lacks the backend and control plane of module ABI 2; "
                    "rebuild the caller against this shardload's shardload/module.h",
                    in->size);
   if (in->world_size < 1 || in->rank < 0 || in->rank >= in->world_size)
-    return h->fail(h->core, SL_ERR_INVALID, "nccl: rank %d is not in a job of %d ranks", in->rank, in->world_size);
+    return h->fail(h->core, SL_ERR_INVALID, SL_CCL_NAME ": rank %d is not in a job of %d ranks",
+                                            in->rank, in->world_size);
   if (!in->backend || !in->backend_handle || !is_cuda(in->backend->name))
     return h->fail(h->core, SL_ERR_INVALID,
-                   "nccl init on rank %d: needs this rank's cuda backend (sl_collective_init.backend and "
-                   "backend_handle); it has %s (use --backend cuda, or --collective gloo)",
+                   SL_CCL_NAME " init on rank %d: needs this rank's " SL_GPU_NAME " backend "
+                   "(sl_collective_init.backend and backend_handle); it has %s (use --backend " SL_GPU_NAME ", or "
+                   "--collective gloo)",
                    in->rank, in->backend ? in->backend->name : "none");
   if (in->world_size > 1 && (!in->control || !in->control->broadcast || !in->control->allgather))
     return h->fail(h->core, SL_ERR_INVALID,
-                   "nccl init on rank %d of %d: no control plane to bootstrap through (sl_collective_init.control)",
+                   SL_CCL_NAME " init on rank %d of %d: no control plane to bootstrap through "
+                   "(sl_collective_init.control)",
                    in->rank, in->world_size);
   nccl_comm *c = NULL;
   sl_status st = sl__nccl_init(in, &c);
@@ -88,12 +94,13 @@ sl_status sl__nccl_report_dead(nccl_comm *c, const char *op) {
   const sl_module_host *h = c->host;
   pthread_mutex_lock(&c->mu);
   if (!atomic_load(&c->dead)) /* abort() was called and the watchdog has not acted yet */
-    sl__nccl_kill(c, SL_ERR_COMM, "nccl on rank %d (cuda:%d): aborted (sl_context_abort)", c->job_rank, c->device);
+    sl__nccl_kill(c, SL_ERR_COMM, SL_CCL_NAME " on rank %d (" SL_GPU_NAME ":%d): aborted (sl_context_abort)",
+                                  c->job_rank, c->device);
   sl_status why_st = c->why_status ? c->why_status : SL_ERR_COMM;
   char why[NCCL_MSG_LEN];
   snprintf(why, sizeof why, "%s", c->why);
   pthread_mutex_unlock(&c->mu);
-  return h->fail(h->core, why_st, "nccl %s: %s", op, why);
+  return h->fail(h->core, why_st, SL_CCL_NAME " %s: %s", op, why);
 }
 
 /* ---- issuing an op (caller holds MU) ------------------------------------------------------- */
@@ -128,14 +135,16 @@ static sl_status after_call(nccl_comm *c, const char *op, ncclResult_t r) {
     st = SL_ERR_COMM;
   }
   if (st != SL_OK)
-    sl__nccl_kill(c, st, "nccl %s on rank %d (cuda:%d): NCCL failed (%s); the communicator was aborted", op,
+    sl__nccl_kill(c, st, SL_CCL_NAME " %s on rank %d (" SL_GPU_NAME ":%d): " SL_CCL_PRODUCT " failed (%s); the "
+                         "communicator was aborted", op,
                   c->job_rank, c->device, what);
   return st;
 }
 
 static sl_status cuda_step(nccl_comm *c, const char *op, cudaError_t e) {
   if (e == cudaSuccess) return SL_OK;
-  sl__nccl_kill(c, SL_ERR_BACKEND, "nccl %s on rank %d (cuda:%d): %s: %s", op, c->job_rank, c->device,
+  sl__nccl_kill(c, SL_ERR_BACKEND, SL_CCL_NAME " %s on rank %d (" SL_GPU_NAME ":%d): %s: %s",
+                                   op, c->job_rank, c->device,
                 cudaGetErrorName(e), cudaGetErrorString(e));
   return SL_ERR_BACKEND;
 }
@@ -212,7 +221,7 @@ static sl_status issue(nccl_comm *c, nccl_op op, const nccl_args *a, void *strea
 
 static sl_status check_root(nccl_comm *c, const char *op, int root) {
   if (root >= 0 && root < c->world) return SL_OK;
-  return c->host->fail(c->host->core, SL_ERR_INVALID, "nccl %s on rank %d: root %d is not a rank of %d", op,
+  return c->host->fail(c->host->core, SL_ERR_INVALID, SL_CCL_NAME " %s on rank %d: root %d is not a rank of %d", op,
                        c->job_rank, root, c->world);
 }
 
@@ -234,7 +243,8 @@ static sl_status nccl_scatterv(void *comm, const void *sendbuf, const size_t *co
   if ((st = check_root(c, "scatterv", root)) != SL_OK) return st;
   if (c->rank == root && counts[root] != recvbytes)
     return c->host->fail(c->host->core, SL_ERR_INVALID,
-                         "nccl scatterv on rank %d: the root sends itself %zu bytes but receives %zu", c->job_rank,
+                         SL_CCL_NAME " scatterv on rank %d: the root sends itself %zu bytes but receives %zu",
+                         c->job_rank,
                          counts[root], recvbytes);
   /* counts and displs are read before issue() returns: nothing keeps them (module.h) */
   nccl_args a = {.send = sendbuf, .recv = recvbuf, .recvbytes = recvbytes, .counts = counts, .displs = displs,
@@ -247,7 +257,8 @@ static sl_status nccl_allgather(void *comm, const void *sendbuf, void *recvbuf, 
   size_t total;
   if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return sl__nccl_report_dead(c, "allgather");
   if (__builtin_mul_overflow(bytes, (size_t)c->world, &total))
-    return c->host->fail(c->host->core, SL_ERR_INVALID, "nccl allgather on rank %d: %zu bytes x %d ranks overflows",
+    return c->host->fail(c->host->core, SL_ERR_INVALID, SL_CCL_NAME " allgather on rank %d: %zu bytes x %d ranks "
+                                                        "overflows",
                          c->job_rank, bytes, c->world);
   if (bytes == 0) return SL_OK;
   nccl_args a = {.send = sendbuf, .recv = recvbuf, .bytes = bytes};
@@ -305,19 +316,21 @@ static void nccl_fini(void *comm) {
       }
     } else {
       sl__nccl_kill(c, st != SL_OK ? st : SL_ERR_COMM,
-                    "nccl fini on rank %d (cuda:%d): ncclCommFinalize failed; aborted", c->job_rank, c->device);
+                    SL_CCL_NAME " fini on rank %d (" SL_GPU_NAME ":%d): ncclCommFinalize failed; aborted",
+                    c->job_rank, c->device);
     }
   }
-  if (c->comm) sl__nccl_kill(c, SL_ERR_COMM, "nccl fini on rank %d (cuda:%d): aborted", c->job_rank, c->device);
+  if (c->comm) sl__nccl_kill(c, SL_ERR_COMM, SL_CCL_NAME " fini on rank %d (" SL_GPU_NAME ":%d): aborted",
+                                             c->job_rank, c->device);
   sl__nccl_settle_children(c);
   const sl_module_host *h = c->host;
   if (atomic_load(&c->dead) && h->log)
-    h->log(h->core, SL_LOG_DEBUG, "nccl fini on rank %d: communicator was aborted (%s)", c->job_rank, c->why);
+    h->log(h->core, SL_LOG_DEBUG, SL_CCL_NAME " fini on rank %d: communicator was aborted (%s)", c->job_rank, c->why);
   if (c->leaked && h->log)
     h->log(h->core, SL_LOG_WARN,
-           "nccl fini on rank %d (cuda:%d): %s did not return within %d ms (what it waits for, a kernel on the "
-           "device or a peer, did not end); the communicator and its stream are left behind (leaked) so that "
-           "teardown ends",
+           SL_CCL_NAME " fini on rank %d (" SL_GPU_NAME ":%d): %s did not return within %d ms (what it waits for, a "
+           "kernel on the device or a peer, did not end); the communicator and its stream are left behind (leaked) so "
+           "that teardown ends",
            c->job_rank, c->device, c->leaked_call, c->leaked_ms);
   sl__nccl_comm_free(c);
 }
@@ -330,10 +343,10 @@ static sl_status nccl_split(void *comm, int color, int key, void **out) {
 static const sl_collective_ops nccl_ops = {
     .abi_version = SL_COLLECTIVE_ABI_VERSION,
     .size = sizeof(sl_collective_ops),
-    .name = "nccl",
+    .name = SL_CCL_NAME,
     .flags = 0, /* stream-ordered */
     .domains = SL_MEM_DEVICE,
-    .device_backend = "cuda",
+    .device_backend = SL_GPU_NAME,
     .probe = nccl_probe,
     .init = nccl_init,
     .fini = nccl_fini,

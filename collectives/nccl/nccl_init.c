@@ -145,8 +145,8 @@ static void ready_here(const sl_collective_init *in, int device, const sl_nccl_l
   cudaError_t e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaDeviceGetPCIBusId(me->busid, sizeof me->busid, device);
   if (e != cudaSuccess) {
-    snprintf(me->why, sizeof me->why, "cannot use cuda:%d (%s: %s); check the driver and the device ordinal "
-             "(--device, CUDA_VISIBLE_DEVICES), or use --collective gloo",
+    snprintf(me->why, sizeof me->why, "cannot use " SL_GPU_NAME ":%d (%s: %s); check the driver and the device "
+                                      "ordinal (--device, " SL_GPU_VISIBLE_ENV "), or use --collective gloo",
              device, cudaGetErrorName(e), cudaGetErrorString(e));
     return;
   }
@@ -159,24 +159,25 @@ static sl_status agree_ready(const sl_collective_init *in, nccl_ready *me) {
   const sl_module_host *h = in->host;
   int W = in->world_size, R = in->rank;
   if (W == 1)
-    return me->ok ? SL_OK : h->fail(h->core, SL_ERR_NO_DEVICE, "nccl init on rank %d: %s", R, me->why);
+    return me->ok ? SL_OK : h->fail(h->core, SL_ERR_NO_DEVICE, SL_CCL_NAME " init on rank %d: %s", R, me->why);
   nccl_ready *all = calloc((size_t)W, sizeof *all);
-  if (!all) return h->fail(h->core, SL_ERR_NOMEM, "nccl init on rank %d: out of memory", R);
+  if (!all) return h->fail(h->core, SL_ERR_NOMEM, SL_CCL_NAME " init on rank %d: out of memory", R);
   sl_status st = in->control->allgather(in->control->ctx, me, all, sizeof *me);
   if (st != SL_OK) goto out; /* the control plane's message names the rank it lost */
   for (int r = 0; r < W && st == SL_OK; r++) {
     all[r].why[WHY_LEN - 1] = 0;
     all[r].busid[BUSID_LEN - 1] = all[r].host[HOST_LEN - 1] = 0;
     if (!all[r].ok)
-      st = h->fail(h->core, r == R ? SL_ERR_NO_DEVICE : SL_ERR_PEER, "nccl init on rank %d: rank %d cannot run NCCL: %s",
+      st = h->fail(h->core, r == R ? SL_ERR_NO_DEVICE : SL_ERR_PEER, SL_CCL_NAME " init on rank %d: rank %d cannot "
+                                                                     "run " SL_CCL_PRODUCT ": %s",
                    R, r, all[r].why);
   }
   for (int a = 0; a < W && st == SL_OK; a++)
     for (int b = a + 1; b < W && st == SL_OK; b++)
       if (strcmp(all[a].busid, all[b].busid) == 0 && strcmp(all[a].host, all[b].host) == 0)
         st = h->fail(h->core, SL_ERR_UNSUPPORTED,
-                     "nccl: ranks %d and %d share GPU %s on %s; NCCL needs one GPU per rank (use --collective gloo, "
-                     "or give each rank its own --device)",
+                     SL_CCL_NAME ": ranks %d and %d share GPU %s on %s; " SL_CCL_PRODUCT " needs one GPU per rank "
+                     "(use --collective gloo, or give each rank its own --device)",
                      a, b, all[a].busid, all[a].host);
 out:
   free(all);
@@ -199,7 +200,8 @@ static sl_status share_uid(const sl_collective_init *in, const sl_nccl_lib *L, n
   }
   u.why[WHY_LEN - 1] = 0;
   if (!u.ok)
-    return h->fail(h->core, SL_ERR_COMM, "nccl init on rank %d: rank 0 could not make an NCCL unique id (%s)", in->rank,
+    return h->fail(h->core, SL_ERR_COMM, SL_CCL_NAME " init on rank %d: rank 0 could not make an " SL_CCL_PRODUCT " "
+                                         "unique id (%s)", in->rank,
                    u.why);
   *id = u.id;
   return SL_OK;
@@ -225,11 +227,13 @@ sl_status sl__nccl_comm_resources(nccl_comm *c) {
   cudaError_t e = cudaMallocAsync(&c->barrier_buf, (size_t)c->world, (cudaStream_t)c->own_stream);
   if (e != cudaSuccess) {
     c->barrier_buf = NULL;
-    return h->fail(h->core, SL_ERR_NOMEM, "nccl init on rank %d (cuda:%d): cannot allocate %d bytes (%s)", c->job_rank,
+    return h->fail(h->core, SL_ERR_NOMEM, SL_CCL_NAME " init on rank %d (" SL_GPU_NAME ":%d): cannot allocate %d "
+                                          "bytes (%s)", c->job_rank,
                    c->device, c->world, cudaGetErrorString(e));
   }
   if (sl__nccl_watch_start(c) != SL_OK)
-    return h->fail(h->core, SL_ERR_NOMEM, "nccl init on rank %d: cannot start the watchdog thread", c->job_rank);
+    return h->fail(h->core, SL_ERR_NOMEM, SL_CCL_NAME " init on rank %d: cannot start the watchdog thread",
+                                          c->job_rank);
   return SL_OK;
 }
 
@@ -249,7 +253,7 @@ sl_status sl__nccl_init(const sl_collective_init *in, nccl_comm **out) {
   if ((st = share_uid(in, L, &id)) != SL_OK) return st;
 
   nccl_comm *c = sl__nccl_comm_new(h, L, in->backend, in->backend_handle, device, in->timeout_ms);
-  if (!c) return h->fail(h->core, SL_ERR_NOMEM, "nccl init on rank %d: out of memory", in->rank);
+  if (!c) return h->fail(h->core, SL_ERR_NOMEM, SL_CCL_NAME " init on rank %d: out of memory", in->rank);
   c->rank = c->job_rank = in->rank;
   c->world = in->world_size;
   c->control = in->control;
@@ -269,9 +273,9 @@ sl_status sl__nccl_init(const sl_collective_init *in, nccl_comm **out) {
     if (comm) (void)sl__nccl_end(c, comm, false, sl__nccl_wait_ms(c), &left_ms);
     sl__nccl_comm_free(c);
     return h->fail(h->core, st,
-                   "nccl init on rank %d of %d (cuda:%d, GPU %s): the communicator did not form: %s; a peer rank may "
-                   "have failed or be unreachable (check NCCL_SOCKET_IFNAME, run with NCCL_DEBUG=WARN), or use "
-                   "--collective gloo",
+                   SL_CCL_NAME " init on rank %d of %d (" SL_GPU_NAME ":%d, GPU %s): the communicator did not form: "
+                   "%s; a peer rank may have failed or be unreachable (check NCCL_SOCKET_IFNAME, run with "
+                   "NCCL_DEBUG=WARN), or use --collective gloo",
                    in->rank, in->world_size, device, me.busid, what);
   }
   c->comm = comm;
@@ -285,8 +289,8 @@ sl_status sl__nccl_init(const sl_collective_init *in, nccl_comm **out) {
   int ver = 0;
   L->GetVersion(&ver);
   if (h->log)
-    h->log(h->core, SL_LOG_DEBUG, "nccl: rank %d of %d on cuda:%d (GPU %s), NCCL %d", c->rank, c->world, device,
-           me.busid, ver);
+    h->log(h->core, SL_LOG_DEBUG, SL_CCL_NAME ": rank %d of %d on " SL_GPU_NAME ":%d (GPU %s), " SL_CCL_PRODUCT " %d",
+           c->rank, c->world, device, me.busid, ver);
   *out = c;
   return SL_OK;
 }

@@ -8,8 +8,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include <cuda_runtime_api.h>
-#include <nccl.h> /* types and constants only: every function comes through sl_nccl_lib */
+#include "vendor.h" /* cuda_runtime_api.h, or the HIP map (backends/cuda) */
+/* types and constants only: every function comes through sl_nccl_lib */
+#ifdef SL_VENDOR_HIP
+#include "rccl_abi.h" /* RCCL's (collectives/rccl) */
+#else
+#include <nccl.h>
+#endif
 
 #include "shardload/module.h"
 

@@ -15,18 +15,28 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static void load(void) {
   /* RTLD_LOCAL: NCCL's symbols stay out of the process's global namespace (another copy, e.g.
    * torch's, may be loaded beside it). Never closed: NCCL starts threads of its own. */
-  void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  void *h = dlopen(SL_CCL_LIB, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *e = dlerror();
-    snprintf(g_why, sizeof g_why, "nccl: libnccl.so.2 not found (%s); install NCCL or add its directory to "
-             "LD_LIBRARY_PATH, or use --collective gloo", e ? e : "dlopen failed");
+    snprintf(g_why, sizeof g_why, SL_CCL_NAME ": " SL_CCL_LIB " not found (%s); install " SL_CCL_PRODUCT " or add its "
+                                  "directory to LD_LIBRARY_PATH, or use --collective gloo", e ? e : "dlopen failed");
+    return;
+  }
+  /* the release first: an older one lacks functions, and its number says more than which */
+  ncclResult_t (*version)(int *) = (ncclResult_t(*)(int *))dlsym(h, "ncclGetVersion");
+  int v = 0;
+  if (version && version(&v) == ncclSuccess && v < SL_CCL_MIN_VERSION) {
+    int major = v >= 20900 ? v / 10000 : v / 1000, minor = v >= 20900 ? v / 100 % 100 : v / 100 % 10;
+    snprintf(g_why, sizeof g_why, SL_CCL_NAME ": " SL_CCL_LIB " is " SL_CCL_PRODUCT " %d.%d.%d, older than the "
+                                  SL_CCL_MIN_TEXT " this module needs (ncclCommSplit, non-blocking init); install a "
+                                  "newer one, or use --collective gloo", major, minor, v % 100);
     return;
   }
   struct {
     const char *name;
     void **slot;
   } fns[] = {
-#define FN(n) {"nccl" #n, (void **)&g_lib.n}
+#define FN(n) {"nccl" #n, (void **)&g_lib.n} /* RCCL keeps NCCL's names */
       FN(GetVersion),   FN(GetUniqueId), FN(CommInitRankConfig), FN(CommGetAsyncError), FN(CommAbort),
       FN(CommFinalize), FN(CommDestroy), FN(CommSplit),          FN(CommCount),         FN(CommUserRank),
       FN(Broadcast),    FN(Send),        FN(Recv),               FN(AllGather),         FN(GroupStart),
@@ -36,8 +46,8 @@ static void load(void) {
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
     *fns[i].slot = dlsym(h, fns[i].name);
     if (!*fns[i].slot) {
-      snprintf(g_why, sizeof g_why, "nccl: libnccl.so.2 lacks %s (NCCL older than 2.18?); install NCCL 2.18 or "
-               "newer, or use --collective gloo", fns[i].name);
+      snprintf(g_why, sizeof g_why, SL_CCL_NAME ": " SL_CCL_LIB " lacks %s (older than " SL_CCL_MIN_TEXT "?); install "
+                                    SL_CCL_MIN_TEXT " or newer, or use --collective gloo", fns[i].name);
       return; /* H stays open: harmless, and closing NCCL is not safe once it ran */
     }
   }

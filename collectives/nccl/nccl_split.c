@@ -81,7 +81,8 @@ void sl__nccl_settle_children(nccl_comm *c) {
  * joins it), so the child has landed once the abort returns, and is aborted too; when the
  * abort outlived its bound, the slot stays with the parent for the child that lands later. */
 static sl_status split_failed(nccl_comm *c, nccl_slot *slot, sl_status st, const char *what) {
-  sl__nccl_kill(c, st, "nccl split on rank %d (cuda:%d): ncclCommSplit failed (%s); the communicator was aborted",
+  sl__nccl_kill(c, st, SL_CCL_NAME " split on rank %d (" SL_GPU_NAME ":%d): ncclCommSplit failed (%s); the "
+                       "communicator was aborted",
                 c->job_rank, c->device, what);
   if (reap(c, slot)) free(slot);
   else if (!c->split_slot) c->split_slot = slot;
@@ -107,7 +108,7 @@ static sl_status split_settle(nccl_comm *c, nccl_slot *slot, int color, int key,
   *sub = landed(slot);
   if (!*sub) {
     if (color < 0) return SL_OK;
-    snprintf(what, len, "NCCL settled the split without a new communicator");
+    snprintf(what, len, SL_CCL_PRODUCT " settled the split without a new communicator");
     return SL_ERR_COMM;
   }
   if ((st = sl__nccl_settle_until(c, *sub, &until, what, len)) != SL_OK) return st;
@@ -125,7 +126,7 @@ static sl_status wrap_child(nccl_comm *c, ncclComm_t sub, int n, int me, void **
   nccl_comm *s = sl__nccl_comm_new(c->host, c->L, c->be_ops, c->be, c->device, c->timeout_ms);
   if (!s) {
     (void)sl__nccl_end(c, sub, false, sl__nccl_wait_ms(c), &left_ms);
-    return c->host->fail(c->host->core, SL_ERR_NOMEM, "nccl split on rank %d: out of memory", c->job_rank);
+    return c->host->fail(c->host->core, SL_ERR_NOMEM, SL_CCL_NAME " split on rank %d: out of memory", c->job_rank);
   }
   s->comm = sub;
   s->rank = me;
@@ -155,7 +156,8 @@ sl_status sl__nccl_split(nccl_comm *c, int color, int key, void **out) {
     return sl__nccl_report_dead(c, "split");
   }
   if (!slot) {
-    sl__nccl_kill(c, SL_ERR_NOMEM, "nccl split on rank %d (cuda:%d): out of memory; the communicator was aborted",
+    sl__nccl_kill(c, SL_ERR_NOMEM, SL_CCL_NAME " split on rank %d (" SL_GPU_NAME ":%d): out of memory; the "
+                                   "communicator was aborted",
                   c->job_rank, c->device);
     pthread_mutex_unlock(&c->mu);
     return sl__nccl_report_dead(c, "split");

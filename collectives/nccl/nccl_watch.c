@@ -74,14 +74,16 @@ static void sleep_ms(int ms) {
 static void poll_locked(nccl_comm *c) {
   if (atomic_load(&c->dead)) return;
   if (sl__nccl_aborted(c)) {
-    sl__nccl_kill(c, SL_ERR_COMM, "nccl on rank %d (cuda:%d): aborted (sl_context_abort)", c->job_rank, c->device);
+    sl__nccl_kill(c, SL_ERR_COMM, SL_CCL_NAME " on rank %d (" SL_GPU_NAME ":%d): aborted (sl_context_abort)",
+                                  c->job_rank, c->device);
     return;
   }
   ncclResult_t a = ncclSuccess;
   if (c->comm && c->L->CommGetAsyncError(c->comm, &a) == ncclSuccess && a != ncclSuccess && a != ncclInProgress) {
     char what[NCCL_MSG_LEN / 2];
     sl__nccl_describe(c->L, c->comm, a, what, sizeof what);
-    sl__nccl_kill(c, SL_ERR_PEER, "nccl on rank %d (cuda:%d): NCCL reported an error (%s); a peer rank may have failed", c->job_rank,
+    sl__nccl_kill(c, SL_ERR_PEER, SL_CCL_NAME " on rank %d (" SL_GPU_NAME ":%d): " SL_CCL_PRODUCT " reported an error "
+                                  "(%s); a peer rank may have failed", c->job_rank,
                   c->device, what);
     return;
   }
@@ -90,8 +92,8 @@ static void poll_locked(nccl_comm *c) {
     cudaError_t e = cudaEventQuery(p->ev);
     if (e == cudaErrorNotReady) break;
     if (e != cudaSuccess) {
-      sl__nccl_kill(c, SL_ERR_BACKEND, "nccl %s on rank %d (cuda:%d): the stream failed (%s: %s)", p->op, c->job_rank, c->device,
-                    cudaGetErrorName(e), cudaGetErrorString(e));
+      sl__nccl_kill(c, SL_ERR_BACKEND, SL_CCL_NAME " %s on rank %d (" SL_GPU_NAME ":%d): the stream failed (%s: %s)",
+                    p->op, c->job_rank, c->device, cudaGetErrorName(e), cudaGetErrorString(e));
       return;
     }
     c->spare[c->n_spare++] = p->ev;
@@ -102,8 +104,8 @@ static void poll_locked(nccl_comm *c) {
   }
   if (c->q_len > 0 && sl__nccl_ms_since(&c->last_progress) > sl__nccl_wait_ms(c)) {
     sl__nccl_kill(c, SL_ERR_TIMEOUT,
-                  "nccl %s on rank %d (cuda:%d): no operation completed within %d ms; a peer rank died or stalled "
-                  "(raise --timeout if the data is just slow), the communicator was aborted",
+                  SL_CCL_NAME " %s on rank %d (" SL_GPU_NAME ":%d): no operation completed within %d ms; a peer rank "
+                  "died or stalled (raise --timeout if the data is just slow), the communicator was aborted",
                   c->q[c->q_head].op, c->job_rank, c->device, sl__nccl_wait_ms(c));
   }
 }
@@ -125,7 +127,8 @@ sl_status sl__nccl_track(nccl_comm *c, const char *op, cudaStream_t stream) {
   if (e != cudaSuccess) {
     if (ev) c->spare[c->n_spare++] = ev;
     /* the op is queued on this rank and cannot be watched: kill rather than risk a hang */
-    sl__nccl_kill(c, SL_ERR_BACKEND, "nccl %s on rank %d (cuda:%d): cannot record an event after it (%s: %s)", op, c->job_rank,
+    sl__nccl_kill(c, SL_ERR_BACKEND, SL_CCL_NAME " %s on rank %d (" SL_GPU_NAME ":%d): cannot record an event after "
+                                     "it (%s: %s)", op, c->job_rank,
                   c->device, cudaGetErrorName(e), cudaGetErrorString(e));
     return SL_ERR_BACKEND;
   }
@@ -150,7 +153,8 @@ sl_status sl__nccl_drain(nccl_comm *c, const char *op) {
     if (done) return SL_OK;
     if (sl__nccl_ms_since(&start) > 2.0 * sl__nccl_wait_ms(c)) {
       pthread_mutex_lock(&c->mu);
-      sl__nccl_kill(c, SL_ERR_TIMEOUT, "nccl %s on rank %d (cuda:%d): earlier operations did not complete within %d ms", op,
+      sl__nccl_kill(c, SL_ERR_TIMEOUT, SL_CCL_NAME " %s on rank %d (" SL_GPU_NAME ":%d): earlier operations did not "
+                                       "complete within %d ms", op,
                     c->job_rank, c->device, 2 * sl__nccl_wait_ms(c));
       pthread_mutex_unlock(&c->mu);
       return SL_ERR_TIMEOUT;
