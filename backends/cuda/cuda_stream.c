@@ -3,7 +3,7 @@
  * and the synchronisation ops.
  *
  * No wait is unbounded: syncs poll cudaEventQuery / cudaStreamQuery with a short back-off
- * (cu__poll, cuda_wait.c) instead of cudaEventSynchronize (which cannot be interrupted), and
+ * (sl_poll, shardload/module_util.h) instead of cudaEventSynchronize (which cannot be interrupted), and
  * give up after the sync timeout (SHARDLOAD_CUDA_SYNC_TIMEOUT_S, default 600 s) with a sticky
  * SL_ERR_TIMEOUT; after one has, later waits ask once and do not wait again. A failed enqueue
  * or sync is sticky too, as in sim: every later sync reports the first failure. */
@@ -14,7 +14,6 @@
 
 #include "cuda_internal.h"
 #include "cuda_kernels.h"
-#include "cuda_wait.h"
 
 cudaStream_t cu__stream_of(cu_backend *s, void *stream) { return stream ? (cudaStream_t)stream : s->def; }
 
@@ -38,14 +37,14 @@ static int query_one(void *arg, size_t i) {
   return query_status(q->e);
 }
 
-/* Polls EVENT (or STREAM when EVENT is NULL) until it completes (cu__poll), then returns the
+/* Polls EVENT (or STREAM when EVENT is NULL) until it completes (sl_poll), then returns the
  * sticky error. */
 static sl_status poll_done(cu_backend *s, cudaEvent_t event, cudaStream_t stream, const char *what) {
   int stuck = wedged(s);
   one_query q = {event, stream, cudaSuccess};
-  cu_wait w = cu__poll(query_one, &q, 1, cu__now_s() + (stuck ? 0 : s->sync_timeout_s), NULL);
-  if (w == CU_WAIT_DONE) return cu__sticky(s);
-  if (w == CU_WAIT_FAILED)
+  sl_poll_result w = sl_poll(query_one, &q, 1, sl_deadline_in_ms(stuck ? 0 : 1000L * s->sync_timeout_s), NULL);
+  if (w == SL_POLL_DONE) return cu__sticky(s);
+  if (w == SL_POLL_FAILED)
     return cu__fail_cuda(s, 1, event ? "cudaEventQuery" : "cudaStreamQuery", q.e, "%s: work queued before it failed",
                          what);
   if (stuck)
@@ -73,9 +72,9 @@ int cu__quiet(cu_backend *s, const char *what) {
   }
   pthread_mutex_unlock(&s->lock);
   int stuck = wedged(s);
-  cu_wait w = cu__poll(query_stream, q, n, cu__now_s() + (stuck ? 0 : s->sync_timeout_s), NULL);
+  sl_poll_result w = sl_poll(query_stream, q, n, sl_deadline_in_ms(stuck ? 0 : 1000L * s->sync_timeout_s), NULL);
   free(all);
-  if (w != CU_WAIT_TIMEOUT) return 1; /* idle, or failed: either way nothing runs any more */
+  if (w != SL_POLL_TIMEOUT) return 1; /* idle, or failed: either way nothing runs any more */
   if (!stuck) {
     gave_up(s);
     char msg[CU_MSG_LEN];

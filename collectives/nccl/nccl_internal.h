@@ -12,6 +12,7 @@
 #include <nccl.h> /* types and constants only: every function comes through sl_nccl_lib */
 
 #include "shardload/module.h"
+#include "shardload/module_util.h" /* deadlines, sl_ms_since, sl_timeout_ms */
 
 #define NCCL_MSG_LEN 1024
 
@@ -120,8 +121,6 @@ void sl__nccl_kill(nccl_comm *c, sl_status why, const char *fmt, ...) __attribut
 sl_status sl__nccl_drain(nccl_comm *c, const char *op);
 bool sl__nccl_aborted(const nccl_comm *c);
 int sl__nccl_wait_ms(const nccl_comm *c);
-void sl__nccl_deadline(struct timespec *until, int ms);
-double sl__nccl_ms_since(const struct timespec *t);
 
 /* nccl_end.c: ncclCommAbort (or, with DESTROY, ncclCommDestroy) of COMM, waited for at most MS
  * (less while another call is left behind). ncclSuccess or NCCL's error; past the bound
