@@ -51,6 +51,10 @@ static int teardown(void **state) {
   (void)O->synchronize(BE); /* as the core does before fini; a sticky error is no matter here */
   O->fini(BE);
   BE = NULL;
+  /* module.h, Threads: fail() only on the thread of a call the core made, never from the
+   * module's own threads (stream workers): their failures come back through a later call */
+  const char *last;
+  if (conf_foreign_fails(&last)) fail_msg("the module called fail() from a thread of its own: %s", last);
   return 0;
 }
 
@@ -851,6 +855,7 @@ static void test_device_identity(void **state) {
 int main(int argc, char **argv) {
   const char *spec = NULL;
   bool v1 = false;
+  conf_suite_thread();
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--async") == 0) expect_async = true;
     else if (strcmp(argv[i], "--v1") == 0) v1 = true;

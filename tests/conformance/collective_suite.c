@@ -139,6 +139,9 @@ static int rank_main(int rank, int world, void *arg) {
   open_env(&e, rank, world, j);
   int rc = j->body(&e, j);
   close_env(&e);
+  /* module.h, Threads: fail() only on the thread of a call made to the module */
+  const char *last;
+  CHECK(conf_foreign_fails(&last) == 0, "a module called fail() from a thread of its own: %s", last);
   return rc;
 }
 
@@ -453,6 +456,7 @@ static void test_split(void **state) {
 /* ---- abort ------------------------------------------------------------------------------------- */
 static void *g_abort_comm;
 static void *abort_later(void *arg) {
+  conf_suite_thread(); /* a thread of the application's, as sl_context_abort's caller */
   usleep(300 * 1000);
   O->abort(g_abort_comm);
   return NULL;
@@ -688,6 +692,7 @@ static bool parse_worlds(const char *s) {
 int main(int argc, char **argv) {
   const char *spec = NULL, *backend = "cpu";
   bool v1 = false, usage = false;
+  conf_suite_thread();
   worlds[0] = 1, worlds[1] = 2, nworlds = 2;
   for (int i = 1; i < argc && !usage; i++) {
     if (strcmp(argv[i], "--async") == 0) expect_async = true;

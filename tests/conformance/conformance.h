@@ -22,6 +22,13 @@ extern const sl_module_host conf_host;
 /* The last message a module gave through fail() ("" after conf_msg_clear). */
 const char *conf_msg(void);
 void conf_msg_clear(void);
+/* Marks the calling thread as one of the suite's: the threads that call into modules. fail()
+ * is for those only (module.h, Threads: never from a module's own threads, whose failures are
+ * reported by a later call on the caller's thread). A forked child's thread keeps the mark. */
+void conf_suite_thread(void);
+/* How many fail() calls came from other threads since the process started, and the last such
+ * message (for the report). */
+int conf_foreign_fails(const char **last);
 
 /* ---- opening a module ------------------------------------------------------------------------- */
 typedef struct conf_module {
