@@ -2,6 +2,11 @@
  * loopback, with file:// and tcp:// rendezvous: data must arrive bit-exact, and a rank that
  * dies or hangs must make the others fail within the timeout, naming it.
  *
+ * What every collective owes the contract is the collective conformance suite's
+ * (tests/conformance/, conformance_collective_gloo: worlds 1, 2 and 4 over file://); here are
+ * Gloo's own: tcp:// and its store, chunking, many ranks, stores under attack, which rank is
+ * named and how, a frozen rank 0, abort from a signal handler.
+ *
  * Ranks are forked children; they check with CHECK (print, _exit(1)) rather than cmocka,
  * whose longjmp state belongs to the parent. The parent waits for every child with a
  * deadline and kills stragglers, failing the test, so no process outlives it. */
@@ -294,7 +299,6 @@ static void run_collectives(rdzv kind, int world, const char *name, const char *
   free(url);
 }
 
-static void test_file_2_ranks(void **state) { run_collectives(FILE_RDZV, 2, "file2", NULL, 0); }
 static void test_file_4_ranks_chunked(void **state) { run_collectives(FILE_RDZV, 4, "file4", "1048583", 0); }
 /* rank 0, which serves the store, starts late: the others keep trying to reach it */
 static void test_tcp_2_ranks_late_server(void **state) { run_collectives(TCP_RDZV, 2, "tcp2", NULL, 800); }
@@ -629,7 +633,6 @@ static void run_split(rdzv kind, const char *name) {
   run(&j);
   free(url);
 }
-static void test_split_file(void **state) { run_split(FILE_RDZV, "split_file"); }
 static void test_split_tcp(void **state) { run_split(TCP_RDZV, "split_tcp"); }
 
 /* A rank of a row group dies while its row peer waits on it: the peer fails within the
@@ -726,7 +729,6 @@ static void run_abort(bool from_signal, const char *name) {
   run(&j);
   free(url);
 }
-static void test_abort_from_thread(void **state) { run_abort(false, "abort_thread"); }
 static void test_abort_from_signal(void **state) { run_abort(true, "abort_signal"); }
 
 static int junk_body(const sl_collective_ops *ops, void *comm, const job *j, int rank);
@@ -945,6 +947,8 @@ static void test_init_arguments(void **state) {
   unsetenv("SHARDLOAD_GLOO_CHUNK_BYTES");
 }
 
+/* One rank: what Gloo says of itself (broadcast, scatterv, allgather, barrier, split and abort
+ * against the contract are conformance cases: conformance_collective_gloo, world 1). */
 static void test_single_rank(void **state) {
   NEED_GLOO();
   const sl_collective_ops *ops = gloo_ops();
@@ -954,39 +958,19 @@ static void test_single_rank(void **state) {
   assert_int_equal(ops->init(&in, &comm), SL_OK);
   unsigned char a[64], b[64];
   fill(a, sizeof a, 1, 0);
-  memset(b, 0, sizeof b);
-  assert_int_equal(ops->broadcast(comm, a, sizeof a, 0, NULL), SL_OK);
-  assert_int_equal(mismatch(a, sizeof a, 1, 0), -1);
   size_t counts[1] = {40}, displs[1] = {8};
-  assert_int_equal(ops->scatterv(comm, a, counts, displs, b, 40, 0, NULL), SL_OK);
-  assert_memory_equal(b, a + 8, 40);
   assert_int_equal(ops->scatterv(comm, a, counts, displs, b, 39, 0, NULL), SL_ERR_INVALID);
-  memset(b, 0, sizeof b);
-  assert_int_equal(ops->allgather(comm, a, b, sizeof a, NULL), SL_OK);
-  assert_memory_equal(a, b, sizeof a);
-  assert_int_equal(ops->barrier(comm), SL_OK);
   assert_int_equal(ops->broadcast(comm, a, sizeof a, 1, NULL), SL_ERR_INVALID);
   assert_non_null(strstr(g_msg, "root 1"));
-  /* split: a group of one, or none */
-  void *sub = (void *)1;
-  assert_int_equal(ops->split(comm, -1, 0, &sub), SL_OK);
-  assert_null(sub);
-  assert_int_equal(ops->split(comm, 3, 0, &sub), SL_OK);
-  assert_non_null(sub);
-  assert_int_equal(ops->allgather(sub, a, b, sizeof a, NULL), SL_OK);
-  ops->fini(sub);
-  /* abort: every call fails at once, naming the abort */
   ops->abort(comm);
   assert_int_equal(ops->barrier(comm), SL_ERR_COMM);
   assert_non_null(strstr(g_msg, "aborted (sl_context_abort)"));
-  assert_int_equal(ops->broadcast(comm, a, sizeof a, 0, NULL), SL_ERR_COMM);
-  assert_int_equal(ops->allgather(comm, a, b, 0, NULL), SL_ERR_COMM);
   ops->fini(comm);
   ops->fini(NULL);
 }
 
-/* The one-rank collective has the same contract: split gives a group of one (or none), abort
- * fails every later call, roots other than 0 are refused. */
+/* The one-rank collective: its refusals and messages, and a sub's own abort flag (its ops
+ * against the contract are conformance cases: conformance_collective_local). */
 static void test_local_collective(void **state) {
   const sl_collective_ops *ops = sl__collective_local();
   assert_int_equal(ops->flags, SL_COLL_SYNC);
@@ -1003,23 +987,17 @@ static void test_local_collective(void **state) {
   assert_int_equal(ops->init(&in, &comm), SL_OK);
   unsigned char a[16] = "0123456789abcde", b[16] = {0};
   size_t counts[1] = {8}, displs[1] = {4};
-  assert_int_equal(ops->scatterv(comm, a, counts, displs, b, 8, 0, NULL), SL_OK);
-  assert_memory_equal(b, a + 4, 8);
   assert_int_equal(ops->scatterv(comm, a, counts, displs, b, 7, 0, NULL), SL_ERR_INVALID);
   assert_non_null(strstr(g_msg, "sends itself 8 bytes but receives 7"));
   assert_int_equal(ops->broadcast(comm, a, sizeof a, 1, NULL), SL_ERR_INVALID);
   assert_non_null(strstr(g_msg, "root 1"));
-  assert_int_equal(ops->split(comm, -1, 0, &sub), SL_OK);
-  assert_null(sub);
   assert_int_equal(ops->split(comm, 0, 5, &sub), SL_OK);
   assert_non_null(sub);
-  assert_int_equal(ops->allgather(sub, a, b, sizeof a, NULL), SL_OK);
-  assert_memory_equal(a, b, sizeof a);
   ops->abort(comm);
   assert_int_equal(ops->barrier(comm), SL_ERR_COMM);
   assert_non_null(strstr(g_msg, "aborted (sl_context_abort)"));
-  assert_int_equal(ops->allgather(comm, a, b, sizeof a, NULL), SL_ERR_COMM);
   assert_int_equal(ops->barrier(sub), SL_OK); /* a sub has its own flag */
+  assert_int_equal(ops->allgather(sub, a, b, sizeof a, NULL), SL_OK);
   ops->fini(sub);
   ops->fini(comm);
 }
@@ -1145,7 +1123,6 @@ int main(void) {
       cmocka_unit_test(test_local_collective),
       cmocka_unit_test(test_out_of_memory),
       cmocka_unit_test(test_store_thread_fails),
-      cmocka_unit_test(test_file_2_ranks),
       cmocka_unit_test(test_file_4_ranks_chunked),
       cmocka_unit_test(test_tcp_2_ranks_late_server),
       cmocka_unit_test(test_tcp_4_ranks_chunked),
@@ -1170,10 +1147,8 @@ int main(void) {
       cmocka_unit_test(test_frozen_rank0_tcp),
       cmocka_unit_test(test_many_ranks_stuck_tcp),
       cmocka_unit_test(test_many_ranks_dead_tcp),
-      cmocka_unit_test(test_split_file),
       cmocka_unit_test(test_split_tcp),
       cmocka_unit_test(test_split_lost_rank),
-      cmocka_unit_test(test_abort_from_thread),
       cmocka_unit_test(test_abort_from_signal),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,13 +1,16 @@
 /* The sim backend as a faithful asynchronous device (issue 7, "Proof on CPU machines";
  * shardload/module.h, "The asynchronous contract"), driven through its ops table with a host of
- * our own, and the cpu backend's synchronous v2 table.
+ * our own, and what the cpu backend's table holds of its own.
  *
- * Each test proves one behaviour a core could otherwise get away with breaking: work runs
- * later (a forgotten wait reads stale data), streams run concurrently (a missing
- * stream_wait_event races), events say when work is done, strict mode keeps device memory out
- * of the host's reach, failures of enqueued work reach the caller's thread, pageable copies are
- * counted, and freeing memory that queued work uses crashes. Crashes are checked in forked
- * children (the backend is created after the fork: worker threads do not survive one). */
+ * What every backend owes the contract (events, streams, stale reads without a wait, sticky
+ * errors, copies, casts, pinned and registered memory, extensions, lent memory) is tested by
+ * the backend conformance suite (tests/conformance/backend_suite.c), run on sim, sim:strict
+ * and cpu among the others. Here is what only sim does, the instruments the core's tests rely
+ * on: a host source is read when the copy runs, tasks wait a random delay, strict mode keeps
+ * device memory out of the host's reach, failures of enqueued work reach the caller's thread
+ * (never through the host from a worker), pageable copies are counted, every wait is bounded by
+ * the job's timeout, and freeing memory that queued work uses crashes. Crashes are checked in
+ * forked children (the backend is created after the fork: worker threads do not survive one). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -216,80 +219,6 @@ static void test_tasks_run_after_a_random_delay(void **state) {
   double slow = run_noops(20000, 40);
   assert_true(slow > 0.2 && slow < 5.0);
   assert_true(run_noops(0, 5000) < 2.0);
-}
-
-/* ---- (b) streams run concurrently; stream_wait_event orders them ------------------------------ */
-/* Producer: a 300 ms task, then an h2d of 0x5A into SRC, then a record of EV. Consumer: (a wait
- * for EV when WAIT), a d2d SRC -> DST. Returns what DST holds. */
-static unsigned char producer_consumer(int wait) {
-  void *be = open_sim(NULL, 0);
-  enum { N = 1 << 16 };
-  unsigned char *src = dev_alloc(be, N), *dst = dev_alloc(be, N), *host = malloc(N), *out = malloc(N);
-  void *ps, *cs, *ev;
-  assert_int_equal(sim()->stream_create(be, &ps), SL_OK);
-  assert_int_equal(sim()->stream_create(be, &cs), SL_OK);
-  assert_int_equal(sim()->event_create(be, &ev), SL_OK);
-  memset(host, 0, N);
-  assert_int_equal(sim()->copy_async(be, src, host, N, SL_COPY_H2D, ps), SL_OK);
-  assert_int_equal(sim()->copy_async(be, dst, host, N, SL_COPY_H2D, ps), SL_OK);
-  assert_int_equal(sim()->stream_sync(be, ps), SL_OK);
-  unsigned char *fill = malloc(N);
-  memset(fill, 0x5A, N);
-  gate slow = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 300};
-  assert_int_equal(sl__sim_enqueue(be, ps, gate_fn, &slow, NULL), SL_OK);
-  assert_int_equal(sim()->copy_async(be, src, fill, N, SL_COPY_H2D, ps), SL_OK);
-  assert_int_equal(sim()->event_record(be, ev, ps), SL_OK);
-  if (wait) assert_int_equal(sim()->stream_wait_event(be, cs, ev), SL_OK);
-  assert_int_equal(sim()->copy_async(be, dst, src, N, SL_COPY_D2D, cs), SL_OK);
-  assert_int_equal(sim()->stream_sync(be, cs), SL_OK);
-  assert_int_equal(sim()->copy_async(be, out, dst, N, SL_COPY_D2H, cs), SL_OK);
-  assert_int_equal(sim()->synchronize(be), SL_OK);
-  unsigned char v = out[0];
-  assert_true(sl_test_all_bytes(out, N, v));
-  sim()->stream_destroy(be, ps);
-  sim()->stream_destroy(be, cs);
-  sim()->event_destroy(be, ev);
-  sim()->free_device(be, src);
-  sim()->free_device(be, dst);
-  free(host), free(out), free(fill);
-  close_sim(be);
-  return v;
-}
-
-static void test_streams_race_without_wait(void **state) {
-  assert_int_equal(producer_consumer(0), 0x00); /* the consumer read before the producer wrote */
-}
-
-static void test_stream_wait_event_orders(void **state) { assert_int_equal(producer_consumer(1), 0x5A); }
-
-/* ---- (c) event_query -------------------------------------------------------------------------- */
-static void test_event_query(void **state) {
-  void *be = open_sim(NULL, 0);
-  void *s, *ev;
-  assert_int_equal(sim()->stream_create(be, &s), SL_OK);
-  assert_int_equal(sim()->event_create(be, &ev), SL_OK);
-  assert_int_equal(sim()->event_query(be, ev), 1); /* never recorded */
-  assert_int_equal(sim()->event_sync(be, ev), SL_OK);
-  gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-  assert_int_equal(sl__sim_enqueue(be, s, gate_fn, &g, NULL), SL_OK);
-  assert_int_equal(sim()->event_record(be, ev, s), SL_OK);
-  assert_int_equal(sim()->event_query(be, ev), 0);
-  /* a wait on another stream holds that stream too */
-  void *ev2;
-  assert_int_equal(sim()->event_create(be, &ev2), SL_OK);
-  assert_int_equal(sim()->stream_wait_event(be, NULL, ev), SL_OK);
-  assert_int_equal(sim()->event_record(be, ev2, NULL), SL_OK);
-  usleep(20000);
-  assert_int_equal(sim()->event_query(be, ev2), 0);
-  gate_open(&g);
-  assert_int_equal(sim()->event_sync(be, ev), SL_OK);
-  assert_int_equal(sim()->event_query(be, ev), 1);
-  assert_int_equal(sim()->event_sync(be, ev2), SL_OK);
-  assert_int_equal(sim()->event_query(be, ev2), 1);
-  sim()->event_destroy(be, ev);
-  sim()->event_destroy(be, ev2);
-  sim()->stream_destroy(be, s);
-  close_sim(be);
 }
 
 /* ---- (d) strict mode -------------------------------------------------------------------------- */
@@ -573,23 +502,6 @@ static void test_fini_drains_queued_work(void **state) {
   free(out);
 }
 
-/* A stream destroyed with work queued finishes it first. */
-static void test_stream_destroy_drains(void **state) {
-  void *be = open_sim(NULL, 200);
-  enum { N = 64 };
-  unsigned char *dev = dev_alloc(be, N), in[N], out[N];
-  memset(in, 0x42, N);
-  memset(out, 0, N);
-  void *s;
-  assert_int_equal(sim()->stream_create(be, &s), SL_OK);
-  for (int i = 0; i < 20; i++) assert_int_equal(sim()->copy_async(be, dev, in, N, SL_COPY_H2D, s), SL_OK);
-  assert_int_equal(sim()->copy_async(be, out, dev, N, SL_COPY_D2H, s), SL_OK);
-  sim()->stream_destroy(be, s);
-  assert_true(sl_test_all_bytes(out, N, 0x42));
-  sim()->free_device(be, dev);
-  close_sim(be);
-}
-
 /* ---- bounded waits ----------------------------------------------------------------------------- */
 /* A sim backend whose job timeout is TIMEOUT_MS (sl_backend_init.timeout_ms). */
 static void *open_sim_timeout(unsigned delay_us, int timeout_ms) {
@@ -677,38 +589,14 @@ static void test_syncs_bounded_by_the_timeout(void **state) {
   unsetenv("SHARDLOAD_SIM_DELAY_US");
 }
 
-/* ---- ops: 2-D copies, casts, the SGD extension --------------------------------------------------- */
-static void test_copy_2d_and_cast(void **state) {
+/* ---- the SGD instrument under strict access -------------------------------------------------- */
+/* (Its arithmetic, the 2-D copies, casts and the event pipeline are conformance cases,
+ * tests/conformance/backend_suite.c, run on sim and sim:strict.) Strict mode refuses a gradient in
+ * host memory: the instrument steps device memory only. */
+static void test_sgd_refuses_host_memory(void **state) {
   void *be = open_sim("strict", 20);
-  /* a 6x10 matrix of floats on the host; rows 1..4, columns 2..7 packed on the device */
-  float m[6][10], packed[4][6], back[6][10];
-  for (int r = 0; r < 6; r++)
-    for (int c = 0; c < 10; c++) m[r][c] = (float)(r * 10 + c) + 0.3f;
-  float *dm = dev_alloc(be, sizeof m), *dp = dev_alloc(be, sizeof packed);
-  uint16_t *dh = dev_alloc(be, 24 * 2);
-  assert_int_equal(sim()->copy_async(be, dm, m, sizeof m, SL_COPY_H2D, NULL), SL_OK);
-  assert_int_equal(sim()->copy_2d_async(be, dp, 6 * 4, (char *)dm + (10 + 2) * 4, 10 * 4, 6 * 4, 4, SL_COPY_D2D, NULL),
-                   SL_OK);
-  assert_int_equal(sim()->copy_async(be, packed, dp, sizeof packed, SL_COPY_D2H, NULL), SL_OK);
-  assert_int_equal(sim()->cast_async(be, dh, SL_DTYPE_BF16, dp, SL_DTYPE_F32, 24, NULL), SL_OK);
-  uint16_t bf[24], want[24];
-  assert_int_equal(sim()->copy_async(be, bf, dh, sizeof bf, SL_COPY_D2H, NULL), SL_OK);
-  memset(back, 0, sizeof back);
-  assert_int_equal(sim()->copy_2d_async(be, &back[1][2], 10 * 4, dp, 6 * 4, 6 * 4, 4, SL_COPY_D2H, NULL), SL_OK);
-  assert_int_equal(sim()->synchronize(be), SL_OK);
-  for (int r = 0; r < 4; r++)
-    for (int c = 0; c < 6; c++) {
-      assert_true(packed[r][c] == m[r + 1][c + 2]);
-      assert_true(back[r + 1][c + 2] == m[r + 1][c + 2]);
-    }
-  assert_true(back[0][0] == 0 && back[5][9] == 0);
-  assert_int_equal(sl_convert(want, SL_DTYPE_BF16, packed, SL_DTYPE_F32, 24), SL_OK);
-  assert_memory_equal(bf, want, sizeof bf);
-
-  /* the SGD instrument synchronises first, then steps device memory under strict access */
   sl_ext_sgd_step_fn sgd = (sl_ext_sgd_step_fn)sim()->get_proc(SL_EXT_SGD_STEP);
   assert_non_null(sgd);
-  assert_null(sim()->get_proc("sl_ext_nonexistent"));
   float x[4] = {1, 2, 3, 4}, g[4] = {10, 10, 10, 10}, r[4];
   float *dx = dev_alloc(be, sizeof x), *dg = dev_alloc(be, sizeof g);
   assert_int_equal(sim()->copy_async(be, dx, x, sizeof x, SL_COPY_H2D, NULL), SL_OK);
@@ -719,55 +607,6 @@ static void test_copy_2d_and_cast(void **state) {
   assert_int_equal(sgd(be, dx, x, SL_DTYPE_F32, 4, 0.5f), SL_ERR_BACKEND); /* g is host memory */
   sim()->free_device(be, dx);
   sim()->free_device(be, dg);
-  sim()->free_device(be, dm);
-  sim()->free_device(be, dp);
-  sim()->free_device(be, dh);
-  close_sim(be);
-}
-
-/* A pipeline as the loader runs it: two pinned slots, chunks copied up on one stream, packed on
- * another after an event, slots reused only after the consumer's event. With every wait in
- * place the data is exact whatever the delays. */
-static void test_pipeline_exact_with_events(void **state) {
-  void *be = open_sim(NULL, 30);
-  enum { CH = 256, CHUNKS = 400, SLOTS = 2 };
-  unsigned char *slot[SLOTS], *up[SLOTS], *dst = dev_alloc(be, CH * CHUNKS), *out = malloc(CH * CHUNKS);
-  void *copy_s, *pack_s, *uploaded[SLOTS], *consumed[SLOTS];
-  assert_int_equal(sim()->stream_create(be, &copy_s), SL_OK);
-  assert_int_equal(sim()->stream_create(be, &pack_s), SL_OK);
-  for (int i = 0; i < SLOTS; i++) {
-    assert_int_equal(sim()->alloc_pinned(be, CH, (void **)&slot[i]), SL_OK);
-    up[i] = dev_alloc(be, CH);
-    assert_int_equal(sim()->event_create(be, &uploaded[i]), SL_OK);
-    assert_int_equal(sim()->event_create(be, &consumed[i]), SL_OK);
-  }
-  for (int k = 0; k < CHUNKS; k++) {
-    int i = k % SLOTS;
-    assert_int_equal(sim()->event_sync(be, uploaded[i]), SL_OK); /* the host may refill the slot */
-    memset(slot[i], (unsigned char)(k * 13 + 5), CH);
-    assert_int_equal(sim()->stream_wait_event(be, copy_s, consumed[i]), SL_OK); /* device slot free */
-    assert_int_equal(sim()->copy_async(be, up[i], slot[i], CH, SL_COPY_H2D, copy_s), SL_OK);
-    assert_int_equal(sim()->event_record(be, uploaded[i], copy_s), SL_OK);
-    assert_int_equal(sim()->stream_wait_event(be, pack_s, uploaded[i]), SL_OK);
-    assert_int_equal(sim()->copy_async(be, dst + (size_t)k * CH, up[i], CH, SL_COPY_D2D, pack_s), SL_OK);
-    assert_int_equal(sim()->event_record(be, consumed[i], pack_s), SL_OK);
-  }
-  assert_int_equal(sim()->copy_async(be, out, dst, CH * CHUNKS, SL_COPY_D2H, pack_s), SL_OK);
-  assert_int_equal(sim()->synchronize(be), SL_OK);
-  for (int k = 0; k < CHUNKS; k++) assert_true(sl_test_all_bytes(out + (size_t)k * CH, CH, (unsigned char)(k * 13 + 5)));
-  sl__sim_counters c;
-  sl__sim_counters_get(be, &c);
-  assert_int_equal(c.h2d_pageable, 0);
-  for (int i = 0; i < SLOTS; i++) {
-    sim()->event_destroy(be, uploaded[i]);
-    sim()->event_destroy(be, consumed[i]);
-    sim()->free_pinned(be, slot[i]);
-    sim()->free_device(be, up[i]);
-  }
-  sim()->stream_destroy(be, copy_s);
-  sim()->stream_destroy(be, pack_s);
-  sim()->free_device(be, dst);
-  free(out);
   close_sim(be);
 }
 
@@ -807,7 +646,8 @@ static void test_sim_table_and_variants(void **state) {
   close_sim(be);
 }
 
-/* ---- the cpu backend: synchronous, trivially meeting the contract -------------------------------- */
+/* ---- the cpu backend: what is its own ------------------------------------------------------------ */
+/* (Its ops against the contract are conformance cases, tests/conformance/backend_suite.c.) */
 static void test_cpu_backend_v2(void **state) {
   const sl_backend_ops *o = sl__backend_cpu();
   assert_int_equal(o->abi_version, SL_BACKEND_ABI_VERSION);
@@ -816,43 +656,17 @@ static void test_cpu_backend_v2(void **state) {
   assert_false(o->flags & SL_BACKEND_HAS_PINNED);
   assert_int_equal(o->probe(NULL, 0), 1);
   host_reset();
-  void *be = NULL, *s = NULL, *ev = NULL;
+  void *be = NULL;
   sl_backend_init bi = init_for(o, "strict", 0);
   assert_int_equal(o->init(&bi, &be), SL_ERR_INVALID);
   bi.variant = NULL;
   assert_int_equal(o->init(&bi, &be), SL_OK);
   assert_int_equal(o->device_ordinal(be), 0);
-  assert_int_equal(o->stream_create(be, &s), SL_OK);
-  assert_int_equal(o->event_create(be, &ev), SL_OK);
-  assert_non_null(s);
-  assert_non_null(ev);
-  float src[8] = {1, 2, 3, 4, 5, 6, 7, 8}, *dev;
-  uint16_t bf[8], want[8];
-  assert_int_equal(o->alloc_device(be, sizeof src, (void **)&dev), SL_OK);
-  assert_int_equal(o->copy_async(be, dev, src, sizeof src, SL_COPY_H2D, s), SL_OK);
-  assert_int_equal(o->event_record(be, ev, s), SL_OK);
-  assert_int_equal(o->event_query(be, ev), 1); /* complete on return */
-  assert_memory_equal(dev, src, sizeof src);
-  assert_int_equal(o->cast_async(be, bf, SL_DTYPE_BF16, dev, SL_DTYPE_F32, 8, s), SL_OK);
-  assert_int_equal(sl_convert(want, SL_DTYPE_BF16, src, SL_DTYPE_F32, 8), SL_OK);
-  assert_memory_equal(bf, want, sizeof bf);
-  assert_int_equal(o->cast_async(be, bf, SL_DTYPE_I32, dev, SL_DTYPE_F32, 2, s), SL_ERR_DTYPE);
+  float src[2] = {1, 2}, dev[2];
+  assert_int_equal(o->cast_async(be, dev, SL_DTYPE_I32, src, SL_DTYPE_F32, 2, NULL), SL_ERR_DTYPE);
   assert_non_null(strstr(th.msg, "cpu backend: cannot cast F32 to I32"));
-  float cols[4];
-  assert_int_equal(o->copy_2d_async(be, cols, 4, dev + 1, 8, 4, 4, SL_COPY_D2H, s), SL_OK); /* every 2nd */
-  assert_true(cols[0] == 2 && cols[3] == 8);
-  assert_int_equal(o->stream_wait_event(be, s, ev), SL_OK);
-  assert_int_equal(o->event_sync(be, ev), SL_OK);
-  assert_int_equal(o->stream_sync(be, s), SL_OK);
-  assert_int_equal(o->synchronize(be), SL_OK);
-  sl_ext_sgd_step_fn sgd = (sl_ext_sgd_step_fn)o->get_proc(SL_EXT_SGD_STEP);
-  assert_non_null(sgd);
-  assert_null(o->get_proc(SL_EXT_TRAFFIC));
-  assert_int_equal(sgd(be, dev, src, SL_DTYPE_F32, 8, 1.0f), SL_OK);
-  assert_true(dev[0] == 0 && dev[7] == 0);
-  o->event_destroy(be, ev);
-  o->stream_destroy(be, s);
-  o->free_device(be, dev);
+  assert_non_null(o->get_proc(SL_EXT_SGD_STEP));
+  assert_null(o->get_proc(SL_EXT_TRAFFIC)); /* it copies nothing it could count */
   o->fini(be);
 }
 
@@ -860,9 +674,6 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_h2d_reads_source_when_it_runs),
       cmocka_unit_test(test_tasks_run_after_a_random_delay),
-      cmocka_unit_test(test_streams_race_without_wait),
-      cmocka_unit_test(test_stream_wait_event_orders),
-      cmocka_unit_test(test_event_query),
       cmocka_unit_test(test_strict_host_touch_crashes),
       cmocka_unit_test(test_strict_concurrent_opens_are_counted),
       cmocka_unit_test(test_sticky_error_from_worker),
@@ -872,11 +683,9 @@ int main(void) {
       cmocka_unit_test(test_pageable_and_pinned_counters),
       cmocka_unit_test(test_free_with_pending_work_aborts),
       cmocka_unit_test(test_fini_drains_queued_work),
-      cmocka_unit_test(test_stream_destroy_drains),
       cmocka_unit_test(test_wait_is_bounded),
       cmocka_unit_test(test_syncs_bounded_by_the_timeout),
-      cmocka_unit_test(test_copy_2d_and_cast),
-      cmocka_unit_test(test_pipeline_exact_with_events),
+      cmocka_unit_test(test_sgd_refuses_host_memory),
       cmocka_unit_test(test_sim_table_and_variants),
       cmocka_unit_test(test_cpu_backend_v2),
   };

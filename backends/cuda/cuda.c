@@ -306,8 +306,7 @@ static sl_status cu_init(const sl_backend_init *in, void **be) {
   /* without the variable: twice the job's timeout, so that the data collective's watchdog
    * (which aborts at the job's timeout) always fires first and says why */
   const char *env = getenv(SL_GPU_SYNC_TIMEOUT_ENV);
-  if ((!env || !*env) && in->size >= offsetof(sl_backend_init, timeout_ms) + sizeof in->timeout_ms &&
-      in->timeout_ms > 0)
+  if ((!env || !*env) && SL_INIT_GET(in, timeout_ms, 0) > 0)
     timeout_s = (unsigned)(2 * (in->timeout_ms / 1000) + 5);
   int local_rank = in->local_rank < 0 ? 0 : in->local_rank, count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
@@ -462,5 +461,5 @@ static const sl_backend_ops cu_ops = {
     .free_device_after = cu__free_device_after,
 };
 
-/* The only exported symbol (exports.map). */
+/* The only exported symbol (the version script of shardload_add_module). */
 __attribute__((visibility("default"))) const sl_backend_ops *sl_backend_module_v2(void) { return &cu_ops; }

@@ -12,6 +12,7 @@
 #include "vendor.h" /* cuda_runtime_api.h, or the HIP map */
 
 #include "shardload/module.h"
+#include "shardload/module_util.h" /* SL_INIT_GET, sl_poll, deadlines */
 
 #define CU_MSG_LEN 1024
 /* How long a sync waits before it gives up; the backend has no job timeout of its own (the

@@ -3,7 +3,7 @@
  * and the synchronisation ops.
  *
  * No wait is unbounded: syncs poll cudaEventQuery / cudaStreamQuery with a short back-off
- * (cu__poll, cuda_wait.c) instead of cudaEventSynchronize (which cannot be interrupted), and
+ * (sl_poll, shardload/module_util.h) instead of cudaEventSynchronize (which cannot be interrupted), and
  * give up after the sync timeout (SHARDLOAD_CUDA_SYNC_TIMEOUT_S, default 600 s) with a sticky
  * SL_ERR_TIMEOUT; after one has, later waits ask once and do not wait again. A failed enqueue
  * or sync is sticky too, as in sim: every later sync reports the first failure. Frees on a
@@ -15,7 +15,6 @@
 
 #include "cuda_internal.h"
 #include "cuda_kernels.h"
-#include "cuda_wait.h"
 
 cudaStream_t cu__stream_of(cu_backend *s, void *stream) { return stream ? (cudaStream_t)stream : s->def; }
 
@@ -55,13 +54,13 @@ static int query_one(void *arg, size_t i) {
   return query_status(q->e);
 }
 
-/* Polls Q until it completes (cu__poll), then returns the sticky error. */
+/* Polls Q until it completes (sl_poll), then returns the sticky error. */
 static sl_status poll_done(cu_backend *s, one_query *q, const char *what) {
   int stuck = wedged(s);
   q->s = s;
-  cu_wait w = cu__poll(query_one, q, 1, cu__now_s() + (stuck ? 0 : s->sync_timeout_s), NULL);
-  if (w == CU_WAIT_DONE) return cu__sticky(s);
-  if (w == CU_WAIT_FAILED)
+  sl_poll_result w = sl_poll(query_one, q, 1, sl_deadline_in_ms(stuck ? 0 : 1000L * s->sync_timeout_s), NULL);
+  if (w == SL_POLL_DONE) return cu__sticky(s);
+  if (w == SL_POLL_FAILED)
     return cu__fail_cuda(s, 1, q->event ? "cudaEventQuery" : "cudaStreamQuery", q->e,
                          "%s: work queued before it failed", what);
   if (stuck)

@@ -2,8 +2,7 @@
  * needed), exports only its entry symbol, fills the ABI v2 table, and its probe and init say
  * exactly why they cannot run where there is no driver or device (and, on a GPU machine, that
  * they can, and that bad requests fail naming the device). Argument: the module's path.
- * Also the module's bounded wait (cuda_wait.c, linked in) driven by a fake query: what a
- * machine without a GPU can check of the teardown that must end behind a stuck kernel. */
+ * (Its bounded wait is shardload/module_util.h's sl_poll, tested by tests/test_module_util.c.) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -11,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_wait.h"
 #include "shardload/module.h"
 #include "testutil.h"
 
@@ -208,67 +206,6 @@ static void test_cli(void **state) {
   free(dir);
 }
 
-/* ---- the bounded wait, with a fake query ------------------------------------------------ */
-/* Item i answers "not yet" READY_AFTER[i] times, then "done" (never when < 0); FAIL_AT fails. */
-typedef struct fake_query {
-  int ready_after[3];
-  int fail_at;
-  int asked[3];
-} fake_query;
-
-static int ask(void *arg, size_t i) {
-  fake_query *q = arg;
-  q->asked[i]++;
-  if ((int)i == q->fail_at) return -1;
-  return q->ready_after[i] >= 0 && q->asked[i] > q->ready_after[i];
-}
-
-/* Every item completes: DONE, and an item that completed is not asked again. */
-static void test_wait_until_every_item_completes(void **state) {
-  fake_query q = {{0, 3, 200}, -1, {0}};
-  size_t at = 99;
-  assert_int_equal(cu__poll(ask, &q, 3, cu__now_s() + 10, &at), CU_WAIT_DONE);
-  assert_int_equal(q.asked[0], 1);
-  assert_int_equal(q.asked[1], 4);
-  assert_int_equal(q.asked[2], 201);
-}
-
-/* An item that never completes (a kernel that never ends): TIMEOUT at the deadline, not
- * before and not much after, naming the item. */
-static void test_wait_gives_up_at_the_deadline(void **state) {
-  fake_query q = {{0, -1, 0}, -1, {0}};
-  size_t at = 99;
-  double t0 = cu__now_s();
-  assert_int_equal(cu__poll(ask, &q, 3, t0 + 0.5, &at), CU_WAIT_TIMEOUT);
-  double dt = cu__now_s() - t0;
-  printf("# gave up after %.3f s\n", dt);
-  assert_true(dt >= 0.5 && dt < 0.8);
-  assert_int_equal(at, 1);
-  assert_int_equal(q.asked[2], 0); /* items after the pending one wait their turn */
-}
-
-static void test_wait_reports_the_failed_item(void **state) {
-  fake_query q = {{0, 0, 0}, 2, {0}};
-  size_t at = 99;
-  assert_int_equal(cu__poll(ask, &q, 3, cu__now_s() + 10, &at), CU_WAIT_FAILED);
-  assert_int_equal(at, 2);
-}
-
-/* A deadline already past (the device is known stuck: an earlier wait gave up): one round of
- * queries and no wait, so teardown does not wait out the timeout once per stream and buffer. */
-static void test_wait_past_its_deadline_asks_once(void **state) {
-  fake_query q = {{0, -1, 0}, -1, {0}};
-  size_t at = 99;
-  double t0 = cu__now_s();
-  assert_int_equal(cu__poll(ask, &q, 3, t0 - 1, &at), CU_WAIT_TIMEOUT);
-  assert_true(cu__now_s() - t0 < 0.05);
-  assert_int_equal(at, 1);
-  assert_int_equal(q.asked[0], 1);
-  assert_int_equal(q.asked[1], 1);
-  fake_query idle = {{0, 0, 0}, -1, {0}};
-  assert_int_equal(cu__poll(ask, &idle, 3, t0 - 1, NULL), CU_WAIT_DONE); /* a quiet device still answers */
-}
-
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s path/to/libshardload-cuda.so\n", argv[0]);
@@ -282,10 +219,6 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_init_rejects_bad_requests),
       cmocka_unit_test(test_init_device),
       cmocka_unit_test(test_cli),
-      cmocka_unit_test(test_wait_until_every_item_completes),
-      cmocka_unit_test(test_wait_gives_up_at_the_deadline),
-      cmocka_unit_test(test_wait_reports_the_failed_item),
-      cmocka_unit_test(test_wait_past_its_deadline_asks_once),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -59,7 +59,7 @@ static sl_status nccl_init(const sl_collective_init *in, void **out) {
   if (!in || !out || !in->host) return SL_ERR_INVALID;
   *out = NULL;
   const sl_module_host *h = in->host;
-  if (in->size < offsetof(sl_collective_init, control) + sizeof in->control)
+  if (!SL_INIT_HAS(in, control))
     return h->fail(h->core, SL_ERR_ABI,
                    SL_CCL_NAME ": sl_collective_init of %u bytes lacks the backend and control plane of module ABI 2; "
                    "rebuild the caller against this shardload's shardload/module.h",

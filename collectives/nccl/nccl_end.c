@@ -97,7 +97,7 @@ ncclResult_t sl__nccl_end(nccl_comm *c, ncclComm_t comm, bool destroy, int ms, i
   if (!j) return destroy ? L->CommDestroy(comm) : L->CommAbort(comm); /* 2.18, or no thread to spare */
   if (atomic_load(&root->left_behind) && ms > NCCL_STUCK_GRACE_MS) ms = NCCL_STUCK_GRACE_MS;
   struct timespec until;
-  sl__nccl_deadline(&until, ms);
+  until = sl_deadline_in_ms(ms).at;
   pthread_mutex_lock(&j->mu);
   while (!j->done && pthread_cond_timedwait(&j->done_cv, &j->mu, &until) == 0) {
   }

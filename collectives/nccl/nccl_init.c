@@ -103,7 +103,7 @@ void sl__nccl_comm_free(nccl_comm *c) {
  * SL_OK, or the communicator is left for the caller to abort and WHAT says what NCCL said. */
 sl_status sl__nccl_settle(nccl_comm *c, ncclComm_t comm, char *what, size_t len) {
   struct timespec until;
-  sl__nccl_deadline(&until, sl__nccl_wait_ms(c));
+  until = sl_deadline_in_ms(sl__nccl_wait_ms(c)).at;
   return sl__nccl_settle_until(c, comm, &until, what, len);
 }
 
@@ -123,7 +123,7 @@ sl_status sl__nccl_settle_until(nccl_comm *c, ncclComm_t comm, const struct time
       snprintf(what, len, "aborted (sl_context_abort)");
       return SL_ERR_COMM;
     }
-    if (sl__nccl_ms_since(until) > 0) {
+    if (sl_ms_since(until) > 0) {
       snprintf(what, len, "no answer within %d ms", sl__nccl_wait_ms(c));
       return SL_ERR_TIMEOUT;
     }

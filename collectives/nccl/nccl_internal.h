@@ -17,6 +17,7 @@
 #endif
 
 #include "shardload/module.h"
+#include "shardload/module_util.h" /* deadlines, sl_ms_since, sl_timeout_ms */
 
 #define NCCL_MSG_LEN 1024
 
@@ -128,8 +129,6 @@ void sl__nccl_kill(nccl_comm *c, sl_status why, const char *fmt, ...) __attribut
 sl_status sl__nccl_drain(nccl_comm *c, const char *op);
 bool sl__nccl_aborted(const nccl_comm *c);
 int sl__nccl_wait_ms(const nccl_comm *c);
-void sl__nccl_deadline(struct timespec *until, int ms);
-double sl__nccl_ms_since(const struct timespec *t);
 
 /* nccl_end.c: ncclCommAbort (or, with DESTROY, ncclCommDestroy) of COMM, part of C's teardown
  * (COMM is C's, or one C made or reaps), waited for at most MS (less once a call of the same

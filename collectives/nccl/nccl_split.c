@@ -99,7 +99,7 @@ static sl_status split_settle(nccl_comm *c, nccl_slot *slot, int color, int key,
   ncclConfig_t cfg;
   sl__nccl_config(&cfg);
   struct timespec until;
-  sl__nccl_deadline(&until, sl__nccl_wait_ms(c));
+  until = sl_deadline_in_ms(sl__nccl_wait_ms(c)).at;
   ncclResult_t r = c->L->CommSplit(c->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &slot->child, &cfg);
   sl_status st = SL_OK;
   if (r == ncclInProgress) st = sl__nccl_settle_until(c, c->comm, &until, what, len);

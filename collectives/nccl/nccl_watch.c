@@ -15,23 +15,7 @@
 
 #define POLL_MS 100
 
-void sl__nccl_deadline(struct timespec *until, int ms) {
-  clock_gettime(CLOCK_MONOTONIC, until);
-  until->tv_sec += ms / 1000;
-  until->tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (until->tv_nsec >= 1000000000L) {
-    until->tv_sec++;
-    until->tv_nsec -= 1000000000L;
-  }
-}
-
-double sl__nccl_ms_since(const struct timespec *t) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return (double)(now.tv_sec - t->tv_sec) * 1e3 + (double)(now.tv_nsec - t->tv_nsec) / 1e6;
-}
-
-int sl__nccl_wait_ms(const nccl_comm *c) { return c->timeout_ms > 0 ? c->timeout_ms : 300000; }
+int sl__nccl_wait_ms(const nccl_comm *c) { return sl_timeout_ms(c->timeout_ms); }
 
 bool sl__nccl_aborted(const nccl_comm *c) {
   for (; c; c = c->parent)
@@ -102,7 +86,7 @@ static void poll_locked(nccl_comm *c) {
     clock_gettime(CLOCK_MONOTONIC, &c->last_progress);
     pthread_cond_broadcast(&c->wake);
   }
-  if (c->q_len > 0 && sl__nccl_ms_since(&c->last_progress) > sl__nccl_wait_ms(c)) {
+  if (c->q_len > 0 && sl_ms_since(&c->last_progress) > sl__nccl_wait_ms(c)) {
     sl__nccl_kill(c, SL_ERR_TIMEOUT,
                   SL_CCL_NAME " %s on rank %d (" SL_GPU_NAME ":%d): no operation completed within %d ms; a peer rank "
                   "died or stalled (raise --timeout if the data is just slow), the communicator was aborted",
@@ -151,7 +135,7 @@ sl_status sl__nccl_drain(nccl_comm *c, const char *op) {
     pthread_mutex_unlock(&c->mu);
     if (dead) return SL_ERR_COMM;
     if (done) return SL_OK;
-    if (sl__nccl_ms_since(&start) > 2.0 * sl__nccl_wait_ms(c)) {
+    if (sl_ms_since(&start) > 2.0 * sl__nccl_wait_ms(c)) {
       pthread_mutex_lock(&c->mu);
       sl__nccl_kill(c, SL_ERR_TIMEOUT, SL_CCL_NAME " %s on rank %d (" SL_GPU_NAME ":%d): earlier operations did not "
                                        "complete within %d ms", op,
@@ -170,7 +154,7 @@ static void *watch(void *arg) {
   pthread_mutex_lock(&c->mu);
   while (!c->stop) {
     struct timespec until;
-    sl__nccl_deadline(&until, POLL_MS);
+    until = sl_deadline_in_ms(POLL_MS).at;
     /* idle while nothing is outstanding and no abort is asked for: woken by track() */
     pthread_cond_timedwait(&c->wake, &c->mu, &until);
     if (c->stop) break;

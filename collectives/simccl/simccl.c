@@ -29,6 +29,7 @@
 #include <time.h>
 
 #include "internal.h"
+#include "shardload/module_util.h"
 
 /* The sim backend's task-error setter (core/src/internal.h once it lands there): weak, so that
  * this file builds and links against a sim without it (then a failed task is reported by the
@@ -134,7 +135,7 @@ static sl_status simccl_init(const sl_collective_init *in, void **out) {
   if (!in || !out || !in->host) return SL_ERR_INVALID;
   *out = NULL;
   const sl_module_host *h = in->host;
-  if (in->size < offsetof(sl_collective_init, control) + sizeof in->control)
+  if (!SL_INIT_HAS(in, control))
     return h->fail(h->core, SL_ERR_ABI,
                    "simccl: sl_collective_init of %u bytes lacks the backend and control plane of module ABI 2; "
                    "rebuild the caller against this shardload's shardload/module.h",
@@ -188,27 +189,15 @@ static sl_status simccl_init(const sl_collective_init *in, void **out) {
   return SL_OK;
 }
 
-/* MS milliseconds from now on the monotonic clock (the condition variable's). */
-static void deadline(struct timespec *until, int ms) {
-  clock_gettime(CLOCK_MONOTONIC, until);
-  until->tv_sec += ms / 1000;
-  until->tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (until->tv_nsec >= 1000000000L) {
-    until->tv_sec++;
-    until->tv_nsec -= 1000000000L;
-  }
-}
-
-static int wait_ms(const simccl_comm *c) { return c->timeout_ms > 0 ? c->timeout_ms : 300000; }
+static int wait_ms(const simccl_comm *c) { return sl_timeout_ms(c->timeout_ms); }
 
 /* Waits until no task of C is queued or running, for at most MS milliseconds; returns how
  * many still are. */
 static int drain(simccl_comm *c, int ms) {
-  struct timespec until;
-  deadline(&until, ms);
+  sl_deadline until = sl_deadline_in_ms(ms); /* the condition variable's clock: monotonic */
   pthread_mutex_lock(&c->pend_mu);
   while (c->pending > 0)
-    if (pthread_cond_timedwait(&c->changed, &c->pend_mu, &until) != 0) break;
+    if (pthread_cond_timedwait(&c->changed, &c->pend_mu, &until.at) != 0) break;
   int left = c->pending;
   pthread_mutex_unlock(&c->pend_mu);
   return left;
@@ -323,13 +312,12 @@ static sl_status run_turn(simccl_task *t) {
 /* Waits until T's ticket is served (true) or the sequence is broken or aborted (false). */
 static bool wait_turn(simccl_task *t) {
   simccl_comm *c = t->c;
-  struct timespec until;
-  deadline(&until, wait_ms(c));
+  sl_deadline until = sl_deadline_in_ms(wait_ms(c));
   bool mine = false;
   pthread_mutex_lock(&c->pend_mu);
   for (;;) {
     if ((mine = c->turn == t->seq) || c->out_of_order || is_aborted(c)) break;
-    if (pthread_cond_timedwait(&c->changed, &c->pend_mu, &until) != 0) {
+    if (pthread_cond_timedwait(&c->changed, &c->pend_mu, &until.at) != 0) {
       mine = c->turn == t->seq;
       if (!mine) c->out_of_order = true;
       break;
