@@ -314,7 +314,7 @@ static int load_module(const char *name, bool collective, loaded *m, char *why, 
     ok = collective ? collective_table_ok(m->ops, problem, sizeof problem)
                     : backend_table_ok(m->ops, problem, sizeof problem);
   } else if (e1) {
-    /* ABI v1: the entry returns the frozen v1 table (core/src/module.h) */
+    /* ABI v1: the entry returns the frozen v1 table (shardload/module_v1.h) */
     typedef const sl_backend_ops_v1 *(*entry_v1_b)(void);
     typedef const sl_collective_ops_v1 *(*entry_v1_c)(void);
     if (collective) {

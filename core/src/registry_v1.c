@@ -1,5 +1,5 @@
 /* The adapter of ABI v1 modules (docs/DESIGN.md#modules): a module built against the first,
- * synchronous ABI (core/src/module.h keeps its tables frozen) keeps loading, and the rest of
+ * synchronous ABI (shardload/module_v1.h keeps its tables frozen) keeps loading, and the rest of
  * the core only ever sees v2 tables, as NCCL's plugin loader adapts older net tables.
  *
  * The adapted table is one malloc'd shim per loaded module (the v2 table, then the v1 table it

@@ -17,7 +17,7 @@
 
 #include <shardload/module.h>
 #ifdef SL_TEST_DUAL
-#include "module.h" /* the frozen v1 tables (core/src/module.h) */
+#include <shardload/module_v1.h> /* the frozen v1 tables, installed */
 #endif
 
 #ifndef SL_TEST_NAME

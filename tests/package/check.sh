@@ -3,7 +3,8 @@
 # through find_package(shardload) and through pkg-config, and runs both on a small checkpoint.
 # Then builds a loadable backend out of tree against the installed headers alone (shardload/
 # module.h; tests/modules/hostmem.c, ABI v2) and loads the checkpoint with it through
-# SHARDLOAD_MODULE_PATH, as a vendor module would be.
+# SHARDLOAD_MODULE_PATH, as a vendor module would be; and the same module exporting both ABI
+# versions from one binary (the frozen shardload/module_v1.h, installed too).
 set -euo pipefail
 build="$1" src="$2" scratch="$3" cc="${4:-cc}"
 rm -rf "$scratch" && mkdir -p "$scratch"
@@ -34,3 +35,16 @@ out=$(SHARDLOAD_MODULE_PATH="$scratch/modules" LD_LIBRARY_PATH="$scratch/prefix/
 echo "$out" | grep -q '"hostmem' || { echo "load --backend hostmem: the report does not name the module: $out"; exit 1; }
 echo "$out" | grep -q "model.embed_tokens.weight" || { echo "load --backend hostmem: unexpected output: $out"; exit 1; }
 echo "package: an out-of-tree ABI v2 backend built against the installed headers loaded the checkpoint"
+
+# One binary, both entry symbols: v2 for this core, v1 for a core that knows only the first ABI.
+test -f "$scratch/prefix/include/shardload/module_v1.h" || { echo "module_v1.h is not installed"; exit 1; }
+"$cc" -std=c11 -O2 -Wall -Wextra -Werror -Wno-unused-parameter -shared -fPIC -fvisibility=hidden \
+  -I"$scratch/prefix/include" -DSL_TEST_DUAL -DSL_TEST_NAME='"hostdual"' "$src/tests/modules/hostmem.c" \
+  -Wl,-z,defs -o "$scratch/modules/libshardload-hostdual.so"
+exports=$(nm -D --defined-only "$scratch/modules/libshardload-hostdual.so" | awk '{print $3}' | sort | tr '\n' ' ')
+[ "$exports" = "sl_backend_module sl_backend_module_v2 " ] || { echo "hostdual module exports: $exports"; exit 1; }
+out=$(SHARDLOAD_MODULE_PATH="$scratch/modules" LD_LIBRARY_PATH="$scratch/prefix/lib" \
+      "$scratch/prefix/bin/shardload" load "$scratch/ck.safetensors" --backend hostdual --json 2>&1) ||
+  { echo "load --backend hostdual failed: $out"; exit 1; }
+echo "$out" | grep -q "model.embed_tokens.weight" || { echo "load --backend hostdual: unexpected output: $out"; exit 1; }
+echo "package: an out-of-tree module exporting ABI v1 and v2, built against the installed headers, loaded"
