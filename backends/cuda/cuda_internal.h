@@ -42,6 +42,10 @@ typedef struct cu_backend {
   size_t nallocs, cap;
   cudaStream_t *streams; /* streams created through the ABI (synchronize polls them) */
   size_t nstreams, scap;
+  /* Held shared by the waits that walk STREAMS (synchronize and cu__quiet, callable from any
+   * thread: a state freed on a garbage collector's), exclusive by stream_destroy around the
+   * destruction, so that no walk polls a stream another thread has destroyed meanwhile. */
+  pthread_rwlock_t streams_rw;
   /* a deferred free emptied the table: the pool gives its memory back at the next synchronize
    * (release threshold 0) until the next allocation restores the caching */
   int release_due;
@@ -113,6 +117,7 @@ sl_status cu__copy_2d_async(void *be, void *dst, size_t dpitch, const void *src,
                             size_t height, sl_copy_kind kind, void *stream);
 sl_status cu__cast_async(void *be, void *dst, sl_dtype dst_dt, const void *src, sl_dtype src_dt, size_t count,
                          void *stream);
+sl_status cu__launch_host_fn(void *be, void *stream, sl_status (*fn)(void *arg, char *err, size_t errlen), void *arg);
 /* Polls STREAM (cudaStreamQuery) until it is idle, within the sync timeout; WHAT names the wait. */
 sl_status cu__wait_stream(cu_backend *s, cudaStream_t stream, const char *what);
 /* Whether every stream of S is idle — at once where the core synchronised first, within the

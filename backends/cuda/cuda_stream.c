@@ -63,6 +63,7 @@ static int query_stream(void *arg, size_t i) { return query_status(cudaStreamQue
 int cu__quiet(cu_backend *s, const char *what) {
   cudaStream_t two[2] = {s->def, s->alloc_stream}, *q = two;
   size_t n = 2;
+  pthread_rwlock_rdlock(&s->streams_rw); /* the streams listed stay live while polled */
   pthread_mutex_lock(&s->lock);
   cudaStream_t *all = malloc((s->nstreams + 2) * sizeof *all);
   if (all) { /* without memory for the list: the module's own two, better than none */
@@ -74,6 +75,7 @@ int cu__quiet(cu_backend *s, const char *what) {
   pthread_mutex_unlock(&s->lock);
   int stuck = wedged(s);
   cu_wait w = cu__poll(query_stream, q, n, cu__now_s() + (stuck ? 0 : s->sync_timeout_s), NULL);
+  pthread_rwlock_unlock(&s->streams_rw);
   free(all);
   if (w != CU_WAIT_TIMEOUT) return 1; /* idle, or failed: either way nothing runs any more */
   if (!stuck) {
@@ -128,6 +130,7 @@ void cu__stream_destroy(void *be, void *stream) {
   if (!stream) return;
   cudaStream_t q = (cudaStream_t)stream;
   cu__wait_stream(s, q, "stream_destroy");
+  pthread_rwlock_wrlock(&s->streams_rw); /* no synchronize of another thread polls it now */
   pthread_mutex_lock(&s->lock);
   for (size_t i = 0; i < s->nstreams; i++)
     if (s->streams[i] == q) {
@@ -136,6 +139,7 @@ void cu__stream_destroy(void *be, void *stream) {
     }
   pthread_mutex_unlock(&s->lock);
   cudaStreamDestroy(q);
+  pthread_rwlock_unlock(&s->streams_rw);
 }
 
 sl_status cu__event_create(void *be, void **event) {
@@ -213,11 +217,13 @@ sl_status cu__stream_sync(void *be, void *stream) {
 }
 
 /* Every stream of the module, one after the other: the module's two and those created through
- * the ABI (a snapshot: a stream created meanwhile is not covered, as with any sync). */
+ * the ABI (a stream created meanwhile may not be covered, as with any sync). Callable from any
+ * thread: the streams it polls cannot be destroyed under it (streams_rw). */
 sl_status cu__synchronize(void *be) {
   cu_backend *s = be;
   sl_status st = cu__wait_stream(s, s->def, "synchronize");
   if (st == SL_OK) st = cu__wait_stream(s, s->alloc_stream, "synchronize");
+  pthread_rwlock_rdlock(&s->streams_rw);
   for (size_t i = 0; st == SL_OK; i++) {
     pthread_mutex_lock(&s->lock);
     cudaStream_t q = i < s->nstreams ? s->streams[i] : NULL;
@@ -225,7 +231,48 @@ sl_status cu__synchronize(void *be) {
     if (!q) break;
     st = cu__wait_stream(s, q, "synchronize");
   }
+  pthread_rwlock_unlock(&s->streams_rw);
   return st;
+}
+
+/* ---- host functions ------------------------------------------------------------------------ */
+typedef struct cu_host_call {
+  cu_backend *s;
+  sl_status (*fn)(void *arg, char *err, size_t errlen);
+  void *arg;
+} cu_host_call;
+
+/* On the runtime's callback thread: no CUDA call and no host call (module.h); a failure becomes
+ * the sticky error that the next sync reports on the caller's thread. */
+static void CUDART_CB run_host_call(void *p) {
+  cu_host_call *c = p;
+  char err[CU_MSG_LEN] = "";
+  sl_status st = c->fn(c->arg, err, sizeof err);
+  if (st != SL_OK) {
+    char msg[CU_MSG_LEN];
+    if (err[0]) snprintf(msg, sizeof msg, "%s", err);
+    else snprintf(msg, sizeof msg, "cuda:%d (local rank %d): a host function on a stream failed (status %d)", c->s->dev,
+                  c->s->local_rank, (int)st);
+    cu__set_sticky(c->s, st, msg);
+  }
+  free(c);
+}
+
+/* cudaLaunchHostFunc: the runtime runs the function once the stream reaches it (and never after
+ * the context broke: C is then left to the process's exit, as module.h allows). */
+sl_status cu__launch_host_fn(void *be, void *stream, sl_status (*fn)(void *arg, char *err, size_t errlen), void *arg) {
+  cu_backend *s = be;
+  if (!fn) return cu__fail(s, 0, SL_ERR_INVALID, "launch_host_fn: no function");
+  cu_host_call *c = malloc(sizeof *c);
+  if (!c) return cu__fail(s, 0, SL_ERR_NOMEM, "launch_host_fn: out of host memory");
+  *c = (cu_host_call){s, fn, arg};
+  cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess) e = cudaLaunchHostFunc(cu__stream_of(s, stream), run_host_call, c);
+  if (e != cudaSuccess) {
+    free(c);
+    return cu__fail_cuda(s, 1, "cudaLaunchHostFunc", e, "on stream %p", stream);
+  }
+  return SL_OK;
 }
 
 /* ---- copies and casts ---------------------------------------------------------------------- */
