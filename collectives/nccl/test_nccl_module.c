@@ -191,7 +191,7 @@ static void probe_says_what_is_missing(void **state) {
 /* The core's way in: the registry opens libshardload-nccl.so from SHARDLOAD_MODULE_PATH. */
 static void registry_finds_the_module(void **state) {
   char why[512] = "";
-  assert_int_equal(sl__collective_probe("nccl", "cpu", why, sizeof why), 0);
+  assert_int_equal(sl__collective_probe("nccl", sl__backend_cpu(), why, sizeof why), 0);
   print_message("registry probe(nccl, cpu): %s\n", why);
   assert_non_null(strstr(why, "moves CUDA device memory only; this rank's backend is cpu"));
 }
