@@ -267,7 +267,13 @@ static sl_status cu_init(const sl_backend_init *in, void **be) {
   s->local_rank = local_rank;
   s->sync_timeout_s = timeout_s;
   pthread_mutex_init(&s->lock, NULL);
-  pthread_rwlock_init(&s->streams_rw, NULL);
+  /* writers first: a synchronize looping on another thread must not starve a stream_destroy
+   * (no thread takes the read side twice, so a waiting writer cannot deadlock a reader) */
+  pthread_rwlockattr_t rwa;
+  pthread_rwlockattr_init(&rwa);
+  pthread_rwlockattr_setkind_np(&rwa, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init(&s->streams_rw, &rwa);
+  pthread_rwlockattr_destroy(&rwa);
   if ((st = setup(s)) != SL_OK) {
     cu_fini(s);
     return st;
