@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "internal.h" /* sl__data_route */
 #include "shardload/module.h"
 #include "testutil.h"
 
@@ -71,8 +72,8 @@ static double now_s(void) {
 }
 
 /* Both modules open without a driver, report ABI v2 and the right names, and the cuda backend
- * wants nccl while nccl moves cuda memory (hip: rccl): that pairing is what "auto" collective
- * relies on. */
+ * wants nccl while nccl moves the memory of the cuda backend's native API (hip: rccl, hip's):
+ * that pairing (by native API, module.h) is what "auto" collective relies on. */
 static void test_modules_load_and_describe_themselves(void **state) {
   opened c = open_module(V->backend, 0), n = open_module(V->collective, 1);
   assert_int_equal(c.be->abi_version, SL_BACKEND_ABI_VERSION);
@@ -84,6 +85,9 @@ static void test_modules_load_and_describe_themselves(void **state) {
   assert_string_equal(n.coll->name, V->collective);
   assert_non_null(n.coll->device_backend);
   assert_string_equal(n.coll->device_backend, V->backend);
+  assert_string_equal(sl_backend_native_api(c.be), n.coll->device_backend);
+  char why[256] = "";
+  assert_int_equal(sl__data_route(n.coll, c.be, why, sizeof why), SL__ROUTE_DEVICE);
   assert_non_null(n.coll->abort); /* a lost peer must be able to end a pending NCCL op */
   dlclose(n.dl);
   dlclose(c.dl);

@@ -66,7 +66,8 @@ typedef struct gate {
   int after_ms; /* > 0: a thread of the test opens it after this long */
 } gate;
 
-static sl_status gate_fn(void *arg) {
+/* A host function of the backend's (launch_host_fn) that holds its stream until the gate opens. */
+static sl_status gate_fn(void *arg, char *err, size_t errlen) {
   gate *g = arg;
   struct timespec dl;
   clock_gettime(CLOCK_REALTIME, &dl);
@@ -104,7 +105,7 @@ static int consumer_open(sl_context *ctx, consumer *c) {
   pthread_mutex_init(&c->g.m, NULL);
   pthread_cond_init(&c->g.c, NULL);
   SL_CHILD_CHECK(ctx->be->stream_create(ctx->be_ctx, &c->stream) == SL_OK, "stream_create: %s", sl_context_errmsg(ctx));
-  SL_CHILD_CHECK(sl__sim_enqueue(ctx->be_ctx, c->stream, gate_fn, &c->g, NULL) == SL_OK, "gate");
+  SL_CHILD_CHECK(ctx->be->launch_host_fn(ctx->be_ctx, c->stream, gate_fn, &c->g) == SL_OK, "gate");
   return 0;
 }
 

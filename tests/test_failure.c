@@ -316,8 +316,8 @@ static void test_stopped_peer_host_route(void **state) { run_stopped_peer("gloo"
  * middle of the data phase. Rank 1 fails with the lost peer's status, and its message must be
  * that failure's: the wait that drains its streams before the staging is freed reports the
  * device fault again, and must not put that message beside the lost peer's status. */
-static sl_status injected_fault(void *be) {
-  sl__sim_task_error(be, "injected device fault");
+static sl_status injected_fault(void *arg, char *err, size_t errlen) {
+  snprintf(err, errlen, "injected device fault");
   return SL_ERR_BACKEND;
 }
 
@@ -325,7 +325,7 @@ static void *fault_bind(void *user, const sl_tensor *t) {
   stop_binder *b = user;
   if (b->n == 0 && !b->watch.j) { /* rank 1: the fault, before any data moves */
     sl_context *ctx = b->ctx;
-    if (sl__sim_enqueue(ctx->be_ctx, NULL, injected_fault, ctx->be_ctx, NULL) != SL_OK) return NULL;
+    if (ctx->be->launch_host_fn(ctx->be_ctx, NULL, injected_fault, NULL) != SL_OK) return NULL;
   }
   return stop_bind(user, t);
 }

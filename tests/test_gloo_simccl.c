@@ -55,15 +55,42 @@ typedef struct scenario {
   const char *delay_us; /* SHARDLOAD_SIM_DELAY_US of every rank, or NULL */
   int victim;
   bool tcp; /* a tcp:// rendezvous (rank 0 serves the store) instead of file:// */
+  bool twin; /* the sim under another name, its host functions and host access counted (twin_ops) */
   int (*body)(env *e, const struct scenario *s);
 } scenario;
+
+/* The sim's table under another name, as a vendor's backend of native API "sim" would be, with
+ * the two ways simccl reaches it for its work counted: the table's launch_host_fn and the
+ * SL_EXT_HOST_ACCESS its get_proc gives. simccl must pair with it and use them, knowing nothing
+ * of the sim but its table. */
+static sl_backend_ops twin_table;
+static int twin_host_fns, twin_accesses;
+static sl_status twin_launch(void *be, void *stream, sl_status (*fn)(void *, char *, size_t), void *arg) {
+  __atomic_add_fetch(&twin_host_fns, 1, __ATOMIC_RELAXED);
+  return sl__backend_sim()->launch_host_fn(be, stream, fn, arg);
+}
+static sl_status twin_access(void *be, const void *ptr, size_t bytes, int open) {
+  __atomic_add_fetch(&twin_accesses, 1, __ATOMIC_RELAXED);
+  return ((sl_ext_host_access_fn)sl__backend_sim()->get_proc(SL_EXT_HOST_ACCESS))(be, ptr, bytes, open);
+}
+static void *twin_get_proc(const char *name) {
+  return strcmp(name, SL_EXT_HOST_ACCESS) == 0 ? (void *)(sl_ext_host_access_fn)twin_access
+                                                : sl__backend_sim()->get_proc(name);
+}
+static const sl_backend_ops *twin_ops(void) {
+  twin_table = *sl__backend_sim();
+  twin_table.name = "twin";
+  twin_table.launch_host_fn = twin_launch;
+  twin_table.get_proc = twin_get_proc;
+  return &twin_table;
+}
 
 static void setup(env *e, int rank, int world, const scenario *s) {
   memset(e, 0, sizeof *e);
   g_rank = e->rank = rank;
   e->world = world;
   if (s->delay_us) setenv("SHARDLOAD_SIM_DELAY_US", s->delay_us, 1);
-  e->be_ops = sl__backend_sim();
+  e->be_ops = s->twin ? twin_ops() : sl__backend_sim();
   sl_backend_init bi = {.size = sizeof bi, .host = &g_host, .local_rank = rank, .local_world_size = world,
                         .device = -1, .variant = s->strict ? "strict" : NULL};
   CHECK(e->be_ops->init(&bi, &e->be) == SL_OK, "sim init");
@@ -232,6 +259,21 @@ static void test_world2(void **state) {
   scenario s = {.timeout_ms = 20000, .tcp = true, .body = data_body};
   spawn(2, &s, "simccl2", NULL);
 }
+/* simccl pairs with any backend of native API "sim" and moves its data only through the
+ * backend's table: a renamed sim whose host functions and host access are counted serves (in
+ * strict mode, so a task that skipped the table's host access would crash). */
+static int twin_body(env *e, const scenario *s) {
+  int rc = data_body(e, s);
+  CHECK(twin_host_fns > 0, "rank %d: simccl queued no work through the table's launch_host_fn", e->rank);
+  CHECK(twin_accesses > 0, "rank %d: simccl opened no buffer through the table's " SL_EXT_HOST_ACCESS, e->rank);
+  fprintf(stderr, "rank %d: %d host functions, %d host accesses through the table\n", e->rank, twin_host_fns,
+          twin_accesses);
+  return rc;
+}
+static void test_world2_any_backend_of_native_api_sim(void **state) {
+  scenario s = {.timeout_ms = 20000, .strict = true, .twin = true, .body = twin_body};
+  spawn(2, &s, "simccl2twin", NULL);
+}
 /* ---- failures ---------------------------------------------------------------------------------- */
 
 /* The victim is killed (SIGKILL) while its 64 MiB share is on its way: the root's stream sync
@@ -296,7 +338,25 @@ static void test_refusals(void **state) {
                            .backend = cpu, .backend_handle = cbe};
   assert_int_equal(ops->init(&ci, &comm), SL_ERR_INVALID); /* not a sim */
   assert_null(comm);
+  assert_non_null(strstr(g_msg, "needs this rank's backend, of native API sim"));
   assert_non_null(strstr(g_msg, "it has cpu"));
+  /* called sim, but of another native API; of native API sim, but without what simccl needs */
+  static sl_backend_ops other, lacking;
+  other = *sim;
+  other.native_api = "cuda";
+  ci.backend = &other;
+  ci.backend_handle = be;
+  assert_int_equal(ops->init(&ci, &comm), SL_ERR_INVALID);
+  assert_non_null(strstr(g_msg, "it has sim, native API cuda"));
+  lacking = *sim;
+  lacking.name = "oldsim";
+  lacking.size = (uint32_t)offsetof(sl_backend_ops, launch_host_fn); /* built before the op */
+  ci.backend = &lacking;
+  assert_int_equal(ops->init(&ci, &comm), SL_ERR_UNSUPPORTED);
+  assert_non_null(strstr(g_msg, "simccl init on rank 0: backend oldsim offers no launch_host_fn"));
+  assert_null(comm);
+  ci.backend = cpu;
+  ci.backend_handle = cbe;
   ci.backend = sim;
   ci.backend_handle = be;
   ci.world_size = 2;
@@ -352,6 +412,7 @@ int main(void) {
       cmocka_unit_test(test_table_and_probe),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_world2),
+      cmocka_unit_test(test_world2_any_backend_of_native_api_sim),
       cmocka_unit_test(test_rank_killed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

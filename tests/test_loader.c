@@ -727,6 +727,47 @@ static void test_state_outlives_context(void **state) {
   }
 }
 
+/* The DLPack device type of a tensor is what the backend's table says (module.h,
+ * dlpack_device_type and dlpack_pinned_type), not what its name suggests: a sim whose table
+ * claims Level Zero's memory reports it, and one that is called cuda but gives none (a table
+ * built before the members) reports kDLExtDev, never CUDA's. */
+static void load_types(env *e, const sl_backend_ops *ops, int pinned, int *device_type) {
+  const sl_backend_ops *was = e->ctx->be;
+  e->ctx->be = e->ctx->beref->ops = ops;
+  sl_offload_policy pol = {pinned ? SL_OFFLOAD_CPU : SL_OFFLOAD_NONE, pinned};
+  assert_int_equal(sl_plan_set_offload_policy(e->plan, &pol), SL_OK);
+  sl_state *st = NULL;
+  assert_int_equal(sl_load(e->ctx, e->plan, e->src, NULL, &st), SL_OK);
+  const sl_tensor *t = sl_state_tensor(st, 0);
+  assert_int_equal(t->device, pinned ? SL_DEVICE_CPU : SL_DEVICE_ACCELERATOR);
+  assert_int_equal(t->pinned, pinned);
+  *device_type = t->device_type;
+  sl_state_destroy(st);
+  e->ctx->be = e->ctx->beref->ops = was;
+}
+
+static void test_dlpack_types_from_the_table(void **state) {
+  env e;
+  open_env(&e, "sim");
+  static sl_backend_ops table;
+  int type = 0;
+  table = *e.ctx->be;
+  table.dlpack_device_type = 14; /* kDLOneAPI */
+  table.dlpack_pinned_type = 11; /* kDLROCMHost: any the table says */
+  load_types(&e, &table, 0, &type);
+  assert_int_equal(type, 14);
+  load_types(&e, &table, 1, &type);
+  assert_int_equal(type, 11);
+  /* a table too short to hold them, whatever its name: not given */
+  table.name = "cuda";
+  table.size = (uint32_t)offsetof(sl_backend_ops, dlpack_device_type);
+  load_types(&e, &table, 0, &type);
+  assert_int_equal(type, 12); /* kDLExtDev */
+  load_types(&e, &table, 1, &type);
+  assert_int_equal(type, 1); /* kDLCPU */
+  close_env(&e);
+}
+
 /* Why the backend: auto names what it beat and why, an explicit one says so. */
 static void test_backend_reason(void **state) {
   env e;
@@ -789,6 +830,7 @@ int main(void) {
       cmocka_unit_test(test_small_tensors_share_transfers),
       cmocka_unit_test(test_bind_buffer_fails_and_reports_pinned),
       cmocka_unit_test(test_state_outlives_context),
+      cmocka_unit_test(test_dlpack_types_from_the_table),
       cmocka_unit_test(test_backend_reason),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

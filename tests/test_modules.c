@@ -299,21 +299,22 @@ static void test_collective_names_and_probe(void **state) {
   free(c);
   char reason[512];
   uint32_t domains = 0;
-  assert_true(sl__collective_probe_domains("local", "cpu", reason, sizeof reason, &domains) > 0);
+  assert_true(sl__collective_probe_domains("local", sl__backend_cpu(), reason, sizeof reason, &domains) > 0);
   assert_int_equal(domains, SL_MEM_HOST | SL_MEM_PINNED); /* what its table declares */
-  assert_true(sl__collective_probe_domains("simccl", "sim", reason, sizeof reason, &domains) > 0);
+  assert_true(sl__collective_probe_domains("simccl", sl__backend_sim(), reason, sizeof reason, &domains) > 0);
   assert_int_equal(domains, SL_MEM_DEVICE);
-  assert_int_equal(sl__collective_probe_domains("simccl", "cpu", reason, sizeof reason, &domains), 0); /* no route */
+  /* no route */
+  assert_int_equal(sl__collective_probe_domains("simccl", sl__backend_cpu(), reason, sizeof reason, &domains), 0);
   assert_int_equal(domains, SL_MEM_DEVICE);
-  assert_true(sl__collective_probe("v1local", "cpu", reason, sizeof reason) > 0);
+  assert_true(sl__collective_probe("v1local", sl__backend_cpu(), reason, sizeof reason) > 0);
   /* an absent loadable module: its reason names it and the file the loader could not find */
-  assert_int_equal(sl__collective_probe_domains("nccl", "cpu", reason, sizeof reason, &domains), -1);
+  assert_int_equal(sl__collective_probe_domains("nccl", sl__backend_cpu(), reason, sizeof reason, &domains), -1);
   assert_int_equal(domains, 0); /* no table read */
   assert_non_null(strstr(reason, "nccl: not available here (libshardload-nccl.so"));
-  assert_int_equal(sl__collective_probe("Bad Name", "cpu", reason, sizeof reason), -1);
+  assert_int_equal(sl__collective_probe("Bad Name", sl__backend_cpu(), reason, sizeof reason), -1);
   assert_non_null(strstr(reason, "not a collective name"));
   /* a backend module is not a collective module */
-  assert_int_equal(sl__collective_probe("hostmem", "cpu", reason, sizeof reason), 0);
+  assert_int_equal(sl__collective_probe("hostmem", sl__backend_cpu(), reason, sizeof reason), 0);
   assert_non_null(strstr(reason, "exports neither sl_collective_module_v2 nor sl_collective_module"));
 }
 
@@ -827,10 +828,110 @@ static void test_no_route_refused_everywhere(void **state) {
   }
   char why[512] = "";
   const sl_collective_ops *local = sl__collective_local();
-  assert_int_equal(sl__data_route(local, "sim", why, sizeof why), SL__ROUTE_HOST);
-  assert_int_equal(sl__data_route(sl__collective_simccl(), "sim", why, sizeof why), SL__ROUTE_DEVICE);
-  assert_int_equal(sl__data_route(sl__collective_simccl(), "cpu", why, sizeof why), SL__ROUTE_NONE);
+  assert_int_equal(sl__data_route(local, sl__backend_sim(), why, sizeof why), SL__ROUTE_HOST);
+  assert_int_equal(sl__data_route(sl__collective_simccl(), sl__backend_sim(), why, sizeof why), SL__ROUTE_DEVICE);
+  assert_int_equal(sl__data_route(sl__collective_simccl(), sl__backend_cpu(), why, sizeof why), SL__ROUTE_NONE);
   assert_non_null(strstr(why, "simccl: moves sim device memory only, and this rank's backend is cpu"));
+}
+
+/* A collective moves the device memory of a native API, and pairs with any backend of that API
+ * (module.h, native_api and device_backend), never by the backend's name: a sim table under
+ * another name pairs with simccl, one called sim that declares another API does not, and a
+ * table built before native_api (or one whose device memory is host memory) pairs by its name. */
+static void test_pairing_by_native_api(void **state) {
+  const sl_collective_ops *simccl = sl__collective_simccl();
+  static sl_backend_ops twin, other, older;
+  char why[512] = "";
+  twin = *sl__backend_sim();
+  twin.name = "twin";
+  assert_string_equal(sl_backend_native_api(&twin), "sim");
+  assert_int_equal(sl__data_route(simccl, &twin, why, sizeof why), SL__ROUTE_DEVICE);
+  assert_true(sl__collective_probe_domains("simccl", &twin, why, sizeof why, &(uint32_t){0}) > 0);
+  other = *sl__backend_sim();
+  other.native_api = "level_zero";
+  assert_int_equal(sl__data_route(simccl, &other, why, sizeof why), SL__ROUTE_NONE);
+  assert_non_null(strstr(why, "simccl: moves sim device memory only, and this rank's backend is sim (native API "
+                              "level_zero): no route serves the pair"));
+  assert_int_equal(sl__collective_probe_domains("simccl", &other, why, sizeof why, &(uint32_t){0}), 0);
+  /* too short to hold native_api: the name stands for it */
+  older = twin;
+  older.size = (uint32_t)offsetof(sl_backend_ops, native_api);
+  assert_string_equal(sl_backend_native_api(&older), "twin");
+  assert_int_equal(sl__data_route(simccl, &older, why, sizeof why), SL__ROUTE_NONE);
+  older.name = "sim";
+  assert_int_equal(sl__data_route(simccl, &older, why, sizeof why), SL__ROUTE_DEVICE);
+  /* host memory: no native API, its name */
+  assert_null(sl__backend_cpu()->native_api);
+  assert_string_equal(sl_backend_native_api(sl__backend_cpu()), "cpu");
+  /* an adapted ABI v1 table too: v1 had no native API */
+  use_modules();
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(&lb);
+  opened o;
+  assert_int_equal(open_backend(c, "v1host", &o), SL_OK);
+  assert_non_null(o.shim);
+  assert_string_equal(sl_backend_native_api(o.ops), "v1host");
+  close_backend(&o);
+  free(c);
+}
+
+/* Backend auto's data plane is the collective the backend's table prefers, found as a module
+ * file like any other, though no shardload build lists its name: an out-of-tree collective
+ * (tests/modules/ctlcoll.c) preferred by an out-of-tree backend moves a two-rank load. */
+static int preferred_rank(int rank, int world, void *arg) {
+  child_signals();
+  const char *path = ((char **)arg)[0], *rdzv = ((char **)arg)[1];
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "prefout", .world_size = world, .rank = rank,
+                           .local_rank = rank, .rendezvous = rdzv, .timeout_ms = 20000, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  sl_status s = sl_context_create(&co, &ctx);
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: %s: %s", rank, sl_status_name(s), err);
+  const char *why = sl_context_collective_reason(ctx);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "ctlcoll") == 0, "rank %d: collective %s (%s)", rank,
+                 sl_context_collective_name(ctx), why);
+  SL_CHILD_CHECK(strstr(why, "ctlcoll: preferred by backend prefout and every rank runs it"), "rank %d: %s", rank, why);
+  sl_source *src = NULL;
+  sl_plan *plan = NULL;
+  sl_state *st = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, path, &src) == SL_OK, "%s", sl_context_errmsg(ctx));
+  SL_CHILD_CHECK(sl_plan_create(ctx, &plan) == SL_OK, "%s", sl_context_errmsg(ctx));
+  SL_CHILD_CHECK(sl_plan_set_default_placement(plan, "replicate") == SL_OK, "%s", sl_context_errmsg(ctx));
+  s = sl_load(ctx, plan, src, NULL, &st);
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: load: %s: %s", rank, sl_status_name(s), sl_context_errmsg(ctx));
+  for (size_t i = 0; i < ROUTE_TENSORS; i++) {
+    const sl_tensor *t = sl_state_find(st, route_tensors[i].name);
+    SL_CHILD_CHECK(t != NULL, "%s missing", route_tensors[i].name);
+    unsigned char back[256];
+    SL_CHILD_CHECK(t->nbytes <= sizeof back, "size");
+    SL_CHILD_CHECK(sl_copy_to_host(ctx, back, t->data, t->device, t->nbytes) == SL_OK, "copy");
+    for (uint64_t b = 0; b < t->nbytes; b++)
+      SL_CHILD_CHECK(back[b] == sl_test_pattern_byte(t->name, b), "rank %d: %s byte %llu", rank, t->name,
+                     (unsigned long long)b);
+  }
+  sl_state_destroy(st);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_auto_takes_an_unlisted_preferred_collective(void **state) {
+  use_modules();
+  char *dir = sl_test_dir("prefout"), *path = sl_test_path(dir, "m.safetensors");
+  assert_int_equal(sl_test_write_st(path, route_tensors, ROUTE_TENSORS, NULL), 0);
+  const char *names[8];
+  size_t n = sl__collective_names(names, 8);
+  for (size_t i = 0; i < n; i++) assert_string_not_equal(names[i], "ctlcoll"); /* no build lists it */
+  char *arg[2] = {path, sl_test_rendezvous("prefout_rdzv")};
+  int codes[2] = {-1, -1};
+  assert_int_equal(sl_test_spawn(2, preferred_rank, arg, 60000, codes), 0);
+  assert_int_equal(codes[0], 0);
+  assert_int_equal(codes[1], 0);
+  free(arg[1]);
+  free(path);
+  free(dir);
 }
 
 /* What names a rank's device in the data-plane agreement (core/src/planes.c): the backend's
@@ -873,13 +974,18 @@ static void test_table_names_checked(void **state) {
   logbuf lb = {{0}};
   sl_context *c = bare_ctx(&lb);
   opened o;
-  /* a backend calling itself sim would get simccl, which takes its handle for sim's */
+  /* a backend calling itself sim would pass for the built-in one wherever it is named */
   assert_int_equal(open_backend(c, "impostor", &o), SL_ERR_ABI);
   assert_non_null(strstr(c->errmsg, "libshardload-impostor.so: its table calls itself 'sim', not 'impostor'"));
   /* a name with a newline would forge a line wherever it is printed */
   assert_int_equal(open_backend(c, "forgedname", &o), SL_ERR_ABI);
   assert_non_null(strstr(c->errmsg, "its table calls itself 'forgedname\\nshardload: forged line', not 'forgedname'"));
   assert_null(strchr(c->errmsg, '\n'));
+  /* a native API collectives pair by must be a name, and a DLPack device type one */
+  assert_int_equal(open_backend(c, "badapi", &o), SL_ERR_ABI);
+  assert_non_null(strstr(c->errmsg, "libshardload-badapi.so: its table's native_api 'cu da' is not a module name"));
+  assert_int_equal(open_backend(c, "baddlpack", &o), SL_ERR_ABI);
+  assert_non_null(strstr(c->errmsg, "its table's dlpack_device_type -3 is not a DLPack device type"));
   /* a collective's file and table disagreeing */
   char *dir = sl_test_dir("renamed");
   plant(dir, "renamed", "plant");
@@ -1026,6 +1132,8 @@ int main(void) {
       cmocka_unit_test(test_probes_only_what_the_choice_needs),
       cmocka_unit_test(test_device_route_on_a_host_backend),
       cmocka_unit_test(test_no_route_refused_everywhere),
+      cmocka_unit_test(test_pairing_by_native_api),
+      cmocka_unit_test(test_auto_takes_an_unlisted_preferred_collective),
       cmocka_unit_test(test_device_identity),
       cmocka_unit_test(test_table_names_checked),
       cmocka_unit_test(test_module_text_escaped),

@@ -105,7 +105,7 @@ typedef struct gate {
   int ms; /* > 0: just sleep this long instead */
 } gate;
 
-static sl_status gate_fn(void *arg) {
+static sl_status gate_fn(void *arg, char *err, size_t errlen) {
   gate *g = arg;
   if (g->ms > 0) {
     struct timespec ts = {g->ms / 1000, (long)(g->ms % 1000) * 1000000L};
@@ -173,7 +173,7 @@ static void test_h2d_reads_source_when_it_runs(void **state) {
   memset(host, 0x11, N);
   /* a gate ahead of the copy makes "not yet run" certain however loaded the machine is */
   gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-  assert_int_equal(sl__sim_enqueue(be, NULL, gate_fn, &g, NULL), SL_OK);
+  assert_int_equal(sim()->launch_host_fn(be, NULL, gate_fn, &g), SL_OK);
   assert_int_equal(sim()->copy_async(be, dev, host, N, SL_COPY_H2D, NULL), SL_OK);
   memset(host, 0x22, N); /* the caller broke the contract: the copy has not run yet */
   gate_open(&g);
@@ -198,13 +198,13 @@ static void test_h2d_reads_source_when_it_runs(void **state) {
 
 /* Each task waits a random 0..D us before it runs (a forgotten wait then reads stale data); with
  * D = 0 nothing sleeps, so thousands of small tasks stay cheap. */
-static sl_status noop_fn(void *arg) { return SL_OK; }
+static sl_status noop_fn(void *arg, char *err, size_t errlen) { return SL_OK; }
 
 static double run_noops(unsigned delay_us, int n) {
   void *be = open_sim(NULL, delay_us);
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (int i = 0; i < n; i++) assert_int_equal(sl__sim_enqueue(be, NULL, noop_fn, NULL, NULL), SL_OK);
+  for (int i = 0; i < n; i++) assert_int_equal(sim()->launch_host_fn(be, NULL, noop_fn, NULL), SL_OK);
   assert_int_equal(sim()->stream_sync(be, NULL), SL_OK);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   sl__sim_counters c;
@@ -219,6 +219,128 @@ static void test_tasks_run_after_a_random_delay(void **state) {
   double slow = run_noops(20000, 40);
   assert_true(slow > 0.2 && slow < 5.0);
   assert_true(run_noops(0, 5000) < 2.0);
+}
+
+/* The event rule (module.h, Events): an event stands for its last record. A wait queued before
+ * a re-record keeps waiting for the record it saw, and is released when that one completes
+ * though the new one is still pending; the event itself completes only with the new one. */
+typedef struct flag_arg {
+  int set;
+} flag_arg;
+static sl_status set_flag(void *arg, char *err, size_t errlen) {
+  __atomic_store_n(&((flag_arg *)arg)->set, 1, __ATOMIC_RELEASE);
+  return SL_OK;
+}
+static bool flag_within(flag_arg *f, int ms) {
+  for (int i = 0; i < ms && !__atomic_load_n(&f->set, __ATOMIC_ACQUIRE); i++) usleep(1000);
+  return __atomic_load_n(&f->set, __ATOMIC_ACQUIRE);
+}
+
+static void test_rerecord_of_a_pending_event(void **state) {
+  void *be = open_sim(NULL, 0);
+  void *a, *b, *c, *ev;
+  assert_int_equal(sim()->stream_create(be, &a), SL_OK);
+  assert_int_equal(sim()->stream_create(be, &b), SL_OK);
+  assert_int_equal(sim()->stream_create(be, &c), SL_OK);
+  assert_int_equal(sim()->event_create(be, &ev), SL_OK);
+  gate g1 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  gate g2 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  flag_arg first = {0}, second = {0};
+  assert_int_equal(sim()->launch_host_fn(be, a, gate_fn, &g1), SL_OK);
+  assert_int_equal(sim()->event_record(be, ev, a), SL_OK); /* record 1, pending behind g1 */
+  assert_int_equal(sim()->stream_wait_event(be, b, ev), SL_OK); /* sees record 1 */
+  assert_int_equal(sim()->launch_host_fn(be, b, set_flag, &first), SL_OK);
+  assert_int_equal(sim()->launch_host_fn(be, a, gate_fn, &g2), SL_OK);
+  assert_int_equal(sim()->event_record(be, ev, a), SL_OK); /* record 2, while record 1 is pending */
+  assert_int_equal(sim()->stream_wait_event(be, c, ev), SL_OK); /* sees record 2 */
+  assert_int_equal(sim()->launch_host_fn(be, c, set_flag, &second), SL_OK);
+  assert_false(flag_within(&first, 50)); /* record 1 has not completed */
+  gate_open(&g1);
+  assert_true(flag_within(&first, 10000)); /* released by record 1, record 2 still pending */
+  assert_int_equal(sim()->event_query(be, ev), 0);
+  assert_false(flag_within(&second, 50));
+  gate_open(&g2);
+  assert_int_equal(sim()->event_sync(be, ev), SL_OK);
+  assert_int_equal(sim()->event_query(be, ev), 1);
+  assert_true(flag_within(&second, 10000));
+  assert_int_equal(sim()->synchronize(be), SL_OK);
+  sim()->event_destroy(be, ev);
+  sim()->stream_destroy(be, a);
+  sim()->stream_destroy(be, b);
+  sim()->stream_destroy(be, c);
+  close_sim(be);
+}
+
+/* ---- host functions (launch_host_fn) and native handles ---------------------------------------- */
+/* A host function runs on a worker, after the work queued before it and before the work after it:
+ * it sees what an earlier H2D wrote (through SL_EXT_HOST_ACCESS, which it may call), and a later
+ * D2H sees what it wrote. */
+typedef struct host_step {
+  void *be;
+  unsigned char *dev;
+  size_t n;
+  int saw_old;       /* every byte was 0x11 when it ran */
+  pthread_t owner;   /* the caller's thread */
+  int on_caller;     /* it ran on the caller's thread */
+} host_step;
+
+static sl_status host_step_fn(void *arg, char *err, size_t errlen) {
+  host_step *h = arg;
+  h->on_caller = pthread_equal(pthread_self(), h->owner);
+  sl_ext_host_access_fn access = (sl_ext_host_access_fn)sim()->get_proc(SL_EXT_HOST_ACCESS);
+  sl_status st = access(h->be, h->dev, h->n, 1);
+  if (st != SL_OK) return st;
+  h->saw_old = sl_test_all_bytes(h->dev, h->n, 0x11);
+  memset(h->dev, 0x22, h->n);
+  return access(h->be, h->dev, h->n, 0);
+}
+
+static void test_host_fn_runs_in_stream_order(void **state) {
+  void *be = open_sim("strict", 20000); /* tasks wait up to 20 ms: order is not luck */
+  enum { N = 4096 };
+  unsigned char *dev = dev_alloc(be, N), host[N], out[N];
+  memset(host, 0x11, N);
+  void *s;
+  assert_int_equal(sim()->stream_create(be, &s), SL_OK);
+  host_step h = {be, dev, N, 0, pthread_self(), 1};
+  assert_int_equal(sim()->copy_async(be, dev, host, N, SL_COPY_H2D, s), SL_OK);
+  assert_int_equal(sim()->launch_host_fn(be, s, host_step_fn, &h), SL_OK);
+  memset(out, 0, N);
+  assert_int_equal(sim()->copy_async(be, out, dev, N, SL_COPY_D2H, s), SL_OK);
+  assert_int_equal(sim()->stream_sync(be, s), SL_OK);
+  assert_true(h.saw_old);
+  assert_false(h.on_caller);
+  assert_true(sl_test_all_bytes(out, N, 0x22));
+  sim()->stream_destroy(be, s);
+  sim()->free_device(be, dev);
+  close_sim(be);
+}
+
+/* The table names its native API and DLPack types, and SL_EXT_NATIVE_STREAM gives its streams
+ * themselves (the default one for NULL), which its native ops take. */
+static void test_native_handles(void **state) {
+  const sl_backend_ops *o = sim();
+  assert_true(SL_HAS_OP(o, native_api));
+  assert_string_equal(o->native_api, "sim");
+  assert_int_equal(o->dlpack_device_type, 12);
+  assert_false(SL_HAS_OP(o, dlpack_pinned_type)); /* plain host memory to a consumer */
+  assert_true(SL_HAS_OP(o, launch_host_fn));
+  sl_ext_native_stream_fn native = (sl_ext_native_stream_fn)o->get_proc(SL_EXT_NATIVE_STREAM);
+  assert_non_null(native);
+  assert_non_null(o->get_proc(SL_EXT_HOST_ACCESS));
+  assert_null(o->get_proc("sl_ext_no_such_thing"));
+  void *be = open_sim(NULL, 0), *s, *ev;
+  assert_int_equal(o->stream_create(be, &s), SL_OK);
+  assert_ptr_equal(native(be, s), s);
+  void *def = native(be, NULL);
+  assert_non_null(def);
+  assert_ptr_not_equal(def, s);
+  assert_int_equal(o->event_create(be, &ev), SL_OK);
+  assert_int_equal(o->event_record_native(be, ev, def), SL_OK); /* a live stream of its own */
+  assert_int_equal(o->event_sync(be, ev), SL_OK);
+  o->event_destroy(be, ev);
+  o->stream_destroy(be, s);
+  close_sim(be);
 }
 
 /* ---- (d) strict mode -------------------------------------------------------------------------- */
@@ -236,8 +358,9 @@ static int strict_child(const char *variant) {
   if (sim()->copy_async(be, dev, host, N, SL_COPY_H2D, NULL) != SL_OK) return 2;
   if (sim()->copy_async(be, out, dev, N, SL_COPY_D2H, NULL) != SL_OK) return 2;
   if (sim()->synchronize(be) != SL_OK || !sl_test_all_bytes(out, N, 0x77)) return 2;
-  if (sl__sim_access(be, dev, N, 1) != SL_OK || dev[5] != 0x77) return 2; /* opened: readable */
-  if (sl__sim_access(be, dev, N, 0) != SL_OK) return 2;
+  sl_ext_host_access_fn access = (sl_ext_host_access_fn)sim()->get_proc(SL_EXT_HOST_ACCESS);
+  if (!access || access(be, dev, N, 1) != SL_OK || dev[5] != 0x77) return 2; /* opened: readable */
+  if (access(be, dev, N, 0) != SL_OK) return 2;
   volatile unsigned char *touch = dev;
   touch[100] = 1; /* the core must never do this */
   return 3;
@@ -319,36 +442,41 @@ static void test_sticky_error_from_worker(void **state) {
   close_sim(be); /* asserts that no worker called the host */
 }
 
+/* A host function's failure (launch_host_fn) is the stream's sticky error, with the message it
+ * wrote into ERR, reported on the caller's thread (close_sim: no worker called the host). */
 typedef struct failing_task {
-  void *be;
-  int freed;
+  int ran;
 } failing_task;
-static sl_status failing_fn(void *arg) {
+static sl_status failing_fn(void *arg, char *err, size_t errlen) {
   failing_task *f = arg;
-  sl__sim_task_error(f->be, "simccl: rank %d lost during scatterv", 3);
+  f->ran = 1;
+  snprintf(err, errlen, "simccl: rank %d lost during scatterv", 3);
   return SL_ERR_PEER;
 }
-static void failing_free(void *arg) { ((failing_task *)arg)->freed = 1; }
 
 static void test_task_error_message_reaches_sync(void **state) {
   void *be = open_sim(NULL, 0);
-  failing_task f = {be, 0};
-  assert_int_equal(sl__sim_enqueue(be, NULL, failing_fn, &f, failing_free), SL_OK);
+  failing_task f = {0};
+  assert_int_equal(sim()->launch_host_fn(be, NULL, failing_fn, &f), SL_OK);
   assert_int_equal(sim()->stream_sync(be, NULL), SL_ERR_PEER);
-  assert_int_equal(f.freed, 1);
+  assert_int_equal(f.ran, 1);
   assert_string_equal(th.msg, "simccl: rank 3 lost during scatterv");
+  th.msg[0] = 0;
+  assert_int_equal(sim()->synchronize(be), SL_ERR_PEER); /* sticky */
+  assert_non_null(strstr(th.msg, "lost during scatterv"));
   close_sim(be);
 }
 
-/* sl__sim_access from inside a task reports into the task, not through the host */
-static sl_status bad_access_fn(void *arg) {
+/* SL_EXT_HOST_ACCESS from inside a host function reports into its ERR, not through the host */
+static sl_status bad_access_fn(void *arg, char *err, size_t errlen) {
   static unsigned char not_device[16];
-  return sl__sim_access(arg, not_device, sizeof not_device, 1);
+  sl_ext_host_access_fn access = (sl_ext_host_access_fn)sim()->get_proc(SL_EXT_HOST_ACCESS);
+  return access(arg, not_device, sizeof not_device, 1);
 }
 
 static void test_access_failure_in_task_is_sticky(void **state) {
   void *be = open_sim(NULL, 0);
-  assert_int_equal(sl__sim_enqueue(be, NULL, bad_access_fn, be, NULL), SL_OK);
+  assert_int_equal(sim()->launch_host_fn(be, NULL, bad_access_fn, be), SL_OK);
   assert_int_equal(sim()->stream_sync(be, NULL), SL_ERR_BACKEND);
   assert_non_null(strstr(th.msg, "not inside a live device buffer"));
   close_sim(be);
@@ -445,7 +573,7 @@ static int free_pending_child(void) {
       sim()->register_host(be, caller, sizeof caller) != SL_OK || sim()->event_create(be, &ev) != SL_OK)
     return 2;
   gate slow = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 200};
-  sl__sim_enqueue(be, NULL, gate_fn, &slow, NULL);
+  sim()->launch_host_fn(be, NULL, gate_fn, &slow);
   sim()->copy_async(be, dev, pinned, 4096, SL_COPY_H2D, NULL);
   sim()->copy_async(be, caller, dev, 4096, SL_COPY_D2H, NULL);
   sim()->event_record(be, ev, NULL);
@@ -530,7 +658,7 @@ static void test_wait_is_bounded(void **state) {
   assert_int_equal(sim()->stream_create(be, &ps), SL_OK);
   assert_int_equal(sim()->event_create(be, &ev), SL_OK);
   gate stuck = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0}; /* a stuck producer */
-  assert_int_equal(sl__sim_enqueue(be, ps, gate_fn, &stuck, NULL), SL_OK);
+  assert_int_equal(sim()->launch_host_fn(be, ps, gate_fn, &stuck), SL_OK);
   assert_int_equal(sim()->event_record(be, ev, ps), SL_OK);
   assert_int_equal(sim()->stream_wait_event(be, NULL, ev), SL_OK);
   struct timespec t0;
@@ -674,6 +802,9 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_h2d_reads_source_when_it_runs),
       cmocka_unit_test(test_tasks_run_after_a_random_delay),
+      cmocka_unit_test(test_rerecord_of_a_pending_event),
+      cmocka_unit_test(test_host_fn_runs_in_stream_order),
+      cmocka_unit_test(test_native_handles),
       cmocka_unit_test(test_strict_host_touch_crashes),
       cmocka_unit_test(test_strict_concurrent_opens_are_counted),
       cmocka_unit_test(test_sticky_error_from_worker),

@@ -134,6 +134,7 @@ static const sl_backend_ops cpu_ops = {
     .cast_async = cpu_cast_async,
     .copy_2d_async = cpu_copy_2d_async,
     .get_proc = cpu_get_proc,
+    /* native_api NULL: its device memory is host memory, no API's; collectives pair by its name */
 };
 
 const sl_backend_ops *sl__backend_cpu(void) { return &cpu_ops; }

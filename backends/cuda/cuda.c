@@ -2,7 +2,8 @@
  *
  * It is thin on purpose: the loader's orchestration stays in the core, which the asynchronous
  * sim backend proves on CPU machines; this module maps the ABI onto CUDA one to one and must
- * keep sim's semantics (backends/sim/): ABI streams and events ARE CUDA streams and events,
+ * keep sim's semantics (backends/sim/): ABI streams and events ARE CUDA streams and events
+ * (SL_EXT_NATIVE_STREAM hands a stream's cudaStream_t to a collective of native API "cuda"),
  * the NULL stream is a module-created non-blocking stream (CUDA's legacy stream would
  * synchronise with every other stream), failures of enqueued work are sticky and reported by
  * the next sync, and no wait is unbounded (syncs poll; see cuda_stream.c).
@@ -416,11 +417,16 @@ static void cu_traffic(void *be, uint64_t *h2d, uint64_t *d2h) {
   *d2h = __atomic_load_n(&s->d2h, __ATOMIC_RELAXED);
 }
 
+/* SL_EXT_NATIVE_STREAM: an ABI stream IS a cudaStream_t (created here, non-blocking); NULL is
+ * the module's own default stream, which is never CUDA's legacy one. */
+static void *cu_native_stream(void *be, void *stream) { return (void *)cu__stream_of(be, stream); }
+
 static void *cu_get_proc(const char *name) {
   if (!name) return NULL;
   if (strcmp(name, SL_EXT_SGD_STEP) == 0) return (void *)(sl_ext_sgd_step_fn)cu_sgd;
   if (strcmp(name, SL_EXT_TRAFFIC) == 0) return (void *)(sl_ext_traffic_fn)cu_traffic;
   if (strcmp(name, SL_EXT_STREAM_ABANDON) == 0) return (void *)(sl_ext_stream_abandon_fn)cu__stream_abandon;
+  if (strcmp(name, SL_EXT_NATIVE_STREAM) == 0) return (void *)(sl_ext_native_stream_fn)cu_native_stream;
   return NULL;
 }
 
@@ -459,6 +465,10 @@ static const sl_backend_ops cu_ops = {
     .device_identity = cu_device_identity,
     .event_record_native = cu__event_record_native,
     .free_device_after = cu__free_device_after,
+    .native_api = SL_GPU_NAME,
+    .dlpack_device_type = SL_GPU_DLPACK_DEVICE,
+    .dlpack_pinned_type = SL_GPU_DLPACK_PINNED,
+    .launch_host_fn = cu__launch_host_fn,
 };
 
 /* The only exported symbol (the version script of shardload_add_module). */

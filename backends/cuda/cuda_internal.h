@@ -138,6 +138,7 @@ sl_status cu__copy_2d_async(void *be, void *dst, size_t dpitch, const void *src,
                             size_t height, sl_copy_kind kind, void *stream);
 sl_status cu__cast_async(void *be, void *dst, sl_dtype dst_dt, const void *src, sl_dtype src_dt, size_t count,
                          void *stream);
+sl_status cu__launch_host_fn(void *be, void *stream, sl_status (*fn)(void *arg, char *err, size_t errlen), void *arg);
 /* Polls STREAM (cudaStreamQuery) until it is idle, within the sync timeout; WHAT names the wait. */
 sl_status cu__wait_stream(cu_backend *s, cudaStream_t stream, const char *what);
 /* Whether every stream of S, abandoned ones included, is idle now: one look under the lock (no

@@ -269,24 +269,75 @@ sl_status cu__stream_sync(void *be, void *stream) {
 /* Every stream of the module, one after the other: the module's two and those created through
  * the ABI (a snapshot: a stream created meanwhile is not covered, as with any sync; one
  * destroyed or abandoned meanwhile is not waited for), then the pinned frees that waited for a
- * quiet device. */
+ * quiet device. Callable from any thread. */
 sl_status cu__synchronize(void *be) {
   cu_backend *s = be;
   cu_saved sv; /* the core's fallback and its last reference call from a caller's thread */
   cu__enter(s, &sv);
   sl_status st = cu__wait_stream(s, s->def, "synchronize");
   if (st == SL_OK) st = cu__wait_stream(s, s->alloc_stream, "synchronize");
-  for (size_t i = 0; st == SL_OK; i++) {
+  /* a copy of the list: a destroy or abandon on another thread moves the last entry into the
+   * gap, which an index walk over the live list would skip; a copied stream is asked only
+   * while it is still listed (query_one) */
+  cudaStream_t *snap = NULL;
+  size_t n = 0;
+  if (st == SL_OK) {
     pthread_mutex_lock(&s->lock);
-    cudaStream_t q = i < s->nstreams ? s->streams[i] : NULL;
+    n = s->nstreams;
+    if (n && (snap = malloc(n * sizeof *snap))) memcpy(snap, s->streams, n * sizeof *snap);
     pthread_mutex_unlock(&s->lock);
-    if (!q) break;
-    one_query oq = {.stream = q, .listed = 1};
+    if (n && !snap)
+      st = cu__fail(s, 0, SL_ERR_NOMEM, SL_GPU_NAME ":%d (local rank %d): synchronize: out of host memory", s->dev,
+                    s->local_rank);
+  }
+  for (size_t i = 0; snap && i < n && st == SL_OK; i++) {
+    one_query oq = {.stream = snap[i], .listed = 1};
     st = poll_done(s, &oq, "synchronize");
   }
+  free(snap);
   if (st == SL_OK) cu__free_deferred(s, 0);
   cu__leave(s, &sv);
   return st;
+}
+
+/* ---- host functions ------------------------------------------------------------------------ */
+typedef struct cu_host_call {
+  cu_backend *s;
+  sl_status (*fn)(void *arg, char *err, size_t errlen);
+  void *arg;
+} cu_host_call;
+
+/* On the runtime's callback thread: no CUDA call and no host call (module.h); a failure becomes
+ * the sticky error that the next sync reports on the caller's thread. */
+static void run_host_call(void *p) {
+  cu_host_call *c = p;
+  char err[CU_MSG_LEN] = "";
+  sl_status st = c->fn(c->arg, err, sizeof err);
+  if (st != SL_OK) {
+    char msg[CU_MSG_LEN];
+    if (err[0]) snprintf(msg, sizeof msg, "%s", err);
+    else snprintf(msg, sizeof msg, SL_GPU_NAME ":%d (local rank %d): a host function on a stream failed (status %d)", c->s->dev,
+                  c->s->local_rank, (int)st);
+    cu__set_sticky(c->s, st, msg);
+  }
+  free(c);
+}
+
+/* cudaLaunchHostFunc: the runtime runs the function once the stream reaches it (and never after
+ * the context broke: C is then left to the process's exit, as module.h allows). */
+sl_status cu__launch_host_fn(void *be, void *stream, sl_status (*fn)(void *arg, char *err, size_t errlen), void *arg) {
+  cu_backend *s = be;
+  if (!fn) return cu__fail(s, 0, SL_ERR_INVALID, "launch_host_fn: no function");
+  cu_host_call *c = malloc(sizeof *c);
+  if (!c) return cu__fail(s, 0, SL_ERR_NOMEM, "launch_host_fn: out of host memory");
+  *c = (cu_host_call){s, fn, arg};
+  cudaError_t e = cu__bind(s);
+  if (e == cudaSuccess) e = cudaLaunchHostFunc(cu__stream_of(s, stream), run_host_call, c);
+  if (e != cudaSuccess) {
+    free(c);
+    return cu__fail_cuda(s, 1, "cudaLaunchHostFunc", e, "on stream %p", stream);
+  }
+  return SL_OK;
 }
 
 /* ---- copies and casts ---------------------------------------------------------------------- */

@@ -5,9 +5,12 @@
  * sticky errors, frees of lent memory behind a consumer's stream) is a case of the backend
  * conformance suite (tests/conformance/, conformance_backend_cuda). Here: DLPack's special
  * stream values, which only a CUDA backend reads — the legacy (1) and the per-thread (2)
- * default stream — recorded on natively. Argument: the module's path. */
+ * default stream — recorded on natively; host functions in stream order and native streams
+ * through the ABI; synchronize from another thread while streams come and go. Argument: the
+ * module's path. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +41,12 @@ static const sl_module_host host = {sizeof(sl_module_host), NULL, t_log, t_fail}
 
 #define OK(call) assert_int_equal((call), SL_OK)
 
+static sl_status open_backend(void **out) {
+  sl_backend_init in = {.size = sizeof in, .host = &host, .local_rank = 0, .local_world_size = 1, .device = -1,
+                        .ops = ops};
+  return ops->init(&in, out);
+}
+
 /* An event recorded natively on the legacy and on the per-thread default stream completes
  * behind what those streams hold: here, an H2D copy each. */
 static void test_special_native_streams(void **state) {
@@ -63,6 +72,105 @@ static void test_special_native_streams(void **state) {
   free(h);
 }
 
+/* launch_host_fn (cudaLaunchHostFunc): the function runs after the D2H queued before it (it
+ * reads what landed in pinned memory) and before the H2D after it (which uploads what it wrote);
+ * its failure is the stream's sticky error, with its message. SL_EXT_NATIVE_STREAM gives the
+ * streams' cudaStream_t: the streams themselves, the module's default one for NULL. */
+typedef struct host_step {
+  unsigned char *seen, *next;
+  size_t n;
+  int saw;
+} host_step;
+static sl_status host_step_fn(void *arg, char *err, size_t errlen) {
+  host_step *h = arg;
+  h->saw = 1;
+  for (size_t i = 0; i < h->n; i++) h->saw &= h->seen[i] == (unsigned char)i;
+  for (size_t i = 0; i < h->n; i++) h->next[i] = (unsigned char)(255 - i);
+  return SL_OK;
+}
+static sl_status failing_fn(void *arg, char *err, size_t errlen) {
+  snprintf(err, errlen, "host function failed on purpose");
+  return SL_ERR_PEER;
+}
+
+static void test_host_fn_and_native_streams(void **state) {
+  enum { N = 1 << 20 };
+  sl_ext_native_stream_fn native = (sl_ext_native_stream_fn)ops->get_proc(SL_EXT_NATIVE_STREAM);
+  assert_non_null(native);
+  assert_string_equal(ops->native_api, "cuda");
+  assert_int_equal(ops->dlpack_device_type, 2);
+  assert_int_equal(ops->dlpack_pinned_type, 3);
+  void *s = NULL;
+  unsigned char *src = malloc(N), *seen = NULL, *next = NULL, *back = malloc(N), *d = NULL;
+  assert_non_null(src);
+  assert_non_null(back);
+  for (size_t i = 0; i < N; i++) src[i] = (unsigned char)i;
+  OK(ops->stream_create(be, &s));
+  assert_ptr_equal(native(be, s), s);
+  assert_non_null(native(be, NULL));
+  OK(ops->alloc_pinned(be, N, (void **)&seen));
+  OK(ops->alloc_pinned(be, N, (void **)&next));
+  memset(seen, 0, N);
+  memset(next, 0, N);
+  OK(ops->alloc_device(be, N, (void **)&d));
+  OK(ops->copy_async(be, d, src, N, SL_COPY_H2D, s));
+  OK(ops->copy_async(be, seen, d, N, SL_COPY_D2H, s));
+  host_step h = {seen, next, N, 0};
+  OK(ops->launch_host_fn(be, s, host_step_fn, &h));
+  OK(ops->copy_async(be, d, next, N, SL_COPY_H2D, s));
+  OK(ops->copy_async(be, back, d, N, SL_COPY_D2H, s));
+  OK(ops->stream_sync(be, s));
+  assert_true(h.saw);
+  for (size_t i = 0; i < N; i++)
+    if (back[i] != (unsigned char)(255 - i)) fail_msg("byte %zu: the H2D after the host function ran before it", i);
+  ops->free_device(be, d);
+  ops->free_pinned(be, next);
+  ops->free_pinned(be, seen);
+  ops->stream_destroy(be, s);
+  /* a failure: sticky, with the function's message (its own backend: the error never clears) */
+  void *b2 = NULL;
+  OK(open_backend(&b2));
+  OK(ops->launch_host_fn(b2, NULL, failing_fn, NULL));
+  last_msg[0] = 0;
+  assert_int_equal(ops->stream_sync(b2, NULL), SL_ERR_PEER);
+  assert_non_null(strstr(last_msg, "host function failed on purpose"));
+  assert_int_equal(ops->synchronize(b2), SL_ERR_PEER);
+  ops->fini(b2);
+  free(back);
+  free(src);
+}
+
+/* synchronize is callable from any thread (module.h, Threads: a state freed by a garbage
+ * collector), while the context's thread creates and destroys streams: it never polls a stream
+ * destroyed under it. */
+static int stop_syncing;
+static void *sync_loop(void *arg) {
+  long bad = 0;
+  while (!__atomic_load_n(&stop_syncing, __ATOMIC_ACQUIRE)) bad += ops->synchronize(be) != SL_OK;
+  return (void *)bad;
+}
+
+static void test_synchronize_while_streams_come_and_go(void **state) {
+  pthread_t t;
+  __atomic_store_n(&stop_syncing, 0, __ATOMIC_RELEASE);
+  assert_int_equal(pthread_create(&t, NULL, sync_loop, NULL), 0);
+  unsigned char *d = NULL, h[4096];
+  memset(h, 1, sizeof h);
+  OK(ops->alloc_device(be, sizeof h, (void **)&d));
+  for (int i = 0; i < 500; i++) {
+    void *s = NULL;
+    OK(ops->stream_create(be, &s));
+    OK(ops->copy_async(be, d, h, sizeof h, SL_COPY_H2D, s));
+    ops->stream_destroy(be, s);
+  }
+  __atomic_store_n(&stop_syncing, 1, __ATOMIC_RELEASE);
+  void *bad = NULL;
+  pthread_join(t, &bad);
+  assert_int_equal((long)bad, 0);
+  ops->free_device(be, d);
+  OK(ops->synchronize(be));
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s path/to/libshardload-cuda.so\n", argv[0]);
@@ -80,9 +188,7 @@ int main(int argc, char **argv) {
     printf("SKIPPED: no usable %s device: %s\n", ops->name, reason);
     return 77;
   }
-  sl_backend_init in = {.size = sizeof in, .host = &host, .local_rank = 0, .local_world_size = 1, .device = -1,
-                        .ops = ops};
-  if (ops->init(&in, &be) != SL_OK) {
+  if (open_backend(&be) != SL_OK) {
     fprintf(stderr, "init failed: %s\n", last_msg);
     return 1;
   }
@@ -91,6 +197,8 @@ int main(int argc, char **argv) {
   printf("# %s\n", desc);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_special_native_streams),
+      cmocka_unit_test(test_host_fn_and_native_streams),
+      cmocka_unit_test(test_synchronize_while_streams_come_and_go),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   ops->fini(be);

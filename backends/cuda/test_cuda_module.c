@@ -79,6 +79,13 @@ static void test_table(void **state) {
   assert_non_null(ops->get_proc(SL_EXT_TRAFFIC));
   assert_non_null(ops->get_proc(SL_EXT_STREAM_ABANDON)); /* the NCCL module gives up a left-behind stream */
   assert_null(ops->get_proc("sl_ext_no_such_thing"));
+  /* native handles (module.h): NCCL pairs by the API and enqueues on the streams' cudaStream_t;
+   * DLPack's types come from the table; host functions as cudaLaunchHostFunc */
+  assert_true(SL_HAS_OP(ops, native_api) && SL_HAS_OP(ops, launch_host_fn));
+  assert_string_equal(sl_backend_native_api(ops), "cuda");
+  assert_non_null(ops->get_proc(SL_EXT_NATIVE_STREAM));
+  assert_int_equal(ops->dlpack_device_type, 2); /* kDLCUDA */
+  assert_int_equal(ops->dlpack_pinned_type, 3); /* kDLCUDAHost */
   /* no v1 entry: the core adapts nothing */
   assert_null(dlsym(module, SL_BACKEND_ENTRY_V1));
 }

@@ -26,8 +26,10 @@
 #define SL_GPU_VISIBLE_ENV "CUDA_VISIBLE_DEVICES"
 /* the backend's bound on a wait for queued work, in seconds */
 #define SL_GPU_SYNC_TIMEOUT_ENV "SHARDLOAD_CUDA_SYNC_TIMEOUT_S"
-/* DLPack's device type of the backend's memory (dlpack.h: kDLCUDA) */
+/* DLPack's device types of the backend's memory (dlpack.h: kDLCUDA) and pinned memory
+ * (kDLCUDAHost) */
 #define SL_GPU_DLPACK_DEVICE 2
+#define SL_GPU_DLPACK_PINNED 3
 /* the device's architecture in describe(): "sm_90" */
 #define SL_GPU_ARCH_FMT "sm_%d%d"
 #define SL_GPU_ARCH_ARGS(prop) (prop).major, (prop).minor

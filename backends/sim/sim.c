@@ -23,8 +23,8 @@
  *   message, so the tests crash loudly instead of passing by luck.
  *
  * This file holds the ops table, the buffer table (tracking and tagging), allocation, strict-mode
- * host access (sl__sim_access), the enqueue-time domain checks of copies and casts, the counters,
- * the extensions, and describe/probe/init/fini. Streams, their worker threads, the task queue,
+ * host access (SL_EXT_HOST_ACCESS), the enqueue-time domain checks of copies and casts, the
+ * counters, the extensions, and describe/probe/init/fini. Streams, their worker threads, the task queue,
  * events, sticky errors and synchronisation are in sim_stream.c; what both share is in
  * sim_internal.h (the locking rules are there too). */
 #define _GNU_SOURCE
@@ -330,7 +330,7 @@ static void release_free(void *arg) {
 /* On the release stream, after the waits: a buffer that work still uses aborts in untrack, so a
  * free that did not wait for the consumer crashes the test instead of passing. The waits before
  * this task have finished, so the events are idle and go too. */
-static sl_status run_release(void *arg) {
+static sl_status run_release(void *arg, char *err, size_t errlen) {
   sim_release *r = arg;
   for (size_t i = 0; i < r->n; i++) untrack(r->s, r->ptrs[i], SL__SIM_DEVICE, 1, "free_device_after");
   for (size_t i = 0; i < r->nevents; i++) sim__event_destroy(r->s, r->events[i]);
@@ -546,7 +546,7 @@ static sl_status sim_cast_async(void *be, void *dst, sl_dtype dst_dt, const void
   return SL_OK;
 }
 
-sl_status sl__sim_access(void *be, const void *ptr, size_t bytes, int open) {
+sl_status sim__host_access(void *be, const void *ptr, size_t bytes, int open) {
   sim_backend *s = be;
   char msg[512];
   pthread_mutex_lock(&s->lock);
@@ -578,14 +578,14 @@ static sl_status sim_sgd(void *be, void *x, const void *g, sl_dtype dt, size_t c
   sl_status st = sim__synchronize(s);
   if (st != SL_OK || !count) return st;
   size_t bytes = count * sl_dtype_size(dt);
-  if ((st = sl__sim_access(s, x, bytes, 1)) != SL_OK) return st;
-  if ((st = sl__sim_access(s, g, bytes, 1)) != SL_OK) {
-    sl__sim_access(s, x, bytes, 0);
+  if ((st = sim__host_access(s, x, bytes, 1)) != SL_OK) return st;
+  if ((st = sim__host_access(s, g, bytes, 1)) != SL_OK) {
+    sim__host_access(s, x, bytes, 0);
     return st;
   }
   st = sl__host_sgd_step(x, g, dt, count, lr);
-  sl__sim_access(s, g, bytes, 0);
-  sl__sim_access(s, x, bytes, 0);
+  sim__host_access(s, g, bytes, 0);
+  sim__host_access(s, x, bytes, 0);
   if (st != SL_OK) return sim__fail(s, st, "sim:%d: sgd step: dtype %s is not a floating type", s->device_index, sl_dtype_name(dt));
   return SL_OK;
 }
@@ -597,9 +597,16 @@ static void sim_traffic(void *be, uint64_t *h2d, uint64_t *d2h) {
   *d2h = c.d2h;
 }
 
+/* The sim's streams are its own native streams (native_api "sim"): the stream itself, the
+ * default one for NULL. */
+static void *sim_native_stream(void *be, void *stream) { return sim__stream_of(be, stream); }
+
 static void *sim_get_proc(const char *name) {
+  if (!name) return NULL;
   if (strcmp(name, SL_EXT_SGD_STEP) == 0) return (void *)(sl_ext_sgd_step_fn)sim_sgd;
   if (strcmp(name, SL_EXT_TRAFFIC) == 0) return (void *)(sl_ext_traffic_fn)sim_traffic;
+  if (strcmp(name, SL_EXT_NATIVE_STREAM) == 0) return (void *)(sl_ext_native_stream_fn)sim_native_stream;
+  if (strcmp(name, SL_EXT_HOST_ACCESS) == 0) return (void *)(sl_ext_host_access_fn)sim__host_access;
   return NULL;
 }
 
@@ -639,6 +646,9 @@ static const sl_backend_ops sim_ops = {
     /* its streams are its own native streams */
     .event_record_native = sim__event_record,
     .free_device_after = sim_free_device_after,
+    .native_api = "sim",
+    .dlpack_device_type = 12, /* kDLExtDev: no consumer's device; pinned memory is plain kDLCPU */
+    .launch_host_fn = sim__launch_host_fn,
 };
 
 const sl_backend_ops *sl__backend_sim(void) { return &sim_ops; }

@@ -37,6 +37,9 @@ typedef struct sim_event {
 
 typedef enum sim_op { OP_COPY, OP_COPY_2D, OP_CAST, OP_RECORD, OP_WAIT, OP_FN } sim_op;
 
+/* A host function (module.h, launch_host_fn): writes the message of its failure into ERR. */
+typedef sl_status (*sim_fn)(void *arg, char *err, size_t errlen);
+
 typedef struct sim_task {
   struct sim_task *next;
   sim_op op;
@@ -48,7 +51,7 @@ typedef struct sim_task {
   size_t count;
   sim_event *ev;
   uint64_t seq;
-  sl__sim_task_fn fn;
+  sim_fn fn;
   void *arg;
   void (*free_arg)(void *);
   sim_buf *bufs[2];  /* device or pinned buffers it uses (NULL: none), held by refs */
@@ -64,8 +67,8 @@ typedef struct sim_stream {
   sim_task *head, *tail;
   uint64_t queued, done;
   int stop;
-  /* The message of the failure the running OP_FN task is about to return
-   * (sl__sim_task_error); written by the worker only. */
+  /* The message of the failure of the task running: an OP_FN task's ERR (launch_host_fn), and
+   * what a failed op it called wrote (sim__fail); written by the worker only. */
   char task_msg[SL__ERRMSG_LEN];
   struct sim_stream *prev, *next;
 } sim_stream;
@@ -99,6 +102,12 @@ __attribute__((noreturn, format(printf, 2, 3))) void sim__abort(sim_backend *s, 
  * and unmaps it on the last close. */
 void sim__buf_open(sim_backend *s, sim_buf *b);
 void sim__buf_close(sim_backend *s, sim_buf *b);
+/* SL_EXT_HOST_ACCESS: opens (OPEN 1) or closes (0) device memory [PTR, PTR+BYTES) for host
+ * access (strict mode maps it; in every mode the range must lie inside one device buffer and
+ * opens are counted per buffer: freeing an open buffer aborts). SL_ERR_BACKEND, with the
+ * message through the host or, inside a task, into the task's message, when the range is not
+ * inside one device buffer. */
+sl_status sim__host_access(void *be, const void *ptr, size_t bytes, int open);
 
 /* ---- sim_stream.c --------------------------------------------------------------------------- */
 /* Reports a failure of a call: through the host on a caller's thread, into the running task's
@@ -112,9 +121,13 @@ sim_stream *sim__stream_of(sim_backend *s, void *stream);
 sl_status sim__stream_start(sim_backend *s, sim_stream **out);
 void sim__stream_stop(sim_backend *s, sim_stream *q);
 /* Queues on Q a wait for the current record of each of the N EVENTS, then FN(ARG), all or
- * nothing: on failure (out of memory) nothing was queued and ARG was not freed. */
-sl_status sim__enqueue_after_events(sim_backend *s, sim_stream *q, void *const *events, size_t n, sl__sim_task_fn fn,
+ * nothing: on failure (out of memory) nothing was queued and ARG was not freed. FREE_ARG(ARG)
+ * runs after FN. */
+sl_status sim__enqueue_after_events(sim_backend *s, sim_stream *q, void *const *events, size_t n, sim_fn fn,
                                     void *arg, void (*free_arg)(void *));
+/* launch_host_fn (module.h): FN(ARG) in stream order on STREAM's worker, without the lock; it
+ * may call sim__host_access (SL_EXT_HOST_ACCESS), whose failure lands in its ERR. */
+sl_status sim__launch_host_fn(void *be, void *stream, sim_fn fn, void *arg);
 /* The stream, event and synchronisation ops of the table in sim.c. */
 sl_status sim__stream_create(void *be, void **stream);
 void sim__stream_destroy(void *be, void *stream);

@@ -1,9 +1,9 @@
 /* The asynchronous half of the sim backend (sim.c has the overview): streams, each a FIFO of
  * tasks run by its own worker thread after a random delay; the task queue and its bookkeeping;
  * events; sticky errors of enqueued work, reported by the next sync on the caller's thread;
- * sl__sim_enqueue and sl__sim_task_error (the simccl collective's entry points); the stream,
- * event and synchronisation ops; and sim__fail, which routes a failure to the host or, on a
- * worker, into the running task's message. Shared definitions and the locking rules are in
+ * host functions (launch_host_fn: how the simccl collective runs its work in stream order); the
+ * stream, event and synchronisation ops; and sim__fail, which routes a failure to the host or,
+ * on a worker, into the running task's message. Shared definitions and the locking rules are in
  * sim_internal.h. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,9 +24,9 @@
 /* The stream whose worker runs on this thread (NULL on caller threads). */
 static __thread sim_stream *tl_stream;
 
-/* Reports a failure of a call: through the host on a caller's thread; inside a task (a
- * function run by sl__sim_enqueue calling sl__sim_access) into the task's message, since a
- * worker must never touch the context's message buffer. */
+/* Reports a failure of a call: through the host on a caller's thread; inside a task (a host
+ * function calling SL_EXT_HOST_ACCESS) into the task's message, since a worker must never call
+ * the host's fail (module.h, Threads). */
 __attribute__((format(printf, 3, 4))) sl_status sim__fail(sim_backend *s, sl_status st, const char *fmt, ...) {
   char msg[SL__ERRMSG_LEN];
   va_list ap;
@@ -165,7 +165,7 @@ static sl_status run_task(sim_backend *s, sim_stream *q, sim_task *t) {
       break;
     case OP_FN:
       q->task_msg[0] = 0;
-      st = t->fn(t->arg);
+      st = t->fn(t->arg, q->task_msg, sizeof q->task_msg);
       if (st != SL_OK && !q->task_msg[0])
         snprintf(q->task_msg, sizeof q->task_msg, "sim:%d: a task on stream %p failed (%s)", s->device_index,
                  (void *)q, sl_status_name(st));
@@ -305,18 +305,17 @@ void sim__stream_stop(sim_backend *s, sim_stream *q) {
   free(q);
 }
 
-/* FN runs on the stream's worker without the backend's lock: it may call sl__sim_access,
- * sl__sim_task_error and the enqueueing ops, but never host->fail (the context's message
- * buffer belongs to the caller's thread) and never a sync (it would wait for itself). */
-sl_status sl__sim_enqueue(void *be, void *stream, sl__sim_task_fn fn, void *arg, void (*free_arg)(void *)) {
+/* FN runs on the stream's worker without the backend's lock, its ERR the task's message: it
+ * may call SL_EXT_HOST_ACCESS (a failure there writes ERR), never the host's fail (module.h,
+ * Threads) and never a sync (it would wait for itself). Each stream has a worker of its own, so
+ * FN may wait, bounded, for a host function of another stream. */
+sl_status sim__launch_host_fn(void *be, void *stream, sim_fn fn, void *arg) {
   sim_backend *s = be;
   sim_stream *q = sim__stream_of(s, stream);
+  if (!fn) return sim__fail(s, SL_ERR_INVALID, "sim:%d: launch_host_fn: no function", s->device_index);
   sim_task *t = calloc(1, sizeof *t);
-  if (!t) {
-    if (free_arg) free_arg(arg);
-    return sim__fail(s, SL_ERR_NOMEM, "sim:%d: out of memory queueing a task", s->device_index);
-  }
-  *t = (sim_task){.op = OP_FN, .fn = fn, .arg = arg, .free_arg = free_arg};
+  if (!t) return sim__fail(s, SL_ERR_NOMEM, "sim:%d: out of memory queueing a host function", s->device_index);
+  *t = (sim_task){.op = OP_FN, .fn = fn, .arg = arg};
   pthread_mutex_lock(&s->lock);
   sim__enqueue_locked(s, q, t);
   pthread_mutex_unlock(&s->lock);
@@ -327,7 +326,7 @@ sl_status sl__sim_enqueue(void *be, void *stream, sl__sim_task_fn fn, void *arg,
  * a queued wait would keep its event pending, and the caller, which keeps the events on
  * failure, could not destroy them. Waits for records already complete are not queued, as in
  * stream_wait_event. */
-sl_status sim__enqueue_after_events(sim_backend *s, sim_stream *q, void *const *events, size_t n, sl__sim_task_fn fn,
+sl_status sim__enqueue_after_events(sim_backend *s, sim_stream *q, void *const *events, size_t n, sim_fn fn,
                                     void *arg, void (*free_arg)(void *)) {
   sim_event **evs = calloc(n ? n : 1, sizeof *evs);
   sim_task **waits = calloc(n ? n : 1, sizeof *waits), *run = calloc(1, sizeof *run);
@@ -360,19 +359,6 @@ sl_status sim__enqueue_after_events(sim_backend *s, sim_stream *q, void *const *
   free(waits);
   free(evs);
   return SL_OK;
-}
-
-/* For a function run by sl__sim_enqueue (on the worker thread): the message of the failure it
- * is about to return; the next sync reports it on the caller's thread. Elsewhere it goes to the
- * host directly. */
-void sl__sim_task_error(void *be, const char *fmt, ...) {
-  sim_backend *s = be;
-  char msg[SL__ERRMSG_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  sim__fail(s, SL_ERR_BACKEND, "%s", msg);
 }
 
 /* ---- streams, events, synchronisation ------------------------------------------------------- */

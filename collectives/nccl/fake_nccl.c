@@ -49,6 +49,8 @@ static fcomm *g_live;
 static int g_nlive, g_violations, g_children;
 static int g_split_ms = 20, g_abort_lag_ms = 0, g_stuck = 0;
 static char g_last[256];
+static cudaStream_t g_last_stream; /* the stream the last data op was given */
+static int g_data_ops;
 
 static double now_ms(void) {
   struct timespec t;
@@ -160,6 +162,20 @@ API int fakenccl_violations(char *last, size_t len) {
   return n;
 }
 API int fakenccl_children_written(void) { return __atomic_load_n(&g_children, __ATOMIC_ACQUIRE); }
+/* The stream the last data op was enqueued on, and how many data ops were called. */
+API cudaStream_t fakenccl_last_stream(int *ops) {
+  pthread_mutex_lock(&g_mu);
+  cudaStream_t s = g_last_stream;
+  if (ops) *ops = g_data_ops;
+  pthread_mutex_unlock(&g_mu);
+  return s;
+}
+static void saw_stream(cudaStream_t st) {
+  pthread_mutex_lock(&g_mu);
+  g_last_stream = st;
+  g_data_ops++;
+  pthread_mutex_unlock(&g_mu);
+}
 
 /* ---- the API ------------------------------------------------------------------------------ */
 API ncclResult_t ncclGetVersion(int *v) {
@@ -276,18 +292,23 @@ API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
   if (r == ncclSuccess) *rank = ((fcomm *)comm)->rank;
   return r;
 }
-/* No data moves without a device: the data ops refuse. */
+/* No data moves without a device: the data ops refuse, after noting the stream they were given
+ * (what the module must take from the backend: its streams' cudaStream_t). */
 API ncclResult_t ncclBroadcast(const void *s, void *r, size_t n, ncclDataType_t t, int root, ncclComm_t c,
                                cudaStream_t st) {
+  saw_stream(st);
   return ncclInvalidUsage;
 }
 API ncclResult_t ncclSend(const void *s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+  saw_stream(st);
   return ncclInvalidUsage;
 }
 API ncclResult_t ncclRecv(void *r, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+  saw_stream(st);
   return ncclInvalidUsage;
 }
 API ncclResult_t ncclAllGather(const void *s, void *r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
+  saw_stream(st);
   return ncclInvalidUsage;
 }
 API ncclResult_t ncclGroupStart(void) { return ncclSuccess; }

@@ -4,11 +4,10 @@
  * control plane (nccl_init.c) and it aborts. NCCL itself is opened at run time (nccl_lib.c),
  * so the module loads, and probe() explains, where NCCL or the driver is missing.
  *
- * Streams: a stream handle of the cuda backend IS a cudaStream_t (the cuda backend's contract;
- * this module assumes it). NULL is the backend's default stream, which this module cannot name
- * as a cudaStream_t (it need not be CUDA's legacy stream), so an op on NULL runs on a backend
- * stream of the module's own, after an event the backend records on NULL and before one NULL
- * then waits for: ordered exactly as if it ran on NULL.
+ * Streams: the module pairs with any backend of native API "cuda" (module.h, Native handles)
+ * and asks the backend for the cudaStream_t of each stream it is given (SL_EXT_NATIVE_STREAM;
+ * NULL, the backend's default stream, included), so the kernels are ordered on the caller's
+ * stream as the backend's own ops are. It assumes nothing of what a stream handle is.
  *
  * Failures: every NCCL call is non-blocking (config.blocking = 0) and polled against the
  * timeout; a watchdog thread (nccl_watch.c) aborts the communicator when an op stalls or NCCL
@@ -22,7 +21,8 @@
 
 #include "nccl_internal.h"
 
-/* "cuda" or "cuda:VARIANT" (SL_GPU_NAME: "hip" for rccl). */
+/* "cuda" or "cuda:VARIANT" (SL_GPU_NAME: "hip" for rccl): the native API the rank's backend
+ * pairs by (module.h, probe). */
 static bool is_cuda(const char *backend) {
   const size_t n = sizeof SL_GPU_NAME - 1;
   return backend && strncmp(backend, SL_GPU_NAME, n) == 0 && (backend[n] == 0 || backend[n] == ':');
@@ -67,12 +67,20 @@ static sl_status nccl_init(const sl_collective_init *in, void **out) {
   if (in->world_size < 1 || in->rank < 0 || in->rank >= in->world_size)
     return h->fail(h->core, SL_ERR_INVALID, SL_CCL_NAME ": rank %d is not in a job of %d ranks",
                                             in->rank, in->world_size);
-  if (!in->backend || !in->backend_handle || !is_cuda(in->backend->name))
+  const sl_backend_ops *b = in->backend;
+  if (!b || !in->backend_handle || !is_cuda(sl_backend_native_api(b)))
     return h->fail(h->core, SL_ERR_INVALID,
-                   SL_CCL_NAME " init on rank %d: needs this rank's " SL_GPU_NAME " backend "
-                   "(sl_collective_init.backend and backend_handle); it has %s (use --backend " SL_GPU_NAME ", or "
-                   "--collective gloo)",
-                   in->rank, in->backend ? in->backend->name : "none");
+                   SL_CCL_NAME " init on rank %d: needs this rank's backend, of native API " SL_GPU_NAME
+                   " (sl_collective_init.backend and backend_handle); it has %s%s%s (use --backend " SL_GPU_NAME
+                   ", or --collective gloo)",
+                   in->rank, b ? b->name : "none", b && SL_HAS_OP(b, native_api) ? ", native API " : "",
+                   b && SL_HAS_OP(b, native_api) ? b->native_api : "");
+  if (!SL_HAS_OP(b, get_proc) || !b->get_proc(SL_EXT_NATIVE_STREAM))
+    return h->fail(h->core, SL_ERR_UNSUPPORTED,
+                   SL_CCL_NAME " init on rank %d: backend %s does not give the native " SL_GPU_NAME " stream of its "
+                   "streams (the extension " SL_EXT_NATIVE_STREAM "), which " SL_CCL_PRODUCT "'s kernels must be "
+                   "enqueued on; rebuild it against this shardload, or use --collective gloo",
+                   in->rank, b->name);
   if (in->world_size > 1 && (!in->control || !in->control->broadcast || !in->control->allgather))
     return h->fail(h->core, SL_ERR_INVALID,
                    SL_CCL_NAME " init on rank %d of %d: no control plane to bootstrap through "
@@ -104,24 +112,6 @@ sl_status sl__nccl_report_dead(nccl_comm *c, const char *op) {
 }
 
 /* ---- issuing an op (caller holds MU) ------------------------------------------------------- */
-
-/* The cudaStream_t the op goes on; for NULL the module's own stream, after the default's work. */
-static sl_status begin(nccl_comm *c, void *stream, cudaStream_t *s) {
-  if (stream) {
-    *s = (cudaStream_t)stream;
-    return SL_OK;
-  }
-  *s = (cudaStream_t)c->own_stream;
-  sl_status st = c->be_ops->event_record(c->be, c->ev_in, NULL);
-  return st == SL_OK ? c->be_ops->stream_wait_event(c->be, c->own_stream, c->ev_in) : st;
-}
-
-/* ... and the default stream's later work after the op. */
-static sl_status end(nccl_comm *c, void *stream) {
-  if (stream) return SL_OK;
-  sl_status st = c->be_ops->event_record(c->be, c->ev_out, c->own_stream);
-  return st == SL_OK ? c->be_ops->stream_wait_event(c->be, NULL, c->ev_out) : st;
-}
 
 /* After an NCCL call: waits out ncclInProgress (the enqueue itself, bounded) and kills the
  * communicator on failure (a rank that skips an op would leave its peers' kernels waiting). */
@@ -203,18 +193,12 @@ static sl_status issue(nccl_comm *c, nccl_op op, const nccl_args *a, void *strea
     pthread_mutex_unlock(&c->mu);
     return sl__nccl_report_dead(c, name);
   }
-  cudaStream_t s;
-  sl_status st = begin(c, stream, &s);
-  if (st != SL_OK) {
-    pthread_mutex_unlock(&c->mu);
-    return st; /* the backend said why; nothing was queued */
-  }
-  st = enqueue(c, op, a, s);
+  cudaStream_t s = sl__nccl_stream(c, stream);
+  sl_status st = enqueue(c, op, a, s);
   if (st == SL_OK) st = sl__nccl_track(c, name, s);
-  sl_status se = end(c, stream); /* even after a failure: the default stream stays ordered */
   pthread_mutex_unlock(&c->mu);
   if (atomic_load(&c->dead)) return sl__nccl_report_dead(c, name);
-  return st != SL_OK ? st : se;
+  return st;
 }
 
 /* ---- the ops ---------------------------------------------------------------------------- */
@@ -276,7 +260,7 @@ static sl_status nccl_barrier(void *comm) {
   pthread_mutex_lock(&c->mu);
   sl_status st = SL_ERR_COMM;
   if (!atomic_load(&c->dead) && c->comm) {
-    cudaStream_t s = (cudaStream_t)c->own_stream;
+    cudaStream_t s = sl__nccl_stream(c, c->own_stream);
     st = enqueue(c, OP_ALLGATHER, &a, s);
     if (st == SL_OK) st = sl__nccl_track(c, "barrier", s);
   }

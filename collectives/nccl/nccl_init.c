@@ -45,6 +45,9 @@ nccl_comm *sl__nccl_comm_new(const sl_module_host *host, const sl_nccl_lib *L, c
   c->L = L;
   c->be_ops = be_ops;
   c->be = be;
+  /* checked at init (nccl.c): a backend of native API cuda hands out its streams' handles */
+  if (be_ops && SL_HAS_OP(be_ops, get_proc))
+    c->native = (sl_ext_native_stream_fn)be_ops->get_proc(SL_EXT_NATIVE_STREAM);
   c->device = device;
   c->timeout_ms = timeout_ms;
   c->world = 1;
@@ -67,6 +70,8 @@ void sl__nccl_bind(const nccl_comm *c) {
   if (c && c->device >= 0) (void)cudaSetDevice(c->device);
 }
 
+cudaStream_t sl__nccl_stream(const nccl_comm *c, void *stream) { return (cudaStream_t)c->native(c->be, stream); }
+
 /* Frees what the communicator owns besides COMM (destroyed or aborted by the caller, so no
  * kernel of it still waits for a peer): the watchdog, the events, the barrier's buffer and the
  * module's stream (the backend's stream_destroy finishes its work first, bounded). */
@@ -88,9 +93,7 @@ void sl__nccl_comm_free(nccl_comm *c) {
   }
   if (!c->leaked) {
     /* stream-ordered: no device-wide synchronisation (cudaFree's) that a stuck kernel could hang */
-    if (c->barrier_buf) cudaFreeAsync(c->barrier_buf, (cudaStream_t)c->own_stream);
-    if (c->ev_in) c->be_ops->event_destroy(c->be, c->ev_in);
-    if (c->ev_out) c->be_ops->event_destroy(c->be, c->ev_out);
+    if (c->barrier_buf) cudaFreeAsync(c->barrier_buf, sl__nccl_stream(c, c->own_stream));
     /* an aborted communicator's kernels have exited (ncclCommAbort), so this does not hang */
     if (c->own_stream) c->be_ops->stream_destroy(c->be, c->own_stream);
   }
@@ -214,17 +217,14 @@ void sl__nccl_config(ncclConfig_t *cfg) {
   *cfg = c;
 }
 
-/* The resources of a formed communicator: the barrier's buffer, the stream and events of the
- * NULL handle (nccl.c: on_stream), the watchdog. */
+/* The resources of a formed communicator: the barrier's stream and buffer, the watchdog. */
 sl_status sl__nccl_comm_resources(nccl_comm *c) {
   const sl_module_host *h = c->host;
   sl__nccl_bind(c);
   sl_status st = c->be_ops->stream_create(c->be, &c->own_stream);
-  if (st == SL_OK) st = c->be_ops->event_create(c->be, &c->ev_in);
-  if (st == SL_OK) st = c->be_ops->event_create(c->be, &c->ev_out);
   if (st != SL_OK) return st; /* the backend has said why */
   /* stream-ordered on the stream the barrier runs on, and freed the same way (comm_free) */
-  cudaError_t e = cudaMallocAsync(&c->barrier_buf, (size_t)c->world, (cudaStream_t)c->own_stream);
+  cudaError_t e = cudaMallocAsync(&c->barrier_buf, (size_t)c->world, sl__nccl_stream(c, c->own_stream));
   if (e != cudaSuccess) {
     c->barrier_buf = NULL;
     return h->fail(h->core, SL_ERR_NOMEM, SL_CCL_NAME " init on rank %d (" SL_GPU_NAME ":%d): cannot allocate %d "

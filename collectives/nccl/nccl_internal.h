@@ -65,6 +65,7 @@ typedef struct nccl_comm {
   const sl_nccl_lib *L;
   const sl_backend_ops *be_ops;
   void *be;
+  sl_ext_native_stream_fn native; /* the backend's SL_EXT_NATIVE_STREAM: its streams' cudaStream_t */
   const sl_control_plane *control; /* the root communicator's only: subs hold NULL */
   struct nccl_comm *parent;
   int rank, world, job_rank, device, timeout_ms;
@@ -97,11 +98,8 @@ typedef struct nccl_comm {
   pthread_t watchdog;
   bool watching;
 
-  /* The stream of the NULL handle is the backend's own default stream, which this module cannot
-   * name; NULL ops run on OWN_STREAM (a backend stream), ordered after and before the default
-   * stream's work by two backend events (see on_stream in nccl.c). */
+  /* A backend stream of the module's own, for the barrier (which is no caller's work). */
   void *own_stream;
-  void *ev_in, *ev_out;
   void *barrier_buf; /* WORLD bytes of device memory for the barrier's allgather */
 } nccl_comm;
 
@@ -148,5 +146,8 @@ void sl__nccl_settle_children(nccl_comm *c);
 
 /* Selects C's device on the calling thread (nccl_init.c). */
 void sl__nccl_bind(const nccl_comm *c);
+/* The cudaStream_t of the backend's STREAM (NULL: its default stream), through the backend's
+ * SL_EXT_NATIVE_STREAM (nccl_init.c). */
+cudaStream_t sl__nccl_stream(const nccl_comm *c, void *stream);
 
 #endif

@@ -93,14 +93,30 @@ static sl_status mini_broadcast(void *ctx, void *buf, size_t bytes, int root) {
   return SL_OK;
 }
 
-/* The cuda backend as the collective sees it before it touches a device: its name and ordinal.
- * (The real module cannot init without a driver, so its handle cannot be had here.) */
+/* The cuda backend as the collective sees it before it touches a device: its native API, its
+ * streams' native handles (SL_EXT_NATIVE_STREAM: a token's cudaStream_t is another address, so
+ * that a module taking the token itself for one is caught) and its ordinal. (The real module
+ * cannot init without a driver, so its handle cannot be had here.) */
 static int fake_ordinal(void *be) { return 0; }
+static char g_native_default; /* the cudaStream_t of the backend's default (NULL) stream */
+static void *fake_native_stream(void *be, void *stream) {
+  return stream ? (void *)((uintptr_t)stream + 0x100000) : (void *)&g_native_default;
+}
+static void *fake_get_proc(const char *name) {
+  return strcmp(name, SL_EXT_NATIVE_STREAM) == 0 ? (void *)(sl_ext_native_stream_fn)fake_native_stream : NULL;
+}
 static const sl_backend_ops fake_cuda = {
     .abi_version = SL_BACKEND_ABI_VERSION, .size = sizeof(sl_backend_ops), .name = "cuda",
-    .device_ordinal = fake_ordinal};
+    .device_ordinal = fake_ordinal, .get_proc = fake_get_proc, .native_api = "cuda"};
 static const sl_backend_ops fake_cpu = {
     .abi_version = SL_BACKEND_ABI_VERSION, .size = sizeof(sl_backend_ops), .name = "cpu"};
+/* a backend of native API cuda under another name, and one that gives no native streams */
+static const sl_backend_ops fake_mycuda = {
+    .abi_version = SL_BACKEND_ABI_VERSION, .size = sizeof(sl_backend_ops), .name = "mycuda",
+    .device_ordinal = fake_ordinal, .get_proc = fake_get_proc, .native_api = "cuda"};
+static const sl_backend_ops fake_cuda_no_streams = {
+    .abi_version = SL_BACKEND_ABI_VERSION, .size = sizeof(sl_backend_ops), .name = "oldcuda",
+    .device_ordinal = fake_ordinal, .native_api = "cuda"};
 static int g_dummy_handle;
 
 static bool has_gpu(void) {
@@ -175,7 +191,7 @@ static void probe_says_what_is_missing(void **state) {
 /* The core's way in: the registry opens libshardload-nccl.so from SHARDLOAD_MODULE_PATH. */
 static void registry_finds_the_module(void **state) {
   char why[512] = "";
-  assert_int_equal(sl__collective_probe("nccl", "cpu", why, sizeof why), 0);
+  assert_int_equal(sl__collective_probe("nccl", sl__backend_cpu(), why, sizeof why), 0);
   print_message("registry probe(nccl, cpu): %s\n", why);
   assert_non_null(strstr(why, "moves CUDA device memory only; this rank's backend is cpu"));
 }
@@ -188,8 +204,15 @@ static void init_refuses_other_backends(void **state) {
                            .backend = &fake_cpu, .backend_handle = &g_dummy_handle, .device = -1};
   assert_int_equal(g_ops->init(&in, &comm), SL_ERR_INVALID);
   assert_null(comm);
-  assert_non_null(strstr(h.msg, "nccl init on rank 0: needs this rank's cuda backend"));
+  assert_non_null(strstr(h.msg, "nccl init on rank 0: needs this rank's backend, of native API cuda"));
   assert_non_null(strstr(h.msg, "it has cpu"));
+  /* of native API cuda, but without the cudaStream_t of its streams: nothing to enqueue on */
+  in.backend = &fake_cuda_no_streams;
+  assert_int_equal(g_ops->init(&in, &comm), SL_ERR_UNSUPPORTED);
+  assert_null(comm);
+  assert_non_null(strstr(h.msg, "nccl init on rank 0: backend oldcuda does not give the cudaStream_t of its streams"));
+  assert_non_null(strstr(h.msg, SL_EXT_NATIVE_STREAM));
+  in.backend = &fake_cpu;
   /* an init struct from an ABI v1 core (no backend, no control plane) */
   in.size = offsetof(sl_collective_init, backend);
   assert_int_equal(g_ops->init(&in, &comm), SL_ERR_ABI);
@@ -270,6 +293,7 @@ typedef struct fake_api {
   int (*live)(void);
   int (*violations)(char *last, size_t len);
   int (*children_written)(void);
+  cudaStream_t (*last_stream)(int *ops);
 } fake_api;
 static fake_api F;
 static const sl_nccl_lib *g_L;
@@ -305,13 +329,14 @@ static sl_status fb_wait(void *be, void *stream, void *ev) { return SL_OK; }
 /* SL_EXT_STREAM_ABANDON, as the cuda backend offers it */
 static void fb_abandon(void *be, void *stream) { __atomic_store_n(&g_stream_abandoned, stream, __ATOMIC_RELEASE); }
 static void *fb_get_proc(const char *name) {
-  return name && strcmp(name, SL_EXT_STREAM_ABANDON) == 0 ? (void *)(sl_ext_stream_abandon_fn)fb_abandon : NULL;
+  if (name && strcmp(name, SL_EXT_STREAM_ABANDON) == 0) return (void *)(sl_ext_stream_abandon_fn)fb_abandon;
+  return fake_get_proc(name); /* the native streams */
 }
 static const sl_backend_ops fake_cuda_streams = {
     .abi_version = SL_BACKEND_ABI_VERSION, .size = sizeof(sl_backend_ops), .name = "cuda",
     .device_ordinal = fake_ordinal, .stream_create = fb_create, .stream_destroy = fb_stream_destroy,
     .event_create = fb_create, .event_destroy = fb_destroy, .event_record = fb_record, .stream_wait_event = fb_wait,
-    .get_proc = fb_get_proc};
+    .get_proc = fb_get_proc, .native_api = "cuda"};
 
 /* A formed one-rank communicator of the fake, wrapped as init wraps one (its watchdog runs). */
 static nccl_comm *fake_parent(rank_host *h, int timeout_ms) {
@@ -526,6 +551,42 @@ static void fini_ends_behind_a_stuck_destroy(void **state) {
   assert_null(__atomic_load_n(&g_stream_destroyed, __ATOMIC_ACQUIRE));
 }
 
+/* NCCL's kernels go on the cudaStream_t the backend gives for the stream they were handed
+ * (SL_EXT_NATIVE_STREAM), the default stream's for NULL; never on the backend's handle taken
+ * for one. The fake notes the stream of each data op (and refuses it, so the communicator dies:
+ * a fresh one per case). */
+static void data_ops_go_on_the_backends_native_streams(void **state) {
+  rank_host h;
+  host_init(&h);
+  F.config(20, 0);
+  void *stream = NULL;
+  assert_int_equal(fb_create(NULL, &stream), SL_OK);
+  struct {
+    void *given;
+    void *native;
+  } cases[] = {{stream, fake_native_stream(NULL, stream)}, {NULL, &g_native_default}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int before = 0, after = 0;
+    F.last_stream(&before);
+    nccl_comm *c = fake_parent(&h, 5000);
+    static char buf[64];
+    sl_status st = g_ops->broadcast(c, buf, sizeof buf, 0, cases[i].given);
+    cudaStream_t got = F.last_stream(&after);
+    print_message("broadcast on %p: %s, NCCL got stream %p (want %p): %s\n", cases[i].given, sl_status_name(st),
+                  (void *)got, cases[i].native, h.msg);
+    assert_int_equal(after, before + 1);
+    assert_ptr_equal(got, cases[i].native);
+    assert_int_equal(st, SL_ERR_COMM); /* the fake refuses data ops */
+    g_ops->fini(c);
+  }
+  /* the module pairs by native API: a backend of API cuda under another name is taken */
+  nccl_comm *c = sl__nccl_comm_new(&h.host, g_L, &fake_mycuda, &g_dummy_handle, 0, 5000);
+  assert_non_null(c);
+  assert_ptr_equal(sl__nccl_stream(c, stream), fake_native_stream(NULL, stream));
+  sl__nccl_comm_free(c);
+  assert_no_violation();
+}
+
 static int run_fake(void) {
   char why[512] = "";
   g_ops = sl_collective_module_v2();
@@ -545,7 +606,8 @@ static int run_fake(void) {
   F.stick = (void (*)(int))dlsym(h, "fakenccl_stick");
   F.violations = (int (*)(char *, size_t))dlsym(h, "fakenccl_violations");
   F.children_written = (int (*)(void))dlsym(h, "fakenccl_children_written");
-  if (!F.config || !F.stick || !F.violations || !F.children_written) {
+  F.last_stream = (cudaStream_t(*)(int *))dlsym(h, "fakenccl_last_stream");
+  if (!F.config || !F.stick || !F.violations || !F.children_written || !F.last_stream) {
     fprintf(stderr, "the fake NCCL lacks its fakenccl_* handles\n");
     return 1;
   }
@@ -556,6 +618,7 @@ static int run_fake(void) {
       cmocka_unit_test(fini_after_abort_ends_behind_a_stuck_kernel),
       cmocka_unit_test(fini_ends_behind_a_stuck_destroy),
       cmocka_unit_test(a_later_teardown_waits_in_full),
+      cmocka_unit_test(data_ops_go_on_the_backends_native_streams),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -103,7 +103,7 @@ static void probe_says_what_is_missing(void **state) {
 
 static void registry_finds_the_module(void **state) {
   char why[512] = "";
-  assert_int_equal(sl__collective_probe("rccl", "cpu", why, sizeof why), 0);
+  assert_int_equal(sl__collective_probe("rccl", sl__backend_cpu(), why, sizeof why), 0);
   assert_non_null(strstr(why, "rccl: moves ROCm device memory only; this rank's backend is cpu"));
 }
 

@@ -3,10 +3,18 @@
  * #data-flow). Like NCCL it moves device memory only, its ops are stream-ordered (enqueued
  * on a sim stream, complete when an event recorded after them completes), it bootstraps
  * through the control plane and it aborts. Underneath, a Gloo communicator of its own moves
- * the bytes: each op is a task on the sim stream that opens the buffers for host access
- * (sim:strict keeps device memory unreadable otherwise), runs the Gloo call on the raw
- * pointers and closes them again. A caller that does not make the stream wait for the copy
- * that filled a send buffer therefore sends stale bytes, as it would with NCCL.
+ * the bytes: each op is a host function on the stream (the backend's launch_host_fn, as
+ * cudaLaunchHostFunc) that opens the buffers for host access (SL_EXT_HOST_ACCESS: sim:strict
+ * keeps device memory unreadable otherwise), runs the Gloo call on the raw pointers and closes
+ * them again. A caller that does not make the stream wait for the copy that filled a send
+ * buffer therefore sends stale bytes, as it would with NCCL.
+ *
+ * Wiring: like NCCL it is paired with its backend by the native API ("sim", device_backend)
+ * and reaches the backend only through its table and extensions (module.h), never through the
+ * sim's internals: any backend of native API "sim" that offers launch_host_fn, is_device_ptr
+ * and SL_EXT_HOST_ACCESS serves. The host function takes the backend's own streams, so no
+ * native stream is needed (NCCL needs one for its kernels; sim's native streams are its
+ * streams).
  *
  * Ordering: the ops of one communicator must be issued in the same order on every rank (as
  * with NCCL). They run on the inner communicator one at a time and in that order, whatever
@@ -16,9 +24,10 @@
  * fails that op and every later one.
  *
  * Threads: tasks run on the sim's stream workers. They never write the context's message
- * (module.h: host->fail belongs to the caller's thread): the inner Gloo communicator reports
- * into a per-thread buffer, and a failed task hands that message to the sim
- * (sl__sim_task_error), which reports it, as the stream's sticky error, at the next sync. */
+ * (module.h, Threads: the host's fail belongs to the threads of the core's calls): the inner
+ * Gloo communicator reports into a per-thread buffer, and a failed task writes that message
+ * into its host function's ERR, which the backend reports, as the stream's sticky error, at
+ * the next sync. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdarg.h>
@@ -31,16 +40,12 @@
 #include "internal.h"
 #include "shardload/module_util.h"
 
-/* The sim backend's task-error setter (core/src/internal.h once it lands there): weak, so that
- * this file builds and links against a sim without it (then a failed task is reported by the
- * sim without simccl's message). */
-void sl__sim_task_error(void *be, const char *fmt, ...) __attribute__((weak, format(printf, 2, 3)));
-
 typedef struct simccl_comm {
   const sl_module_host *host; /* the core's: messages on the caller's thread only */
   sl_module_host inner_host;  /* what the inner Gloo communicator reports through */
   const sl_backend_ops *be_ops;
   void *be;
+  sl_ext_host_access_fn access; /* the backend's SL_EXT_HOST_ACCESS */
   int rank, world, timeout_ms;
   int job_rank; /* this rank in the job (a sub's rank is its place in its group) */
   const sl_collective_ops *gloo;
@@ -86,7 +91,7 @@ static bool is_aborted(const simccl_comm *c) {
 
 /* ---- the table's cheap parts ---------------------------------------------------------------- */
 
-/* "sim" or "sim:VARIANT". */
+/* "sim" (or "sim:VARIANT"): BACKEND is the native API of the rank's backend (module.h, probe). */
 static bool is_sim(const char *backend) {
   return backend && strncmp(backend, "sim", 3) == 0 && (backend[3] == 0 || backend[3] == ':');
 }
@@ -99,13 +104,15 @@ static int simccl_probe(const char *backend, char *reason, size_t len) {
   return 0;
 }
 
-static simccl_comm *comm_new(const sl_module_host *host, const sl_backend_ops *be_ops, void *be, int timeout_ms) {
+static simccl_comm *comm_new(const sl_module_host *host, const sl_backend_ops *be_ops, void *be,
+                             sl_ext_host_access_fn access, int timeout_ms) {
   simccl_comm *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->host = host;
   c->inner_host = (sl_module_host){sizeof(sl_module_host), c, inner_log, inner_fail};
   c->be_ops = be_ops;
   c->be = be;
+  c->access = access;
   c->timeout_ms = timeout_ms;
   c->world = 1;
   pthread_mutex_init(&c->run_mu, NULL);
@@ -131,6 +138,30 @@ static void comm_free(simccl_comm *c) {
 
 /* ---- init and fini ------------------------------------------------------------------------ */
 
+/* The rank's backend is one of native API "sim" (what the core paired it by) and offers what
+ * this module reaches its streams and memory through; *ACCESS gets its SL_EXT_HOST_ACCESS. */
+static sl_status backend_usable(const sl_collective_init *in, sl_ext_host_access_fn *access) {
+  const sl_module_host *h = in->host;
+  const sl_backend_ops *b = in->backend;
+  if (!b || !in->backend_handle || !is_sim(sl_backend_native_api(b)))
+    return h->fail(h->core, SL_ERR_INVALID,
+                   "simccl init on rank %d: needs this rank's backend, of native API sim (sl_collective_init.backend "
+                   "and backend_handle); it has %s%s%s",
+                   in->rank, b ? b->name : "none", b && SL_HAS_OP(b, native_api) ? ", native API " : "",
+                   b && SL_HAS_OP(b, native_api) ? b->native_api : "");
+  const char *lacks = !SL_HAS_OP(b, launch_host_fn) ? "launch_host_fn"
+                      : !SL_HAS_OP(b, is_device_ptr) ? "is_device_ptr"
+                      : !SL_HAS_OP(b, get_proc) || !(*access = (sl_ext_host_access_fn)b->get_proc(SL_EXT_HOST_ACCESS))
+                          ? "the extension " SL_EXT_HOST_ACCESS
+                          : NULL;
+  if (lacks)
+    return h->fail(h->core, SL_ERR_UNSUPPORTED,
+                   "simccl init on rank %d: backend %s offers no %s, through which simccl runs its work on the "
+                   "backend's streams; use --collective gloo",
+                   in->rank, b->name, lacks);
+  return SL_OK;
+}
+
 static sl_status simccl_init(const sl_collective_init *in, void **out) {
   if (!in || !out || !in->host) return SL_ERR_INVALID;
   *out = NULL;
@@ -142,11 +173,9 @@ static sl_status simccl_init(const sl_collective_init *in, void **out) {
                    in->size);
   if (in->world_size < 1 || in->rank < 0 || in->rank >= in->world_size)
     return h->fail(h->core, SL_ERR_INVALID, "simccl: rank %d is not in a job of %d ranks", in->rank, in->world_size);
-  if (!in->backend || !in->backend_handle || !is_sim(in->backend->name))
-    return h->fail(h->core, SL_ERR_INVALID,
-                   "simccl init on rank %d: needs this rank's sim backend (sl_collective_init.backend and "
-                   "backend_handle); it has %s",
-                   in->rank, in->backend ? in->backend->name : "none");
+  sl_ext_host_access_fn access = NULL;
+  sl_status st = backend_usable(in, &access);
+  if (st != SL_OK) return st;
   if (in->world_size > 1 && (!in->control || !in->control->allgather))
     return h->fail(h->core, SL_ERR_INVALID,
                    "simccl init on rank %d of %d: no control plane to bootstrap through (sl_collective_init.control)",
@@ -158,7 +187,7 @@ static sl_status simccl_init(const sl_collective_init *in, void **out) {
                    "%d (rebuild with -DSHARDLOAD_WITH_GLOO=ON)",
                    in->world_size);
 #endif
-  simccl_comm *c = comm_new(h, in->backend, in->backend_handle, in->timeout_ms);
+  simccl_comm *c = comm_new(h, in->backend, in->backend_handle, access, in->timeout_ms);
   if (!c) return h->fail(h->core, SL_ERR_NOMEM, "simccl: out of memory");
   c->rank = c->job_rank = in->rank;
   c->world = in->world_size;
@@ -178,7 +207,7 @@ static sl_status simccl_init(const sl_collective_init *in, void **out) {
         .control = in->control,
     };
     t_msg[0] = 0;
-    sl_status st = c->gloo->init(&gi, &c->inner);
+    st = c->gloo->init(&gi, &c->inner);
     if (st != SL_OK) {
       comm_free(c);
       /* A control-plane failure keeps the control plane's own message (it names the rank). */
@@ -255,15 +284,13 @@ typedef struct simccl_task {
   uint64_t seq;              /* its ticket (see Ordering at the head) */
 } simccl_task;
 
-static void task_error(simccl_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void task_error(simccl_comm *c, const char *fmt, ...) {
-  if (!sl__sim_task_error) return;
-  char buf[SL__ERRMSG_LEN];
+/* The message of a task's failure, into its host function's ERR (module.h, launch_host_fn). */
+static void task_error(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void task_error(char *err, size_t errlen, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
+  vsnprintf(err, errlen, fmt, ap);
   va_end(ap);
-  sl__sim_task_error(c->be, "%s", buf);
 }
 
 static sl_status run_inner(simccl_task *t) {
@@ -278,7 +305,7 @@ static sl_status run_inner(simccl_task *t) {
 }
 
 /* T's turn: opens the buffers, runs the Gloo call, closes them. */
-static sl_status run_turn(simccl_task *t) {
+static sl_status run_turn(simccl_task *t, char *err, size_t errlen) {
   simccl_comm *c = t->c;
   /* sim device memory is host-addressable only while open (sim:strict) */
   const void *open_ptr[2] = {0};
@@ -286,13 +313,13 @@ static sl_status run_turn(simccl_task *t) {
   int opened = 0;
   sl_status st = SL_OK;
   if (t->send && t->send_bytes) {
-    if ((st = sl__sim_access(c->be, t->send, t->send_bytes, 1)) == SL_OK) {
+    if ((st = c->access(c->be, t->send, t->send_bytes, 1)) == SL_OK) {
       open_ptr[opened] = t->send;
       open_len[opened++] = t->send_bytes;
     }
   }
   if (st == SL_OK && t->recv && t->recv_bytes) {
-    if ((st = sl__sim_access(c->be, t->recv, t->recv_bytes, 1)) == SL_OK) {
+    if ((st = c->access(c->be, t->recv, t->recv_bytes, 1)) == SL_OK) {
       open_ptr[opened] = t->recv;
       open_len[opened++] = t->recv_bytes;
     }
@@ -302,9 +329,12 @@ static sl_status run_turn(simccl_task *t) {
     t_msg[0] = 0;
     st = run_inner(t);
     pthread_mutex_unlock(&c->run_mu);
-    if (st != SL_OK) task_error(c, "simccl: %s", t_msg[0] ? t_msg : sl_strerror(st));
-  } /* else the sim has recorded why the range cannot be opened */
-  while (opened-- > 0) sl__sim_access(c->be, open_ptr[opened], open_len[opened], 0);
+    if (st != SL_OK) task_error(err, errlen, "simccl: %s", t_msg[0] ? t_msg : sl_strerror(st));
+  } else if (!err[0]) { /* the backend's extension writes why the range cannot be opened */
+    task_error(err, errlen, "simccl %s on rank %d: cannot open its buffers for host access (%s)", op_name[t->op],
+               c->job_rank, sl_status_name(st));
+  }
+  while (opened-- > 0) c->access(c->be, open_ptr[opened], open_len[opened], 0);
   return st;
 }
 
@@ -334,29 +364,8 @@ static void end_turn(simccl_comm *c) {
   pthread_mutex_unlock(&c->pend_mu);
 }
 
-/* Runs on the stream's worker once the work queued before it on that stream is done. */
-static sl_status run_task(void *arg) {
-  simccl_task *t = arg;
-  simccl_comm *c = t->c;
-  const char *op = op_name[t->op];
-  if (!wait_turn(t)) {
-    if (is_aborted(c)) {
-      task_error(c, "simccl %s on rank %d: aborted (sl_context_abort)", op, c->job_rank);
-      return SL_ERR_COMM;
-    }
-    task_error(c,
-               "simccl %s on rank %d: an operation issued before it on this communicator did not run within %d "
-               "ms, or could not be queued: its stream may wait for work queued after this one (make streams "
-               "wait only for work issued earlier)",
-               op, c->job_rank, wait_ms(c));
-    return SL_ERR_TIMEOUT;
-  }
-  sl_status st = run_turn(t);
-  end_turn(c);
-  return st;
-}
-static void free_task(void *arg) {
-  simccl_task *t = arg;
+/* Its accounting ends: a fini or barrier waiting for the queued tasks may go on. */
+static void free_task(simccl_task *t) {
   simccl_comm *c = t->c;
   free(t->counts);
   free(t->displs);
@@ -366,18 +375,44 @@ static void free_task(void *arg) {
   pthread_mutex_unlock(&c->pend_mu);
 }
 
-/* Queues T on STREAM; T is freed whatever happens. */
+/* The host function (launch_host_fn): runs on the stream's worker once the work queued before
+ * it on that stream is done, and frees T before it returns, so that a sync covers its end. */
+static sl_status run_task(void *arg, char *err, size_t errlen) {
+  simccl_task *t = arg;
+  simccl_comm *c = t->c;
+  const char *op = op_name[t->op];
+  sl_status st;
+  if (wait_turn(t)) {
+    st = run_turn(t, err, errlen);
+    end_turn(c);
+  } else if (is_aborted(c)) {
+    task_error(err, errlen, "simccl %s on rank %d: aborted (sl_context_abort)", op, c->job_rank);
+    st = SL_ERR_COMM;
+  } else {
+    task_error(err, errlen,
+               "simccl %s on rank %d: an operation issued before it on this communicator did not run within %d "
+               "ms, or could not be queued: its stream may wait for work queued after this one (make streams "
+               "wait only for work issued earlier)",
+               op, c->job_rank, wait_ms(c));
+    st = SL_ERR_TIMEOUT;
+  }
+  free_task(t);
+  return st;
+}
+
+/* Queues T on STREAM as a host function of the backend's; T is freed whatever happens. */
 static sl_status submit(simccl_comm *c, simccl_task *t, void *stream) {
   pthread_mutex_lock(&c->pend_mu);
   c->pending++;
   t->seq = c->issued++;
   pthread_mutex_unlock(&c->pend_mu);
-  sl_status st = sl__sim_enqueue(c->be, stream, run_task, t, free_task);
+  sl_status st = c->be_ops->launch_host_fn(c->be, stream, run_task, t);
   if (st != SL_OK) { /* the other ranks run this op, this one never will: the sequence is broken */
     pthread_mutex_lock(&c->pend_mu);
     c->out_of_order = true;
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->pend_mu);
+    free_task(t); /* never ran: the backend said why */
   }
   return st;
 }
@@ -391,9 +426,7 @@ static sl_status refuse_aborted(simccl_comm *c, const char *op) {
 
 static sl_status check_device(simccl_comm *c, const char *op, const char *what, const void *p, size_t bytes) {
   if (!bytes) return SL_OK;
-  if (p && sl__sim_query(c->be, p) == SL__SIM_DEVICE &&
-      sl__sim_query(c->be, (const char *)p + bytes - 1) == SL__SIM_DEVICE)
-    return SL_OK;
+  if (p && c->be_ops->is_device_ptr(c->be, p, bytes)) return SL_OK;
   return c->host->fail(c->host->core, SL_ERR_INVALID,
                        "simccl %s on rank %d: the %s buffer %p (%zu bytes) is not sim device memory; simccl moves "
                        "device memory only (copy the data to the device first, or use the gloo collective)",
@@ -540,7 +573,7 @@ static sl_status simccl_split(void *comm, int color, int key, void **sub) {
   if (is_aborted(c)) return refuse_aborted(c, "split");
   if (c->world == 1) {
     if (color < 0) return SL_OK;
-    simccl_comm *s = comm_new(c->host, c->be_ops, c->be, c->timeout_ms);
+    simccl_comm *s = comm_new(c->host, c->be_ops, c->be, c->access, c->timeout_ms);
     if (!s) return c->host->fail(c->host->core, SL_ERR_NOMEM, "simccl split: out of memory");
     s->job_rank = c->job_rank;
     s->parent = c;
@@ -565,7 +598,7 @@ static sl_status simccl_split(void *comm, int color, int key, void **sub) {
     free(all);
     return SL_OK;
   }
-  simccl_comm *s = comm_new(c->host, c->be_ops, c->be, c->timeout_ms);
+  simccl_comm *s = comm_new(c->host, c->be_ops, c->be, c->access, c->timeout_ms);
   if (!s) {
     free(all);
     c->gloo->fini(inner);

@@ -272,25 +272,11 @@ const sl_collective_ops *sl__collective_local(void);
  * memory the host can address. */
 sl_status sl__host_sgd_step(void *x, const void *g, sl_dtype dt, size_t count, float lr);
 
-/* sim backend introspection for tests: what kind of buffer PTR is (or lies inside). */
+/* sim backend introspection for tests: what kind of buffer PTR is (or lies inside). The rest
+ * of what tests and the simccl collective use of sim goes through its ops table and its
+ * extensions (launch_host_fn, SL_EXT_HOST_ACCESS, SL_EXT_NATIVE_STREAM), as a vendor's would. */
 typedef enum sl__sim_kind { SL__SIM_NONE = 0, SL__SIM_DEVICE = 1, SL__SIM_PINNED = 2 } sl__sim_kind;
 sl__sim_kind sl__sim_query(void *be, const void *ptr);
-/* For the simccl collective (a device-memory collective over sim memory, Gloo underneath):
- * enqueue FN(ARG) on a sim stream (NULL: the default stream); it runs in stream order on the
- * stream's worker, its failure is the stream's sticky error (its message through
- * sl__sim_task_error); FN must not call host->fail or any sync of the backend (it would wait
- * for itself). FREE_ARG(ARG) runs after it, or at once when enqueueing fails. */
-typedef sl_status (*sl__sim_task_fn)(void *arg);
-sl_status sl__sim_enqueue(void *be, void *stream, sl__sim_task_fn fn, void *arg, void (*free_arg)(void *));
-/* Called from inside a task run by sl__sim_enqueue (the worker thread): records the message
- * of the failure the task is about to return; the next sync reports it through host->fail
- * on the caller's thread as the stream's sticky error. */
-void sl__sim_task_error(void *be, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Opens (OPEN = 1) or closes (0) device memory [PTR, PTR+BYTES) for host access (strict mode
- * maps it; in every mode the range must lie inside one device buffer and opens are counted per
- * buffer: freeing an open buffer aborts). SL_ERR_BACKEND (message via the host, or via
- * sl__sim_task_error on a worker) when the range is not inside one device buffer. */
-sl_status sl__sim_access(void *be, const void *ptr, size_t bytes, int open);
 /* Host copies counted by kind and whether the host side was pinned (benchmarks, tests). */
 typedef struct sl__sim_counters {
   uint64_t h2d, d2h, d2d, h2d_pageable, d2h_pageable, tasks;
@@ -311,21 +297,25 @@ sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_coll
 /* The collective names this build knows (built-in first, then loadable), for the data-plane
  * agreement: at most MAX, returns the count. Stable order on every rank of one build. */
 size_t sl__collective_names(const char **names, size_t max);
-/* Whether this rank could run collective NAME with backend BACKEND (its probe, after loading the
- * module if it is loadable, and a route for the pair, sl__data_route; the module is closed
- * again): > 0 yes; 0 no, and REASON says why; -1 no such module (not a module name, or no
- * file libshardload-NAME.so anywhere the registry looks), and REASON says so. */
-int sl__collective_probe(const char *name, const char *backend, char *reason, size_t len);
+/* Whether this rank could run collective NAME with the backend whose table is BACKEND (its
+ * probe, told the backend's native API, after loading the module if it is loadable, and a
+ * route for the pair, sl__data_route; the module is closed again): > 0 yes; 0 no, and REASON
+ * says why; -1 no such module (not a module name, or no file libshardload-NAME.so anywhere the
+ * registry looks), and REASON says so. */
+int sl__collective_probe(const char *name, const sl_backend_ops *backend, char *reason, size_t len);
 /* The same, and DOMAINS gets the memory domains its table declares (sl_mem_domain bits; 0 when
  * no table could be read): what the data-plane agreement needs to tell a device collective. */
-int sl__collective_probe_domains(const char *name, const char *backend, char *reason, size_t len, uint32_t *domains);
-/* The loader's route for collective C on a rank whose backend is named BACKEND
+int sl__collective_probe_domains(const char *name, const sl_backend_ops *backend, char *reason, size_t len,
+                                 uint32_t *domains);
+/* The loader's route for collective C on a rank whose backend's table is BE
  * (docs/DESIGN.md#data-flow, Routes): host staging when C moves host memory, the device route
- * when it moves only device memory and that memory is BACKEND's; otherwise none, and WHY (when
- * given) names both modules. A backend whose device memory is host memory is served like any
- * other: the device route stages in what its alloc_device gives. */
+ * when it moves only device memory and that memory is BE's (C's device_backend is BE's native
+ * API, sl_backend_native_api: a pairing by capability, never by the backend's name); otherwise
+ * none, and WHY (when given) names both modules. A backend whose device memory is host memory
+ * is served like any other: it pairs by its name, and the device route stages in what its
+ * alloc_device gives. */
 typedef enum { SL__ROUTE_NONE = 0, SL__ROUTE_HOST = 1, SL__ROUTE_DEVICE = 2 } sl__route;
-sl__route sl__data_route(const sl_collective_ops *c, const char *backend, char *why, size_t len);
+sl__route sl__data_route(const sl_collective_ops *c, const sl_backend_ops *be, char *why, size_t len);
 /* After a module's init of KIND ("backend", "collective") returned ST: when it gave no message
  * (the caller emptied the context's message before the call, and it is still empty), the
  * message names the module and the status, as every message must. Returns ST. */

@@ -228,7 +228,7 @@ static sl_status setup(loader *L) {
   /* the route by what both tables declare; the data-plane agreement refused a pair no route
    * serves (sl__collective_probe), so this is the same verdict, said again for safety */
   char why[384];
-  sl__route route = sl__data_route(ctx->data, be->name, why, sizeof why);
+  sl__route route = sl__data_route(ctx->data, be, why, sizeof why);
   if (route == SL__ROUTE_NONE) return sl__fail(ctx, SL_ERR_UNSUPPORTED, "%s", why);
   L->device_route = route == SL__ROUTE_DEVICE && L->o.read_mode == SL_READ_RANK0;
   L->can_cast_device = SL_HAS_OP(be, cast_async);

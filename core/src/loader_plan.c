@@ -27,20 +27,16 @@ char *sl__load_canonical(const sl_plan *plan, const sl_load_options *o) {
   return out;
 }
 
-/* DLPack's device of a tensor placed by this backend (sl_tensor.device_type). */
+/* DLPack's device of a tensor placed by this backend (sl_tensor.device_type), as the backend's
+ * table gives it (module.h: dlpack_device_type, dlpack_pinned_type), whatever it is called. */
+#define SL__KDL_CPU 1
+#define SL__KDL_EXT_DEV 12
 static int dlpack_device_type(const sl_context *ctx, sl_device_kind where, int pinned) {
-  const char *be = ctx->be->name;
-  if (sl__device_is_host(ctx)) return 1; /* kDLCPU */
-  if (where == SL_DEVICE_CPU) {
-    if (!pinned) return 1;
-    if (strcmp(be, "cuda") == 0) return 3; /* kDLCUDAHost */
-    if (strcmp(be, "hip") == 0) return 11; /* kDLROCMHost */
-    return 1;
-  }
-  if (strcmp(be, "cuda") == 0) return 2;        /* kDLCUDA */
-  if (strcmp(be, "hip") == 0) return 10;        /* kDLROCM */
-  if (strcmp(be, "level_zero") == 0) return 14; /* kDLOneAPI */
-  return 12;                                    /* kDLExtDev: sim and unknown backends */
+  const sl_backend_ops *be = ctx->be;
+  if (sl__device_is_host(ctx)) return SL__KDL_CPU;
+  if (where == SL_DEVICE_CPU) return pinned && SL_HAS_OP(be, dlpack_pinned_type) ? be->dlpack_pinned_type : SL__KDL_CPU;
+  /* not given: a device no consumer takes for its own */
+  return SL_HAS_OP(be, dlpack_device_type) ? be->dlpack_device_type : SL__KDL_EXT_DEV;
 }
 
 sl_status sl__loader_plan(loader *L) {

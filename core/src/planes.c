@@ -165,7 +165,7 @@ static void fill_verdict(const sl_context *ctx, const char *name, plane_verdict 
   const char *names[PLANE_KNOWN];
   size_t n = sl__collective_names(names, PLANE_KNOWN);
   for (size_t i = 0; i < n && !v->known; i++) v->known = strcmp(names[i], name) == 0;
-  int score = sl__collective_probe_domains(name, ctx->be->name, v->reason, sizeof v->reason, &v->domains);
+  int score = sl__collective_probe_domains(name, ctx->be, v->reason, sizeof v->reason, &v->domains);
   v->can = score > 0;
   v->known = v->known || score >= 0;
   if (v->can) v->reason[0] = 0;

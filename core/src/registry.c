@@ -214,8 +214,22 @@ static bool backend_table_ok(const sl_backend_ops *o, char *problem, size_t len)
   REQUIRE(stream_wait_event) REQUIRE(event_query) REQUIRE(event_sync) REQUIRE(stream_sync) REQUIRE(synchronize)
   REQUIRE(copy_async)
 #undef REQUIRE
-  if (missing) snprintf(problem, len, "its table lacks %s", missing);
-  return missing == NULL;
+  if (missing) {
+    snprintf(problem, len, "its table lacks %s", missing);
+    return false;
+  }
+  /* DLPack's device types reach consumers as they are (sl_tensor.device_type): DLDeviceType's */
+  const char *bad = SL_HAS_OP(o, dlpack_device_type) && (o->dlpack_device_type < 0 || o->dlpack_device_type > 255)
+                        ? "dlpack_device_type"
+                    : SL_HAS_OP(o, dlpack_pinned_type) && (o->dlpack_pinned_type < 0 || o->dlpack_pinned_type > 255)
+                        ? "dlpack_pinned_type"
+                        : NULL;
+  if (bad) {
+    snprintf(problem, len, "its table's %s %d is not a DLPack device type (DLDeviceType: 1 to 255, or 0 for none)",
+             bad, strcmp(bad, "dlpack_device_type") == 0 ? o->dlpack_device_type : o->dlpack_pinned_type);
+    return false;
+  }
+  return true;
 }
 
 static bool collective_table_ok(const sl_collective_ops *o, char *problem, size_t len) {
@@ -250,8 +264,8 @@ static bool collective_table_ok(const sl_collective_ops *o, char *problem, size_
 }
 
 /* The names a checked table gives: its own must be the one it was asked for (a backend that
- * called itself "sim" would be paired with simccl, which takes its handle for sim's), and the
- * module names it gives of others must be of the module-name form. Built-in and adapted v1
+ * called itself "sim" would pass for the built-in one in every message, report and agreement),
+ * and the names it gives of others must be of the module-name form. Built-in and adapted v1
  * tables pass the same check. */
 static bool table_names_ok(const char *asked, const char *name, const char *other, const char *other_what,
                            char *problem, size_t len) {
@@ -267,8 +281,11 @@ static bool table_names_ok(const char *asked, const char *name, const char *othe
   return true;
 }
 
+/* A backend's native API is a name as well: collectives are paired by it (sl__data_route), and
+ * it reaches messages. */
 static bool backend_names_ok(const char *asked, const sl_backend_ops *o, char *problem, size_t len) {
-  return table_names_ok(asked, o->name, o->preferred_collective, "preferred_collective", problem, len);
+  if (!table_names_ok(asked, o->name, o->preferred_collective, "preferred_collective", problem, len)) return false;
+  return table_names_ok(asked, o->name, SL_HAS_OP(o, native_api) ? o->native_api : NULL, "native_api", problem, len);
 }
 
 static bool collective_names_ok(const char *asked, const sl_collective_ops *o, char *problem, size_t len) {
@@ -314,7 +331,7 @@ static int load_module(const char *name, bool collective, loaded *m, char *why, 
     ok = collective ? collective_table_ok(m->ops, problem, sizeof problem)
                     : backend_table_ok(m->ops, problem, sizeof problem);
   } else if (e1) {
-    /* ABI v1: the entry returns the frozen v1 table (core/src/module.h) */
+    /* ABI v1: the entry returns the frozen v1 table (shardload/module_v1.h) */
     typedef const sl_backend_ops_v1 *(*entry_v1_b)(void);
     typedef const sl_collective_ops_v1 *(*entry_v1_c)(void);
     if (collective) {
@@ -356,15 +373,18 @@ static int probe_backend(const sl_backend_ops *o, const void *shim, char *reason
   return score > 0 ? score : 0;
 }
 
-/* The module's probe, then whether the loader has a route for it with BACKEND: a probe that
- * says yes to a backend whose memory the collective does not move is not the last word. */
-static int probe_collective(const sl_collective_ops *o, const void *shim, const char *backend, char *reason, size_t len) {
+/* The module's probe, told what BE pairs by (module.h: its native API), then whether the loader
+ * has a route for the pair: a probe that says yes to a backend whose memory the collective does
+ * not move is not the last word. */
+static int probe_collective(const sl_collective_ops *o, const void *shim, const sl_backend_ops *be, char *reason,
+                            size_t len) {
   reason[0] = 0;
-  int score = shim ? sl__v1_collective_probe(o, backend, reason, len) : o->probe(backend, reason, len);
+  const char *api = be ? sl_backend_native_api(be) : NULL;
+  int score = shim ? sl__v1_collective_probe(o, api, reason, len) : o->probe(api, reason, len);
   reason[len - 1] = 0;
   sl__module_text(reason, len);
   if (score <= 0 && !reason[0]) snprintf(reason, len, "%s: probe said no and gave no reason", o->name);
-  if (score > 0 && sl__data_route(o, backend, reason, len) == SL__ROUTE_NONE) return 0;
+  if (score > 0 && sl__data_route(o, be, reason, len) == SL__ROUTE_NONE) return 0;
   return score > 0 ? score : 0;
 }
 
@@ -575,7 +595,8 @@ sl_status sl__collective_select(sl_context *ctx, const char *spec, const sl_coll
   return SL_OK;
 }
 
-int sl__collective_probe_domains(const char *name, const char *backend, char *reason, size_t len, uint32_t *domains) {
+int sl__collective_probe_domains(const char *name, const sl_backend_ops *backend, char *reason, size_t len,
+                                 uint32_t *domains) {
   *domains = 0;
   if (!len) return 0;
   reason[0] = 0;
@@ -606,21 +627,27 @@ int sl__collective_probe_domains(const char *name, const char *backend, char *re
   return score;
 }
 
-int sl__collective_probe(const char *name, const char *backend, char *reason, size_t len) {
+int sl__collective_probe(const char *name, const sl_backend_ops *backend, char *reason, size_t len) {
   uint32_t domains;
   return sl__collective_probe_domains(name, backend, reason, len, &domains);
 }
 
-sl__route sl__data_route(const sl_collective_ops *c, const char *backend, char *why, size_t len) {
+sl__route sl__data_route(const sl_collective_ops *c, const sl_backend_ops *be, char *why, size_t len) {
   if (c->domains & SL_MEM_HOST) return SL__ROUTE_HOST;
   /* pinned host memory only: the host route's slots are pinned where the backend can pin */
   if (!(c->domains & SL_MEM_DEVICE)) return SL__ROUTE_HOST;
   /* the device route hands it the rank's backend's device memory (host memory, on a backend
-   * whose device memory is host memory): it must be the memory it moves */
-  if (c->device_backend && backend && strcmp(c->device_backend, backend) == 0) return SL__ROUTE_DEVICE;
-  if (why && len)
+   * whose device memory is host memory): it must be the memory it moves, which the two tables
+   * name alike (module.h: device_backend is a native API, whatever the backend is called) */
+  const char *api = be ? sl_backend_native_api(be) : NULL;
+  if (c->device_backend && api && strcmp(c->device_backend, api) == 0) return SL__ROUTE_DEVICE;
+  if (why && len) {
+    char named[96] = "(none)";
+    if (be && api && strcmp(api, be->name) != 0) snprintf(named, sizeof named, "%s (native API %s)", be->name, api);
+    else if (be) snprintf(named, sizeof named, "%s", be->name);
     snprintf(why, len, "%s: moves %s device memory only, and this rank's backend is %s: no route serves the pair",
-             c->name, c->device_backend ? c->device_backend : "(unnamed)", backend ? backend : "(none)");
+             c->name, c->device_backend ? c->device_backend : "(unnamed)", named);
+  }
   return SL__ROUTE_NONE;
 }
 

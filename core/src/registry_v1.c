@@ -1,5 +1,5 @@
 /* The adapter of ABI v1 modules (docs/DESIGN.md#modules): a module built against the first,
- * synchronous ABI (core/src/module.h keeps its tables frozen) keeps loading, and the rest of
+ * synchronous ABI (shardload/module_v1.h keeps its tables frozen) keeps loading, and the rest of
  * the core only ever sees v2 tables, as NCCL's plugin loader adapts older net tables.
  *
  * The adapted table is one malloc'd shim per loaded module (the v2 table, then the v1 table it
@@ -378,7 +378,9 @@ int sl__v1_collective_probe(const sl_collective_ops *adapted, const char *backen
     snprintf(reason, len, "%s: score() returned 0 (ABI v1 module gives no reason)", o->name);
     return 0;
   }
-  /* v1 had no probe(backend): its device_backend says which backend's memory it needs */
+  /* v1 had no probe(backend): its device_backend says which backend's memory it needs, read as
+   * what BACKEND is, the native API the rank's backend pairs by (its name where it has none,
+   * as every backend of the v1 days) */
   if (o->device_backend && (!backend || strncmp(backend, o->device_backend, strlen(o->device_backend)) != 0 ||
                             (backend[strlen(o->device_backend)] != 0 && backend[strlen(o->device_backend)] != ':'))) {
     snprintf(reason, len, "%s: moves %s device memory only (ABI v1 module); this rank's backend is %s", o->name,

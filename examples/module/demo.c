@@ -26,14 +26,7 @@
 
 #include <shardload/module.h>
 #include <shardload/module_util.h>
-#if __has_include(<shardload/module_v1.h>)
 #include <shardload/module_v1.h> /* the frozen ABI v1 tables, installed */
-#else
-/* TODO(lead): shardload/module_v1.h is installed by the abi branch (issue 16); once it is merged,
- * drop this fallback to core/src/module.h and SHARDLOAD_FROZEN_V1_DIR in CMakeLists.txt and
- * tests/package/check.sh. */
-#include "module.h"
-#endif
 
 #define DEMO_NAME "demo"
 

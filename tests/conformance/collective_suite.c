@@ -255,7 +255,7 @@ static void test_table(void **state) {
   if (O->domains & SL_MEM_DEVICE) assert_non_null(O->device_backend);
   char reason[256];
   memset(reason, 'x', sizeof reason);
-  int score = O->probe(B.name, reason, sizeof reason);
+  int score = O->probe(sl_backend_native_api(B.ops), reason, sizeof reason);
   assert_true(score > 0); /* main skipped otherwise */
   printf("# %s: %s, domains %#x%s%s; optional ops:%s%s; ranks run backend %s\n", M.spec,
          O->flags & SL_COLL_SYNC ? "synchronous" : "stream-ordered", O->domains,
@@ -723,7 +723,8 @@ int main(int argc, char **argv) {
   O = M.ops;
   /* the module's probe with the rank's backend, and the core's route for the pair */
   char reason[512];
-  if (sl__collective_probe(M.name, B.name, reason, sizeof reason) <= 0 || O->probe(B.name, reason, sizeof reason) <= 0) {
+  const char *pairs_by = sl_backend_native_api(B.ops); /* what the core passes the probe (module.h) */
+  if (sl__collective_probe(M.name, B.ops, reason, sizeof reason) <= 0 || O->probe(pairs_by, reason, sizeof reason) <= 0) {
     printf("SKIPPED: %s cannot run with backend %s here: %s\n", spec, B.spec, reason);
     return 77;
   }

@@ -10,14 +10,17 @@
  *   SL_TEST_NAME_FORGED its table's name holds a newline and a forged "shardload:" line
  *   SL_TEST_FORGED    its probe's reason and describe() hold control characters and a byte
  *                     past ASCII, a forged "shardload:" line among them
- *   SL_TEST_INIT_SILENT init fails without a message */
+ *   SL_TEST_INIT_SILENT init fails without a message
+ *   SL_TEST_PREFERRED the data collective its table prefers, when not gloo
+ *   SL_TEST_NATIVE_API its table's native_api (a backend of host memory gives none)
+ *   SL_TEST_DLPACK    its table's dlpack_device_type */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <shardload/module.h>
 #ifdef SL_TEST_DUAL
-#include "module.h" /* the frozen v1 tables (core/src/module.h) */
+#include <shardload/module_v1.h> /* the frozen v1 tables, installed */
 #endif
 
 #ifndef SL_TEST_NAME
@@ -28,6 +31,9 @@
 #endif
 #ifndef SL_TEST_TABLE_NAME
 #define SL_TEST_TABLE_NAME SL_TEST_NAME
+#endif
+#ifndef SL_TEST_PREFERRED
+#define SL_TEST_PREFERRED "gloo"
 #endif
 #ifdef SL_TEST_FORGED
 #define SL_TEST_FORGERY "\nshardload: forged line\x1b[2J\xff"
@@ -111,7 +117,7 @@ static const sl_backend_ops hostmem_ops = {
     .size = sizeof(sl_backend_ops),
     .name = SL_TEST_TABLE_NAME,
     .flags = SL_BACKEND_DEVICE_IS_HOST,
-    .preferred_collective = "gloo",
+    .preferred_collective = SL_TEST_PREFERRED,
     .probe = hm_probe,
     .init = hm_init,
     .fini = hm_fini,
@@ -130,6 +136,12 @@ static const sl_backend_ops hostmem_ops = {
     .stream_sync = hm_stream_sync,
     .synchronize = hm_synchronize,
     .copy_async = hm_copy,
+#ifdef SL_TEST_NATIVE_API
+    .native_api = SL_TEST_NATIVE_API,
+#endif
+#ifdef SL_TEST_DLPACK
+    .dlpack_device_type = SL_TEST_DLPACK,
+#endif
 };
 
 __attribute__((visibility("default"))) const sl_backend_ops *sl_backend_module_v2(void) { return &hostmem_ops; }

@@ -1,4 +1,4 @@
-/* An ABI v1 backend, compiled against the frozen v1 tables (core/src/module.h) and exporting
+/* An ABI v1 backend, compiled against the frozen v1 tables (shardload/module_v1.h) and exporting
  * only the v1 entry symbol, as a module built for the first shardload would: the registry must
  * adapt it (tests/test_modules.c). Its "device" memory is host memory it allocates itself, and
  * it counts what it copies, so a test can see the core's copies go through it. */
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "module.h"
+#include <shardload/module_v1.h>
 
 #ifndef SL_TEST_NAME
 #define SL_TEST_NAME "v1host"

@@ -1,4 +1,4 @@
-/* An ABI v1 collective for one rank, compiled against the frozen v1 tables (core/src/module.h)
+/* An ABI v1 collective for one rank, compiled against the frozen v1 tables (shardload/module_v1.h)
  * and exporting only the v1 entry symbol (tests/test_modules.c). Variants:
  *   SL_TEST_NAME            the name its table gives (default "v1local")
  *   SL_TEST_DEVICE_BACKEND  it moves that backend's device memory (v1's device_backend), e.g.
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "module.h"
+#include <shardload/module_v1.h>
 
 #ifndef SL_TEST_NAME
 #define SL_TEST_NAME "v1local"

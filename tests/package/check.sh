@@ -6,6 +6,7 @@
 # (examples/module/, ABI v1 and v2) through find_package(shardload) and shardload_add_module();
 # each loads the checkpoint through SHARDLOAD_MODULE_PATH, and the example passes the backend
 # conformance suite through both of its entries (docs/MODULES.md).
+# (the frozen shardload/module_v1.h is installed for the v1 entry)
 set -euo pipefail
 build="$1" src="$2" scratch="$3" cc="${4:-cc}"
 rm -rf "$scratch" && mkdir -p "$scratch"
@@ -50,11 +51,9 @@ echo "package: an out-of-tree ABI v2 backend built against the installed headers
 
 # The example module through the installed CMake package: shardload_add_module() gives the file
 # name, the exports, -z defs and the install rule.
-# TODO(lead): drop SHARDLOAD_FROZEN_V1_DIR once shardload/module_v1.h is installed (abi branch).
-v1dir=()
-test -f "$scratch/prefix/include/shardload/module_v1.h" || v1dir=(-DSHARDLOAD_FROZEN_V1_DIR="$src/core/src")
+test -f "$scratch/prefix/include/shardload/module_v1.h" || { echo "module_v1.h is not installed"; exit 1; }
 cmake -S "$src/examples/module" -B "$scratch/demo" -DCMAKE_PREFIX_PATH="$scratch/prefix" -DCMAKE_C_COMPILER="$cc" \
-  -DCMAKE_C_FLAGS="-Werror" "${v1dir[@]}" >/dev/null
+  -DCMAKE_C_FLAGS="-Werror" >/dev/null
 cmake --build "$scratch/demo" >/dev/null
 cmake --install "$scratch/demo" --prefix "$scratch/demo-prefix" >/dev/null
 demo=$(ls "$scratch"/demo-prefix/lib*/libshardload-demo.so)

@@ -1,6 +1,8 @@
 /* shardload module ABI, version 2: backends (memory, copies, streams and events) and
  * collectives (data movement between ranks). Installed with the public headers so that
- * vendor modules build out of tree against an installed shardload (docs/DESIGN.md#modules).
+ * vendor modules build out of tree against an installed shardload (docs/DESIGN.md#modules);
+ * the frozen v1 tables are installed beside it (shardload/module_v1.h), so that one module can
+ * export both versions.
  *
  * A module is one const ops table that starts with its ABI version and its size, exported by
  * a versioned entry symbol (sl_backend_module_v2 / sl_collective_module_v2; the core falls
@@ -9,6 +11,28 @@
  * so a module built against an older, shorter table keeps working. Every struct that crosses
  * the boundary in either direction starts with (or, for tables, carries) its size. Modules
  * never print: they report through the sl_module_host the core lends them.
+ *
+ * ---- Threads -------------------------------------------------------------------------------
+ * Not thread-safe except where stated. The core calls the ops of one instance (one init's
+ * handle) from one thread at a time, which need not be the same thread from call to call (an
+ * application may hand a context from thread to thread). Instances are independent: two
+ * contexts on two threads call two instances at once, so whatever a module keeps for the
+ * process (a library it opened, a counter) is its own to guard; probe and get_proc may be
+ * called from any thread, concurrently with anything. The exceptions, marked "callable from
+ * any thread" at each op:
+ * - backends: what frees a loaded state and lends its memory (shardload.h: sl_state_destroy,
+ *   sl_state_export and sl_export_release run on any thread, a garbage collector's included,
+ *   while the context goes on loading on its own): free_device, free_pinned, unregister_host,
+ *   event_create, event_destroy, event_record_native, event_sync, synchronize and
+ *   free_device_after may be called from any thread, concurrently with each other and with any
+ *   other op of the instance; fini from any thread, once every other call has returned (the
+ *   last reference goes);
+ * - collectives: abort, from any thread (a signal handler's included, as far as the transport
+ *   allows), concurrently with any op of the communicator but never with or after its fini;
+ * - the host: log from any thread; fail only on a thread inside a call the core made (it writes
+ *   that thread's message). A module's own threads (stream workers, watchdogs, host functions)
+ *   never call fail: they keep the failure for a later call to report on the caller's thread
+ *   (the sticky error of enqueued work, a dead communicator's reason).
  *
  * ---- The asynchronous contract -------------------------------------------------------------
  * Device work is ordered on streams (CUDA streams, HIP streams, Level Zero command lists).
@@ -26,9 +50,30 @@
  * contract trivially; the core must not rely on that (the sim backend runs enqueued work
  * later, on a worker thread, so a missing wait reads stale or torn data in tests).
  *
+ * Events. An event stands for its LAST RECORD: stream_wait_event, event_query and event_sync
+ * refer to the last event_record made before they were called, and a wait already queued keeps
+ * waiting for the record it saw whatever is recorded later (as cudaStreamWaitEvent). Recording
+ * an event again while its last record is still pending is allowed, and the core does it (a
+ * staging slot's event is recorded after its upload and again after its last use): the earlier
+ * record still completes for the waits that saw it, and the event completes once the new one
+ * has. An event never recorded is complete. So a backend whose native events signal once and
+ * are reset only by the host (Level Zero's) may back each record by an object of its own (from
+ * a pool): the event holds its last record's object, a queued wait holds the one it saw, and an
+ * object is reused only once it has signalled and nothing queued names it. The core relies on
+ * nothing more: not on records completing in the order they were made (each completes with
+ * the work before it on its own stream), not on a record ordering any work but the waits and
+ * syncs that see it; and it destroys an event only once nothing queued records or waits on it.
+ *
  * Collectives say whether they are synchronous (SL_COLL_SYNC: every op is complete on return
  * and its stream argument is ignored; the caller makes device buffers ready before calling) or
- * stream-ordered (ops enqueue on the stream they are given, as above). */
+ * stream-ordered (ops enqueue on the stream they are given, as above).
+ *
+ * Native handles. A backend names the API its streams and device memory belong to
+ * (sl_backend_ops.native_api: "cuda", "hip", "level_zero", "sim") and hands out the native
+ * stream of each of its streams (SL_EXT_NATIVE_STREAM), so that a device collective can
+ * enqueue its own work (NCCL's kernels) in the backend's stream order. A collective names the
+ * native API whose device memory it moves (sl_collective_ops.device_backend), and the core
+ * pairs it with any backend of that API, whatever the backend's name. */
 #ifndef SHARDLOAD_MODULE_H
 #define SHARDLOAD_MODULE_H
 
@@ -44,12 +89,14 @@ extern "C" {
 #define SL_BACKEND_ABI_VERSION 2u
 #define SL_COLLECTIVE_ABI_VERSION 2u
 
-/* True when the module's table is long enough to hold member M and M is set. */
+/* True when the module's table is long enough to hold member M and M is set (non-NULL, or for
+ * a number, non-zero: 0 is every numeric member's "not given"). */
 #define SL_HAS_OP(ops, M) \
-  ((ops)->size >= offsetof(__typeof__(*(ops)), M) + sizeof((ops)->M) && (ops)->M != NULL)
+  ((ops)->size >= offsetof(__typeof__(*(ops)), M) + sizeof((ops)->M) && (ops)->M)
 
 /* What the core lends a module: a logger and an error sink (the context's message buffer).
- * Complete on return; callable from any thread. */
+ * Complete on return. log: callable from any thread. fail: only on a thread inside a call the
+ * core made to the module (see Threads above). */
 typedef struct sl_module_host {
   uint32_t size; /* sizeof(sl_module_host) as the core was built */
   void *core;
@@ -104,28 +151,35 @@ typedef struct sl_backend_ops {
   int (*probe)(char *reason, size_t len);
   sl_status (*init)(const sl_backend_init *init, void **be); /* complete on return */
   /* Complete on return; the core has synchronised first. Bounded even behind a kernel that
-   * never ends (what would wait for it is left behind, with a warning). */
+   * never ends (what would wait for it is left behind, with a warning). Callable from any
+   * thread, once every other call on BE has returned. */
   void (*fini)(void *be);
   /* Complete on return. One line naming the device ("cuda:0 NVIDIA H200, 141 GiB, sm_90"). */
   void (*describe)(void *be, char *buf, size_t len);
   /* Device ordinal in use (DLPack's device_id). Complete on return. */
   int (*device_ordinal)(void *be);
-  /* Allocation: complete on return. free_*: the caller guarantees no pending work uses PTR, and
-   * the call never waits for a busy device (it runs on whichever thread frees a state): a free
-   * that would synchronise the device (cudaFreeHost) while work is queued may be deferred to a
-   * later point where the device is idle (at the latest fini, which leaves it to the process's
-   * exit, with a warning, behind a kernel that never ends). */
+  /* Allocation: complete on return. free_*: the caller guarantees no pending work uses PTR.
+   * free_device and free_pinned are callable from any thread (whichever frees a state) and
+   * never wait for the module's own queued work: a free that would synchronise the device
+   * (cudaFreeHost) while the module's streams are busy is deferred to a point where they are
+   * idle (at the latest fini, which leaves it to the process's exit, with a warning, behind a
+   * kernel that never ends). Such a free may still wait for other users' work on the device
+   * (cudaFreeHost synchronises the whole device): callers that cannot wait free pinned memory
+   * on their own thread. */
   sl_status (*alloc_device)(void *be, size_t bytes, void **ptr);
   void (*free_device)(void *be, void *ptr);
   sl_status (*alloc_pinned)(void *be, size_t bytes, void **ptr);
   void (*free_pinned)(void *be, void *ptr);
-  /* Streams and events. Create/destroy: complete on return. Destroying a stream first finishes
-   * its queued work; destroying an event that queued work still records or waits on is a bug. */
+  /* Streams and events (the event rule is at the head of this file). Create/destroy: complete
+   * on return. Destroying a stream first finishes its queued work; destroying an event that
+   * queued work still records or waits on is a bug. event_create and event_destroy: callable
+   * from any thread. */
   sl_status (*stream_create)(void *be, void **stream);
   void (*stream_destroy)(void *be, void *stream);
   sl_status (*event_create)(void *be, void **event);
   void (*event_destroy)(void *be, void *event);
-  /* Enqueued: EVENT completes once every op queued on STREAM before it has completed. */
+  /* Enqueued: EVENT completes once every op queued on STREAM before it has completed; this
+   * record becomes the one later waits, queries and syncs of EVENT see. */
   sl_status (*event_record)(void *be, void *event, void *stream);
   /* Enqueued: ops queued on STREAM after this call start only after EVENT's last record
    * completed (a never-recorded event: no wait). */
@@ -133,11 +187,14 @@ typedef struct sl_backend_ops {
   /* Complete on return: 1 when EVENT's last record has completed (or it was never recorded), 0
    * when not yet, < 0 when the work before it failed. Never blocks. */
   int (*event_query)(void *be, void *event);
-  /* Complete on return: blocks until EVENT's last record completed; returns sticky errors. */
+  /* Complete on return: blocks until EVENT's last record completed; returns sticky errors.
+   * Callable from any thread. */
   sl_status (*event_sync)(void *be, void *event);
   /* Complete on return: blocks until everything queued on STREAM completed. */
   sl_status (*stream_sync)(void *be, void *stream);
-  /* Complete on return: blocks until everything queued on every stream completed. */
+  /* Complete on return: blocks until everything queued on every stream completed. Callable
+   * from any thread (a stream another thread creates or destroys meanwhile may or may not be
+   * covered, but is never used after its destruction). */
   sl_status (*synchronize)(void *be);
   /* Enqueued: copies BYTES from SRC to DST; KIND names the domains (host sides may be pinned or
    * pageable; a backend may stage pageable memory, but must still honour the contract). */
@@ -152,13 +209,13 @@ typedef struct sl_backend_ops {
   sl_status (*copy_2d_async)(void *be, void *dst, size_t dpitch, const void *src, size_t spitch,
                              size_t width, size_t height, sl_copy_kind kind, void *stream);
   /* Complete on return: page-locks a caller's host range (BYTES > 0) so copies treat it as
-   * pinned; unregister before the caller frees it. */
+   * pinned; unregister before the caller frees it. unregister_host: callable from any thread. */
   sl_status (*register_host)(void *be, void *ptr, size_t bytes);
   void (*unregister_host)(void *be, void *ptr);
   /* Complete on return: whether [ptr, ptr+bytes) is device memory of this backend. */
   int (*is_device_ptr)(void *be, const void *ptr, size_t bytes);
   /* Complete on return: an extension function by name, or NULL (see SL_EXT_* below). Test
-   * instruments live here, not in the production table. */
+   * instruments live here, not in the production table. Callable from any thread. */
   void *(*get_proc)(const char *name);
   /* Complete on return; cheap (no allocation, no device work). Writes into BUF (NUL-terminated,
    * at most LEN bytes, printable ASCII) what names the device in use among the devices of this
@@ -191,7 +248,49 @@ typedef struct sl_backend_ops {
    * Callable from any thread. synchronize need not wait for these frees (they wait for work the
    * module does not own), and fini may run while they are pending: the module settles them. */
   sl_status (*free_device_after)(void *be, void *const *ptrs, size_t n, void *const *events, size_t nevents);
+
+  /* ---- optional: the native API (see Native handles at the head of this file). ---- */
+  /* The API whose handles this backend's streams and device memory are: "cuda", "hip",
+   * "level_zero", "sim" (a name of the module-name form). A collective whose device_backend is
+   * the same string moves this backend's device memory, and the core pairs the two by it. NULL
+   * for a backend whose device memory is host memory (cpu): it has no API of its own, and its
+   * name stands in for one, as it does for a table built before this member (an older v2
+   * module, or an ABI v1 module's adapted table): sl_backend_native_api() says which. A
+   * backend with an API offers SL_EXT_NATIVE_STREAM. */
+  const char *native_api;
+
+  /* ---- optional: DLPack's device type of this backend's memory (DLDeviceType: kDLCUDA 2,
+   * kDLCUDAHost 3, kDLROCM 10, kDLROCMHost 11, kDLExtDev 12, kDLOneAPI 14), what sl_tensor's
+   * device_type says and what a consumer reading a DLPack capsule matches against its own
+   * devices. 0: not given. ---- */
+  /* Of alloc_device's memory. Not given: kDLExtDev (12), which no consumer takes for its own
+   * device's memory. Not read for a backend whose device memory is host memory (kDLCPU). */
+  int32_t dlpack_device_type;
+  /* Of alloc_pinned's memory and of ranges register_host page-locked. Not given: kDLCPU (1),
+   * plain host memory. */
+  int32_t dlpack_pinned_type;
+
+  /* ---- optional: host work in stream order (as cudaLaunchHostFunc, hipLaunchHostFunc). ---- */
+  /* Enqueued: FN(ARG, ERR, ERRLEN) runs once, on a host thread of the backend's, after the work
+   * queued on STREAM before it and before the work queued after it (which waits while FN runs).
+   * FN must not call the host, nor any op of this backend (CUDA forbids API calls in a host
+   * function, and a sync would wait for itself) except an extension that says it may be called
+   * from a host function (SL_EXT_HOST_ACCESS). A status other than SL_OK from FN is STREAM's
+   * sticky error, with the message FN wrote into ERR (ERRLEN bytes, empty on entry; a failed
+   * extension call from FN may have written its own there): the next sync reports it on the
+   * caller's thread. Host functions of different streams may run one at a time on one thread
+   * (CUDA's do): FN must not wait without bound for another. After a device failure the backend
+   * may never run FN (CUDA drops the work of a broken context): what ARG holds must not need FN
+   * to be freed for the caller's teardown to end. On failure to enqueue, FN never runs. */
+  sl_status (*launch_host_fn)(void *be, void *stream, sl_status (*fn)(void *arg, char *err, size_t errlen),
+                              void *arg);
 } sl_backend_ops;
+
+/* The native API a collective pairs with (see sl_backend_ops.native_api): the table's own, or
+ * its name where it gives none. */
+static inline const char *sl_backend_native_api(const sl_backend_ops *o) {
+  return SL_HAS_OP(o, native_api) ? o->native_api : o->name;
+}
 
 /* Extensions a backend may offer through get_proc. */
 #define SL_EXT_SGD_STEP "sl_ext_sgd_step" /* sl_ext_sgd_step_fn: complete on return */
@@ -203,6 +302,21 @@ typedef void (*sl_ext_traffic_fn)(void *be, uint64_t *h2d, uint64_t *d2h);
  * (synchronize, fini) waits for it, and the caller never uses or destroys it again. */
 #define SL_EXT_STREAM_ABANDON "sl_ext_stream_abandon"
 typedef void (*sl_ext_stream_abandon_fn)(void *be, void *stream);
+/* sl_ext_native_stream_fn: the native handle of STREAM (one of stream_create's, or NULL for the
+ * backend's default stream) in the backend's native API (native_api): a cudaStream_t for cuda,
+ * a hipStream_t for hip, the stream itself for sim. Complete on return, cheap, callable from any
+ * thread. Work the caller enqueues on it through the native API (an NCCL kernel) is ordered
+ * with the backend's ops on STREAM as theirs are with each other; the handle lives as long as
+ * STREAM and is the caller's to use, never to destroy. */
+#define SL_EXT_NATIVE_STREAM "sl_ext_native_stream"
+typedef void *(*sl_ext_native_stream_fn)(void *be, void *stream);
+/* sl_ext_host_access_fn: opens (OPEN 1) or closes (0) device memory [PTR, PTR+BYTES) for host
+ * access, for a backend whose device memory the host can address once opened (sim, whose
+ * strict mode maps it inaccessible otherwise). Complete on return; callable from a host
+ * function (launch_host_fn), where a failure writes its message into the function's ERR. The
+ * range must lie inside one device buffer; opens and closes pair up. */
+#define SL_EXT_HOST_ACCESS "sl_ext_host_access"
+typedef sl_status (*sl_ext_host_access_fn)(void *be, const void *ptr, size_t bytes, int open);
 
 /* ---- collectives ------------------------------------------------------------------------ */
 /* The control plane as a module sees it: host memory, synchronous, bounded by the timeout.
@@ -250,14 +364,30 @@ typedef struct sl_collective_ops {
   const char *name;
   uint32_t flags;
   uint32_t domains; /* sl_mem_domain bits its buffers may live in (Gloo: host|pinned; NCCL: device) */
-  /* Device memory of which backend it moves, or NULL for host memory only. */
+  /* The native API whose device memory it moves ("cuda" for NCCL, "hip" for RCCL, "sim" for
+   * simccl: sl_backend_ops.native_api), or NULL for host memory only. The core pairs it with
+   * any backend of that API (sl_backend_native_api), never by the backend's name; an ABI v1
+   * table's backend name reads the same way, since a backend without native_api pairs by its
+   * name. It reaches that backend's streams and memory through the backend's table and
+   * extensions (SL_EXT_NATIVE_STREAM), not through what a handle is assumed to be. */
   const char *device_backend;
   /* Complete on return; cheap (no communicator, no allocation): > 0 when this rank can run it
-   * with BACKEND (the rank's backend name), else 0 and REASON says why. */
+   * with its backend, else 0 and REASON says why. BACKEND is what the backend pairs by: its
+   * native API, or its name where it has none (sl_backend_native_api: "cuda", "sim", "cpu").
+   * The core also refuses a pair whose device memory does not match, whatever the probe says. */
   int (*probe)(const char *backend, char *reason, size_t len);
   sl_status (*init)(const sl_collective_init *init, void **comm); /* collective, complete on return */
   /* Complete on return, and bounded by the timeout (a small multiple of it), even when a
-   * kernel never ends: a communicator it cannot end in time is left behind, with a warning. */
+   * kernel never ends: a communicator it cannot end in time is left behind, with a warning.
+   * NOT collective: each rank calls it on its own, when it is done with COMM — after the same
+   * last op as its peers when all went well, but a rank that failed calls it while its peers
+   * may still be in an op, and a rank that died never does — so it never waits for a peer's
+   * fini. It waits (bounded) for this rank's own: the ops it issued on COMM (the core has
+   * synchronised their streams first; work still queued is settled or, past the bound, left
+   * behind) and what it serves the job (Gloo's rank 0 keeps the rendezvous store up until the
+   * peers left it, or the timeout passed). A peer's op that needed this rank fails within the
+   * timeout (SL_ERR_PEER, SL_ERR_TIMEOUT), never hangs. Sub-communicators are finalised before
+   * their parent; no op, abort included, runs during or after fini. fini of NULL does nothing. */
   void (*fini)(void *comm);
   /* Optional. Callable from any thread (a signal handler's thread included, as far as the
    * transport allows): pending and later ops on COMM fail (SL_ERR_COMM) within the timeout. */

@@ -342,7 +342,8 @@ typedef struct sl_tensor {
   void *data;             /* host pointer, or a backend device pointer */
   uint64_t nbytes;        /* local bytes */
   /* DLPack's device (DLDeviceType, device_id): kDLCPU 1, kDLCUDA 2, kDLCUDAHost 3, kDLROCM 10,
-   * kDLROCMHost 11, kDLOneAPI 14; the sim backend's device memory reports kDLExtDev 12. */
+   * kDLROCMHost 11, kDLOneAPI 14, as the backend's table says (module.h, dlpack_device_type);
+   * kDLExtDev 12 for device memory of a backend that does not say (the sim backend's). */
   int device_type;
   int device_id;
 } sl_tensor;
