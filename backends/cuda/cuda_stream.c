@@ -7,7 +7,8 @@
  * give up after the sync timeout (SHARDLOAD_CUDA_SYNC_TIMEOUT_S, default 600 s) with a sticky
  * SL_ERR_TIMEOUT; after one has, later waits ask once and do not wait again. A failed enqueue
  * or sync is sticky too, as in sim: every later sync reports the first failure. Frees on a
- * state's behalf never wait and latch nothing (cu__quiet_locked, cu__free_pinned). */
+ * state's behalf never wait for the module's own work and latch nothing (cu__quiet_locked,
+ * cu__free_pinned); cudaFreeHost itself still waits for other users' work on the device. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -225,6 +226,9 @@ sl_status cu__event_record_native(void *be, void *event, void *native) {
   cu__leave(s, &sv);
   if (e == cudaSuccess && ce == cudaSuccess && capture == cudaStreamCaptureStatusNone) return SL_OK;
   (void)cudaGetLastError();
+  if (e == cudaSuccess && ce != cudaSuccess && ce != cudaErrorStreamCaptureImplicit)
+    return cu__fail_cuda(s, 0, "cudaStreamIsCapturing", ce, "on the consumer's stream %p: not a live stream of "
+                         "device %d?", native, s->dev);
   if (e == cudaSuccess)
     return cu__fail(s, 0, SL_ERR_UNSUPPORTED, "the consumer's stream %p is being captured into a CUDA graph%s: a "
                     "record there would become a node of the graph, so the free is not ordered on the device",
@@ -242,11 +246,16 @@ sl_status cu__stream_wait_event(void *be, void *stream, void *event) {
                           : cu__fail_cuda(s, 1, "cudaStreamWaitEvent", e, "stream %p waiting on event %p", stream, event);
 }
 
+/* Both run on whichever thread releases an export (prune_fences, wait_before_free): the
+ * caller's current device and capture mode stay as they were (cu__enter); in the relaxed
+ * capture mode a query is no unsafe call for another thread's global-mode graph capture. */
 int cu__event_query(void *be, void *event) {
   cu_backend *s = be;
   if (cu__sticky(s) != SL_OK) return -1;
-  cudaError_t e = cu__bind(s);
+  cu_saved sv;
+  cudaError_t e = cu__enter(s, &sv);
   if (e == cudaSuccess) e = cudaEventQuery((cudaEvent_t)event);
+  cu__leave(s, &sv);
   if (e == cudaSuccess) return 1;
   if (e == cudaErrorNotReady) return 0;
   cu__fail_cuda(s, 1, "cudaEventQuery", e, "event %p: work queued before it failed", event);
@@ -255,10 +264,17 @@ int cu__event_query(void *be, void *event) {
 
 sl_status cu__event_sync(void *be, void *event) {
   cu_backend *s = be;
-  cudaError_t e = cu__bind(s);
-  if (e != cudaSuccess) return cu__fail_cuda(s, 1, "cudaSetDevice", e, "event_sync");
-  one_query q = {.event = (cudaEvent_t)event};
-  return poll_done(s, &q, "event_sync");
+  cu_saved sv;
+  cudaError_t e = cu__enter(s, &sv);
+  sl_status st;
+  if (e != cudaSuccess) {
+    st = cu__fail_cuda(s, 1, "cudaSetDevice", e, "event_sync");
+  } else {
+    one_query q = {.event = (cudaEvent_t)event};
+    st = poll_done(s, &q, "event_sync");
+  }
+  cu__leave(s, &sv);
+  return st;
 }
 
 sl_status cu__stream_sync(void *be, void *stream) {

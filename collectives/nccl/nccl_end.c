@@ -89,13 +89,13 @@ static nccl_comm *teardown_of(nccl_comm *c) {
   return c;
 }
 
-ncclResult_t sl__nccl_end(nccl_comm *c, ncclComm_t comm, bool destroy, int ms, int *left_ms) {
-  const sl_nccl_lib *L = c->L;
-  nccl_comm *root = teardown_of(c);
+/* The end of COMM, counted on ROOT's teardown (NULL: on none). */
+static ncclResult_t end_on(const sl_nccl_lib *L, nccl_comm *root, ncclComm_t comm, bool destroy, int ms,
+                           int *left_ms) {
   *left_ms = 0;
   end_job *j = L->version >= NCCL_ANY_THREAD_ABORT ? job_start(L, comm, destroy) : NULL;
   if (!j) return destroy ? L->CommDestroy(comm) : L->CommAbort(comm); /* 2.18, or no thread to spare */
-  if (atomic_load(&root->left_behind) && ms > NCCL_STUCK_GRACE_MS) ms = NCCL_STUCK_GRACE_MS;
+  if (root && atomic_load(&root->left_behind) && ms > NCCL_STUCK_GRACE_MS) ms = NCCL_STUCK_GRACE_MS;
   struct timespec until;
   until = sl_deadline_in_ms(ms).at;
   pthread_mutex_lock(&j->mu);
@@ -104,11 +104,20 @@ ncclResult_t sl__nccl_end(nccl_comm *c, ncclComm_t comm, bool destroy, int ms, i
   bool done = j->done;
   ncclResult_t r = j->r;
   pthread_mutex_unlock(&j->mu);
-  if (!done) atomic_store(&root->left_behind, true);
+  if (!done && root) atomic_store(&root->left_behind, true);
   job_put(j);
   if (!done) {
     *left_ms = ms;
     return ncclInProgress;
   }
   return r;
+}
+
+ncclResult_t sl__nccl_end(nccl_comm *c, ncclComm_t comm, bool destroy, int ms, int *left_ms) {
+  return end_on(c->L, teardown_of(c), comm, destroy, ms, left_ms);
+}
+
+ncclResult_t sl__nccl_end_alone(const sl_nccl_lib *L, ncclComm_t comm, int ms) {
+  int left_ms;
+  return end_on(L, NULL, comm, false, ms, &left_ms);
 }

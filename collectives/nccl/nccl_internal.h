@@ -134,6 +134,9 @@ int sl__nccl_wait_ms(const nccl_comm *c);
  * that passed (0 otherwise) and COMM is left to finish, or not, on a thread of its own. COMM
  * must not be used again either way. */
 ncclResult_t sl__nccl_end(nccl_comm *c, ncclComm_t comm, bool destroy, int ms, int *left_ms);
+/* An abort of COMM that is no teardown's (a child of an earlier communicator, landed late):
+ * bounded by MS, and a stuck one shortens no teardown's grace. */
+ncclResult_t sl__nccl_end_alone(const sl_nccl_lib *L, ncclComm_t comm, int ms);
 
 /* nccl.c: fails with why C died (the watchdog's or an abort's reason), on the caller's thread. */
 sl_status sl__nccl_report_dead(nccl_comm *c, const char *op);

@@ -60,10 +60,11 @@ static void sweep_kept(nccl_comm *c) {
     }
   }
   pthread_mutex_unlock(&g_kept_mu);
-  while (ready) {
+  while (ready) { /* earlier communicators' children: C's teardown is not theirs */
     nccl_slot *s = ready;
     ready = s->next;
-    reap(c, s);
+    ncclComm_t child = __atomic_exchange_n(&s->child, NULL, __ATOMIC_ACQ_REL);
+    if (child) (void)sl__nccl_end_alone(c->L, child, s->timeout_ms);
     free(s);
   }
 }
