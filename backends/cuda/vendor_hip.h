@@ -28,6 +28,7 @@
 #define SL_GPU_VISIBLE_ENV "HIP_VISIBLE_DEVICES"
 #define SL_GPU_SYNC_TIMEOUT_ENV "SHARDLOAD_HIP_SYNC_TIMEOUT_S"
 #define SL_GPU_DLPACK_DEVICE 10 /* kDLROCM */
+#define SL_GPU_STREAM_TYPE "hipStream_t"
 #define SL_GPU_DLPACK_PINNED 11 /* kDLROCMHost */
 #define SL_GPU_ARCH_FMT "%.64s"   /* "gfx942:sramecc+:xnack-" */
 #define SL_GPU_ARCH_ARGS(prop) (prop).gcnArchName

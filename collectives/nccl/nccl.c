@@ -77,7 +77,7 @@ static sl_status nccl_init(const sl_collective_init *in, void **out) {
                    b && SL_HAS_OP(b, native_api) ? b->native_api : "");
   if (!SL_HAS_OP(b, get_proc) || !b->get_proc(SL_EXT_NATIVE_STREAM))
     return h->fail(h->core, SL_ERR_UNSUPPORTED,
-                   SL_CCL_NAME " init on rank %d: backend %s does not give the native " SL_GPU_NAME " stream of its "
+                   SL_CCL_NAME " init on rank %d: backend %s does not give the " SL_GPU_STREAM_TYPE " of its "
                    "streams (the extension " SL_EXT_NATIVE_STREAM "), which " SL_CCL_PRODUCT "'s kernels must be "
                    "enqueued on; rebuild it against this shardload, or use --collective gloo",
                    in->rank, b->name);

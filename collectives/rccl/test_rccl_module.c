@@ -39,12 +39,19 @@ static void host_init(rank_host *h) {
   h->host = (sl_module_host){sizeof(sl_module_host), h, host_log, host_fail};
 }
 
-/* The hip backend as the collective sees it before touching a device. */
+/* The hip backend as the collective sees it before touching a device: its native API, its
+ * streams' native handles (SL_EXT_NATIVE_STREAM) and its ordinal. */
 static int fake_ordinal(void *be) { return 0; }
+static void *fake_native_stream(void *be, void *stream) { return stream; }
+static void *fake_get_proc(const char *name) {
+  return strcmp(name, SL_EXT_NATIVE_STREAM) == 0 ? (void *)(sl_ext_native_stream_fn)fake_native_stream : NULL;
+}
 static const sl_backend_ops fake_hip = {.abi_version = SL_BACKEND_ABI_VERSION, .size = sizeof(sl_backend_ops),
-                                        .name = "hip", .device_ordinal = fake_ordinal};
+                                        .name = "hip", .device_ordinal = fake_ordinal, .get_proc = fake_get_proc,
+                                        .native_api = "hip"};
 static const sl_backend_ops fake_cuda = {.abi_version = SL_BACKEND_ABI_VERSION, .size = sizeof(sl_backend_ops),
-                                         .name = "cuda", .device_ordinal = fake_ordinal};
+                                         .name = "cuda", .device_ordinal = fake_ordinal, .get_proc = fake_get_proc,
+                                         .native_api = "cuda"};
 static int g_handle;
 
 static void table_is_valid(void **state) {
@@ -115,8 +122,8 @@ static void init_refuses_other_backends(void **state) {
                            .backend = &fake_cuda, .backend_handle = &g_handle, .device = -1};
   assert_int_equal(g_ops->init(&in, &comm), SL_ERR_INVALID);
   assert_null(comm);
-  assert_non_null(strstr(h.msg, "rccl init on rank 0: needs this rank's hip backend"));
-  assert_non_null(strstr(h.msg, "it has cuda (use --backend hip, or --collective gloo)"));
+  assert_non_null(strstr(h.msg, "rccl init on rank 0: needs this rank's backend, of native API hip"));
+  assert_non_null(strstr(h.msg, "it has cuda, native API cuda (use --backend hip, or --collective gloo)"));
 }
 
 /* ---- every rank of a job fails at once, before RCCL would start -------------------------------- */
