@@ -2,7 +2,8 @@
  * considers every libshardload-NAME.so of the search directories, not only a fixed list;
  * it tells a collective module (or a file that is no module, or a FIFO) by the entry symbols
  * the file defines, read without loading it, and never opens one as a backend; it looks at a
- * bounded number of files and says what it left. Real shared objects built from
+ * bounded number of files and says what it left; and the listing (sl_module_list, what
+ * `shardload backends` prints) reports every module. Real shared objects built from
  * tests/modules/ into $SHARDLOAD_TEST_MODULES, planted by symbolic links. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -458,6 +459,110 @@ static void test_auto_scans_the_library_dir_not_the_cwd(void **state) {
   free(libdir);
 }
 
+/* ---- the listing (sl_module_list) ------------------------------------------------------------ */
+
+static bool find(const sl_module_list *l, sl_module_kind kind, const char *name, sl_module_info *m) {
+  for (size_t i = 0; i < sl_module_list_count(l); i++) {
+    memset(m, 0, sizeof *m);
+    m->size = sizeof *m;
+    assert_int_equal(sl_module_list_get(l, i, m), SL_OK);
+    if (m->kind == kind && !strcmp(m->name, name)) return true;
+  }
+  return false;
+}
+
+/* Every module with what it is: built in, loaded (path, ABI version, device), cannot run (the
+ * probe's reason), refused (the file named), absent (a known name); a collective module and a
+ * FIFO among the files, each listed as what it is; what auto would choose. */
+static void test_module_list(void **state) {
+  char *dir = sl_test_dir("list"), *fifo = module_path(dir, "afifo");
+  plant(dir, "zvendor", "zvendor");
+  plant(dir, "probeno", "probeno");
+  plant(dir, "plant", "plant");
+  plant(dir, "badabi", "badabi");
+  plant(dir, "v1host", "v1host");
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  setenv("SHARDLOAD_MODULE_PATH", dir, 1);
+  logbuf lb = {{0}};
+  sl_context *c = bare_ctx(capture, &lb);
+  sl_module_list *l = NULL;
+  assert_int_equal(sl_module_list_create(c, &l), SL_OK);
+  assert_non_null(strstr(lb.text, "backend auto: chose zvendor")); /* auto's verdicts reach the logger */
+  sl_module_info m;
+  assert_true(find(l, SL_MODULE_BACKEND, "cpu", &m));
+  assert_true(m.builtin && m.state == SL_MODULE_RUNS && m.abi_version == 2 && !m.path);
+  assert_string_equal(m.device, "cpu (host memory)");
+  assert_true(m.memory_bytes > 0);
+  assert_true(find(l, SL_MODULE_BACKEND, "sim", &m));
+  assert_true(m.state == SL_MODULE_RUNS && m.probe == 0);
+  assert_non_null(strstr(m.reason, "sim: a simulated device for tests"));
+  assert_non_null(strstr(m.device, "sim:0"));
+  assert_true(find(l, SL_MODULE_BACKEND, "hip", &m));
+  assert_true(m.state == SL_MODULE_ABSENT && !m.path && m.abi_version == 0);
+  assert_non_null(strstr(m.reason, "hip: not available (libshardload-hip.so"));
+  assert_true(find(l, SL_MODULE_BACKEND, "zvendor", &m));
+  assert_true(!m.builtin && m.state == SL_MODULE_RUNS && m.probe == 5 && m.abi_version == 2);
+  assert_non_null(strstr(m.path, "libshardload-zvendor.so"));
+  assert_non_null(strstr(m.device, "zvendor"));
+  assert_true(find(l, SL_MODULE_BACKEND, "v1host", &m));
+  assert_true(m.state == SL_MODULE_RUNS && m.abi_version == 1);
+  assert_true(find(l, SL_MODULE_BACKEND, "probeno", &m));
+  assert_true(m.state == SL_MODULE_CANNOT_RUN && !m.device[0]);
+  assert_non_null(strstr(m.reason, "probeno: no widget on this machine"));
+  assert_true(find(l, SL_MODULE_BACKEND, "badabi", &m));
+  assert_true(m.state == SL_MODULE_BAD_ABI);
+  assert_non_null(strstr(m.reason, "libshardload-badabi.so: its table says ABI version 99"));
+  assert_non_null(m.path);
+  assert_true(find(l, SL_MODULE_BACKEND, "afifo", &m));
+  assert_true(m.state == SL_MODULE_UNLOADABLE);
+  assert_non_null(strstr(m.reason, "is not a regular file: not opened"));
+  assert_false(find(l, SL_MODULE_BACKEND, "plant", &m)); /* a collective, listed as one */
+  assert_true(find(l, SL_MODULE_COLLECTIVE, "plant", &m));
+  assert_true(m.state == SL_MODULE_RUNS && m.abi_version == 2 && (m.domains & SL_MEM_HOST));
+  assert_string_equal(m.probed_with, "zvendor"); /* it moves host memory: probed with auto's backend */
+  assert_true(find(l, SL_MODULE_COLLECTIVE, "simccl", &m));
+  assert_true(m.builtin && m.state == SL_MODULE_RUNS && m.domains == SL_MEM_DEVICE);
+  assert_string_equal(m.probed_with, "sim");
+  assert_true(find(l, SL_MODULE_COLLECTIVE, "nccl", &m));
+  assert_true(m.state == SL_MODULE_ABSENT);
+  /* backends first, then collectives */
+  sl_module_info first, last;
+  first.size = last.size = sizeof first;
+  assert_int_equal(sl_module_list_get(l, 0, &first), SL_OK);
+  assert_int_equal(sl_module_list_get(l, sl_module_list_count(l) - 1, &last), SL_OK);
+  assert_true(first.kind == SL_MODULE_BACKEND && !strcmp(first.name, "cpu") && last.kind == SL_MODULE_COLLECTIVE);
+  sl_module_summary s = {.size = sizeof s};
+  assert_int_equal(sl_module_list_summary(l, &s), SL_OK);
+  assert_string_equal(s.auto_backend, "zvendor");
+  assert_non_null(strstr(s.auto_backend_reason, "zvendor: auto, cuda: "));
+  assert_string_equal(s.auto_collective, "gloo"); /* zvendor stages through host memory */
+  assert_string_equal(s.auto_collective_one_rank, "local");
+  assert_true(s.dir_count >= 1);
+  assert_string_equal(s.dirs[0], dir);
+  assert_int_equal(s.not_listed, 0);
+  /* a caller's shorter struct is written within its size */
+  unsigned char raw[sizeof(sl_module_info)];
+  memset(raw, 0xa5, sizeof raw);
+  size_t short_size = offsetof(sl_module_info, state) + sizeof(sl_module_state);
+  memcpy(raw, &short_size, sizeof short_size);
+  assert_int_equal(sl_module_list_get(l, 0, (sl_module_info *)raw), SL_OK);
+  for (size_t i = short_size; i < sizeof raw; i++) assert_int_equal(raw[i], 0xa5);
+  assert_int_equal(((sl_module_info *)raw)->kind, SL_MODULE_BACKEND);
+  assert_int_equal(sl_module_list_get(l, sl_module_list_count(l), &m), SL_ERR_INVALID);
+  assert_string_equal(sl_module_state_name(SL_MODULE_BAD_ABI), "bad_abi");
+  assert_string_equal(sl_module_state_name((sl_module_state)77), "unknown");
+  sl_module_list_destroy(l);
+  sl_module_list_destroy(NULL);
+  /* without a context too */
+  assert_int_equal(sl_module_list_create(NULL, &l), SL_OK);
+  assert_true(sl_module_list_count(l) > 10);
+  sl_module_list_destroy(l);
+  unsetenv("SHARDLOAD_MODULE_PATH");
+  free(c);
+  free(fifo);
+  free(dir);
+}
+
 int main(void) {
   moddir = getenv("SHARDLOAD_TEST_MODULES");
   if (!moddir || !*moddir) {
@@ -473,6 +578,7 @@ int main(void) {
       cmocka_unit_test(test_auto_bounds_installed_files),
       cmocka_unit_test(test_explicit_backends_open_no_installed_module),
       cmocka_unit_test(test_auto_scans_the_library_dir_not_the_cwd),
+      cmocka_unit_test(test_module_list),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
