@@ -702,13 +702,17 @@ static void run_job(ctx_job *j, const char *sub) {
   j->rdzv = NULL;
 }
 
-/* A module that leaves a trace when opened is planted under every loadable name the core
- * knows: a job on an explicit cpu or sim backend opens none of them (world 1 and world 2);
- * asking for one, or for backend auto, does open it (so the trace would show an opening). */
+/* A collective module that leaves a trace when opened is planted under every loadable name the
+ * core knows, and an installed backend that leaves one beside them: a job on an explicit cpu or
+ * sim backend opens none of them (world 1 and world 2); asking for the collective opens it;
+ * backend auto opens the installed backend (probing installed backends is what auto means) and
+ * none of the collectives, whatever their files are called (their entry symbols say what they
+ * are: tests/test_modules_installed.c). */
 static void test_probes_only_what_the_choice_needs(void **state) {
   char *dir = sl_test_dir("planted"), *trace = sl_test_path(dir, "trace");
   const char *names[] = {"nccl", "rccl", "cuda", "hip", "level_zero"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) plant(dir, names[i], "tracenccl");
+  plant(dir, "tracebe", "tracebe");
   setenv("SHARDLOAD_MODULE_PATH", dir, 1);
   setenv("SL_TEST_TRACE", trace, 1);
   ctx_job quiet[] = {
@@ -729,12 +733,16 @@ static void test_probes_only_what_the_choice_needs(void **state) {
   run_job(&asked, "asked");
   char *got = slurp(trace);
   assert_non_null(got);
+  assert_non_null(strstr(got, "libshardload-tracenccl.so"));
+  assert_null(strstr(got, "libshardload-tracebe.so"));
   free(got);
   unlink(trace);
   ctx_job any = {.world = 1, .backend = "auto", .expect = SL_OK, .name = "local"};
-  run_job(&any, "auto"); /* auto means: probe the accelerator backends */
+  run_job(&any, "auto"); /* auto means: probe the installed backends */
   got = slurp(trace);
   assert_non_null(got);
+  assert_non_null(strstr(got, "libshardload-tracebe.so"));
+  assert_null(strstr(got, "libshardload-tracenccl.so")); /* no collective, under any name */
   free(got);
   unsetenv("SL_TEST_TRACE");
   free(trace);

@@ -181,6 +181,7 @@ int cli_cmd_inspect(int argc, char **argv);
 int cli_cmd_plan(int argc, char **argv);
 int cli_cmd_load(int argc, char **argv);
 int cli_cmd_synth(int argc, char **argv);
+int cli_cmd_backends(int argc, char **argv);
 
 /* The most ranks `load --nproc` starts: processes on one host, each holding a connection to
  * every other one (below SL_MAX_WORLD_SIZE, which bounds a job across hosts). */

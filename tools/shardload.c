@@ -26,6 +26,8 @@ static const char MAIN_HELP[] =
     "  load PATH          load this rank's shards (world from the launcher environment),\n"
     "                     or, with --nproc N, start N local ranks and load on all of them\n"
     "  synth OUT          write a deterministic synthetic transformer checkpoint\n"
+    "  backends           the backend and collective modules this machine offers, whether\n"
+    "                     each can run here and why not, and what auto would choose\n"
     "\n"
     "PATH is a .safetensors file, a model.safetensors.index.json, or a directory holding one.\n"
     "Run 'shardload COMMAND --help' for a command's options.\n"
@@ -379,6 +381,7 @@ static const struct {
     {"plan", cli_cmd_plan},
     {"load", cli_cmd_load},
     {"synth", cli_cmd_synth},
+    {"backends", cli_cmd_backends},
 };
 
 int main(int argc, char **argv) {
@@ -407,6 +410,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, COMMANDS[i].name)) return cli_close_stdout(COMMANDS[i].fn(argc - 1, argv + 1));
   if (cmd[0] == '-')
     return cli_usage_error(cmd, "unknown option; run 'shardload --help'");
-  return cli_usage_error(cmd, "unknown command; use inspect, plan, load or synth "
+  return cli_usage_error(cmd, "unknown command; use inspect, plan, load, synth or backends "
                          "(run 'shardload --help')");
 }

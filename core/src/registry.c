@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "module_scan.h"
 #include "registry_v1.h"
 
 typedef struct builtin_backend {
@@ -394,71 +395,172 @@ static const char *vendor_option(const char *name) {
   return strcmp(name, "level_zero") == 0 ? "LEVEL_ZERO" : strcmp(name, "hip") == 0 ? "HIP" : "CUDA";
 }
 
-/* "auto": every loadable backend the core knows, then the built-ins; the best probe wins (a tie
- * keeps the earlier, so an accelerator beats cpu), and the others' reasons are logged. */
-static sl_status select_auto(sl_context *ctx, const sl_backend_ops **ops, void **dl, void **shim) {
-  enum { N = COUNT(loadable_backends) + COUNT(builtin_backends) };
-  loaded cand[N] = {{0}};
-  int score[N] = {0};
-  bool warn[N] = {false}; /* an installed module is broken: worth more than INFO */
-  char reason[N][REASON_LEN];
-  const char *name[N];
-  int best = -1;
-  for (size_t i = 0; i < N; i++) {
-    reason[i][0] = 0;
-    if (i < COUNT(loadable_backends)) {
-      name[i] = loadable_backends[i];
-      char why[REASON_LEN];
-      int e = load_module(name[i], false, &cand[i], why, sizeof why);
-      if (e) {
-        snprintf(reason[i], REASON_LEN, "%s: %s (%.440s)", name[i], e == MODULE_ABSENT ? "not available" : "unusable",
-                 why);
-        warn[i] = e == MODULE_BAD_ABI;
-        continue;
-      }
-    } else {
-      const builtin_backend *b = &builtin_backends[i - COUNT(loadable_backends)];
-      name[i] = b->name;
-      cand[i].ops = b->get();
-      char problem[256];
-      if (!backend_table_ok(cand[i].ops, problem, sizeof problem) ||
-          !backend_names_ok(name[i], cand[i].ops, problem, sizeof problem)) {
-        snprintf(reason[i], REASON_LEN, "%s: built-in table is broken: %s", name[i], problem);
-        continue;
-      }
+/* ---- backend "auto" ----------------------------------------------------------------------- */
+
+/* Installed modules that "auto" looks at beyond the fixed list, in name order: a directory of
+ * ten thousand module files costs one listing and this many reads, never ten thousand loads. */
+#define AUTO_MAX_INSTALLED 32
+
+typedef struct auto_cand {
+  const char *name;
+  char *path;   /* the file the search found (malloc'd), or NULL: built in, or for the loader's search */
+  bool builtin; /* cpu, sim */
+  bool fixed;   /* cuda, hip, level_zero: a file of that name that is no backend is worth a warning */
+  bool not_backend; /* its file is no backend (a collective module, a FIFO): not a candidate beaten */
+  sl_log_level level; /* of its verdict, when it is not chosen */
+  loaded m;
+  int score;
+  char reason[REASON_LEN];
+} auto_cand;
+
+/* What a loadable candidate's file is, from the entry symbols it defines, before anything opens
+ * it: a collective module, a file that exports no backend entry, or a FIFO is never opened as a
+ * backend. True when the file may be a backend (or only loading it can tell). */
+static bool auto_file_is_backend(auto_cand *c) {
+  char why[256];
+  unsigned bits = sl__module_entries(c->path, why, sizeof why);
+  const char *what = NULL;
+  if (bits & SL__ENTRY_NOT_A_FILE) what = why;
+  else if (bits & (SL__ENTRY_BACKEND | SL__ENTRY_UNKNOWN)) return true;
+  else if (bits & SL__ENTRY_COLLECTIVE)
+    what = "is a collective module (it exports a collective entry and no backend one)";
+  else what = "exports neither " SL_BACKEND_ENTRY " nor " SL_BACKEND_ENTRY_V1;
+  snprintf(c->reason, REASON_LEN, "%s: %.200s %.200s: not a backend, not opened", c->name, c->path, what);
+  sl__module_text(c->reason, REASON_LEN); /* the path may hold anything */
+  c->level = c->fixed ? SL_LOG_WARN : SL_LOG_INFO;
+  c->not_backend = true;
+  return false;
+}
+
+static void auto_probe(auto_cand *c) {
+  c->level = SL_LOG_INFO;
+  if (c->builtin) {
+    char problem[256];
+    if (!backend_table_ok(c->m.ops, problem, sizeof problem) ||
+        !backend_names_ok(c->name, c->m.ops, problem, sizeof problem)) {
+      snprintf(c->reason, REASON_LEN, "%s: built-in table is broken: %s", c->name, problem);
+      return;
     }
-    score[i] = probe_backend(cand[i].ops, cand[i].shim, reason[i], REASON_LEN);
-    if (score[i] > 0 && (best < 0 || score[i] > score[best])) best = (int)i;
+  } else {
+    if (c->path && !auto_file_is_backend(c)) return;
+    char why[REASON_LEN];
+    int e = load_module(c->name, false, &c->m, why, sizeof why);
+    if (e) {
+      snprintf(c->reason, REASON_LEN, "%s: %s (%.440s)", c->name, e == MODULE_ABSENT ? "not available" : "unusable",
+               why);
+      if (e == MODULE_BAD_ABI) c->level = SL_LOG_WARN; /* an installed module is broken: worth more than INFO */
+      return;
+    }
   }
-  for (size_t i = 0; i < N; i++) {
+  c->score = probe_backend(c->m.ops, c->m.shim, c->reason, REASON_LEN);
+}
+
+/* The candidates in probe order: the fixed list (accelerators the core knows), then every other
+ * installed module file in the search directories, in name order, up to AUTO_MAX_INSTALLED,
+ * then the built-ins. NULL when out of memory. */
+static auto_cand *auto_candidates(const sl__module_files *scan, size_t *n) {
+  size_t nfixed = COUNT(loadable_backends);
+  *n = nfixed + scan->count + COUNT(builtin_backends);
+  auto_cand *cand = calloc(*n, sizeof *cand);
+  if (!cand) return NULL;
+  for (size_t i = 0; i < nfixed; i++) {
+    cand[i].name = loadable_backends[i];
+    cand[i].fixed = true;
+    cand[i].path = sl__module_locate(cand[i].name); /* NULL: the loader's search may find it */
+  }
+  for (size_t i = 0; i < scan->count; i++) {
+    cand[nfixed + i].name = scan->files[i].name;
+    if (!(cand[nfixed + i].path = sl__strdup(scan->files[i].path))) goto out_free;
+  }
+  for (size_t i = 0; i < COUNT(builtin_backends); i++) {
+    auto_cand *c = &cand[nfixed + scan->count + i];
+    c->name = builtin_backends[i].name;
+    c->builtin = true;
+    c->m.ops = builtin_backends[i].get();
+  }
+  return cand;
+out_free:
+  for (size_t i = 0; i < *n; i++) free(cand[i].path);
+  free(cand);
+  return NULL;
+}
+
+/* What "auto" left unseen, said: the installed files past its bound, and directories whose
+ * listing was cut. */
+static void auto_log_bounds(sl_context *ctx, const sl__module_files *scan) {
+  if (scan->more)
+    sl__log(ctx, SL_LOG_WARN,
+            "backend auto: %zu more installed module file%s not looked at: auto looks at %d besides %s, %s and %s, in "
+            "name order (the last: %s); ask for another by name (--backend NAME)",
+            scan->more, scan->more == 1 ? "" : "s", AUTO_MAX_INSTALLED, loadable_backends[0], loadable_backends[1],
+            loadable_backends[2], scan->count ? scan->files[scan->count - 1].name : "none");
+  if (scan->cut_dirs)
+    sl__log(ctx, SL_LOG_WARN,
+            "backend auto: %s%s: only the first %u entries of %s directory were listed; a module past them is "
+            "not considered (ask for it by name: --backend NAME)",
+            scan->first_cut ? scan->first_cut : "a module directory", scan->cut_dirs > 1 ? " and others" : "",
+            SL__SCAN_MAX_ENTRIES, scan->cut_dirs > 1 ? "each" : "that");
+}
+
+/* "auto": the best probe among every candidate (auto_candidates) wins; a tie keeps the earlier,
+ * so an accelerator beats cpu. Every other candidate's verdict is logged (INFO; WARN for a
+ * broken module), and what the choice beat goes into the context's backend reason. */
+static sl_status select_auto(sl_context *ctx, const sl_backend_ops **ops, void **dl, void **shim) {
+  const char *skip[COUNT(loadable_backends) + COUNT(builtin_backends)];
+  for (size_t i = 0; i < COUNT(loadable_backends); i++) skip[i] = loadable_backends[i];
+  for (size_t i = 0; i < COUNT(builtin_backends); i++) skip[COUNT(loadable_backends) + i] = builtin_backends[i].name;
+  sl__module_files scan;
+  size_t n = 0;
+  auto_cand *cand = NULL;
+  if (sl__module_scan(skip, COUNT(skip), AUTO_MAX_INSTALLED, &scan) != SL_OK)
+    return sl__fail(ctx, SL_ERR_NOMEM, "backend auto: out of memory listing the installed modules");
+  if (!(cand = auto_candidates(&scan, &n))) {
+    sl__module_scan_free(&scan);
+    return sl__fail(ctx, SL_ERR_NOMEM, "backend auto: out of memory listing the installed modules");
+  }
+  int best = -1;
+  for (size_t i = 0; i < n; i++) {
+    auto_probe(&cand[i]);
+    if (cand[i].score > 0 && (best < 0 || cand[i].score > cand[best].score)) best = (int)i;
+  }
+  for (size_t i = 0; i < n; i++) {
     if ((int)i == best) continue;
-    if (score[i] > 0)
-      sl__log(ctx, SL_LOG_INFO, "backend auto: %s: usable (probe %d), %s probes %d", name[i], score[i], name[best],
-              score[best]);
+    if (cand[i].score > 0)
+      sl__log(ctx, SL_LOG_INFO, "backend auto: %s: usable (probe %d), %s probes %d", cand[i].name, cand[i].score,
+              cand[best].name, cand[best].score);
     else
-      sl__log(ctx, warn[i] ? SL_LOG_WARN : SL_LOG_INFO, "backend auto: %s", reason[i]);
-    loaded_close(&cand[i]);
+      sl__log(ctx, cand[i].level, "backend auto: %s", cand[i].reason);
+    loaded_close(&cand[i].m);
   }
+  auto_log_bounds(ctx, &scan);
+  sl_status st = SL_OK;
   if (best < 0) {
     char all[SL__ERRMSG_LEN - 64] = ""; /* the message buffer's size bounds it anyway */
-    for (size_t i = 0; i < N; i++) {
+    for (size_t i = 0; i < n; i++) {
       size_t used = strlen(all);
-      snprintf(all + used, sizeof all - used, "%s%.*s", i ? "; " : "", (int)(sizeof all - used), reason[i]);
+      snprintf(all + used, sizeof all - used, "%s%.*s", i ? "; " : "", (int)(sizeof all - used), cand[i].reason);
     }
-    return sl__fail(ctx, SL_ERR_NO_DEVICE, "no usable backend on this machine (%s)", all);
+    st = sl__fail(ctx, SL_ERR_NO_DEVICE, "no usable backend on this machine (%s)", all);
+    goto out_free;
   }
-  sl__log(ctx, SL_LOG_INFO, "backend auto: chose %s (probe %d)", name[best], score[best]);
-  /* why, for the report: the candidates the choice beat, in probe order */
-  size_t used = (size_t)snprintf(ctx->backend_reason, sizeof ctx->backend_reason, "%s: auto", name[best]);
-  for (size_t i = 0; i < N && used < sizeof ctx->backend_reason; i++) {
-    if ((int)i == best || i >= COUNT(loadable_backends)) continue; /* the built-ins always load */
-    used += (size_t)snprintf(ctx->backend_reason + used, sizeof ctx->backend_reason - used, "%s %s", i ? ";" : ",",
-                             score[i] > 0 ? name[i] : reason[i]);
+  auto_cand *b = &cand[best];
+  sl__log(ctx, SL_LOG_INFO, "backend auto: chose %s (probe %d)", b->name, b->score);
+  /* why, for the report: the loadable candidates the choice beat, in probe order */
+  size_t used = (size_t)snprintf(ctx->backend_reason, sizeof ctx->backend_reason, "%s: auto", b->name);
+  for (size_t i = 0, first = 1; i < n && used < sizeof ctx->backend_reason; i++) {
+    if ((int)i == best || cand[i].builtin || cand[i].not_backend) continue; /* the built-ins always load */
+    used += (size_t)snprintf(ctx->backend_reason + used, sizeof ctx->backend_reason - used, "%s %s",
+                             first ? "," : ";", cand[i].score > 0 ? cand[i].name : cand[i].reason);
+    first = 0;
   }
-  *ops = cand[best].ops;
-  *dl = cand[best].dl;
-  *shim = cand[best].shim;
-  return SL_OK;
+  *ops = b->m.ops;
+  *dl = b->m.dl;
+  *shim = b->m.shim;
+out_free:
+  for (size_t i = 0; i < n; i++) free(cand[i].path);
+  free(cand);
+  sl__module_scan_free(&scan);
+  return st;
 }
 
 /* An unknown backend: the nearest known name, and the module file only when SPEC could name one
@@ -659,4 +761,59 @@ sl_status sl__module_init_failed(sl_context *ctx, sl_status st, const char *kind
   if (!ctx->errmsg[0])
     sl__fail(ctx, st, "%s %s: init failed (%s) and gave no reason", kind, name, sl_status_name(st));
   return st;
+}
+
+/* ---- for the module listing (module_list.c) and the scan (module_scan.c) ------------------ */
+
+const char *sl__module_library_dir(void) { return library_dir; }
+
+const char *sl__builtin_backend_name(size_t i) { return i < COUNT(builtin_backends) ? builtin_backends[i].name : NULL; }
+
+const sl_backend_ops *sl__builtin_backend_ops(size_t i) {
+  return i < COUNT(builtin_backends) ? builtin_backends[i].get() : NULL;
+}
+
+const char *sl__builtin_collective_name(size_t i) {
+  return i < COUNT(builtin_collectives) ? builtin_collectives[i].name : NULL;
+}
+
+const sl_collective_ops *sl__builtin_collective_ops(size_t i) {
+  return i < COUNT(builtin_collectives) ? builtin_collectives[i].get() : NULL;
+}
+
+const char *sl__known_backend(size_t i) { return i < COUNT(loadable_backends) ? loadable_backends[i] : NULL; }
+
+const char *sl__known_collective(size_t i) { return i < COUNT(loadable_collectives) ? loadable_collectives[i] : NULL; }
+
+int sl__module_open(const char *name, bool collective, sl__module *m, char *why, size_t whylen) {
+  *m = (sl__module){0};
+  if (!sl__module_name_ok(name)) {
+    snprintf(why, whylen, "not a module name");
+    return SL__MODULE_ABSENT;
+  }
+  loaded l;
+  int e = load_module(name, collective, &l, why, whylen);
+  if (e) return e == MODULE_ABSENT ? SL__MODULE_ABSENT : e == MODULE_UNLOADABLE ? SL__MODULE_UNLOADABLE
+                                                                                   : SL__MODULE_BAD_ABI;
+  m->dl = l.dl;
+  m->shim = l.shim;
+  m->ops = l.ops;
+  _Static_assert(sizeof m->path == sizeof l.path, "one path size");
+  memcpy(m->path, l.path, sizeof m->path);
+  return 0;
+}
+
+void sl__module_close(sl__module *m) {
+  free(m->shim);
+  if (m->dl) dlclose(m->dl);
+  *m = (sl__module){0};
+}
+
+int sl__module_probe_backend(const sl_backend_ops *o, const void *shim, char *reason, size_t len) {
+  return probe_backend(o, shim, reason, len);
+}
+
+int sl__module_probe_collective(const sl_collective_ops *o, const void *shim, const sl_backend_ops *backend,
+                                char *reason, size_t len) {
+  return probe_collective(o, shim, backend, reason, len);
 }

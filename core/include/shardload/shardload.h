@@ -202,6 +202,89 @@ SL_API sl_status sl_copy_to_host(sl_context *ctx, void *dst, const void *src, sl
 SL_API sl_status sl_copy_from_host(sl_context *ctx, void *dst, sl_device_kind dst_where, const void *src,
                                    size_t bytes);
 
+/* ---- modules: what this machine can run ---------------------------------- */
+/* Every backend and collective module this process could use (docs/DESIGN.md#modules, and
+ * what `shardload backends` prints): the built-in ones; the loadable ones the core knows by
+ * name (cuda, hip, level_zero; nccl, rccl), installed or not; and every other
+ * libshardload-NAME.so in the search directories ($SHARDLOAD_MODULE_PATH's entries, then the
+ * library's directory), at most SL_MODULE_LIST_MAX of them in name order (the others are
+ * counted). For each: built in or the file it was loaded from, its ABI version, whether it can
+ * run here and why not, and for a backend that runs, the device it would use; and what backend
+ * and collective "auto" would choose here.
+ *
+ * It opens every module it lists (a file is listed as a backend or a collective by the entry
+ * symbols it defines), probes it, starts a backend that can run on the device local rank 0
+ * would get (init with device -1), describes it and stops it; nothing is left open. Not
+ * collective: it looks at this process's machine only. CTX may be NULL (silent); a context
+ * lends its logger (backend auto's verdicts come at INFO) and takes the message of a failure,
+ * and nothing else of it is touched. Fails only for a bad argument or want of memory: what is
+ * missing on the machine is in the list, not an error. */
+typedef struct sl_module_list sl_module_list;
+
+#define SL_MODULE_LIST_MAX 256 /* installed files listed beyond the names the core knows */
+
+typedef enum sl_module_kind { SL_MODULE_BACKEND = 1, SL_MODULE_COLLECTIVE = 2 } sl_module_kind;
+
+/* Never renumbered. */
+typedef enum sl_module_state {
+  SL_MODULE_RUNS = 1,       /* built in, or loaded and its probe (and a backend's init) said yes */
+  SL_MODULE_CANNOT_RUN = 2, /* loaded, and its probe or a backend's init said no: REASON says why */
+  SL_MODULE_ABSENT = 3,     /* a name the core knows, and no file for it anywhere it looked */
+  SL_MODULE_UNLOADABLE = 4, /* a file that does not load (a vendor runtime it links is missing) */
+  SL_MODULE_BAD_ABI = 5     /* a file whose table the core refuses, or that is no module */
+} sl_module_state;
+/* "runs", "cannot_run", "absent", "unloadable", "bad_abi"; "unknown" for any other value. */
+SL_API const char *sl_module_state_name(sl_module_state s);
+
+typedef struct sl_module_info {
+  size_t size; /* sizeof(sl_module_info) as the caller compiled it; the library writes within it */
+  sl_module_kind kind;
+  sl_module_state state;
+  const char *name;
+  int builtin;
+  const char *path;     /* the file it was loaded from, as the loader names it; NULL: built in, absent */
+  unsigned abi_version; /* of the entry symbol it came through (1 or 2); 0 when no table was read */
+  int probe;            /* its probe's score: > 0 it can run here (backend auto keeps the best); 0 */
+  /* Why it cannot run, was not loaded or is refused; for one that runs, what its probe said if
+   * it said 0 (sim: auto never takes it); "" when nothing was said. Module text, escaped. */
+  const char *reason;
+  /* A backend that runs: describe() of the device it would use, with its memory where the module
+   * gives it ("cuda:0 NVIDIA H200, 141 GiB, sm_90"); "" otherwise. Module text, escaped. */
+  const char *device;
+  /* A backend that runs: its device's memory in bytes where the core knows it (the host's memory,
+   * for a backend whose device memory is host memory: cpu); 0 when unknown (DEVICE may say). */
+  uint64_t memory_bytes;
+  const char *pairs_with;  /* a backend's preferred collective, a collective's device_backend; or NULL */
+  uint32_t domains;        /* a collective's memory domains (module.h's sl_mem_domain bits); 0 */
+  const char *probed_with; /* a collective: the backend its probe was asked about; NULL for a backend */
+} sl_module_info;
+
+typedef struct sl_module_summary {
+  size_t size; /* sizeof(sl_module_summary) as the caller compiled it; the library writes within it */
+  /* Backend auto here, and why (as sl_context_backend_reason); NULL when no backend can run,
+   * and the reason says why. */
+  const char *auto_backend;
+  const char *auto_backend_reason;
+  /* The data collective auto takes for a job of several ranks here, each rank on a device of its
+   * own (the auto backend's preferred collective where this machine runs it, else host staging),
+   * and why; and for a job of one rank (host staging, local). */
+  const char *auto_collective;
+  const char *auto_collective_reason;
+  const char *auto_collective_one_rank;
+  const char *auto_collective_one_rank_reason;
+  const char *const *dirs; /* the directories searched for module files, in order */
+  size_t dir_count;
+  size_t not_listed; /* installed module files past SL_MODULE_LIST_MAX */
+} sl_module_summary;
+
+SL_API sl_status sl_module_list_create(sl_context *ctx, sl_module_list **out);
+SL_API void sl_module_list_destroy(sl_module_list *list); /* NULL is a no-op */
+/* The modules: backends first (built in, the known names, the others in name order), then
+ * collectives in the same order. The strings belong to the list. */
+SL_API size_t sl_module_list_count(const sl_module_list *list);
+SL_API sl_status sl_module_list_get(const sl_module_list *list, size_t i, sl_module_info *out);
+SL_API sl_status sl_module_list_summary(const sl_module_list *list, sl_module_summary *out);
+
 /* ---- source (checkpoint metadata) ---------------------------------------- */
 typedef struct sl_source sl_source;
 
