@@ -1,7 +1,8 @@
 /* What the CUDA backend's host files share: the backend's state, error reporting and the
  * bounded waits. cuda.c holds the ops table, probe, init/fini, describe and the extensions;
  * cuda_mem.c memory and the allocation table; cuda_stream.c streams, events, copies, casts and
- * synchronisation. Private to the module (exports.map exports only sl_backend_module_v2). */
+ * synchronisation. Private to the module (shardload_add_module's version script exports only the
+ * entry symbols). */
 #ifndef SHARDLOAD_CUDA_INTERNAL_H
 #define SHARDLOAD_CUDA_INTERNAL_H
 

@@ -251,7 +251,7 @@ void cu__free_deferred(cu_backend *s, int at_fini) {
   if (at_fini && left)
     s->host->log(s->host->core, SL_LOG_WARN,
                  SL_GPU_NAME ":%d (local rank %d): %zu pinned buffer(s) not freed: work queued on the device has not "
-                 "completed (a stuck kernel) and cudaFreeHost would wait for it without bound; left to the "
+                 "completed (a stuck kernel) and the pinned free would wait for it without bound; left to the "
                  "process's exit (leaked)", s->dev, s->local_rank, left);
 out_leave:
   cu__leave(s, &sv);

@@ -230,7 +230,7 @@ sl_status cu__event_record_native(void *be, void *event, void *native) {
     return cu__fail_cuda(s, 0, "cudaStreamIsCapturing", ce, "on the consumer's stream %p: not a live stream of "
                          "device %d?", native, s->dev);
   if (e == cudaSuccess)
-    return cu__fail(s, 0, SL_ERR_UNSUPPORTED, "the consumer's stream %p is being captured into a CUDA graph%s: a "
+    return cu__fail(s, 0, SL_ERR_UNSUPPORTED, "the consumer's stream %p is being captured into a " SL_GPU_PLATFORM " graph%s: a "
                     "record there would become a node of the graph, so the free is not ordered on the device",
                     native, ce == cudaErrorStreamCaptureImplicit ? " (the legacy stream, while a blocking stream "
                                                                    "captures)" : "");
@@ -349,6 +349,12 @@ sl_status cu__launch_host_fn(void *be, void *stream, sl_status (*fn)(void *arg, 
   *c = (cu_host_call){s, fn, arg};
   cudaError_t e = cu__bind(s);
   if (e == cudaSuccess) e = cudaLaunchHostFunc(cu__stream_of(s, stream), run_host_call, c);
+  if (e == cudaErrorNotSupported) { /* ROCm 5.2's library lacks it: nothing was enqueued */
+    free(c);
+    (void)cudaGetLastError();
+    return cu__fail(s, 0, SL_ERR_UNSUPPORTED, SL_GPU_NAME ":%d (local rank %d): launch_host_fn: this runtime has no "
+                    "host functions on streams (ROCm 5.2's library lacks hipLaunchHostFunc)", s->dev, s->local_rank);
+  }
   if (e != cudaSuccess) {
     free(c);
     return cu__fail_cuda(s, 1, "cudaLaunchHostFunc", e, "on stream %p", stream);

@@ -24,6 +24,13 @@
 #ifndef SL_TEST_NATIVE_LEGACY_STREAM
 #define SL_TEST_NATIVE_LEGACY_STREAM 1
 #endif
+/* the table's native API and DLPack types: CUDA's (kDLCUDA, kDLCUDAHost) unless the build says
+ * (hip: "hip", kDLROCM 10, kDLROCMHost 11) */
+#ifndef SL_TEST_NATIVE_API
+#define SL_TEST_NATIVE_API "cuda"
+#define SL_TEST_DLPACK_DEVICE 2
+#define SL_TEST_DLPACK_PINNED 3
+#endif
 
 static const sl_backend_ops *ops;
 static void *be;
@@ -97,9 +104,9 @@ static void test_host_fn_and_native_streams(void **state) {
   enum { N = 1 << 20 };
   sl_ext_native_stream_fn native = (sl_ext_native_stream_fn)ops->get_proc(SL_EXT_NATIVE_STREAM);
   assert_non_null(native);
-  assert_string_equal(ops->native_api, "cuda");
-  assert_int_equal(ops->dlpack_device_type, 2);
-  assert_int_equal(ops->dlpack_pinned_type, 3);
+  assert_string_equal(ops->native_api, SL_TEST_NATIVE_API);
+  assert_int_equal(ops->dlpack_device_type, SL_TEST_DLPACK_DEVICE);
+  assert_int_equal(ops->dlpack_pinned_type, SL_TEST_DLPACK_PINNED);
   void *s = NULL;
   unsigned char *src = malloc(N), *seen = NULL, *next = NULL, *back = malloc(N), *d = NULL;
   assert_non_null(src);
@@ -116,7 +123,12 @@ static void test_host_fn_and_native_streams(void **state) {
   OK(ops->copy_async(be, d, src, N, SL_COPY_H2D, s));
   OK(ops->copy_async(be, seen, d, N, SL_COPY_D2H, s));
   host_step h = {seen, next, N, 0};
-  OK(ops->launch_host_fn(be, s, host_step_fn, &h));
+  sl_status lst = ops->launch_host_fn(be, s, host_step_fn, &h);
+  if (lst == SL_ERR_UNSUPPORTED) { /* ROCm 5.2: no hipLaunchHostFunc in its library (module.h) */
+    printf("# launch_host_fn: %s\n", last_msg);
+    skip();
+  }
+  OK(lst);
   OK(ops->copy_async(be, d, next, N, SL_COPY_H2D, s));
   OK(ops->copy_async(be, back, d, N, SL_COPY_D2H, s));
   OK(ops->stream_sync(be, s));
@@ -173,7 +185,7 @@ static void test_synchronize_while_streams_come_and_go(void **state) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s path/to/libshardload-cuda.so\n", argv[0]);
+    fprintf(stderr, "usage: %s path/to/libshardload-cuda.so (or -hip.so)\n", argv[0]);
     return 2;
   }
   void *module = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);

@@ -29,9 +29,9 @@
 /* DLPack's device types of the backend's memory (dlpack.h: kDLCUDA) and pinned memory
  * (kDLCUDAHost) */
 #define SL_GPU_DLPACK_DEVICE 2
+#define SL_GPU_DLPACK_PINNED 3
 /* the native stream type, named in messages */
 #define SL_GPU_STREAM_TYPE "cudaStream_t"
-#define SL_GPU_DLPACK_PINNED 3
 /* the device's architecture in describe(): "sm_90" */
 #define SL_GPU_ARCH_FMT "sm_%d%d"
 #define SL_GPU_ARCH_ARGS(prop) (prop).major, (prop).minor

@@ -90,6 +90,7 @@ static inline const char *sl_vendor_call(const char *cuda_name, const char **res
 #define cudaStreamCaptureStatusNone hipStreamCaptureStatusNone
 #define cudaErrorStreamCaptureImplicit hipErrorStreamCaptureImplicit
 #define cudaErrorNotReady hipErrorNotReady
+#define cudaErrorNotSupported hipErrorNotSupported
 #define cudaErrorInvalidValue hipErrorInvalidValue
 #define cudaErrorMemoryAllocation hipErrorOutOfMemory
 #define cudaErrorInsufficientDriver hipErrorInsufficientDriver

@@ -77,6 +77,14 @@ static void test_table(void **state) {
   assert_true(SL_HAS_OP(ops, is_device_ptr) && SL_HAS_OP(ops, device_identity) && SL_HAS_OP(ops, free_device_after));
   assert_non_null(ops->get_proc(SL_EXT_SGD_STEP));
   assert_non_null(ops->get_proc(SL_EXT_TRAFFIC));
+  assert_non_null(ops->get_proc(SL_EXT_STREAM_ABANDON));
+  /* native handles (module.h): RCCL pairs by the API and enqueues on the streams' hipStream_t;
+   * DLPack's types come from the table; host functions as hipLaunchHostFunc */
+  assert_true(SL_HAS_OP(ops, native_api) && SL_HAS_OP(ops, launch_host_fn));
+  assert_string_equal(sl_backend_native_api(ops), "hip");
+  assert_non_null(ops->get_proc(SL_EXT_NATIVE_STREAM));
+  assert_int_equal(ops->dlpack_device_type, 10); /* kDLROCM */
+  assert_int_equal(ops->dlpack_pinned_type, 11); /* kDLROCMHost */
   /* the module's internals stay inside: the runtime table and the launch ABI it defines */
   assert_null(dlsym(module, "sl__hip_rt"));
   assert_null(dlsym(module, "hipLaunchKernel"));

@@ -35,8 +35,8 @@ static const builtin_backend builtin_backends[] = {
     {"cpu", sl__backend_cpu},
     {"sim", sl__backend_sim},
 };
-/* Probed by "auto", in this order (an accelerator wins a tie with a built-in). Any other valid
- * name is a loadable module too (out-of-tree backends), but "auto" does not look for it. */
+/* Probed by "auto" first, in this order (an accelerator wins a tie with a built-in); then every
+ * other backend module installed where names are looked for (select_auto, module_scan.c). */
 static const char *const loadable_backends[] = {"cuda", "hip", "level_zero"};
 
 static const builtin_collective builtin_collectives[] = {

@@ -161,6 +161,14 @@ static void test_table(void **state) {
   printf("# %s\n", d);
   if (SL_HAS_OP(O, device_ordinal)) assert_true(O->device_ordinal(BE) >= 0);
   if (SL_HAS_OP(O, get_proc)) assert_null(O->get_proc("sl_ext_no_such_extension"));
+  /* the members a device collective and DLPack read (module.h, Native handles) */
+  const char *api = SL_HAS_OP(O, native_api) ? O->native_api : NULL;
+  printf("# native API %s, DLPack device type %d, pinned %d, launch_host_fn %s\n", api ? api : "none",
+         SL_HAS_OP(O, dlpack_device_type) ? O->dlpack_device_type : 0,
+         SL_HAS_OP(O, dlpack_pinned_type) ? O->dlpack_pinned_type : 0, SL_HAS_OP(O, launch_host_fn) ? "yes" : "no");
+  if (api) {
+    assert_true(SL_HAS_OP(O, get_proc) && O->get_proc(SL_EXT_NATIVE_STREAM)); /* module.h: an API gives its streams */
+  }
 }
 
 /* ---- copies --------------------------------------------------------------------------------- */
@@ -768,17 +776,103 @@ static void test_extensions(void **state) {
   }
 }
 
+/* ---- host functions and native handles ---------------------------------------------------------- */
+/* A host function runs once, after the work queued before it on its stream and before the work
+ * queued after it: behind a held stream it has not run; once the stream is done it saw the bytes
+ * a D2H copy queued before it brought. A failing one is the stream's sticky error, its message
+ * reported by the next sync. */
+typedef struct host_fn_probe {
+  const unsigned char *seen; /* what the function looks at */
+  size_t n;
+  unsigned char want;
+  int runs, saw_right; /* written by the backend's thread; read after a sync */
+} host_fn_probe;
+static sl_status look(void *arg, char *err, size_t errlen) {
+  host_fn_probe *p = arg;
+  __atomic_add_fetch(&p->runs, 1, __ATOMIC_ACQ_REL);
+  bool right = true;
+  for (size_t i = 0; i < p->n; i++) right &= p->seen[i] == p->want;
+  __atomic_store_n(&p->saw_right, right, __ATOMIC_RELEASE);
+  return SL_OK;
+}
+static sl_status refuse(void *arg, char *err, size_t errlen) {
+  snprintf(err, errlen, "conformance: the host function failed on purpose");
+  return SL_ERR_IO;
+}
+
+static void test_host_functions(void **state) {
+  if (!SL_HAS_OP(O, launch_host_fn)) skip();
+  enum { N = 65536 };
+  bool pinned;
+  unsigned char *in = malloc(N), *out = host(N, &pinned), *d = dev(N);
+  memset(in, 0x3C, N);
+  memset(out, 0, N);
+  void *s = stream();
+  conf_blocker *k = blocker();
+  void *ev = event();
+  OK(conf_block(k, s, ev));
+  up(d, in, N, s);
+  down(out, d, N, s);
+  host_fn_probe p = {out, N, 0x3C, 0, 0};
+  sl_status lst = O->launch_host_fn(BE, s, look, &p);
+  if (lst == SL_ERR_UNSUPPORTED) { /* the runtime underneath has none (module.h): not sticky */
+    printf("# launch_host_fn: %s\n", conf_msg());
+    OK(O->stream_sync(BE, s));
+    O->event_destroy(BE, ev);
+    O->stream_destroy(BE, s);
+    O->free_device(BE, d);
+    host_free(out, pinned);
+    free(in);
+    skip();
+  }
+  OK(lst);
+  if (held(ev, "host function behind a held stream"))
+    assert_int_equal(__atomic_load_n(&p.runs, __ATOMIC_ACQUIRE), 0); /* not before the work ahead of it */
+  OK(O->stream_sync(BE, s));
+  assert_int_equal(__atomic_load_n(&p.runs, __ATOMIC_ACQUIRE), 1);
+  assert_true(__atomic_load_n(&p.saw_right, __ATOMIC_ACQUIRE)); /* it ran after the D2H copy */
+  OK(O->launch_host_fn(BE, s, refuse, NULL));
+  sl_status st = O->stream_sync(BE, s);
+  assert_int_not_equal(st, SL_OK);
+  if (!strstr(conf_msg(), "the host function failed on purpose"))
+    fail_msg("a failed host function's message is not what the sync reports: '%s'", conf_msg());
+  O->event_destroy(BE, ev);
+  O->stream_destroy(BE, s);
+  O->free_device(BE, d);
+  host_free(out, pinned);
+  free(in);
+  /* the failure was sticky: a new instance for the cases after this one */
+  teardown(NULL);
+  assert_int_equal(setup(NULL), 0);
+}
+
+/* A backend of a native API (module.h) hands out its streams' native handles: one for the
+ * default stream, distinct ones for distinct streams, the same one for the same stream. */
+static void test_native_handles(void **state) {
+  const char *api = SL_HAS_OP(O, native_api) ? O->native_api : NULL;
+  printf("# native API: %s\n", api ? api : "none (host memory; pairs by its name)");
+  if (!api) skip();
+  assert_true(SL_HAS_OP(O, get_proc));
+  sl_ext_native_stream_fn native = (sl_ext_native_stream_fn)O->get_proc(SL_EXT_NATIVE_STREAM);
+  if (!native) fail_msg("%s: native API %s but no " SL_EXT_NATIVE_STREAM, M.spec, api);
+  void *a = stream(), *b = stream();
+  void *na = native(BE, a), *nb = native(BE, b);
+  assert_true(na != nb);
+  assert_ptr_equal(native(BE, a), na);
+  (void)native(BE, NULL); /* the default stream's: any value, the call must not fail */
+  O->stream_destroy(BE, a);
+  O->stream_destroy(BE, b);
+}
+
 /* ---- memory lent to a consumer's stream (DLPack) ------------------------------------------------ */
 /* The stream the consumer queues on, as the consumer knows it: the module's native stream
  * behind one of its own (SL_EXT_NATIVE_STREAM where the module offers it; its streams are its
  * native ones otherwise, as for cuda and sim). */
 static void *native_of(void *s) {
-#ifdef SL_EXT_NATIVE_STREAM
   if (SL_HAS_OP(O, get_proc)) {
-    void *(*native)(void *, void *) = (void *(*)(void *, void *))O->get_proc(SL_EXT_NATIVE_STREAM);
+    sl_ext_native_stream_fn native = (sl_ext_native_stream_fn)O->get_proc(SL_EXT_NATIVE_STREAM);
     if (native) return native(BE, s);
   }
-#endif
   return s;
 }
 
@@ -910,6 +1004,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_registered_memory, setup, teardown),
       cmocka_unit_test_setup_teardown(test_is_device_ptr, setup, teardown),
       cmocka_unit_test_setup_teardown(test_extensions, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_host_functions, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_native_handles, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lent_memory, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_identity, setup, teardown),
   };

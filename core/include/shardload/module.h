@@ -281,7 +281,8 @@ typedef struct sl_backend_ops {
    * caller's thread. Host functions of different streams may run one at a time on one thread
    * (CUDA's do): FN must not wait without bound for another. After a device failure the backend
    * may never run FN (CUDA drops the work of a broken context): what ARG holds must not need FN
-   * to be freed for the caller's teardown to end. On failure to enqueue, FN never runs. */
+   * to be freed for the caller's teardown to end. On failure to enqueue, FN never runs;
+   * SL_ERR_UNSUPPORTED (not sticky) says the runtime underneath has no host functions (ROCm 5.2). */
   sl_status (*launch_host_fn)(void *be, void *stream, sl_status (*fn)(void *arg, char *err, size_t errlen),
                               void *arg);
 } sl_backend_ops;
