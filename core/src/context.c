@@ -27,6 +27,10 @@ static sl_status host_fail(void *core, sl_status s, const char *fmt, ...) {
   return s;
 }
 
+sl_module_host sl__module_host_of(sl_context *ctx) {
+  return (sl_module_host){sizeof(sl_module_host), ctx, host_log, host_fail};
+}
+
 /* The launcher's job identity, so that jobs sharing a rendezvous store (a file:// directory
  * on a shared filesystem, a long-lived store) never read each other's keys. Under torchrun the
  * agent's store outlives a restart of the workers, so the restart count is part of it: the
@@ -161,7 +165,7 @@ SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **
   ctx->log_user = o.log_user;
   ctx->log_level = o.log_level;
   ctx->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 300000;
-  ctx->host = (sl_module_host){sizeof(sl_module_host), ctx, host_log, host_fail};
+  ctx->host = sl__module_host_of(ctx);
   sl_status st;
 
   if (o.world_size == 0) {

@@ -85,6 +85,8 @@ sl_status sl__fail(sl_context *ctx, sl_status s, const char *fmt, ...)
 void sl__log(sl_context *ctx, sl_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 sl_status sl__vfail(sl_context *ctx, sl_status s, const char *fmt, va_list ap);
+/* The module host of CTX: modules report through its logger and message buffer. */
+sl_module_host sl__module_host_of(sl_context *ctx);
 /* Redirects this thread's sl__fail messages into BUF (NULL: back to the context). For helper
  * threads of the core, whose messages the owning thread hands over itself. */
 void sl__thread_errbuf(char *buf, size_t len);

@@ -66,21 +66,6 @@ static sl_module_info *add(sl_module_list *l, sl_module_kind kind, const char *n
 
 /* ---- a context of the listing's own: the caller's logger, nothing of its job --------------- */
 
-static void host_log(void *core, sl_log_level level, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  sl__vlog(core, level, fmt, ap);
-  va_end(ap);
-}
-
-static sl_status host_fail(void *core, sl_status s, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  sl__vfail(core, s, fmt, ap);
-  va_end(ap);
-  return s;
-}
-
 static sl_context *scratch_context(const sl_context *user) {
   sl_context *c = calloc(1, sizeof *c);
   if (!c) return NULL;
@@ -91,7 +76,7 @@ static sl_context *scratch_context(const sl_context *user) {
   }
   c->world_size = c->local_world_size = 1;
   c->timeout_ms = user && user->timeout_ms > 0 ? user->timeout_ms : 300000;
-  c->host = (sl_module_host){sizeof c->host, c, host_log, host_fail};
+  c->host = sl__module_host_of(c);
   return c;
 }
 
