@@ -152,6 +152,48 @@ static void test_host_fn_and_native_streams(void **state) {
   free(src);
 }
 
+/* What a state's release calls on whichever thread drops it (event_query and event_sync behind
+ * an export, free_pinned) leaves that thread as it found it: one with no CUDA context current (a
+ * fresh garbage collector's) has none after (cudaSetDevice alone would leave the device's
+ * primary context current there). CUDA's driver API only: skipped for hip. */
+typedef struct foreign_arg {
+  int (*get)(void **ctx); /* cuCtxGetCurrent */
+  void *ev, *pinned;
+  int fresh, ok, none_after;
+} foreign_arg;
+static void *foreign_release(void *p) {
+  foreign_arg *a = p;
+  void *ctx = (void *)1;
+  a->fresh = a->get(&ctx) == 0 && ctx == NULL;
+  int q = ops->event_query(be, a->ev);
+  sl_status st = ops->event_sync(be, a->ev);
+  ops->free_pinned(be, a->pinned);
+  a->ok = q >= 0 && st == SL_OK;
+  ctx = (void *)1;
+  a->none_after = a->get(&ctx) == 0 && ctx == NULL;
+  return NULL;
+}
+
+static void test_release_thread_left_as_found(void **state) {
+  if (strcmp(SL_TEST_NATIVE_API, "cuda") != 0) skip();
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  assert_non_null(lib);
+  foreign_arg a = {.get = (int (*)(void **))dlsym(lib, "cuCtxGetCurrent")};
+  assert_non_null(a.get);
+  OK(ops->event_create(be, &a.ev));
+  OK(ops->event_record(be, a.ev, NULL));
+  OK(ops->alloc_pinned(be, 4096, &a.pinned));
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, foreign_release, &a), 0);
+  pthread_join(t, NULL);
+  assert_true(a.fresh); /* a new thread starts with no context: else the test proves nothing */
+  assert_true(a.ok);
+  if (!a.none_after) fail_msg("event_query/event_sync/free_pinned left a CUDA context current on a foreign thread");
+  ops->event_destroy(be, a.ev);
+  OK(ops->synchronize(be)); /* a deferred pinned free, if any, runs here */
+  dlclose(lib);
+}
+
 /* synchronize is callable from any thread (module.h, Threads: a state freed by a garbage
  * collector), while the context's thread creates and destroys streams: it never polls a stream
  * destroyed under it. */
@@ -211,6 +253,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_special_native_streams),
       cmocka_unit_test(test_host_fn_and_native_streams),
       cmocka_unit_test(test_synchronize_while_streams_come_and_go),
+      cmocka_unit_test(test_release_thread_left_as_found),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   ops->fini(be);
