@@ -23,7 +23,7 @@
  * - backends: what frees a loaded state and lends its memory (shardload.h: sl_state_destroy,
  *   sl_state_export and sl_export_release run on any thread, a garbage collector's included,
  *   while the context goes on loading on its own): free_device, free_pinned, unregister_host,
- *   event_create, event_destroy, event_record_native, event_sync, synchronize and
+ *   event_create, event_destroy, event_record_native, event_query, event_sync, synchronize and
  *   free_device_after may be called from any thread, concurrently with each other and with any
  *   other op of the instance; fini from any thread, once every other call has returned (the
  *   last reference goes);
@@ -185,7 +185,7 @@ typedef struct sl_backend_ops {
    * completed (a never-recorded event: no wait). */
   sl_status (*stream_wait_event)(void *be, void *stream, void *event);
   /* Complete on return: 1 when EVENT's last record has completed (or it was never recorded), 0
-   * when not yet, < 0 when the work before it failed. Never blocks. */
+   * when not yet, < 0 when the work before it failed. Never blocks. Callable from any thread. */
   int (*event_query)(void *be, void *event);
   /* Complete on return: blocks until EVENT's last record completed; returns sticky errors.
    * Callable from any thread. */
