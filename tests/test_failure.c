@@ -388,7 +388,10 @@ static void test_stopped_peer_hsdp(void **state) {
  * work would take — naming the wait and the timeout, and no rank succeeds. */
 static int slow_device_main(int rank, int world, void *arg) {
   fjob *j = arg;
+  /* every task 10 s: with a random 0..10 s one, a wait could end just under its bound and the
+   * next begin late, each within the timeout (a slow device that progresses is not stuck) */
   setenv("SHARDLOAD_SIM_DELAY_US", "10000000", 1);
+  setenv("SHARDLOAD_SIM_MIN_DELAY_US", "10000000", 1);
   sl_context_options co = {.size = sizeof co, .backend = "sim", .world_size = world, .rank = rank,
                            .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = j->timeout_ms};
   sl_context *ctx = NULL;
@@ -437,7 +440,10 @@ static void test_slow_device_fails_near_the_timeout(void **state) {
  * timeout — not with "lost rank 1" once rank 1 has left phase 2 on its own. */
 static int slow_device_one_rank_main(int rank, int world, void *arg) {
   fjob *j = arg;
-  if (rank == 1) setenv("SHARDLOAD_SIM_DELAY_US", "10000000", 1);
+  if (rank == 1) { /* every task 10 s (see slow_device_main) */
+    setenv("SHARDLOAD_SIM_DELAY_US", "10000000", 1);
+    setenv("SHARDLOAD_SIM_MIN_DELAY_US", "10000000", 1);
+  }
   sl_context_options co = {.size = sizeof co, .backend = "sim", .collective = "gloo", .world_size = world,
                            .rank = rank, .local_rank = rank, .rendezvous = j->rdzv,
                            .timeout_ms = rank == 1 ? 1000 : 30000};

@@ -219,6 +219,11 @@ static void test_tasks_run_after_a_random_delay(void **state) {
   double slow = run_noops(20000, 40);
   assert_true(slow > 0.2 && slow < 5.0);
   assert_true(run_noops(0, 5000) < 2.0);
+  /* with a floor at the ceiling every task takes the whole 20 ms: 20 tasks, at least 0.4 s */
+  setenv("SHARDLOAD_SIM_MIN_DELAY_US", "20000", 1);
+  double floor = run_noops(20000, 20);
+  unsetenv("SHARDLOAD_SIM_MIN_DELAY_US");
+  assert_true(floor >= 0.4 && floor < 5.0);
 }
 
 /* The event rule (module.h, Events): an event stands for its last record. A wait queued before
@@ -757,6 +762,19 @@ static void test_sim_table_and_variants(void **state) {
   bi.variant = NULL;
   assert_int_equal(o->init(&bi, &be), SL_ERR_INVALID);
   assert_non_null(strstr(th.msg, "SHARDLOAD_SIM_DELAY_US='soon'"));
+  setenv("SHARDLOAD_SIM_DELAY_US", "100", 1); /* a floor above the ceiling */
+  setenv("SHARDLOAD_SIM_MIN_DELAY_US", "101", 1);
+  host_reset();
+  assert_int_equal(o->init(&bi, &be), SL_ERR_INVALID);
+  assert_non_null(strstr(th.msg, "SHARDLOAD_SIM_MIN_DELAY_US='101' is not a number from 0 to 100"));
+  setenv("SHARDLOAD_SIM_MIN_DELAY_US", "50", 1);
+  host_reset();
+  assert_int_equal(o->init(&bi, &be), SL_OK);
+  char dd[256];
+  o->describe(be, dd, sizeof dd);
+  assert_string_equal(dd, "sim:0 (simulated accelerator, async, delay 50..100 us)");
+  close_sim(be);
+  unsetenv("SHARDLOAD_SIM_MIN_DELAY_US");
 
   be = open_sim("strict", 35);
   char d[256];

@@ -167,16 +167,20 @@ static sl_status sim_init(const sl_backend_init *init, void **be) {
   else if (init->variant && *init->variant)
     return init->host->fail(init->host->core, SL_ERR_INVALID,
                             "sim backend: unknown variant '%s'; use sim or sim:strict", init->variant);
-  unsigned delay_us;
+  unsigned delay_us, min_delay_us;
   sl_status st;
   if ((st = env_uint(init, "SHARDLOAD_SIM_DELAY_US", SIM_DEFAULT_DELAY_US, SIM_MAX_DELAY_US, &delay_us)) != SL_OK)
     return st;
+  /* a floor under the random delay: a device that is slow on every task, not only on some
+   * (with a floor at the ceiling every task takes exactly that long) */
+  if ((st = env_uint(init, "SHARDLOAD_SIM_MIN_DELAY_US", 0, delay_us, &min_delay_us)) != SL_OK) return st;
   sim_backend *s = calloc(1, sizeof *s);
   if (!s) return SL_ERR_NOMEM;
   s->host = init->host;
   s->strict = strict;
   s->device_index = init->device >= 0 ? init->device : init->local_rank < 0 ? 0 : init->local_rank;
   s->delay_us = delay_us;
+  s->min_delay_us = min_delay_us;
   /* Every wait is bounded by the job's timeout (module.h), and a grace: a collective on the
    * stream waited for is bounded by the same timeout and names the rank it lost, so it must
    * be the one to report, not the wait behind it. */
@@ -222,8 +226,12 @@ static void sim_fini(void *be) {
 
 static void sim_describe(void *be, char *buf, size_t len) {
   sim_backend *s = be;
-  snprintf(buf, len, "sim:%d (simulated accelerator, async, delay <= %u us%s)", s->device_index, s->delay_us,
-           s->strict ? ", strict" : "");
+  if (s->min_delay_us)
+    snprintf(buf, len, "sim:%d (simulated accelerator, async, delay %u..%u us%s)", s->device_index, s->min_delay_us,
+             s->delay_us, s->strict ? ", strict" : "");
+  else
+    snprintf(buf, len, "sim:%d (simulated accelerator, async, delay <= %u us%s)", s->device_index, s->delay_us,
+             s->strict ? ", strict" : "");
 }
 
 static int sim_device_ordinal(void *be) { return ((sim_backend *)be)->device_index; }

@@ -77,7 +77,7 @@ typedef struct sim_backend {
   const sl_module_host *host;
   int strict;
   int device_index;
-  unsigned delay_us;
+  unsigned delay_us, min_delay_us; /* each task waits a random min_delay_us..delay_us first */
   int timeout_ms; /* the job's (sl_backend_init.timeout_ms) */
   int wait_ms;    /* the bound of every wait: the job's timeout and a grace (sim.c) */
   pthread_mutex_t lock;

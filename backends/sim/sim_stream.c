@@ -90,7 +90,7 @@ static void sim_pause(sim_backend *s, uint64_t r) {
     }
     return;
   }
-  uint64_t us = r % ((uint64_t)s->delay_us + 1);
+  uint64_t us = s->min_delay_us + r % ((uint64_t)(s->delay_us - s->min_delay_us) + 1);
   if (!us) return;
   struct timespec until = after_us(us);
   while (s->err == SL_OK && wait_progress(s, &until)) {
