@@ -11,6 +11,7 @@
  * (the one its local rank gives), the data collective and the reason that names the rank
  * that decided it, and per tensor the placement, the rule, the pinned-ness and (on sim) the
  * memory the bytes are really in. */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -407,6 +408,127 @@ static void test_gpu_vendor_rank(void **state) {
   if (!ran) skip();
 }
 
+/* ---- the command: ranks started on their own, each with its --backend ------------------------ */
+
+/* Starts one `shardload load` per backend in BACKENDS (rank r gets backends[r], the same
+ * rendezvous and ARGS), each writing its JSON report and its --dump under DIR/TAG; every rank
+ * must exit 0 (none waits forever: each is bounded by timeout(1)). */
+static void cli_job(const char *dir, const char *tag, int world, const char *const *backends, const char *args) {
+  char list[128] = "";
+  for (int r = 0; r < world; r++) {
+    strcat(list, backends[r]);
+    strcat(list, " ");
+  }
+  char *out = NULL;
+  int rc = sl_test_run(&out,
+                       "cd '%s' && mkdir %s && r=0; for be in %s; do (timeout 60 '%s' load '%s' --backend $be --rank $r "
+                       "--world-size %d --rendezvous file://'%s'/%s/rdzv --timeout 30 --json --dump %s/dump %s "
+                       ">%s/out$r 2>%s/err$r; echo $? >%s/rc$r) & r=$((r+1)); done; wait; "
+                       "for r in $(seq 0 %d); do echo \"rank $r exit $(cat %s/rc$r): $(cat %s/err$r)\"; done",
+                       dir, tag, list, sl_test_bin(), ckpt, world, dir, tag, tag, args, tag, tag, tag, world - 1, tag,
+                       tag);
+  fprintf(stderr, "%s (%s): %s", tag, list, out);
+  assert_int_equal(rc, 0);
+  for (int r = 0; r < world; r++) {
+    char want[32];
+    snprintf(want, sizeof want, "rank %d exit 0:", r);
+    if (!strstr(out, want)) fail_msg("%s: rank %d (%s) failed: %s", tag, r, backends[r], out);
+  }
+  free(out);
+}
+
+static json_t *load_report(const char *dir, const char *tag, int rank) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s/out%d", dir, tag, rank);
+  json_error_t e;
+  json_t *j = json_load_file(path, 0, &e);
+  if (!j) fail_msg("%s: not JSON: %s", path, e.text);
+  return j;
+}
+
+static const char *jstr(json_t *o, const char *key) {
+  const char *s = json_string_value(json_object_get(o, key));
+  if (!s) fail_msg("the report has no string '%s'", key);
+  return s;
+}
+
+/* Rank R's report of the mixed run TAG against the cpu run REF: its own backend and device, the
+ * agreed collective and why, every tensor's geometry and dtype as the cpu run's, its placement
+ * by the contract (PLACEMENT: "device" or "cpu") on its own device, and its dump byte for byte
+ * the cpu run's. */
+static void check_cli_rank(const char *dir, const char *tag, const char *ref, int rank, const char *backend,
+                           const char *placement, const char *reason) {
+  json_t *m = load_report(dir, tag, rank), *c = load_report(dir, ref, rank);
+  char base[40];
+  base_name(base, sizeof base, backend);
+  const char *desc = jstr(m, "device");
+  assert_int_equal(json_integer_value(json_object_get(m, "rank")), rank);
+  assert_string_equal(jstr(m, "backend"), base);
+  if (!strcmp(base, "cpu")) {
+    assert_string_equal(desc, "cpu (host memory)");
+  } else {
+    char dev[32];
+    snprintf(dev, sizeof dev, "sim:%d (", rank);
+    if (strncmp(desc, dev, strlen(dev)) != 0) fail_msg("%s rank %d: device %s", tag, rank, desc);
+    assert_int_equal(strstr(desc, ", strict)") != NULL, strcmp(backend, "sim:strict") == 0);
+  }
+  json_t *coll = json_object_get(m, "collective");
+  assert_string_equal(jstr(coll, "name"), "gloo");
+  if (!strstr(jstr(coll, "reason"), reason)) fail_msg("%s rank %d: reason %s", tag, rank, jstr(coll, "reason"));
+  json_t *mt = json_object_get(m, "tensors"), *ct = json_object_get(c, "tensors");
+  assert_int_equal(json_array_size(mt), NS);
+  assert_int_equal(json_array_size(ct), NS);
+  for (size_t i = 0; i < NS; i++) {
+    json_t *a = json_array_get(mt, i), *b = json_array_get(ct, i);
+    static const char *same[] = {"name", "dtype", "global_shape", "local_shape", "global_offset", "bytes", "rule"};
+    for (size_t k = 0; k < sizeof same / sizeof same[0]; k++)
+      if (!json_equal(json_object_get(a, same[k]), json_object_get(b, same[k])))
+        fail_msg("%s rank %d (%s): %s: %s differs from the cpu run's", tag, rank, backend, jstr(a, "name"), same[k]);
+    assert_string_equal(jstr(a, "placement"), placement);
+    /* a device placement is on this rank's own device; a CPU one in host memory, unpinned
+     * (no --offload-policy cpu-pinned) */
+    assert_string_equal(jstr(a, "device"), !strcmp(placement, "device") ? desc : "host memory");
+    assert_false(json_is_true(json_object_get(a, "pinned")));
+  }
+  json_decref(m);
+  json_decref(c);
+  char *out = NULL;
+  int rc = sl_test_run(&out, "cmp '%s/%s/dump/rank-%d.safetensors' '%s/%s/dump/rank-%d.safetensors'", dir, tag, rank,
+                       dir, ref, rank);
+  if (rc != 0) fail_msg("%s rank %d (%s): its dump differs from the cpu run's: %s", tag, rank, backend, out);
+  free(out);
+}
+
+/* Worlds 3 and 4 and the 2x2 HSDP mesh through the command, each rank given its own --backend:
+ * every rank's report and dump against the same job on cpu. */
+static void test_cli_mixed_ranks(void **state) {
+  char *dir = sl_test_dir("cli");
+  static const struct {
+    const char *tag;
+    int world;
+    const char *backends[MAX_WORLD];
+    const char *args, *placement, *reason;
+  } jobs[] = {
+      {"w3", 3, {"sim", "cpu", "sim:strict"}, "--cpu-offload off", "device", "gloo: rank 1 cannot run simccl"},
+      {"w3on", 3, {"cpu", "sim:strict", "sim"}, "--cpu-offload on --source every-rank --strategy broadcast", "cpu",
+       "gloo: backend cpu of rank 0 stages through host memory"},
+      {"w4", 4, {"sim:strict", "sim", "cpu", "sim"}, "--cpu-offload off --source every-rank", "device",
+       "gloo: rank 2 cannot run simccl"},
+      {"hsdp", 4, {"sim", "cpu", "sim:strict", "cpu"}, "--cpu-offload off --mesh 2x2", "device",
+       "gloo: rank 1 cannot run simccl"},
+  };
+  for (size_t k = 0; k < sizeof jobs / sizeof jobs[0]; k++) {
+    char ref[40];
+    snprintf(ref, sizeof ref, "%s-cpu", jobs[k].tag);
+    const char *cpus[MAX_WORLD] = {"cpu", "cpu", "cpu", "cpu"};
+    cli_job(dir, ref, jobs[k].world, cpus, jobs[k].args);
+    cli_job(dir, jobs[k].tag, jobs[k].world, jobs[k].backends, jobs[k].args);
+    for (int r = 0; r < jobs[k].world; r++)
+      check_cli_rank(dir, jobs[k].tag, ref, r, jobs[k].backends[r], jobs[k].placement, jobs[k].reason);
+  }
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_world3_cpu_sim_strict),
@@ -415,6 +537,7 @@ int main(void) {
       cmocka_unit_test(test_hsdp_2x2),
       cmocka_unit_test(test_sim_variants_keep_simccl),
       cmocka_unit_test(test_gpu_vendor_rank),
+      cmocka_unit_test(test_cli_mixed_ranks),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
