@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -443,6 +444,100 @@ static void test_loadable_backend_rank(void **state) {
   unsetenv("SHARDLOAD_MODULE_PATH");
 }
 
+/* ---- a rank whose backend does not start -------------------------------------------------------- */
+
+typedef struct failing_job {
+  int world;
+  const char *backend[MAX_WORLD];
+  int bad;            /* the rank whose backend cannot start */
+  sl_status expect;   /* what every rank gets */
+  const char *why;    /* what the bad rank says, and every other rank repeats */
+  char *rdzv;
+} failing_job;
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Every rank fails at creation, at once (the timeout is 30 s), with the bad rank's status;
+ * the others name that rank and repeat its reason. */
+static int failing_rank(int rank, int world, void *arg) {
+  const failing_job *j = arg;
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = j->backend[rank], .world_size = world, .rank = rank,
+                           .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = 30000, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  double t0 = now_s();
+  sl_status s = sl_context_create(&co, &ctx);
+  double took = now_s() - t0;
+  fprintf(stderr, "rank %d (%s): %s after %.2f s: %s\n", rank, j->backend[rank], sl_status_name(s), took, err);
+  CHECK(s == j->expect && !ctx, "rank %d: %s, expected %s", rank, sl_status_name(s), sl_status_name(j->expect));
+  CHECK(took < 10.0, "rank %d waited %.1f s for rank %d, whose backend never started", rank, took, j->bad);
+  CHECK(strstr(err, j->why) != NULL, "rank %d: message '%s' lacks '%s'", rank, err, j->why);
+  char who[48];
+  snprintf(who, sizeof who, "rank %d failed in starting its backend", j->bad);
+  if (rank != j->bad) CHECK(strncmp(err, who, strlen(who)) == 0, "rank %d: message '%s' lacks '%s'", rank, err, who);
+  return 0;
+}
+
+static void run_failing(failing_job *j, const char *sub) {
+  j->rdzv = sl_test_rendezvous(sub);
+  int codes[MAX_WORLD];
+  int killed = sl_test_spawn(j->world, failing_rank, j, 60000, codes);
+  free(j->rdzv);
+  assert_int_equal(killed, 0);
+  for (int r = 0; r < j->world; r++) assert_int_equal(codes[r], 0);
+}
+
+/* One rank of a mixed job names a backend this machine cannot start (a mistyped name, a bad
+ * variant, a module whose init fails: a GPU vendor's module on a rank without the GPU): the
+ * rank still meets the others on the control plane and says why, so none waits out the
+ * timeout at the rendezvous for a rank that is gone. */
+static void test_rank_whose_backend_fails(void **state) {
+  failing_job j = {.world = 3, .backend = {"cpu", "nosuch", "sim"}, .bad = 1, .expect = SL_ERR_INVALID,
+                   .why = "unknown backend 'nosuch'"};
+  run_failing(&j, "fail-unknown");
+  failing_job k = {.world = 4, .backend = {"sim", "sim:strict", "sim:bogus", "cpu"}, .bad = 2,
+                   .expect = SL_ERR_INVALID, .why = "sim backend: unknown variant 'bogus'"};
+  run_failing(&k, "fail-variant");
+  /* the command, its ranks started on their own: each exits 1 at once, rank 1 with its own
+   * message, the others naming it (each is bounded by timeout(1) at 60 s; --timeout is 30 s) */
+  char *d = sl_test_dir("cli-fail"), *out = NULL;
+  double t0 = now_s();
+  int rc = sl_test_run(&out,
+                       "cd '%s' && r=0; for be in cpu nosuch sim:strict; do (timeout 60 '%s' load '%s' --backend $be "
+                       "--rank $r --world-size 3 --rendezvous file://'%s'/rdzv --timeout 30 >out$r 2>&1; "
+                       "echo $? >rc$r) & r=$((r+1)); done; wait; "
+                       "for r in 0 1 2; do echo \"rank $r exit $(cat rc$r): $(cat out$r)\"; done",
+                       d, sl_test_bin(), ckpt, d);
+  double took = now_s() - t0;
+  fprintf(stderr, "the command (%.1f s):\n%s", took, out);
+  assert_int_equal(rc, 0);
+  assert_true(took < 15.0);
+  assert_non_null(strstr(out, "rank 1 exit 1: shardload: "));
+  assert_non_null(strstr(out, "SL_ERR_INVALID: unknown backend 'nosuch'"));
+  for (int r = 0; r < 3; r += 2) {
+    char want[160];
+    snprintf(want, sizeof want,
+             "rank %d exit 1: shardload: %s: SL_ERR_INVALID: rank 1 failed in starting its backend and agreeing on the "
+             "data collective: unknown backend 'nosuch'",
+             r, ckpt);
+    if (!strstr(out, want)) fail_msg("lacks '%s'", want);
+  }
+  free(out);
+  free(d);
+  const char *mods = getenv("SHARDLOAD_TEST_MODULES");
+  if (!mods) return;
+  setenv("SHARDLOAD_MODULE_PATH", mods, 1);
+  failing_job m = {.world = 3, .backend = {"silentbe", "sim", "cpu"}, .bad = 0, .expect = SL_ERR_BACKEND,
+                   .why = "backend silentbe: init failed (SL_ERR_BACKEND) and gave no reason"};
+  run_failing(&m, "fail-init");
+  unsetenv("SHARDLOAD_MODULE_PATH");
+}
+
 /* ---- the command: ranks started on their own, each with its --backend ------------------------ */
 
 /* Starts one `shardload load` per backend in BACKENDS (rank r gets backends[r], the same
@@ -573,6 +668,7 @@ int main(void) {
       cmocka_unit_test(test_sim_variants_keep_simccl),
       cmocka_unit_test(test_loadable_backend_rank),
       cmocka_unit_test(test_gpu_vendor_rank),
+      cmocka_unit_test(test_rank_whose_backend_fails),
       cmocka_unit_test(test_cli_mixed_ranks),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
