@@ -196,11 +196,17 @@ SL_API sl_status sl_context_create(const sl_context_options *opts, sl_context **
   if ((o.world_size == 0 || o.world_size > 1) &&
       (st = sl__launch_local_world_size(ctx, &ctx->local_world_size)) != SL_OK)
     goto out_free;
-  if ((st = open_backend(ctx, &o)) != SL_OK) goto out_free;
+  /* A backend that does not start still lets the planes tell the other ranks why: in a job
+   * whose ranks run different backends, one rank's missing GPU must not leave the others
+   * waiting at the rendezvous. */
+  sl_status be_st = open_backend(ctx, &o);
 
   char prefix[256], lobby[256];
   store_prefix(o.job_key, ctx->world_size, prefix, sizeof prefix, lobby, sizeof lobby);
-  if ((st = sl__planes_open(ctx, o.collective, prefix, lobby, o.job_key)) != SL_OK) goto out_put_backend;
+  if ((st = sl__planes_open(ctx, o.collective, prefix, lobby, o.job_key, be_st)) != SL_OK) {
+    if (be_st != SL_OK) goto out_free; /* no backend to put */
+    goto out_put_backend;
+  }
   sl__log(ctx, SL_LOG_INFO, "rank %d/%d: backend %s (%s)", ctx->rank, ctx->world_size, ctx->be->name,
           ctx->device_desc);
   *out = ctx;

@@ -292,6 +292,10 @@ static sl_status choose(sl_context *ctx, const plane_intent *in, const plane_ver
   return SL_OK;
 }
 
+/* The phase of the first agreement of a context: a rank whose backend did not start fails it
+ * too (report_backend_failure). */
+#define AGREE_START "starting its backend and agreeing on the data collective"
+
 /* Collective over the control plane: every rank's intent, then (when there is a candidate)
  * every rank's verdict on it, then the same verdict everywhere. */
 static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, size_t len) {
@@ -304,7 +308,7 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
    * others fail with its message rather than waiting in the allgather */
   sl_status st = in && v ? SL_OK : sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate the table of %d ranks' collectives",
                                             ctx->world_size);
-  if ((st = sl__agree(ctx, st, NULL, "agreeing on the data collective", NULL)) != SL_OK) goto out_free;
+  if ((st = sl__agree(ctx, st, NULL, AGREE_START, NULL)) != SL_OK) goto out_free;
   if ((st = sl__ctl_allgather(ctx, &mine, in, sizeof mine)) != SL_OK) goto out_free;
   for (int r = 0; r < ctx->world_size; r++) {
     take_intent(&in[r]);
@@ -429,8 +433,29 @@ static sl_status open_data(sl_context *ctx, const char *name, const char *prefix
   return sl__fail(ctx, st, "%s", mine);
 }
 
+/* This rank's backend did not start (BACKEND, its message in ctx->errmsg): it still meets the
+ * others on the control plane and fails the first agreement of agree_on_data with its own
+ * message, so that they fail at once naming it instead of waiting out the timeout at the
+ * rendezvous for a rank that is gone. It reports its own failure whatever the control plane
+ * did. */
+static sl_status report_backend_failure(sl_context *ctx, sl_status backend, const char *prefix, const char *lobby,
+                                        const char *job_key) {
+  char mine[SL__ERRMSG_LEN];
+  memcpy(mine, ctx->errmsg, sizeof mine);
+  if (ctx->world_size > 1 && ctx->rendezvous) /* said now: the others may be slow to come */
+    sl__log(ctx, SL_LOG_WARN, "rank %d: %s; telling the other ranks (within the timeout, %d ms)", ctx->rank, mine,
+            ctx->timeout_ms);
+  if (ctx->world_size > 1 && ctx->rendezvous && open_control(ctx, prefix, lobby, job_key) == SL_OK) {
+    memcpy(ctx->errmsg, mine, sizeof mine); /* what the agreement carries */
+    sl__agree(ctx, backend, NULL, AGREE_START, NULL);
+  }
+  sl__planes_close(ctx);
+  return sl__fail(ctx, backend, "%s", mine);
+}
+
 sl_status sl__planes_open(sl_context *ctx, const char *want, const char *prefix, const char *lobby,
-                          const char *job_key) {
+                          const char *job_key, sl_status backend) {
+  if (backend != SL_OK) return report_backend_failure(ctx, backend, prefix, lobby, job_key);
   if (want && (!*want || strcmp(want, "auto") == 0)) want = NULL;
   char chosen[PLANE_NAME];
   sl_status st = open_control(ctx, prefix, lobby, job_key);

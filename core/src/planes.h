@@ -10,9 +10,11 @@
  * LOBBY, then agrees with every rank on the data collective (WANT: NULL/"auto" or a name) and
  * starts it (under PREFIX "data/" unless it is the control plane's module). Every rank returns
  * the same verdict; ctx->data_reason says what was chosen and why. On failure nothing is left
- * open. Needs ctx's backend. */
+ * open. Needs ctx's backend, unless BACKEND (the status of this rank's backend start) is not
+ * SL_OK: then this rank only tells the others why (so that they fail at once, naming it, rather
+ * than wait for it at the rendezvous) and returns BACKEND with its message kept. */
 sl_status sl__planes_open(sl_context *ctx, const char *want, const char *prefix, const char *lobby,
-                          const char *job_key);
+                          const char *job_key, sl_status backend);
 /* What names this rank's device on its machine, for the data-plane agreement: the backend's
  * device_identity ("0000:3b:00.0", "sim:1"), else "ordinal N"; "" for a backend whose device
  * memory is host memory. Complete on return; needs ctx's backend. */
