@@ -1,0 +1,40 @@
+/* The Level Zero kernels (kernels.cl) built as host C: every kernel ze_kernels.h names, by
+ * name, with its module and argument sizes, runnable one work-item at a time. For the Level
+ * Zero test driver, which executes the project's own SPIR-V kernels by their names through the
+ * same source the device runs (and test_ze_kernels, which proves that source bit-exact with
+ * sl_convert and the host SGD step). Tests only: never part of the module.
+ *
+ * Arguments are passed as the driver received them from zeKernelSetArgumentValue: ARGS[i]
+ * points at argument i's bytes (for a buffer, a pointer's value: the test driver's device
+ * memory is host memory that its own calls may touch), of exactly arg_size[i] bytes. */
+#ifndef SHARDLOAD_ZE_KERNELS_HOST_H
+#define SHARDLOAD_ZE_KERNELS_HOST_H
+
+#include <stddef.h>
+
+#include "ze_kernels.h"
+
+#define SL_ZE_KERNEL_MAX_ARGS 4
+
+typedef struct sl__ze_host_kernel {
+  const char *name; /* as in the SPIR-V module, e.g. "sl_cast_f32_bf16" */
+  int module;       /* SL_ZE_MODULE_BASE or SL_ZE_MODULE_F64: the module that holds it */
+  unsigned nargs;
+  size_t arg_size[SL_ZE_KERNEL_MAX_ARGS];
+  /* Runs work-item GID of a grid of GSIZE work-items (GID < GSIZE); the items of one launch may
+   * run in any order, or concurrently (each writes only its own elements). */
+  void (*run)(size_t gid, size_t gsize, const void *const *args);
+} sl__ze_host_kernel;
+
+/* The kernel named NAME; NULL if there is none (zeKernelCreate's ZE_RESULT_ERROR_INVALID_KERNEL_NAME),
+ * or if it is not in module MODULE (pass -1 for any module). */
+const sl__ze_host_kernel *sl__ze_host_kernel_find(const char *name, int module);
+
+/* Every kernel, I = 0 .. sl__ze_host_kernel_count() - 1 (the order of ze_kernels.h). */
+size_t sl__ze_host_kernel_count(void);
+const sl__ze_host_kernel *sl__ze_host_kernel_at(size_t i);
+
+/* Runs every work-item of a grid of GSIZE items, in order. */
+void sl__ze_host_kernel_launch(const sl__ze_host_kernel *k, const void *const *args, size_t gsize);
+
+#endif
