@@ -13,6 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include "cuda_convert.h"
 #include "internal.h"
 #include "kernels_host.h"
@@ -145,6 +149,48 @@ static void test_casts(void **state) {
     }
     free(in.data);
   }
+}
+
+/* The base module's casts do not depend on the device's F32 denormal mode: OpenCL lets a
+ * device flush F32 subnormals (inputs and results), and their only FPU steps (cuda_convert.h's
+ * +/- 0.5f on F16's subnormal grid) neither take a subnormal that changes the rounded result nor
+ * make one. Proved here by running them with x86's flush-to-zero and denormals-are-zero on,
+ * against sl_convert computed without. (The F64 module's (float)double and the SGD steps do
+ * depend on it: F32 subnormal results; hence a device must keep F32 denormals for those.) */
+static void test_casts_flush_to_zero(void **state) {
+  (void)state;
+#if defined(__x86_64__) || defined(__i386__)
+  const sl_dtype dts[] = {SL_DTYPE_F32, SL_DTYPE_F16, SL_DTYPE_BF16};
+  for (size_t s = 0; s < 3; s++) {
+    input in = make_input(dts[s]);
+    for (size_t d = 0; d < 3; d++) {
+      if (s == d) continue;
+      int module = -1;
+      const char *name = sl__ze_cast_kernel(dts[s], dts[d], 1, &module);
+      const sl__ze_host_kernel *k = kernel(name, SL_ZE_MODULE_BASE);
+      const size_t ds = sl_dtype_size(dts[d]);
+      unsigned char *want = malloc(in.n * ds), *got = malloc(in.n * ds);
+      assert_non_null(want);
+      assert_non_null(got);
+      assert_int_equal(sl_convert(want, dts[d], in.data, dts[s], in.n), SL_OK);
+      const unsigned int csr = _mm_getcsr();
+      volatile float sub = 1e-40f, one = 1.0f;
+      _mm_setcsr(csr | 0x8040u); /* FTZ (bit 15) | DAZ (bit 6) */
+      const float flushed = sub * one;
+      launch(k, got, in.data, in.n, NULL, 4096);
+      _mm_setcsr(csr);
+      assert_true(flushed == 0.0f); /* the mode took: this test can fail */
+      for (size_t i = 0; i < in.n; i++)
+        if (memcmp(want + i * ds, got + i * ds, ds) != 0)
+          fail_msg("%s: element %zu differs from sl_convert when F32 denormals are flushed", name, i);
+      free(want);
+      free(got);
+    }
+    free(in.data);
+  }
+#else
+  skip();
+#endif
 }
 
 /* ---- the SGD step --------------------------------------------------------------------------------- */
@@ -291,6 +337,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_names),
       cmocka_unit_test(test_embedded),
       cmocka_unit_test(test_casts),
+      cmocka_unit_test(test_casts_flush_to_zero),
       cmocka_unit_test(test_sgd),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
