@@ -151,42 +151,95 @@ static void test_casts(void **state) {
   }
 }
 
-/* The base module's casts do not depend on the device's F32 denormal mode: OpenCL lets a
- * device flush F32 subnormals (inputs and results), and their only FPU steps (cuda_convert.h's
- * +/- 0.5f on F16's subnormal grid) neither take a subnormal that changes the rounded result nor
- * make one. Proved here by running them with x86's flush-to-zero and denormals-are-zero on,
- * against sl_convert computed without. (The F64 module's (float)double and the SGD steps do
- * depend on it: F32 subnormal results; hence a device must keep F32 denormals for those.) */
+/* F32 denormals (ze_kernels.h): OpenCL lets a device flush F32 subnormals, inputs and results.
+ * Each cast kernel runs here with x86's flush-to-zero and denormals-are-zero on, against
+ * sl_convert computed without: the kernels SL_ZE_NEEDS_F32_DENORMALS says need no denormals
+ * must give the same bits, and those it says need them must differ somewhere (or the rule is
+ * looser than it need be, and the test could not tell). The SGD steps likewise, below. */
+#if defined(__x86_64__) || defined(__i386__)
+#define FLUSHING_CSR 0x8040u /* FTZ (bit 15) | DAZ (bit 6) */
+static void launch_flushing(const sl__ze_host_kernel *k, void *a0, const void *a1, uint64_t n, const float *lr) {
+  volatile float sub = 1e-40f, one = 1.0f;
+  const unsigned int csr = _mm_getcsr();
+  _mm_setcsr(csr | FLUSHING_CSR);
+  const float flushed = sub * one;
+  launch(k, a0, a1, n, lr, 4096);
+  _mm_setcsr(csr);
+  assert_true(flushed == 0.0f); /* the mode took: these tests can fail */
+}
+#endif
+
 static void test_casts_flush_to_zero(void **state) {
   (void)state;
 #if defined(__x86_64__) || defined(__i386__)
-  const sl_dtype dts[] = {SL_DTYPE_F32, SL_DTYPE_F16, SL_DTYPE_BF16};
-  for (size_t s = 0; s < 3; s++) {
+  const sl_dtype dts[] = {SL_DTYPE_F64, SL_DTYPE_F32, SL_DTYPE_F16, SL_DTYPE_BF16};
+  int differs[SL_ZE_MODULE_COUNT] = {0};
+  for (size_t s = 0; s < 4; s++) {
     input in = make_input(dts[s]);
-    for (size_t d = 0; d < 3; d++) {
+    for (size_t d = 0; d < 4; d++) {
       if (s == d) continue;
       int module = -1;
       const char *name = sl__ze_cast_kernel(dts[s], dts[d], 1, &module);
-      const sl__ze_host_kernel *k = kernel(name, SL_ZE_MODULE_BASE);
+      const sl__ze_host_kernel *k = kernel(name, module);
       const size_t ds = sl_dtype_size(dts[d]);
       unsigned char *want = malloc(in.n * ds), *got = malloc(in.n * ds);
       assert_non_null(want);
       assert_non_null(got);
       assert_int_equal(sl_convert(want, dts[d], in.data, dts[s], in.n), SL_OK);
-      const unsigned int csr = _mm_getcsr();
-      volatile float sub = 1e-40f, one = 1.0f;
-      _mm_setcsr(csr | 0x8040u); /* FTZ (bit 15) | DAZ (bit 6) */
-      const float flushed = sub * one;
-      launch(k, got, in.data, in.n, NULL, 4096);
-      _mm_setcsr(csr);
-      assert_true(flushed == 0.0f); /* the mode took: this test can fail */
-      for (size_t i = 0; i < in.n; i++)
-        if (memcmp(want + i * ds, got + i * ds, ds) != 0)
-          fail_msg("%s: element %zu differs from sl_convert when F32 denormals are flushed", name, i);
+      launch_flushing(k, got, in.data, in.n, NULL);
+      for (size_t i = 0; i < in.n; i++) {
+        if (memcmp(want + i * ds, got + i * ds, ds) == 0) continue;
+        if (!SL_ZE_NEEDS_F32_DENORMALS(module, 0))
+          fail_msg("%s: element %zu differs from sl_convert when F32 denormals are flushed, and "
+                   "SL_ZE_NEEDS_F32_DENORMALS says it needs none", name, i);
+        differs[module] = 1;
+        break;
+      }
       free(want);
       free(got);
     }
     free(in.data);
+  }
+  for (int m = 0; m < SL_ZE_MODULE_COUNT; m++)
+    if (SL_ZE_NEEDS_F32_DENORMALS(m, 0) && !differs[m])
+      fail_msg("module %d: no cast differs with F32 denormals flushed, yet SL_ZE_NEEDS_F32_DENORMALS says they need them", m);
+#else
+  skip();
+#endif
+}
+
+static void fill_sgd(unsigned char *p, sl_dtype dt, size_t n, int values);
+
+/* Every SGD step differs somewhere when F32 subnormals are flushed. F32 and BF16 through
+ * subnormal data; F64 only through lr, widened from F32; F16, whose values are all normal in
+ * F32, through a subnormal product: 0 - lr * g is -0 kept, +0 flushed. Hence a subnormal lr
+ * for those two. */
+static void test_sgd_flush_to_zero(void **state) {
+  (void)state;
+#if defined(__x86_64__) || defined(__i386__)
+  const sl_dtype dts[] = {SL_DTYPE_F64, SL_DTYPE_F32, SL_DTYPE_F16, SL_DTYPE_BF16};
+  const size_t n = 1 << 16;
+  for (size_t t = 0; t < 4; t++) {
+    int module = -1;
+    const char *name = sl__ze_sgd_kernel(dts[t], &module);
+    const sl__ze_host_kernel *k = kernel(name, module);
+    assert_true(SL_ZE_NEEDS_F32_DENORMALS(module, 1));
+    const size_t es = sl_dtype_size(dts[t]);
+    unsigned char *x = malloc(n * es), *g = malloc(n * es), *want = malloc(n * es);
+    assert_non_null(x);
+    assert_non_null(g);
+    assert_non_null(want);
+    fill_sgd(x, dts[t], n, 1);
+    fill_sgd(g, dts[t], n, 1);
+    const float lr = dts[t] == SL_DTYPE_F64 || dts[t] == SL_DTYPE_F16 ? 1e-40f : 0.01f;
+    memcpy(want, x, n * es);
+    assert_int_equal(sl__host_sgd_step(want, g, dts[t], n, lr), SL_OK);
+    launch_flushing(k, x, g, n, &lr);
+    if (memcmp(want, x, n * es) == 0)
+      fail_msg("%s: identical with F32 denormals flushed: the data has no subnormal step", name);
+    free(x);
+    free(g);
+    free(want);
   }
 #else
   skip();
@@ -339,6 +392,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_casts),
       cmocka_unit_test(test_casts_flush_to_zero),
       cmocka_unit_test(test_sgd),
+      cmocka_unit_test(test_sgd_flush_to_zero),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

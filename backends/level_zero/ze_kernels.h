@@ -17,6 +17,13 @@
  *          0: global uchar *dst, 1: const global uchar *src, 2: ulong count
  *   SGD    "sl_sgd_<dt>" (x -= lr * g, rounded as core/src/hostops.c: F16/BF16 in F32):
  *          0: global <dt> *x, 1: const global <dt> *g, 2: ulong count, 3: float lr
+ * F32 subnormals: OpenCL lets a device flush them (a device that keeps them reports
+ * ZE_DEVICE_FP_FLAG_DENORM in ze_device_module_properties_t.fp32flags; the module must never
+ * build with -cl-denorms-are-zero). The base module's casts give the same bits either way
+ * (their only FPU steps neither take nor make a subnormal that changes a result); the F64
+ * casts ((float)double, (double)float) and every SGD step do not, so the module runs those on
+ * the host where the device flushes (SL_ZE_NEEDS_F32_DENORMALS; test_ze_kernels proves both
+ * sides with x86's flush-to-zero on).
  * Every kernel strides over the whole grid (i = global id; i < count; i += global size), so any
  * group size and group count cover COUNT elements; the global offset must be zero.
  *
@@ -34,6 +41,10 @@
 /* X(dt): the SGD steps */
 #define SL_ZE_SGD_BASE(X) X(f32) X(f16) X(bf16)
 #define SL_ZE_SGD_F64(X) X(f64)
+
+/* Whether the kernels of MODULE (SGD: SGD steps, else casts) need the device to keep F32
+ * subnormals (above). */
+#define SL_ZE_NEEDS_F32_DENORMALS(module, sgd) ((sgd) || (module) == SL_ZE_MODULE_F64)
 
 #define SL_ZE_CAST_NAME(s, d) "sl_cast_" #s "_" #d
 #define SL_ZE_CAST_BYTES_NAME(s, d) "sl_cast_" #s "_" #d "_bytes"
