@@ -5,6 +5,8 @@
 #   SL_LLVM_SPIRV      the Khronos LLVM/SPIR-V translator of the same LLVM      llvm-spirv-15
 #   SL_SPIRV_VAL       spirv-val (every module is validated as it is built)     spirv-tools
 #   SL_SPIRV_DIS       spirv-dis (test_ze_spirv reads the kernels' SPIR-V)      spirv-tools
+#   SL_LLVM_DIS        llvm-dis of the same LLVM (optional: test_ze_spirv_run   llvm-15
+#                      runs the modules translated back; not registered without)
 # Each may be given as a cache variable (-DSL_SPIRV_CLANG=/path/clang). LLVM IR is read only by
 # the translator of its own LLVM version, so the clang and llvm-spirv pair must match: both 15
 # unless both are overridden.
@@ -14,6 +16,7 @@ find_program(SL_SPIRV_CLANG NAMES clang-15 HINTS /usr/lib/llvm-15/bin)
 find_program(SL_LLVM_SPIRV NAMES llvm-spirv-15 HINTS /usr/lib/llvm-15/bin)
 find_program(SL_SPIRV_VAL NAMES spirv-val)
 find_program(SL_SPIRV_DIS NAMES spirv-dis)
+find_program(SL_LLVM_DIS NAMES llvm-dis-15 HINTS /usr/lib/llvm-15/bin)
 
 # A tool is missing when it was not found, or was given as a path that is not there.
 set(sl_missing)

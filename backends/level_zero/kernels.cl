@@ -14,12 +14,6 @@
 #include "cuda_convert.h"
 #include "ze_kernels.h"
 
-/* The raw bits of each dtype token: values never pass through float registers unconverted. */
-#define SLZ_BITS_f64 uint64_t
-#define SLZ_BITS_f32 uint32_t
-#define SLZ_BITS_f16 uint16_t
-#define SLZ_BITS_bf16 uint16_t
-
 /* Element I of T at any byte address, little-endian, one byte at a time (the _bytes kernels). */
 #define SLZ_BYTE_ACCESS(T)                                                                       \
   SLZ_FN T slz_load_##T(SLZ_GLOBAL const uint8_t *p, size_t i) {                                 \

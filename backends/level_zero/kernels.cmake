@@ -4,9 +4,12 @@
 # embedded into C (ze_spirv.h) for the module:
 #   sl_ze_spirv          OBJECT library: sl__ze_spirv_base and sl__ze_spirv_f64 (PIC)
 #   sl_ze_host_kernels   OBJECT library: the same kernels as host C, by name (kernels_host.h),
-#                        for the Level Zero test driver (PIC; tests only, never installed)
-# and the tests: test_ze_kernels (the host build against sl_convert and the host SGD step) and
-# test_ze_spirv (the SPIR-V: entry points, no FMA, ContractionOff, Float64 in the F64 module only).
+#                        for the Level Zero test driver (PIC; tests only, never installed;
+#                        it needs libc only)
+# and the tests: test_ze_kernels (the host build against sl_convert and the host SGD step),
+# test_ze_spirv_run (the same checks on the SPIR-V modules themselves, translated back and
+# compiled for the host) and test_ze_spirv (the SPIR-V text: entry points, no FMA,
+# ContractionOff, Float64 in the F64 module only).
 # Included by backends/level_zero/CMakeLists.txt; cmake/SpirvToolchain.cmake found the tools.
 
 set(SL_ZE_SRC ${CMAKE_CURRENT_LIST_DIR})
@@ -86,6 +89,37 @@ sl_add_test(test_ze_kernels SOURCES ${SL_ZE_SRC}/test_ze_kernels.c $<TARGET_OBJE
             $<TARGET_OBJECTS:sl_ze_spirv> LABELS "unit;level_zero" TIMEOUT 600 ARGS ${SL_ZE_SPIRV_FILES})
 target_include_directories(test_ze_kernels PRIVATE ${SL_ZE_SRC} ${PROJECT_SOURCE_DIR}/backends/cuda
                            ${PROJECT_SOURCE_DIR}/core/src)
+
+# The same checks on the SPIR-V modules themselves: each translated back to LLVM IR, retargeted
+# to this host (spirv_to_host.cmake) and compiled by clang, with the OpenCL built-ins and the
+# by-name table of spirv_run.c.
+if(SL_LLVM_DIS)
+  set(SL_ZE_SPIRV_HOST_OBJS)
+  foreach(spv ${SL_ZE_SPIRV_FILES})
+    get_filename_component(stem ${spv} NAME_WE)
+    set(rt ${SL_ZE_SPIRV_DIR}/host/${stem})
+    add_custom_command(
+      OUTPUT ${rt}.o
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${SL_ZE_SPIRV_DIR}/host
+      COMMAND ${SL_LLVM_SPIRV} -r ${spv} -o ${rt}.bc
+      COMMAND ${SL_LLVM_DIS} ${rt}.bc -o ${rt}.spir.ll
+      COMMAND ${CMAKE_COMMAND} -DIN=${rt}.spir.ll -DOUT=${rt}.ll -P ${SL_ZE_SRC}/spirv_to_host.cmake
+      COMMAND ${SL_SPIRV_CLANG} -O2 -fPIC -Wno-override-module -c ${rt}.ll -o ${rt}.o
+      DEPENDS ${spv} ${SL_ZE_SRC}/spirv_to_host.cmake
+      COMMENT "SPIR-V: ${stem}.spv translated back and compiled for the host" VERBATIM)
+    list(APPEND SL_ZE_SPIRV_HOST_OBJS ${rt}.o)
+  endforeach()
+  set_source_files_properties(${SL_ZE_SPIRV_HOST_OBJS} PROPERTIES EXTERNAL_OBJECT ON GENERATED ON)
+  sl_add_test(test_ze_spirv_run SOURCES ${SL_ZE_SRC}/test_ze_kernels.c ${SL_ZE_SRC}/spirv_run.c
+              ${SL_ZE_SPIRV_HOST_OBJS} $<TARGET_OBJECTS:sl_ze_spirv> LABELS "unit;level_zero" TIMEOUT 600
+              ARGS ${SL_ZE_SPIRV_FILES})
+  target_include_directories(test_ze_spirv_run PRIVATE ${SL_ZE_SRC} ${PROJECT_SOURCE_DIR}/backends/cuda
+                             ${PROJECT_SOURCE_DIR}/core/src)
+  target_link_libraries(test_ze_spirv_run PRIVATE m)
+else()
+  message(WARNING "SHARDLOAD_WITH_LEVEL_ZERO: no llvm-dis-15 (apt-get install llvm-15): test_ze_spirv_run (the "
+                  "SPIR-V modules themselves run on the host against sl_convert) is not registered")
+endif()
 
 # The SPIR-V (spirv-dis): each module's entry points are exactly the kernels ze_kernels.h gives
 # it, each ContractionOff, no fma/mad; Float64 in the F64 module only. The same check on the

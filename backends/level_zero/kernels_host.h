@@ -1,8 +1,12 @@
-/* The Level Zero kernels (kernels.cl) built as host C: every kernel ze_kernels.h names, by
- * name, with its module and argument sizes, runnable one work-item at a time. For the Level
- * Zero test driver, which executes the project's own SPIR-V kernels by their names through the
- * same source the device runs (and test_ze_kernels, which proves that source bit-exact with
- * sl_convert and the host SGD step). Tests only: never part of the module.
+/* The Level Zero kernels run on the host by name: every kernel ze_kernels.h names, with its
+ * module and argument sizes, runnable one work-item at a time. Two implementations of this API
+ * (both through kernels_table.h):
+ *   kernels_host.c  kernels.cl compiled as host C: for the Level Zero test driver, which runs
+ *                   the project's own SPIR-V kernels by their names through the same source the
+ *                   device runs, and for test_ze_kernels;
+ *   spirv_run.c     the built SPIR-V modules translated back and compiled for the host: for
+ *                   test_ze_spirv_run, the same checks on what the translator wrote.
+ * Tests only: never part of the module.
  *
  * Arguments are passed as the driver received them from zeKernelSetArgumentValue: ARGS[i]
  * points at argument i's bytes (for a buffer, a pointer's value: the test driver's device

@@ -8,7 +8,9 @@
  * SLZ_ITEM       the host's leading work-item parameter (nothing in OpenCL C);
  * SLZ_GID/GSIZE  the work-item's global id and the grid's global size (dimension 0);
  * SLZ_GLOBAL     the address space of the kernels' buffers;
- * SLZ_FN         a helper function. */
+ * SLZ_FN         a helper function;
+ * SLZ_BITS_<dt>  the raw bits of a dtype token of ze_kernels.h (values never pass through float
+ *                registers unconverted). */
 #ifndef SHARDLOAD_ZE_KERNELS_MAP_H
 #define SHARDLOAD_ZE_KERNELS_MAP_H
 
@@ -41,5 +43,10 @@ typedef struct slz_item {
 #define SLZ_GLOBAL
 #define SLZ_FN static inline
 #endif
+
+#define SLZ_BITS_f64 uint64_t
+#define SLZ_BITS_f32 uint32_t
+#define SLZ_BITS_f16 uint16_t
+#define SLZ_BITS_bf16 uint16_t
 
 #endif
