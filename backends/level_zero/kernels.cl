@@ -8,8 +8,9 @@
  * FP contraction is off by the build (-ffp-contract=off, llvm-spirv --spirv-fp-contract=off:
  * each entry point is ContractionOff): the host's SGD step rounds the product and the
  * difference separately, and OpenCL's default contracts x - lr * g into one mad (test_ze_spirv
- * checks the SPIR-V, and that a contracting build is caught). The kernels add, subtract and
- * multiply only (OpenCL rounds those correctly), and never divide. */
+ * reads the SPIR-V for it, test_ze_spirv_run runs it, and both catch a contracting build). The
+ * kernels add, subtract and multiply only (OpenCL rounds those correctly), and never divide or
+ * take a square root (so -cl-fp32-correctly-rounded-divide-sqrt has nothing to do). */
 #include "kernels_map.h"
 #include "cuda_convert.h"
 #include "ze_kernels.h"
