@@ -3,7 +3,8 @@
 # SPIR-V modules (ze_kernels.h names their kernels), validated by spirv-val as they are built and
 # embedded into C (ze_spirv.h) for the module:
 #   sl_ze_spirv          OBJECT library: sl__ze_spirv_base and sl__ze_spirv_f64 (PIC)
-#   sl_ze_host_kernels   OBJECT library: the same kernels as host C, by name (kernels_host.h),
+#   sl_ze_host_kernels   OBJECT library: the same kernels as host C, by name, and a reader of
+#                        a SPIR-V module's kernels (kernels_host.h),
 #                        for the Level Zero test driver (PIC; tests only, never installed;
 #                        it needs libc only)
 # and the tests: test_ze_kernels (the host build against sl_convert and the host SGD step),
@@ -71,7 +72,7 @@ set_target_properties(sl_ze_spirv PROPERTIES POSITION_INDEPENDENT_CODE ON)
 target_include_directories(sl_ze_spirv PUBLIC ${SL_ZE_SRC})
 
 # The host build: the same source with the same contraction rule as the device's.
-add_library(sl_ze_host_kernels OBJECT ${SL_ZE_SRC}/kernels_host.c)
+add_library(sl_ze_host_kernels OBJECT ${SL_ZE_SRC}/kernels_host.c ${SL_ZE_SRC}/spirv_scan.c)
 set_target_properties(sl_ze_host_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
 target_include_directories(sl_ze_host_kernels PUBLIC ${SL_ZE_SRC} ${PROJECT_SOURCE_DIR}/backends/cuda
                            ${PROJECT_SOURCE_DIR}/core/include ${PROJECT_BINARY_DIR}/include)
@@ -110,7 +111,7 @@ if(SL_LLVM_DIS)
     list(APPEND SL_ZE_SPIRV_HOST_OBJS ${rt}.o)
   endforeach()
   set_source_files_properties(${SL_ZE_SPIRV_HOST_OBJS} PROPERTIES EXTERNAL_OBJECT ON GENERATED ON)
-  sl_add_test(test_ze_spirv_run SOURCES ${SL_ZE_SRC}/test_ze_kernels.c ${SL_ZE_SRC}/spirv_run.c
+  sl_add_test(test_ze_spirv_run SOURCES ${SL_ZE_SRC}/test_ze_kernels.c ${SL_ZE_SRC}/spirv_run.c ${SL_ZE_SRC}/spirv_scan.c
               ${SL_ZE_SPIRV_HOST_OBJS} $<TARGET_OBJECTS:sl_ze_spirv> LABELS "unit;level_zero" TIMEOUT 600
               ARGS ${SL_ZE_SPIRV_FILES})
   target_include_directories(test_ze_spirv_run PRIVATE ${SL_ZE_SRC} ${PROJECT_SOURCE_DIR}/backends/cuda

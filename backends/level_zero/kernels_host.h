@@ -15,6 +15,7 @@
 #define SHARDLOAD_ZE_KERNELS_HOST_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ze_kernels.h"
 
@@ -40,5 +41,24 @@ const sl__ze_host_kernel *sl__ze_host_kernel_at(size_t i);
 
 /* Runs every work-item of a grid of GSIZE items, in order. */
 void sl__ze_host_kernel_launch(const sl__ze_host_kernel *k, const void *const *args, size_t gsize);
+
+/* ---- what a SPIR-V module holds (spirv_scan.c) ----------------------------------------------
+ * For the test driver's zeModuleCreate, which must accept only what a real driver would: a
+ * well-formed module, whose kernels (its Kernel entry points) it can then create by name, and
+ * that declares Float64 only where the device has fp64. */
+#define SL_ZE_SPIRV_MAX_KERNELS 64
+
+typedef struct sl__ze_spirv_info {
+  uint32_t version; /* the header's: 0x00010000 is SPIR-V 1.0 */
+  int float64;      /* declares the Float64 capability */
+  size_t nkernels;
+  const char *kernel[SL_ZE_SPIRV_MAX_KERNELS]; /* entry point names, NUL-terminated, inside IL */
+} sl__ze_spirv_info;
+
+/* Reads the SIZE bytes at IL (a SPIR-V module, host-endian words) into *INFO. 0 when well
+ * formed; -1 otherwise, with the reason in WHY ("SPIR-V: ...", at most WHY_LEN bytes). Checks
+ * the header, every instruction's length, and each entry point's name; not the semantics
+ * (spirv-val did, at build time, for the project's own modules). */
+int sl__ze_spirv_scan(const void *il, size_t size, sl__ze_spirv_info *info, char *why, size_t why_len);
 
 #endif

@@ -367,6 +367,60 @@ static void test_embedded(void **state) {
   }
 }
 
+/* What the test driver's zeModuleCreate reads of a module: the embedded ones hold exactly the
+ * kernels the table gives them, Float64 only in the F64 one; a malformed module is refused with
+ * its reason. */
+static void test_spirv_scan(void **state) {
+  (void)state;
+  const unsigned char *mods[2] = {sl__ze_spirv_base, sl__ze_spirv_f64};
+  const size_t sizes[2] = {sl__ze_spirv_base_size, sl__ze_spirv_f64_size};
+  char why[160];
+  for (int m = 0; m < 2; m++) {
+    sl__ze_spirv_info info;
+    assert_int_equal(sl__ze_spirv_scan(mods[m], sizes[m], &info, why, sizeof why), 0);
+    assert_int_equal(info.version, 0x00010000u);
+    assert_int_equal(info.float64, m == SL_ZE_MODULE_F64);
+    size_t want = 0;
+    for (size_t i = 0; i < sl__ze_host_kernel_count(); i++) want += sl__ze_host_kernel_at(i)->module == m;
+    assert_int_equal(info.nkernels, want);
+    for (size_t k = 0; k < info.nkernels; k++)
+      if (!sl__ze_host_kernel_find(info.kernel[k], m)) fail_msg("module %d: kernel %s is not in the table", m, info.kernel[k]);
+  }
+  /* malformed: each refused, saying why */
+  const size_t n = sl__ze_spirv_base_size;
+  unsigned char *bad = malloc(n);
+  assert_non_null(bad);
+  sl__ze_spirv_info info;
+  assert_int_equal(sl__ze_spirv_scan(sl__ze_spirv_base, 0, &info, why, sizeof why), -1);
+  assert_non_null(strstr(why, "not a module"));
+  assert_int_equal(sl__ze_spirv_scan(sl__ze_spirv_base, n - 2, &info, why, sizeof why), -1); /* not whole words */
+  memcpy(bad, sl__ze_spirv_base, n);
+  bad[0] ^= 1;
+  assert_int_equal(sl__ze_spirv_scan(bad, n, &info, why, sizeof why), -1);
+  assert_non_null(strstr(why, "magic"));
+  memcpy(bad, sl__ze_spirv_base, n);
+  memset(bad + 20, 0, 4); /* the first instruction: zero words */
+  assert_int_equal(sl__ze_spirv_scan(bad, n, &info, why, sizeof why), -1);
+  assert_non_null(strstr(why, "word 5"));
+  /* truncated inside its first instruction (OpCapability: two words) */
+  assert_int_equal(sl__ze_spirv_scan(sl__ze_spirv_base, 24, &info, why, sizeof why), -1);
+  assert_non_null(strstr(why, "remain"));
+  /* an entry point whose name runs to the end of its instruction, unterminated */
+  memcpy(bad, sl__ze_spirv_base, n);
+  size_t i = 5;
+  uint32_t w = 0;
+  for (; i < n / 4; i += w >> 16) {
+    memcpy(&w, bad + 4 * i, 4);
+    if ((w & 0xFFFFu) == 15) break;
+  }
+  assert_true(i < n / 4);
+  const size_t count = w >> 16;
+  memset(bad + 4 * (i + 3), 'x', 4 * (count - 3)); /* the name and the interface ids after it */
+  assert_int_equal(sl__ze_spirv_scan(bad, n, &info, why, sizeof why), -1);
+  assert_non_null(strstr(why, "not terminated"));
+  free(bad);
+}
+
 static int print_names(const char *module) {
   int m = strcmp(module, "base") == 0 ? SL_ZE_MODULE_BASE : strcmp(module, "f64") == 0 ? SL_ZE_MODULE_F64 : -1;
   if (m < 0) {
@@ -389,6 +443,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_names),
       cmocka_unit_test(test_embedded),
+      cmocka_unit_test(test_spirv_scan),
       cmocka_unit_test(test_casts),
       cmocka_unit_test(test_casts_flush_to_zero),
       cmocka_unit_test(test_sgd),
