@@ -6,6 +6,10 @@
  * modules are the same source (test_ze_spirv reads them), so this is the proof of their math
  * that a machine without an Intel GPU can give.
  *
+ * Built twice: over kernels_host.c (test_ze_kernels) and over the SPIR-V modules translated back
+ * (spirv_run.c: test_ze_spirv_run). Also: the F32-denormal rule of ze_kernels.h both ways, the
+ * name table, and spirv_scan.c on the embedded modules and malformed ones.
+ *
  * ARGS: the base and F64 .spv files, which the embedded modules (ze_spirv.h) must equal.
  * `test_ze_kernels --names base|f64` prints one module's kernel names (for test_ze_spirv). */
 #include <stdint.h>
