@@ -11,12 +11,20 @@
  *     integer path here that writes x86's result, and only non-NaN values use the FPU.
  *   - the 0.5f addition that rounds F16 subnormals: plain IEEE adds on both sides (nvcc does not
  *     flush subnormals unless built with -ftz=true or --use_fast_math; never build so).
- * No intrinsic conversions (__float2bfloat16 and friends): their NaN results differ. */
+ * No intrinsic conversions (__float2bfloat16 and friends): their NaN results differ.
+ *
+ * The Level Zero backend compiles this same file as OpenCL C for SPIR-V
+ * (backends/level_zero/kernels.cl, through its map kernels_map.h, which gives the fixed-width
+ * integer types): there the bit casts are OpenCL's as_*(), and the functions with an F64 side
+ * exist only where the compiler offers cl_khr_fp64 (SLC_HAS_F64; the F64 kernels are a module
+ * of their own, since many Intel GPUs have no fp64). */
 #ifndef SHARDLOAD_CUDA_CONVERT_H
 #define SHARDLOAD_CUDA_CONVERT_H
 
+#ifndef __OPENCL_C_VERSION__
 #include <stdint.h>
 #include <string.h>
+#endif
 
 #ifdef __HIPCC__
 #include <hip/hip_runtime.h> /* __host__, __device__, __forceinline__: nvcc predefines CUDA's */
@@ -30,10 +38,16 @@
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
 #define SLC_DEVICE_CODE 1
 #endif
+/* F64 arithmetic: everywhere but OpenCL C without cl_khr_fp64 */
+#if !defined(__OPENCL_C_VERSION__) || defined(cl_khr_fp64)
+#define SLC_HAS_F64 1
+#endif
 
 SLC_FN uint32_t slc_f32_bits(float f) {
 #ifdef SLC_DEVICE_CODE
   return __float_as_uint(f);
+#elif defined(__OPENCL_C_VERSION__)
+  return as_uint(f);
 #else
   uint32_t u;
   memcpy(&u, &f, 4);
@@ -43,15 +57,20 @@ SLC_FN uint32_t slc_f32_bits(float f) {
 SLC_FN float slc_f32_from(uint32_t u) {
 #ifdef SLC_DEVICE_CODE
   return __uint_as_float(u);
+#elif defined(__OPENCL_C_VERSION__)
+  return as_float(u);
 #else
   float f;
   memcpy(&f, &u, 4);
   return f;
 #endif
 }
+#ifdef SLC_HAS_F64
 SLC_FN uint64_t slc_f64_bits(double d) {
 #ifdef SLC_DEVICE_CODE
   return (uint64_t)__double_as_longlong(d);
+#elif defined(__OPENCL_C_VERSION__)
+  return as_ulong(d);
 #else
   uint64_t u;
   memcpy(&u, &d, 8);
@@ -61,6 +80,8 @@ SLC_FN uint64_t slc_f64_bits(double d) {
 SLC_FN double slc_f64_from(uint64_t u) {
 #ifdef SLC_DEVICE_CODE
   return __longlong_as_double((long long)u);
+#elif defined(__OPENCL_C_VERSION__)
+  return as_double(u);
 #else
   double d;
   memcpy(&d, &u, 8);
@@ -82,6 +103,7 @@ SLC_FN uint64_t slc_f64_from_f32_bits(uint32_t u) {
     return ((uint64_t)(u & 0x80000000u) << 32) | 0x7FF8000000000000ull | ((uint64_t)(u & 0x7FFFFFu) << 29);
   return slc_f64_bits((double)slc_f32_from(u));
 }
+#endif /* SLC_HAS_F64 */
 
 /* dtype.c's bf16_from_f32_bits: RNE by adding 0x7FFF plus the kept lsb; NaN -> NAN_BITS. */
 SLC_FN uint16_t slc_bf16_from_f32_bits(uint32_t u, uint16_t nan_bits) {
@@ -123,16 +145,18 @@ SLC_FN uint32_t slc_f32_bits_from_bf16(uint16_t b) { return (uint32_t)b << 16; }
 
 /* The twelve conversions, as dtype.c's KERNEL table composes them. Values travel as raw bits
  * (uint64_t / uint32_t / uint16_t) so no float register ever canonicalises a NaN. */
+#ifdef SLC_HAS_F64
 SLC_FN uint32_t slc_f64_to_f32(uint64_t x) { return slc_f32_from_f64_bits(x); }
 SLC_FN uint16_t slc_f64_to_f16(uint64_t x) { return slc_f16_from_f32_bits(slc_f32_from_f64_bits(x)); }
 SLC_FN uint16_t slc_f64_to_bf16(uint64_t x) { return slc_bf16_from_f32_bits(slc_f32_from_f64_bits(x), 0xFFFFu); }
 SLC_FN uint64_t slc_f32_to_f64(uint32_t x) { return slc_f64_from_f32_bits(x); }
+SLC_FN uint64_t slc_f16_to_f64(uint16_t x) { return slc_f64_from_f32_bits(slc_f32_bits_from_f16(x)); }
+SLC_FN uint64_t slc_bf16_to_f64(uint16_t x) { return slc_f64_from_f32_bits(slc_f32_bits_from_bf16(x)); }
+#endif
 SLC_FN uint16_t slc_f32_to_f16(uint32_t x) { return slc_f16_from_f32_bits(x); }
 SLC_FN uint16_t slc_f32_to_bf16(uint32_t x) { return slc_bf16_from_f32_bits(x, 0xFFFFu); }
-SLC_FN uint64_t slc_f16_to_f64(uint16_t x) { return slc_f64_from_f32_bits(slc_f32_bits_from_f16(x)); }
 SLC_FN uint32_t slc_f16_to_f32(uint16_t x) { return slc_f32_bits_from_f16(x); }
 SLC_FN uint16_t slc_f16_to_bf16(uint16_t x) { return slc_bf16_from_f32_bits(slc_f32_bits_from_f16(x), 0x7FC0u); }
-SLC_FN uint64_t slc_bf16_to_f64(uint16_t x) { return slc_f64_from_f32_bits(slc_f32_bits_from_bf16(x)); }
 SLC_FN uint32_t slc_bf16_to_f32(uint16_t x) { return slc_f32_bits_from_bf16(x); }
 SLC_FN uint16_t slc_bf16_to_f16(uint16_t x) { return slc_f16_from_f32_bits(slc_f32_bits_from_bf16(x)); }
 
