@@ -69,6 +69,7 @@ void zedrv_env_init(void)
     zd.no_fp64 = env_is("ZEDRV_NO_FP64", "1");
     zd.no_import = env_is("ZEDRV_NO_IMPORT", "1");
     zd.abort_on_misuse = env_is("ZEDRV_MISUSE", "abort");
+    zd.strict = env_is("ZEDRV_STRICT", "1");
     zd.max_alloc = env_u64("ZEDRV_MAX_ALLOC", 4ull << 30);
     zd.memory = env_u64("ZEDRV_MEMORY", 16ull << 30);
 }
@@ -154,6 +155,17 @@ static ze_result_t ZE_APICALL zedrv_get_misuse_count(ze_driver_handle_t d, uint6
     return ZE_RESULT_SUCCESS;
 }
 
+static ze_result_t ZE_APICALL zedrv_set_delay_us(ze_driver_handle_t d, uint32_t min, uint32_t max)
+{
+    if (min > max)
+        return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&zd.lock);
+    zd.delay_min_us = min;
+    zd.delay_max_us = max;
+    pthread_mutex_unlock(&zd.lock);
+    return ZE_RESULT_SUCCESS;
+}
+
 static ze_result_t ZE_APICALL driver_get_extension_function_address(ze_driver_handle_t d, const char *name,
                                                                     void **fn)
 {
@@ -168,6 +180,8 @@ static ze_result_t ZE_APICALL driver_get_extension_function_address(ze_driver_ha
     }
     if (strcmp(name, "zedrvGetMisuseCount") == 0)
         *fn = (void *)zedrv_get_misuse_count;
+    else if (strcmp(name, "zedrvSetDelayUs") == 0)
+        *fn = (void *)zedrv_set_delay_us;
     return *fn ? ZE_RESULT_SUCCESS : ZE_RESULT_ERROR_INVALID_ARGUMENT;
 }
 

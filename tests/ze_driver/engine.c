@@ -54,11 +54,11 @@ static unsigned random_delay(unsigned *seed)
     return zd.delay_min_us + (span ? (unsigned)rand_r(seed) % (span + 1) : 0);
 }
 
-static void run_copy(const zedrv_cmd *c, unsigned *seed)
+static void run_copy(const zedrv_cmd *c, unsigned delay_us)
 {
     size_t half = c->u.copy.size / 2;
     memmove(c->u.copy.dst, c->u.copy.src, half);
-    pause_us(random_delay(seed) / 4);
+    pause_us(delay_us / 4);
     memmove((char *)c->u.copy.dst + half, (const char *)c->u.copy.src + half, c->u.copy.size - half);
 }
 
@@ -83,11 +83,11 @@ static void run_fill(const zedrv_cmd *c)
 }
 
 /* Runs one command's work (no lock held); an error is a device fault. */
-static ze_result_t run_cmd(const zedrv_cmd *c, unsigned *seed)
+static ze_result_t run_cmd(const zedrv_cmd *c, unsigned delay_us)
 {
     switch (c->kind) {
     case ZEDRV_CMD_COPY:
-        run_copy(c, seed);
+        run_copy(c, delay_us);
         break;
     case ZEDRV_CMD_COPY_REGION:
         run_region(c);
@@ -105,6 +105,53 @@ static ze_result_t run_cmd(const zedrv_cmd *c, unsigned *seed)
         break;
     }
     return ZE_RESULT_SUCCESS;
+}
+
+/* Strict mode: opens the device memory a command names (a kernel: every pointer argument) for
+ * the time it runs; zd.lock held. */
+static void open_one(zedrv_cmd *c, const void *p)
+{
+    void *base = zedrv_alloc_open(p);
+    if (base)
+        c->opened[c->nopened++] = base;
+}
+
+static void open_memory(zedrv_cmd *c)
+{
+    c->nopened = 0;
+    if (!zd.strict)
+        return;
+    switch (c->kind) {
+    case ZEDRV_CMD_COPY:
+        open_one(c, c->u.copy.dst);
+        open_one(c, c->u.copy.src);
+        break;
+    case ZEDRV_CMD_COPY_REGION:
+        open_one(c, c->u.region.dst);
+        open_one(c, c->u.region.src);
+        break;
+    case ZEDRV_CMD_FILL:
+        open_one(c, c->u.fill.dst);
+        break;
+    case ZEDRV_CMD_KERNEL:
+        for (uint32_t i = 0; i < c->u.kernel.fn->nargs; i++)
+            if (c->u.kernel.args.size[i] == sizeof(void *)) {
+                void *p;
+                memcpy(&p, c->u.kernel.args.value[i], sizeof p);
+                open_one(c, p);
+            }
+        break;
+    case ZEDRV_CMD_BARRIER:
+    case ZEDRV_CMD_FENCE:
+        break;
+    }
+}
+
+static void close_memory(zedrv_cmd *c)
+{
+    for (uint32_t i = 0; i < c->nopened; i++)
+        zedrv_alloc_close(c->opened[i]);
+    c->nopened = 0;
 }
 
 static bool waits_done(const void *arg)
@@ -161,10 +208,13 @@ static void *engine_main(void *arg)
                 break;
             continue;
         }
+        unsigned delay = random_delay(&seed);
+        open_memory(c);
         pthread_mutex_unlock(&zd.lock);
-        pause_us(random_delay(&seed));
-        ze_result_t r = run_cmd(c, &seed);
+        pause_us(delay);
+        ze_result_t r = run_cmd(c, delay);
         pthread_mutex_lock(&zd.lock);
+        close_memory(c);
         if (r != ZE_RESULT_SUCCESS)
             zd.device_lost = true;
         retire(e, c, r == ZE_RESULT_SUCCESS);

@@ -5,6 +5,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* Index of the first allocation whose base is > ptr; zd.lock held. */
 static size_t upper_bound(const void *ptr)
@@ -67,6 +69,54 @@ static bool relaxed_max_size(const void *pnext)
     return false;
 }
 
+/* Strict mode: a device allocation of its own pages, PROT_NONE but for the pattern written
+ * first; the aligned start is returned, the mapping recorded by the caller. */
+static char *strict_map(size_t size, size_t align, void **map_base, size_t *map_len)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t len = (size + page - 1) / page * page + (align > page ? align : 0);
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    char *p = (char *)(((uintptr_t)m + align - 1) / align * align);
+    memset(m, 0xa5, len);
+    if (mprotect(m, len, PROT_NONE) != 0) {
+        munmap(m, len);
+        return NULL;
+    }
+    *map_base = m;
+    *map_len = len;
+    return p;
+}
+
+static void set_protection(const zedrv_alloc *a, int prot)
+{
+    if (mprotect(a->map_base, a->map_len, prot) != 0) {
+        zedrv_misuse("mprotect of a strict device allocation failed (too many mappings? raise "
+                     "vm.max_map_count or run without ZEDRV_STRICT)");
+        abort(); /* a command would run on memory it cannot touch */
+    }
+}
+
+void *zedrv_alloc_open(const void *ptr)
+{
+    zedrv_alloc *a = (zedrv_alloc *)zedrv_alloc_find(ptr);
+    if (!a || !a->map_base)
+        return NULL;
+    if (a->opens++ == 0)
+        set_protection(a, PROT_READ | PROT_WRITE);
+    return a->base;
+}
+
+void zedrv_alloc_close(void *base)
+{
+    zedrv_alloc *a = (zedrv_alloc *)zedrv_alloc_find(base);
+    if (!a || !a->map_base || a->base != base)
+        return; /* freed while a command ran: misuse, counted by zeMemFree */
+    if (--a->opens == 0)
+        set_protection(a, PROT_NONE);
+}
+
 static ze_result_t alloc_common(ze_context_handle_t ctx, size_t size, size_t alignment, ze_memory_type_t type,
                                 bool relaxed, void **out)
 {
@@ -88,21 +138,35 @@ static ze_result_t alloc_common(ze_context_handle_t ctx, size_t size, size_t ali
         r = ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
         goto out_unlock;
     }
-    char *p = aligned_alloc(align, rounded);
+    /* Fresh device memory is not zeroed on a real device either: a pattern makes a read of
+     * memory nobody wrote visible in a test. */
+    void *map_base = NULL;
+    size_t map_len = 0;
+    char *p;
+    if (type == ZE_MEMORY_TYPE_DEVICE && zd.strict) {
+        p = strict_map(size, align, &map_base, &map_len);
+    } else {
+        p = aligned_alloc(align, rounded);
+        if (p)
+            memset(p, 0xa5, rounded);
+    }
     if (!p) {
         r = ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
         goto out_unlock;
     }
-    /* Fresh device memory is not zeroed on a real device either: a pattern makes a read of
-     * memory nobody wrote visible in a test. */
-    memset(p, 0xa5, rounded);
     r = registry_add(p, size, type, ctx);
     if (r != ZE_RESULT_SUCCESS) {
-        free(p);
+        if (map_base)
+            munmap(map_base, map_len);
+        else
+            free(p);
         goto out_unlock;
     }
+    zedrv_alloc *a = (zedrv_alloc *)zedrv_alloc_find(p);
+    a->map_base = map_base;
+    a->map_len = map_len;
     if (type == ZE_MEMORY_TYPE_DEVICE) {
-        ((zedrv_alloc *)zedrv_alloc_find(p))->charged = rounded;
+        a->charged = rounded;
         zd.used += rounded;
     }
     ctx->live_objects++;
@@ -149,10 +213,17 @@ static ze_result_t ZE_APICALL mem_free(ze_context_handle_t ctx, void *ptr)
         r = ZE_RESULT_ERROR_INVALID_ARGUMENT;
         goto out_unlock;
     }
+    if (a->opens > 0)
+        zedrv_misuse("zeMemFree(%p): a running command still uses the allocation", ptr);
     zd.used -= a->charged;
     ctx->live_objects--;
+    void *map_base = a->map_base;
+    size_t map_len = a->map_len;
     registry_remove(a);
-    free(ptr);
+    if (map_base)
+        munmap(map_base, map_len);
+    else
+        free(ptr);
 out_unlock:
     pthread_mutex_unlock(&zd.lock);
     return r;

@@ -13,10 +13,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -25,6 +27,7 @@
 #define FOREVER UINT64_MAX
 
 typedef ze_result_t(ZE_APICALL *misuse_fn)(ze_driver_handle_t, uint64_t *);
+typedef ze_result_t(ZE_APICALL *delay_fn)(ze_driver_handle_t, uint32_t, uint32_t);
 typedef ze_result_t(ZE_APICALL *import_fn)(ze_driver_handle_t, void *, size_t);
 typedef ze_result_t(ZE_APICALL *release_fn)(ze_driver_handle_t, void *);
 typedef ze_result_t(ZE_APICALL *base_fn)(ze_driver_handle_t, void *, void **);
@@ -304,6 +307,68 @@ static void test_runs_later(void **state) {
   ZE_OK(zeMemFree(g.ctx, src));
   ZE_OK(zeMemFree(g.ctx, dst));
   assert_int_equal(misuse_count(), misuse);
+}
+
+/* Without any gate a command still runs later, on a worker: with a 50 ms delay it has not run
+ * when the append returns (the driver's delay knob, zedrvSetDelayUs, set for this test only). */
+static void test_runs_later_ungated(void **state) {
+  delay_fn set_delay = NULL;
+  ZE_OK(zeDriverGetExtensionFunctionAddress(g.driver, "zedrvSetDelayUs", (void **)&set_delay));
+  unsigned lo = 0, hi = 300;
+  const char *env = getenv("ZEDRV_DELAY_US");
+  if (env) assert_int_equal(sscanf(env, "%u:%u", &lo, &hi), 2);
+  enum { N = 1024 };
+  ze_command_list_handle_t l = immediate(g.copy_ordinal, 0);
+  ze_event_handle_t done = new_event();
+  uint32_t *src = host_alloc(N * 4), *dst = host_alloc(N * 4);
+  fill_u32(src, N, 1);
+  memset(dst, 0, N * 4);
+  ZE_OK(set_delay(g.driver, 50000, 50000));
+  ZE_OK(zeCommandListAppendMemoryCopy(l, dst, src, N * 4, done, 0, NULL));
+  assert_int_equal(zeEventQueryStatus(done), ZE_RESULT_NOT_READY);
+  assert_int_equal(dst[0], 0);
+  ZE_OK(zeEventHostSynchronize(done, FOREVER));
+  ZE_OK(set_delay(g.driver, lo, hi));
+  assert_memory_equal(dst, src, N * 4);
+  ZE_OK(zeEventDestroy(done));
+  ZE_OK(zeCommandListDestroy(l));
+  ZE_OK(zeMemFree(g.ctx, src));
+  ZE_OK(zeMemFree(g.ctx, dst));
+}
+
+/* ZEDRV_STRICT=1: device memory faults when the host touches it outside the driver's commands
+ * (a child process reads it and dies of SIGSEGV); otherwise the read returns the fresh-memory
+ * pattern. Either way the driver's own copies of it work. */
+static void test_strict_device_memory(void **state) {
+  const char *env = getenv("ZEDRV_STRICT");
+  bool strict = env && strcmp(env, "1") == 0;
+  volatile unsigned char *dev = device_alloc(4096);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    signal(SIGSEGV, SIG_DFL); /* not cmocka's handler, which would go on running tests */
+    _exit(dev[100] == 0xa5 ? 0 : 1);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  if (strict) {
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGSEGV);
+  } else {
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+  }
+  ze_command_list_handle_t l = immediate(g.copy_ordinal, 1);
+  ze_event_handle_t done = new_event();
+  unsigned char *host = host_alloc(4096);
+  ZE_OK(zeCommandListAppendMemoryFill(l, (void *)dev, "\x42", 1, 4096, NULL, 0, NULL));
+  ZE_OK(zeCommandListAppendMemoryCopy(l, host, (void *)dev, 4096, done, 0, NULL));
+  ZE_OK(zeEventHostSynchronize(done, FOREVER));
+  for (int i = 0; i < 4096; i++) assert_int_equal(host[i], 0x42);
+  ZE_OK(zeEventDestroy(done));
+  ZE_OK(zeCommandListDestroy(l));
+  ZE_OK(zeMemFree(g.ctx, (void *)dev));
+  ZE_OK(zeMemFree(g.ctx, host));
 }
 
 /* Signal-once: an event stays signalled until the HOST resets it (a later wait on it passes at
@@ -654,6 +719,8 @@ int main(void) {
       cmocka_unit_test(test_memory),
       cmocka_unit_test(test_import),
       cmocka_unit_test(test_runs_later),
+      cmocka_unit_test(test_runs_later_ungated),
+      cmocka_unit_test(test_strict_device_memory),
       cmocka_unit_test(test_signal_once),
       cmocka_unit_test(test_wait_orders),
       cmocka_unit_test(test_missing_wait_reads_stale),

@@ -23,6 +23,13 @@
  *   ZEDRV_NO_FP64=1          the device reports no fp64 support
  *   ZEDRV_NO_IMPORT=1        zexDriverImportExternalPointer is not offered
  *   ZEDRV_MISUSE=abort       abort at the first misuse instead of counting it
+ *   ZEDRV_STRICT=1           device memory is unreadable to the host outside the driver's own
+ *                            commands (mapped PROT_NONE, opened by an engine while a command that
+ *                            names it runs, as sim:strict): a host read of it faults
+ *
+ * Test-only extensions (zeDriverGetExtensionFunctionAddress):
+ *   zedrvGetMisuseCount(hDriver, uint64_t *count)
+ *   zedrvSetDelayUs(hDriver, uint32_t min, uint32_t max)   the delay of the commands that start from now
  *
  * One mutex (zd.lock) guards every object; workers and host waits sleep on one condition
  * variable (zd.cond), broadcast whenever an event, fence or queue changes state. It is a test
@@ -97,6 +104,8 @@ typedef struct zedrv_kernel_args {
 typedef struct zedrv_cmd {
     struct zedrv_cmd *next;
     zedrv_cmd_kind kind;
+    uint32_t nopened;
+    void *opened[ZEDRV_MAX_ARGS + 2]; /* strict mode: the allocations an engine opened for it */
     uint32_t nwait;
     ze_event_handle_t *wait;
     ze_event_handle_t signal;
@@ -205,6 +214,11 @@ typedef struct zedrv_alloc {
     ze_context_handle_t ctx; /* NULL for an imported range */
     uint64_t id;
     size_t charged; /* bytes counted against the device's memory */
+    /* ZEDRV_STRICT=1: a device allocation is its own mapping, PROT_NONE unless an engine has it
+     * open (opens > 0) */
+    void *map_base;
+    size_t map_len;
+    int opens;
 } zedrv_alloc;
 
 typedef struct zedrv_state {
@@ -212,7 +226,7 @@ typedef struct zedrv_state {
     pthread_cond_t cond;
     bool initialized;
     unsigned delay_min_us, delay_max_us;
-    bool copy_first, no_fp64, no_import, abort_on_misuse;
+    bool copy_first, no_fp64, no_import, abort_on_misuse, strict;
     uint64_t max_alloc, memory, used;
     uint64_t misuse;
     uint64_t next_alloc_id;
@@ -234,6 +248,10 @@ void zedrv_env_init(void);
 
 /* memory (mem.c); call with zd.lock held */
 const zedrv_alloc *zedrv_alloc_find(const void *ptr);
+/* Strict mode: makes the device allocation holding ptr accessible while an engine uses it
+ * (counted); returns its base for zedrv_alloc_close, or NULL where there is nothing to open. */
+void *zedrv_alloc_open(const void *ptr);
+void zedrv_alloc_close(void *base);
 
 /* engines and commands (queue.c) */
 ze_result_t zedrv_engine_start(zedrv_engine *e, bool copy_only);
