@@ -11,39 +11,33 @@
 
 #include <string.h>
 
-void *zedrv_arg_ptr(const zedrv_launch *l, uint32_t i)
-{
-    void *p;
-    memcpy(&p, l->args->value[i], sizeof p);
-    return p;
+void *zedrv_arg_ptr(const zedrv_launch *l, uint32_t i) {
+  void *p;
+  memcpy(&p, l->args->value[i], sizeof p);
+  return p;
 }
 
-uint32_t zedrv_arg_u32(const zedrv_launch *l, uint32_t i)
-{
-    uint32_t v;
-    memcpy(&v, l->args->value[i], sizeof v);
-    return v;
+uint32_t zedrv_arg_u32(const zedrv_launch *l, uint32_t i) {
+  uint32_t v;
+  memcpy(&v, l->args->value[i], sizeof v);
+  return v;
 }
 
 /* The global work size of dimension 0: group size times group count. */
-static uint64_t global_size_x(const zedrv_launch *l)
-{
-    return (uint64_t)l->group_size[0] * l->groups.groupCountX;
+static uint64_t global_size_x(const zedrv_launch *l) {
+  return (uint64_t)l->group_size[0] * l->groups.groupCountX;
 }
 
 /* kernels/example.cl: zedrv_add_u32(global uint *dst, global const uint *src, uint add, uint n):
  * dst[i] = src[i] + add for every global id i < n. */
-static ze_result_t run_add_u32(const zedrv_launch *l)
-{
-    uint32_t *dst = zedrv_arg_ptr(l, 0);
-    const uint32_t *src = zedrv_arg_ptr(l, 1);
-    uint32_t add = zedrv_arg_u32(l, 2), n = zedrv_arg_u32(l, 3);
-    uint64_t gx = global_size_x(l);
-    if (n && (!dst || !src))
-        return ZE_RESULT_ERROR_DEVICE_LOST; /* a device would fault on the NULL pointer */
-    for (uint64_t i = 0; i < gx && i < n; i++)
-        dst[i] = src[i] + add;
-    return ZE_RESULT_SUCCESS;
+static ze_result_t run_add_u32(const zedrv_launch *l) {
+  uint32_t *dst = zedrv_arg_ptr(l, 0);
+  const uint32_t *src = zedrv_arg_ptr(l, 1);
+  uint32_t add = zedrv_arg_u32(l, 2), n = zedrv_arg_u32(l, 3);
+  uint64_t gx = global_size_x(l);
+  if (n && (!dst || !src)) return ZE_RESULT_ERROR_DEVICE_LOST; /* a device would fault on the NULL pointer */
+  for (uint64_t i = 0; i < gx && i < n; i++) dst[i] = src[i] + add;
+  return ZE_RESULT_SUCCESS;
 }
 
 static const zedrv_host_kernel zedrv_host_kernels[] = {
@@ -51,10 +45,8 @@ static const zedrv_host_kernel zedrv_host_kernels[] = {
     /* the project's cast kernels go here */
 };
 
-const zedrv_host_kernel *zedrv_find_host_kernel(const char *name)
-{
-    for (size_t i = 0; i < sizeof zedrv_host_kernels / sizeof zedrv_host_kernels[0]; i++)
-        if (strcmp(zedrv_host_kernels[i].name, name) == 0)
-            return &zedrv_host_kernels[i];
-    return NULL;
+const zedrv_host_kernel *zedrv_find_host_kernel(const char *name) {
+  for (size_t i = 0; i < sizeof zedrv_host_kernels / sizeof zedrv_host_kernels[0]; i++)
+    if (strcmp(zedrv_host_kernels[i].name, name) == 0) return &zedrv_host_kernels[i];
+  return NULL;
 }

@@ -53,8 +53,10 @@ static uint64_t misuse_count(void) {
 
 /* A fresh host-visible event of the shared pool (each test takes its own indices). */
 static ze_event_handle_t new_event(void) {
-  ze_event_desc_t d = {.stype = ZE_STRUCTURE_TYPE_EVENT_DESC, .index = g.next_event++,
-                       .signal = ZE_EVENT_SCOPE_FLAG_HOST, .wait = ZE_EVENT_SCOPE_FLAG_HOST};
+  ze_event_desc_t d = {.stype = ZE_STRUCTURE_TYPE_EVENT_DESC,
+                       .index = g.next_event++,
+                       .signal = ZE_EVENT_SCOPE_FLAG_HOST,
+                       .wait = ZE_EVENT_SCOPE_FLAG_HOST};
   ze_event_handle_t e = NULL;
   assert_true(d.index < POOL_EVENTS);
   ZE_OK(zeEventCreate(g.pool, &d, &e));
@@ -62,7 +64,9 @@ static ze_event_handle_t new_event(void) {
 }
 
 static ze_command_list_handle_t immediate(uint32_t ordinal, uint32_t index) {
-  ze_command_queue_desc_t d = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC, .ordinal = ordinal, .index = index,
+  ze_command_queue_desc_t d = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC,
+                               .ordinal = ordinal,
+                               .index = index,
                                .mode = ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS};
   ze_command_list_handle_t l = NULL;
   ZE_OK(zeCommandListCreateImmediate(g.ctx, g.device, &d, &l));
@@ -117,8 +121,8 @@ static int setup(void **state) {
     }
     if ((f & ZE_COMMAND_QUEUE_GROUP_PROPERTY_FLAG_COMPUTE) && g.compute_ordinal == UINT32_MAX) g.compute_ordinal = i;
   }
-  ze_event_pool_desc_t pd = {.stype = ZE_STRUCTURE_TYPE_EVENT_POOL_DESC, .flags = ZE_EVENT_POOL_FLAG_HOST_VISIBLE,
-                             .count = POOL_EVENTS};
+  ze_event_pool_desc_t pd = {
+      .stype = ZE_STRUCTURE_TYPE_EVENT_POOL_DESC, .flags = ZE_EVENT_POOL_FLAG_HOST_VISIBLE, .count = POOL_EVENTS};
   if (zeEventPoolCreate(g.ctx, &pd, 1, &g.device, &g.pool) != ZE_RESULT_SUCCESS) return -1;
   return 0;
 }
@@ -249,8 +253,7 @@ static void test_import(void **state) {
   ZE_OK(zeDriverGetExtensionFunctionAddress(g.driver, "zexDriverReleaseImportedPointer", (void **)&rel));
   ZE_OK(zeDriverGetExtensionFunctionAddress(g.driver, "zexDriverGetHostPointerBaseAddress", (void **)&base));
   void *nothing = NULL;
-  assert_int_not_equal(zeDriverGetExtensionFunctionAddress(g.driver, "zexNoSuchFunction", &nothing),
-                       ZE_RESULT_SUCCESS);
+  assert_int_not_equal(zeDriverGetExtensionFunctionAddress(g.driver, "zexNoSuchFunction", &nothing), ZE_RESULT_SUCCESS);
   char *buf = malloc(1 << 16);
   assert_non_null(buf);
   void *b = NULL;
@@ -259,7 +262,7 @@ static void test_import(void **state) {
   ZE_OK(base(g.driver, buf + 1234, &b));
   assert_ptr_equal(b, buf);
   assert_int_not_equal(imp(g.driver, buf + 100, 100), ZE_RESULT_SUCCESS); /* overlaps the import */
-  check_props(buf, ZE_MEMORY_TYPE_UNKNOWN); /* an import is not a USM allocation */
+  check_props(buf, ZE_MEMORY_TYPE_UNKNOWN);                               /* an import is not a USM allocation */
 
   /* a copy from the imported range lands */
   ze_command_list_handle_t l = immediate(g.copy_ordinal, 0);
@@ -539,7 +542,8 @@ static void test_copy_past_end(void **state) {
 static void test_queue_and_fence(void **state) {
   uint64_t misuse = misuse_count();
   enum { N = 4096 };
-  ze_command_queue_desc_t qd = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC, .ordinal = g.copy_ordinal,
+  ze_command_queue_desc_t qd = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC,
+                                .ordinal = g.copy_ordinal,
                                 .mode = ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS};
   ze_command_queue_handle_t q = NULL;
   ZE_OK(zeCommandQueueCreate(g.ctx, g.device, &qd, &q));
@@ -604,7 +608,8 @@ static void test_queue_and_fence(void **state) {
 
 /* A synchronous immediate list has run a command when the append returns. */
 static void test_synchronous_list(void **state) {
-  ze_command_queue_desc_t d = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC, .ordinal = g.copy_ordinal,
+  ze_command_queue_desc_t d = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC,
+                               .ordinal = g.copy_ordinal,
                                .mode = ZE_COMMAND_QUEUE_MODE_SYNCHRONOUS};
   ze_command_list_handle_t l = NULL;
   ZE_OK(zeCommandListCreateImmediate(g.ctx, g.device, &d, &l));
@@ -636,8 +641,10 @@ static void test_kernel(void **state) {
   uint64_t misuse = misuse_count();
   size_t size = 0;
   unsigned char *spv = read_spv(&size);
-  ze_module_desc_t md = {.stype = ZE_STRUCTURE_TYPE_MODULE_DESC, .format = ZE_MODULE_FORMAT_IL_SPIRV,
-                         .inputSize = size, .pInputModule = spv};
+  ze_module_desc_t md = {.stype = ZE_STRUCTURE_TYPE_MODULE_DESC,
+                         .format = ZE_MODULE_FORMAT_IL_SPIRV,
+                         .inputSize = size,
+                         .pInputModule = spv};
   ze_module_handle_t m = NULL;
   ze_module_build_log_handle_t log = NULL;
   ZE_OK(zeModuleCreate(g.ctx, g.device, &md, &m, &log));

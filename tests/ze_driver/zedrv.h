@@ -51,134 +51,134 @@
 /* ---- objects (the opaque handle types of ze_api.h are these structs) ---------------------- */
 
 struct _ze_driver_handle_t {
-    int magic;
+  int magic;
 };
 struct _ze_device_handle_t {
-    int magic;
+  int magic;
 };
 struct _ze_context_handle_t {
-    int magic;
-    int live_objects; /* lists, pools, modules, allocations made in it: destroy refuses if > 0 */
+  int magic;
+  int live_objects; /* lists, pools, modules, allocations made in it: destroy refuses if > 0 */
 };
 
 typedef struct zedrv_engine zedrv_engine;
 
 struct _ze_event_pool_handle_t {
-    int magic;
-    ze_context_handle_t ctx;
-    ze_event_pool_flags_t flags;
-    uint32_t count;
-    struct _ze_event_handle_t **slots; /* the event created at each index, or NULL */
+  int magic;
+  ze_context_handle_t ctx;
+  ze_event_pool_flags_t flags;
+  uint32_t count;
+  struct _ze_event_handle_t **slots; /* the event created at each index, or NULL */
 };
 
 struct _ze_event_handle_t {
-    int magic;
-    ze_event_pool_handle_t pool;
-    uint32_t index;
-    bool signalled;
-    int pending_signals; /* queued commands that will signal it */
+  int magic;
+  ze_event_pool_handle_t pool;
+  uint32_t index;
+  bool signalled;
+  int pending_signals; /* queued commands that will signal it */
 };
 
 struct _ze_fence_handle_t {
-    int magic;
-    ze_command_queue_handle_t queue;
-    bool signalled;
-    bool pending;
+  int magic;
+  ze_command_queue_handle_t queue;
+  bool signalled;
+  bool pending;
 };
 
 typedef enum {
-    ZEDRV_CMD_COPY,
-    ZEDRV_CMD_COPY_REGION,
-    ZEDRV_CMD_FILL,
-    ZEDRV_CMD_BARRIER, /* waits and signal only */
-    ZEDRV_CMD_KERNEL,
-    ZEDRV_CMD_FENCE, /* queue-internal: signals a fence */
+  ZEDRV_CMD_COPY,
+  ZEDRV_CMD_COPY_REGION,
+  ZEDRV_CMD_FILL,
+  ZEDRV_CMD_BARRIER, /* waits and signal only */
+  ZEDRV_CMD_KERNEL,
+  ZEDRV_CMD_FENCE, /* queue-internal: signals a fence */
 } zedrv_cmd_kind;
 
 typedef struct zedrv_kernel_args {
-    uint32_t set_mask;
-    uint32_t size[ZEDRV_MAX_ARGS];
-    unsigned char value[ZEDRV_MAX_ARGS][ZEDRV_MAX_ARG_SIZE];
+  uint32_t set_mask;
+  uint32_t size[ZEDRV_MAX_ARGS];
+  unsigned char value[ZEDRV_MAX_ARGS][ZEDRV_MAX_ARG_SIZE];
 } zedrv_kernel_args;
 
 typedef struct zedrv_cmd {
-    struct zedrv_cmd *next;
-    zedrv_cmd_kind kind;
-    uint32_t nopened;
-    void *opened[ZEDRV_MAX_ARGS + 2]; /* strict mode: the allocations an engine opened for it */
-    uint32_t nwait;
-    ze_event_handle_t *wait;
-    ze_event_handle_t signal;
-    ze_fence_handle_t fence;
-    union {
-        struct {
-            void *dst;
-            const void *src;
-            size_t size;
-        } copy;
-        struct {
-            char *dst;
-            const char *src;
-            ze_copy_region_t dr, sr;
-            uint32_t dpitch, dslice, spitch, sslice;
-        } region;
-        struct {
-            char *dst;
-            unsigned char pattern[128];
-            size_t pattern_size, size;
-        } fill;
-        struct {
-            const struct zedrv_host_kernel *fn;
-            zedrv_kernel_args args;
-            uint32_t group_size[3];
-            ze_group_count_t groups;
-        } kernel;
-    } u;
+  struct zedrv_cmd *next;
+  zedrv_cmd_kind kind;
+  uint32_t nopened;
+  void *opened[ZEDRV_MAX_ARGS + 2]; /* strict mode: the allocations an engine opened for it */
+  uint32_t nwait;
+  ze_event_handle_t *wait;
+  ze_event_handle_t signal;
+  ze_fence_handle_t fence;
+  union {
+    struct {
+      void *dst;
+      const void *src;
+      size_t size;
+    } copy;
+    struct {
+      char *dst;
+      const char *src;
+      ze_copy_region_t dr, sr;
+      uint32_t dpitch, dslice, spitch, sslice;
+    } region;
+    struct {
+      char *dst;
+      unsigned char pattern[128];
+      size_t pattern_size, size;
+    } fill;
+    struct {
+      const struct zedrv_host_kernel *fn;
+      zedrv_kernel_args args;
+      uint32_t group_size[3];
+      ze_group_count_t groups;
+    } kernel;
+  } u;
 } zedrv_cmd;
 
 /* One engine: an in-order FIFO of commands and the worker thread that runs them. */
 struct zedrv_engine {
-    pthread_t thread;
-    zedrv_cmd *head, *tail;
-    int in_flight; /* queued + running */
-    bool stop;
-    bool copy_only;
+  pthread_t thread;
+  zedrv_cmd *head, *tail;
+  int in_flight; /* queued + running */
+  bool stop;
+  bool copy_only;
 };
 
 struct _ze_command_queue_handle_t {
-    int magic;
-    ze_context_handle_t ctx;
-    zedrv_engine engine;
-    ze_command_queue_mode_t mode;
+  int magic;
+  ze_context_handle_t ctx;
+  zedrv_engine engine;
+  ze_command_queue_mode_t mode;
 };
 
 struct _ze_command_list_handle_t {
-    int magic;
-    ze_context_handle_t ctx;
-    bool immediate;
-    bool closed;
-    bool copy_only;
-    zedrv_engine engine;        /* immediate lists: their own engine */
-    ze_command_queue_mode_t mode;
-    zedrv_cmd *head, *tail;     /* regular lists: the recorded commands */
-    int executing;              /* regular lists: times queued and not yet finished */
+  int magic;
+  ze_context_handle_t ctx;
+  bool immediate;
+  bool closed;
+  bool copy_only;
+  zedrv_engine engine; /* immediate lists: their own engine */
+  ze_command_queue_mode_t mode;
+  zedrv_cmd *head, *tail; /* regular lists: the recorded commands */
+  int executing;          /* regular lists: times queued and not yet finished */
 };
 
 struct _ze_module_handle_t {
-    int magic;
-    ze_context_handle_t ctx;
-    char **names; /* the SPIR-V module's kernel entry points */
-    uint32_t nnames;
-    int kernels;  /* live kernels */
+  int magic;
+  ze_context_handle_t ctx;
+  char **names; /* the SPIR-V module's kernel entry points */
+  uint32_t nnames;
+  int kernels; /* live kernels */
 };
 
 struct _ze_kernel_handle_t {
-    int magic;
-    ze_module_handle_t module;
-    const struct zedrv_host_kernel *fn;
-    char *name;
-    uint32_t group_size[3];
-    zedrv_kernel_args args;
+  int magic;
+  ze_module_handle_t module;
+  const struct zedrv_host_kernel *fn;
+  char *name;
+  uint32_t group_size[3];
+  zedrv_kernel_args args;
 };
 
 /* ---- the host kernels (kernels.c): the hook for the project's SPIR-V kernels --------------- */
@@ -186,18 +186,18 @@ struct _ze_kernel_handle_t {
 /* One launch as a host function sees it: each work-item's global id is derived from the group
  * size and count, as a device would; the function loops over them. */
 typedef struct zedrv_launch {
-    const zedrv_kernel_args *args;
-    uint32_t group_size[3];
-    ze_group_count_t groups;
+  const zedrv_kernel_args *args;
+  uint32_t group_size[3];
+  ze_group_count_t groups;
 } zedrv_launch;
 
 typedef struct zedrv_host_kernel {
-    const char *name;       /* the SPIR-V entry point it implements */
-    uint32_t nargs;         /* every one must be set before a launch */
-    uint32_t arg_size[ZEDRV_MAX_ARGS]; /* each argument's size in bytes (8 for a pointer) */
-    /* Runs the whole launch on the worker; returns ZE_RESULT_SUCCESS or an error that makes
+  const char *name;                  /* the SPIR-V entry point it implements */
+  uint32_t nargs;                    /* every one must be set before a launch */
+  uint32_t arg_size[ZEDRV_MAX_ARGS]; /* each argument's size in bytes (8 for a pointer) */
+  /* Runs the whole launch on the worker; returns ZE_RESULT_SUCCESS or an error that makes
      * the device lost (a kernel fault). */
-    ze_result_t (*run)(const zedrv_launch *launch);
+  ze_result_t (*run)(const zedrv_launch *launch);
 } zedrv_host_kernel;
 
 const zedrv_host_kernel *zedrv_find_host_kernel(const char *name);
@@ -208,33 +208,33 @@ uint32_t zedrv_arg_u32(const zedrv_launch *l, uint32_t i);
 /* ---- the driver's state ------------------------------------------------------------------- */
 
 typedef struct zedrv_alloc {
-    char *base;
-    size_t size;
-    ze_memory_type_t type; /* ZE_MEMORY_TYPE_UNKNOWN: an imported host range */
-    ze_context_handle_t ctx; /* NULL for an imported range */
-    uint64_t id;
-    size_t charged; /* bytes counted against the device's memory */
-    /* ZEDRV_STRICT=1: a device allocation is its own mapping, PROT_NONE unless an engine has it
+  char *base;
+  size_t size;
+  ze_memory_type_t type;   /* ZE_MEMORY_TYPE_UNKNOWN: an imported host range */
+  ze_context_handle_t ctx; /* NULL for an imported range */
+  uint64_t id;
+  size_t charged; /* bytes counted against the device's memory */
+  /* ZEDRV_STRICT=1: a device allocation is its own mapping, PROT_NONE unless an engine has it
      * open (opens > 0) */
-    void *map_base;
-    size_t map_len;
-    int opens;
+  void *map_base;
+  size_t map_len;
+  int opens;
 } zedrv_alloc;
 
 typedef struct zedrv_state {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool initialized;
-    unsigned delay_min_us, delay_max_us;
-    bool copy_first, no_fp64, no_import, abort_on_misuse, strict;
-    uint64_t max_alloc, memory, used;
-    uint64_t misuse;
-    uint64_t next_alloc_id;
-    bool device_lost;
-    zedrv_alloc *allocs; /* sorted by base */
-    size_t nallocs, cap_allocs;
-    struct _ze_driver_handle_t driver;
-    struct _ze_device_handle_t device;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool initialized;
+  unsigned delay_min_us, delay_max_us;
+  bool copy_first, no_fp64, no_import, abort_on_misuse, strict;
+  uint64_t max_alloc, memory, used;
+  uint64_t misuse;
+  uint64_t next_alloc_id;
+  bool device_lost;
+  zedrv_alloc *allocs; /* sorted by base */
+  size_t nallocs, cap_allocs;
+  struct _ze_driver_handle_t driver;
+  struct _ze_device_handle_t device;
 } zedrv_state;
 
 extern zedrv_state zd;
