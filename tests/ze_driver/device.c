@@ -62,6 +62,7 @@ void zedrv_env_init(void) {
   zd.no_import = env_is("ZEDRV_NO_IMPORT", "1");
   zd.abort_on_misuse = env_is("ZEDRV_MISUSE", "abort");
   zd.strict = env_is("ZEDRV_STRICT", "1");
+  zd.lose_after = env_u64("ZEDRV_LOSE_AFTER", 0);
   zd.max_alloc = env_u64("ZEDRV_MAX_ALLOC", 4ull << 30);
   zd.memory = env_u64("ZEDRV_MEMORY", 16ull << 30);
 }
@@ -145,6 +146,14 @@ static ze_result_t ZE_APICALL zedrv_set_delay_us(ze_driver_handle_t d, uint32_t 
   return ZE_RESULT_SUCCESS;
 }
 
+static ze_result_t ZE_APICALL zedrv_lose_device(ze_driver_handle_t d) {
+  pthread_mutex_lock(&zd.lock);
+  zd.device_lost = true;
+  pthread_cond_broadcast(&zd.cond);
+  pthread_mutex_unlock(&zd.lock);
+  return ZE_RESULT_SUCCESS;
+}
+
 static ze_result_t ZE_APICALL driver_get_extension_function_address(ze_driver_handle_t d, const char *name, void **fn) {
   *fn = NULL;
   if (!zd.no_import) {
@@ -157,6 +166,8 @@ static ze_result_t ZE_APICALL driver_get_extension_function_address(ze_driver_ha
   }
   if (strcmp(name, "zedrvGetMisuseCount") == 0)
     *fn = (void *)zedrv_get_misuse_count;
+  else if (strcmp(name, "zedrvLoseDevice") == 0)
+    *fn = (void *)zedrv_lose_device;
   else if (strcmp(name, "zedrvSetDelayUs") == 0)
     *fn = (void *)zedrv_set_delay_us;
   return *fn ? ZE_RESULT_SUCCESS : ZE_RESULT_ERROR_INVALID_ARGUMENT;

@@ -186,7 +186,7 @@ static void *engine_main(void *arg) {
     ze_result_t r = run_cmd(c, delay);
     pthread_mutex_lock(&zd.lock);
     close_memory(c);
-    if (r != ZE_RESULT_SUCCESS) zd.device_lost = true;
+    if (r != ZE_RESULT_SUCCESS || (zd.lose_after && ++zd.commands_run >= zd.lose_after)) zd.device_lost = true;
     retire(e, c, r == ZE_RESULT_SUCCESS);
   }
   pthread_mutex_unlock(&zd.lock);

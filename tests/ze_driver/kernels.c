@@ -40,8 +40,20 @@ static ze_result_t run_add_u32(const zedrv_launch *l) {
   return ZE_RESULT_SUCCESS;
 }
 
+/* kernels/example_f64.cl: zedrv_scale_f64(global double *dst, double factor, uint n). */
+static ze_result_t run_scale_f64(const zedrv_launch *l) {
+  double *dst = zedrv_arg_ptr(l, 0);
+  double factor;
+  memcpy(&factor, l->args->value[1], sizeof factor);
+  uint32_t n = zedrv_arg_u32(l, 2);
+  uint64_t gx = global_size_x(l);
+  if (n && !dst) return ZE_RESULT_ERROR_DEVICE_LOST;
+  for (uint64_t i = 0; i < gx && i < n; i++) dst[i] *= factor;
+  return ZE_RESULT_SUCCESS;
+}
+
 static const zedrv_host_kernel zedrv_host_kernels[] = {
-    {"zedrv_add_u32", 4, {8, 8, 4, 4}, run_add_u32},
+    {"zedrv_add_u32", 4, {8, 8, 4, 4}, run_add_u32}, {"zedrv_scale_f64", 3, {8, 8, 4}, run_scale_f64},
     /* the project's cast kernels go here */
 };
 

@@ -110,6 +110,10 @@ static ze_result_t alloc_common(ze_context_handle_t ctx, size_t size, size_t ali
   size_t rounded = (size + align - 1) / align * align;
   ze_result_t r = ZE_RESULT_SUCCESS;
   pthread_mutex_lock(&zd.lock);
+  if (zd.device_lost) {
+    r = ZE_RESULT_ERROR_DEVICE_LOST;
+    goto out_unlock;
+  }
   if (type == ZE_MEMORY_TYPE_DEVICE && zd.used + rounded > zd.memory) {
     r = ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
     goto out_unlock;

@@ -624,8 +624,8 @@ static void test_synchronous_list(void **state) {
 
 /* ---- modules and kernels ----------------------------------------------------------------- */
 
-static unsigned char *read_spv(size_t *size) {
-  const char *path = getenv("ZEDRV_TEST_SPV");
+static unsigned char *read_spv(const char *var, size_t *size) {
+  const char *path = getenv(var);
   assert_non_null(path);
   FILE *f = fopen(path, "rb");
   if (!f) fail_msg("%s: cannot open the example SPIR-V module (built by sl_ze_example_spv)", path);
@@ -640,7 +640,7 @@ static unsigned char *read_spv(size_t *size) {
 static void test_kernel(void **state) {
   uint64_t misuse = misuse_count();
   size_t size = 0;
-  unsigned char *spv = read_spv(&size);
+  unsigned char *spv = read_spv("ZEDRV_TEST_SPV", &size);
   ze_module_desc_t md = {.stype = ZE_STRUCTURE_TYPE_MODULE_DESC,
                          .format = ZE_MODULE_FORMAT_IL_SPIRV,
                          .inputSize = size,
@@ -719,7 +719,148 @@ static void test_kernel(void **state) {
   assert_int_equal(misuse_count(), misuse);
 }
 
-int main(void) {
+static ze_module_handle_t build_module(const char *var, ze_result_t want, const char *log_says) {
+  size_t size = 0;
+  unsigned char *spv = read_spv(var, &size);
+  ze_module_desc_t md = {.stype = ZE_STRUCTURE_TYPE_MODULE_DESC,
+                         .format = ZE_MODULE_FORMAT_IL_SPIRV,
+                         .inputSize = size,
+                         .pInputModule = spv};
+  ze_module_handle_t m = NULL;
+  ze_module_build_log_handle_t log = NULL;
+  assert_int_equal(zeModuleCreate(g.ctx, g.device, &md, &m, &log), want);
+  free(spv);
+  assert_non_null(log);
+  char text[256] = "";
+  size_t len = sizeof text;
+  ZE_OK(zeModuleBuildLogGetString(log, &len, text));
+  if (log_says) assert_non_null(strstr(text, log_says));
+  ZE_OK(zeModuleBuildLogDestroy(log));
+  return want == ZE_RESULT_SUCCESS ? m : NULL;
+}
+
+/* An fp64 module builds and runs where the device reports fp64, and fails to build, saying why,
+ * where it does not (ZEDRV_NO_FP64=1). */
+static void test_kernel_f64(void **state) {
+  ze_device_module_properties_t mp = {.stype = ZE_STRUCTURE_TYPE_DEVICE_MODULE_PROPERTIES};
+  ZE_OK(zeDeviceGetModuleProperties(g.device, &mp));
+  const char *env = getenv("ZEDRV_NO_FP64");
+  bool fp64 = !(env && strcmp(env, "1") == 0);
+  assert_int_equal(!!(mp.flags & ZE_DEVICE_MODULE_FLAG_FP64), fp64);
+  if (!fp64) {
+    build_module("ZEDRV_TEST_SPV_F64", ZE_RESULT_ERROR_MODULE_BUILD_FAILURE, "Float64");
+    return;
+  }
+  ze_module_handle_t m = build_module("ZEDRV_TEST_SPV_F64", ZE_RESULT_SUCCESS, NULL);
+  ze_kernel_desc_t kd = {.stype = ZE_STRUCTURE_TYPE_KERNEL_DESC, .pKernelName = "zedrv_scale_f64"};
+  ze_kernel_handle_t k = NULL;
+  ZE_OK(zeKernelCreate(m, &kd, &k));
+  enum { N = 300 };
+  double *buf = device_alloc(N * sizeof(double)), *host = host_alloc(N * sizeof(double));
+  for (int i = 0; i < N; i++) host[i] = i * 0.5;
+  double factor = 2.5;
+  uint32_t n = N;
+  ZE_OK(zeKernelSetArgumentValue(k, 0, sizeof buf, &buf));
+  ZE_OK(zeKernelSetArgumentValue(k, 1, sizeof factor, &factor));
+  ZE_OK(zeKernelSetArgumentValue(k, 2, sizeof n, &n));
+  ZE_OK(zeKernelSetGroupSize(k, 64, 1, 1));
+  ze_group_count_t groups = {(N + 63) / 64, 1, 1};
+  ze_command_list_handle_t l = immediate(g.compute_ordinal, 0);
+  ze_event_handle_t done = new_event();
+  ZE_OK(zeCommandListAppendMemoryCopy(l, buf, host, N * sizeof(double), NULL, 0, NULL));
+  ZE_OK(zeCommandListAppendLaunchKernel(l, k, &groups, NULL, 0, NULL));
+  ZE_OK(zeCommandListAppendMemoryCopy(l, host, buf, N * sizeof(double), done, 0, NULL));
+  ZE_OK(zeEventHostSynchronize(done, FOREVER));
+  for (int i = 0; i < N; i++) assert_true(host[i] == i * 0.5 * 2.5);
+  ZE_OK(zeEventDestroy(done));
+  ZE_OK(zeCommandListDestroy(l));
+  ZE_OK(zeKernelDestroy(k));
+  ZE_OK(zeModuleDestroy(m));
+  ZE_OK(zeMemFree(g.ctx, buf));
+  ZE_OK(zeMemFree(g.ctx, host));
+}
+
+/* ---- device loss (each case in a process of its own: a loss is for good) ------------------ */
+
+/* After a loss: syncs answer DEVICE_LOST (none hangs, not even one behind a wait that will never
+ * be met), so do new work and the device's status; objects can still be destroyed. */
+static void check_lost(ze_event_handle_t lost_event) {
+  assert_int_equal(zeEventHostSynchronize(lost_event, FOREVER), ZE_RESULT_ERROR_DEVICE_LOST);
+  assert_int_equal(zeDeviceGetStatus(g.device), ZE_RESULT_ERROR_DEVICE_LOST);
+  ze_command_list_handle_t l = immediate(g.copy_ordinal, 0);
+  ze_event_handle_t never = new_event(), behind = new_event();
+  char a[64], b[64];
+  assert_int_equal(zeCommandListAppendMemoryCopy(l, a, b, sizeof a, behind, 1, &never), ZE_RESULT_ERROR_DEVICE_LOST);
+  void *p = NULL;
+  ze_device_mem_alloc_desc_t dd = {.stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC};
+  assert_int_equal(zeMemAllocDevice(g.ctx, &dd, 64, 64, g.device, &p), ZE_RESULT_ERROR_DEVICE_LOST);
+  ZE_OK(zeCommandListDestroy(l));
+  ZE_OK(zeEventDestroy(never));
+  ZE_OK(zeEventDestroy(behind));
+}
+
+/* A kernel that faults (add_u32 on NULL pointers) loses the device; a command queued on another
+ * engine behind it fails too instead of waiting forever. */
+static void test_lost_kernel_fault(void **state) {
+  ze_module_handle_t m = build_module("ZEDRV_TEST_SPV", ZE_RESULT_SUCCESS, NULL);
+  ze_kernel_desc_t kd = {.stype = ZE_STRUCTURE_TYPE_KERNEL_DESC, .pKernelName = "zedrv_add_u32"};
+  ze_kernel_handle_t k = NULL;
+  ZE_OK(zeKernelCreate(m, &kd, &k));
+  void *null = NULL;
+  uint32_t add = 1, n = 10;
+  ZE_OK(zeKernelSetArgumentValue(k, 0, sizeof null, NULL));
+  ZE_OK(zeKernelSetArgumentValue(k, 1, sizeof null, &null));
+  ZE_OK(zeKernelSetArgumentValue(k, 2, sizeof add, &add));
+  ZE_OK(zeKernelSetArgumentValue(k, 3, sizeof n, &n));
+  ze_command_list_handle_t l = immediate(g.compute_ordinal, 0), other = immediate(g.copy_ordinal, 1);
+  ze_event_handle_t ran = new_event(), after = new_event();
+  ze_group_count_t groups = {1, 1, 1};
+  ZE_OK(zeKernelSetGroupSize(k, 16, 1, 1));
+  char a[64], b[64] = {0};
+  ZE_OK(zeCommandListAppendLaunchKernel(l, k, &groups, ran, 0, NULL));
+  ZE_OK(zeCommandListAppendMemoryCopy(other, a, b, sizeof a, after, 1, &ran));
+  assert_int_equal(zeEventHostSynchronize(after, FOREVER), ZE_RESULT_ERROR_DEVICE_LOST);
+  check_lost(ran);
+  ZE_OK(zeCommandListDestroy(l));
+  ZE_OK(zeCommandListDestroy(other));
+  ZE_OK(zeEventDestroy(ran));
+  ZE_OK(zeEventDestroy(after));
+  ZE_OK(zeKernelDestroy(k));
+  ZE_OK(zeModuleDestroy(m));
+}
+
+/* ZEDRV_LOSE_AFTER=3: the third command completes, then the device is gone. */
+static void test_lost_after_three(void **state) {
+  ze_command_list_handle_t l = immediate(g.copy_ordinal, 0);
+  char a[64], b[64] = {1};
+  ze_event_handle_t ev[4];
+  for (int i = 0; i < 3; i++) {
+    ev[i] = new_event();
+    ZE_OK(zeCommandListAppendMemoryCopy(l, a, b, sizeof a, ev[i], 0, NULL));
+    ZE_OK(zeEventHostSynchronize(ev[i], FOREVER));
+  }
+  ev[3] = new_event();
+  assert_int_equal(zeCommandListAppendMemoryCopy(l, a, b, sizeof a, ev[3], 0, NULL), ZE_RESULT_ERROR_DEVICE_LOST);
+  check_lost(ev[3]);
+  ZE_OK(zeCommandListDestroy(l));
+  for (int i = 0; i < 4; i++) ZE_OK(zeEventDestroy(ev[i]));
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--device-lost") == 0) {
+    const struct CMUnitTest fault[] = {cmocka_unit_test(test_lost_kernel_fault)};
+    const struct CMUnitTest after[] = {cmocka_unit_test(test_lost_after_three)};
+    if (strcmp(argv[2], "kernel-fault") == 0) return cmocka_run_group_tests(fault, setup, teardown);
+    if (strcmp(argv[2], "lose-after") == 0) {
+      if (!getenv("ZEDRV_LOSE_AFTER")) {
+        fprintf(stderr, "test_ze_driver --device-lost lose-after: set ZEDRV_LOSE_AFTER=3 (ctest does)\n");
+        return 1;
+      }
+      return cmocka_run_group_tests(after, setup, teardown);
+    }
+    fprintf(stderr, "test_ze_driver: --device-lost %s: expected kernel-fault or lose-after\n", argv[2]);
+    return 1;
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_discovery),
       cmocka_unit_test(test_validation_layer),
@@ -737,6 +878,7 @@ int main(void) {
       cmocka_unit_test(test_queue_and_fence),
       cmocka_unit_test(test_synchronous_list),
       cmocka_unit_test(test_kernel),
+      cmocka_unit_test(test_kernel_f64),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

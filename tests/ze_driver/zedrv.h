@@ -23,12 +23,15 @@
  *   ZEDRV_NO_FP64=1          the device reports no fp64 support
  *   ZEDRV_NO_IMPORT=1        zexDriverImportExternalPointer is not offered
  *   ZEDRV_MISUSE=abort       abort at the first misuse instead of counting it
+ *   ZEDRV_LOSE_AFTER=n       the device is lost once n commands have run (every later call that
+ *                            touches it answers ZE_RESULT_ERROR_DEVICE_LOST)
  *   ZEDRV_STRICT=1           device memory is unreadable to the host outside the driver's own
  *                            commands (mapped PROT_NONE, opened by an engine while a command that
  *                            names it runs, as sim:strict): a host read of it faults
  *
  * Test-only extensions (zeDriverGetExtensionFunctionAddress):
  *   zedrvGetMisuseCount(hDriver, uint64_t *count)
+ *   zedrvLoseDevice(hDriver)                               the device is lost now
  *   zedrvSetDelayUs(hDriver, uint32_t min, uint32_t max)   the delay of the commands that start from now
  *
  * One mutex (zd.lock) guards every object; workers and host waits sleep on one condition
@@ -229,6 +232,7 @@ typedef struct zedrv_state {
   bool copy_first, no_fp64, no_import, abort_on_misuse, strict;
   uint64_t max_alloc, memory, used;
   uint64_t misuse;
+  uint64_t commands_run, lose_after; /* ZEDRV_LOSE_AFTER (0: never) */
   uint64_t next_alloc_id;
   bool device_lost;
   zedrv_alloc *allocs; /* sorted by base */
