@@ -1,12 +1,16 @@
 /* The host implementations of SPIR-V kernels, by entry-point name: the test driver runs a
- * kernel of a module through the function of the same name here.
+ * kernel of a module through the function of the same name.
  *
- * THE HOOK for the project's own kernels (the casts of backends/level_zero): add one entry per
- * SPIR-V entry point to zedrv_host_kernels[] below, with its argument count and sizes (8 for a
- * pointer), and a run function that loops over every work-item of the launch and computes what
- * the kernel computes -- from the same element math the device kernels use, so the host and
- * the device share one definition. A module whose entry point has no entry here still builds
- * (a real device would build it), but zeKernelCreate refuses the name and says so on stderr. */
+ * THE HOOK for the project's own kernels (the casts of backends/level_zero): a source of the
+ * driver (add it to sl_ze_test_driver's list in CMakeLists.txt) defines
+ *     const zedrv_host_kernel *zedrv_extra_host_kernels(size_t *count);
+ * returning its table: one entry per SPIR-V entry point, with its argument count and sizes (8
+ * for a pointer), and a run function that loops over every work-item of the launch and computes
+ * what the kernel computes -- from the same element math the device kernels use
+ * (backends/cuda/cuda_convert.h compiles as host code), so the host and the device share one
+ * definition. It is looked up after the examples below (a weak symbol: absent, no table). A
+ * module whose entry point has no entry still builds (a real device would build it), but
+ * zeKernelCreate refuses the name and says so on stderr. */
 #include "zedrv.h"
 
 #include <string.h>
@@ -54,11 +58,17 @@ static ze_result_t run_scale_f64(const zedrv_launch *l) {
 
 static const zedrv_host_kernel zedrv_host_kernels[] = {
     {"zedrv_add_u32", 4, {8, 8, 4, 4}, run_add_u32}, {"zedrv_scale_f64", 3, {8, 8, 4}, run_scale_f64},
-    /* the project's cast kernels go here */
+    /* the project's kernels come from zedrv_extra_host_kernels() */
 };
 
 const zedrv_host_kernel *zedrv_find_host_kernel(const char *name) {
   for (size_t i = 0; i < sizeof zedrv_host_kernels / sizeof zedrv_host_kernels[0]; i++)
     if (strcmp(zedrv_host_kernels[i].name, name) == 0) return &zedrv_host_kernels[i];
+  if (zedrv_extra_host_kernels) {
+    size_t n = 0;
+    const zedrv_host_kernel *extra = zedrv_extra_host_kernels(&n);
+    for (size_t i = 0; i < n; i++)
+      if (strcmp(extra[i].name, name) == 0) return &extra[i];
+  }
   return NULL;
 }

@@ -204,6 +204,8 @@ typedef struct zedrv_host_kernel {
 } zedrv_host_kernel;
 
 const zedrv_host_kernel *zedrv_find_host_kernel(const char *name);
+/* Another source's table of host kernels (kernels.c says how to add one); weak: may be absent. */
+const zedrv_host_kernel *zedrv_extra_host_kernels(size_t *count) __attribute__((weak, visibility("hidden")));
 /* An argument's value as a pointer / a uint32 (the host function's accessors). */
 void *zedrv_arg_ptr(const zedrv_launch *l, uint32_t i);
 uint32_t zedrv_arg_u32(const zedrv_launch *l, uint32_t i);
