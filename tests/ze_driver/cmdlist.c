@@ -19,7 +19,7 @@ static void ctx_count(ze_context_handle_t ctx, int delta) {
 /* ---- creation ---------------------------------------------------------------------------- */
 
 static ze_result_t check_group(ze_context_handle_t ctx, ze_device_handle_t dev, uint32_t ordinal, uint32_t index) {
-  if (!live(ctx) || dev != &zd.device) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+  if (!live(ctx) || !zedrv_is_device(dev)) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
   if (ordinal >= ZEDRV_NUM_GROUPS) return ZE_RESULT_ERROR_INVALID_ARGUMENT;
   if (index >= (zedrv_group_is_copy_only(ordinal) ? 2u : 1u)) return ZE_RESULT_ERROR_INVALID_ARGUMENT;
   return ZE_RESULT_SUCCESS;

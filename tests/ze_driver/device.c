@@ -65,20 +65,45 @@ void zedrv_env_init(void) {
   zd.lose_after = env_u64("ZEDRV_LOSE_AFTER", 0);
   zd.max_alloc = env_u64("ZEDRV_MAX_ALLOC", 4ull << 30);
   zd.memory = env_u64("ZEDRV_MEMORY", 16ull << 30);
+  zd.ndevices = (uint32_t)env_u64("ZEDRV_DEVICES", 1);
+  if (zd.ndevices > ZEDRV_MAX_DEVICES) {
+    fprintf(stderr, "zedrv: ZEDRV_DEVICES=%u: at most %d; using %d\n", zd.ndevices, ZEDRV_MAX_DEVICES,
+            ZEDRV_MAX_DEVICES);
+    zd.ndevices = ZEDRV_MAX_DEVICES;
+  }
+  static const struct {
+    const char *name;
+    ze_device_type_t type;
+  } types[] = {{"gpu", ZE_DEVICE_TYPE_GPU},
+               {"cpu", ZE_DEVICE_TYPE_CPU},
+               {"fpga", ZE_DEVICE_TYPE_FPGA},
+               {"vpu", ZE_DEVICE_TYPE_VPU}};
+  const char *t = getenv("ZEDRV_DEVICE_TYPE");
+  zd.device_type = ZE_DEVICE_TYPE_GPU;
+  for (size_t i = 0; t && i < sizeof types / sizeof types[0]; i++)
+    if (strcmp(t, types[i].name) == 0) zd.device_type = types[i].type;
+}
+
+bool zedrv_is_device(ze_device_handle_t d) {
+  return d >= &zd.devices[0] && d < &zd.devices[zd.ndevices] && d->magic == ZEDRV_MAGIC_LIVE;
 }
 
 ze_result_t ZE_APICALL zedrv_init(ze_init_flags_t flags) {
   if (flags & ~(ze_init_flags_t)(ZE_INIT_FLAG_GPU_ONLY | ZE_INIT_FLAG_VPU_ONLY))
     return ZE_RESULT_ERROR_INVALID_ENUMERATION;
-  if (flags == ZE_INIT_FLAG_VPU_ONLY) return ZE_RESULT_ERROR_UNINITIALIZED; /* a GPU driver has no VPU */
   pthread_mutex_lock(&zd.lock);
   if (!zd.initialized) {
     zedrv_env_init();
     zd.driver.magic = ZEDRV_MAGIC_LIVE;
-    zd.device.magic = ZEDRV_MAGIC_LIVE;
+    for (uint32_t i = 0; i < zd.ndevices; i++) zd.devices[i] = (struct _ze_device_handle_t){ZEDRV_MAGIC_LIVE, i};
     zd.initialized = true;
   }
+  ze_device_type_t type = zd.device_type;
   pthread_mutex_unlock(&zd.lock);
+  /* a driver whose devices are not of the kind asked for has nothing to offer */
+  if ((flags == ZE_INIT_FLAG_GPU_ONLY && type != ZE_DEVICE_TYPE_GPU) ||
+      (flags == ZE_INIT_FLAG_VPU_ONLY && type != ZE_DEVICE_TYPE_VPU))
+    return ZE_RESULT_ERROR_UNINITIALIZED;
   return ZE_RESULT_SUCCESS;
 }
 
@@ -188,11 +213,11 @@ ze_result_t zedrv_fill_driver(ze_driver_dditable_t *t) {
 static ze_result_t ZE_APICALL device_get(ze_driver_handle_t d, uint32_t *count, ze_device_handle_t *devs) {
   if (d != &zd.driver) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
   if (*count == 0 || !devs) {
-    *count = 1;
+    *count = zd.ndevices;
     return ZE_RESULT_SUCCESS;
   }
-  devs[0] = &zd.device;
-  *count = 1;
+  if (*count > zd.ndevices) *count = zd.ndevices;
+  for (uint32_t i = 0; i < *count; i++) devs[i] = &zd.devices[i];
   return ZE_RESULT_SUCCESS;
 }
 
@@ -202,8 +227,8 @@ static ze_result_t ZE_APICALL device_get_sub_devices(ze_device_handle_t d, uint3
 }
 
 static ze_result_t ZE_APICALL device_get_properties(ze_device_handle_t d, ze_device_properties_t *p) {
-  if (d != &zd.device) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
-  p->type = ZE_DEVICE_TYPE_GPU;
+  if (!zedrv_is_device(d)) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+  p->type = zd.device_type;
   p->vendorId = 0x8086;
   p->deviceId = 0x0bd5; /* a Ponte Vecchio id: the module must not rely on it */
   p->flags = 0;         /* discrete, no ECC, no subdevice */
@@ -221,8 +246,8 @@ static ze_result_t ZE_APICALL device_get_properties(ze_device_handle_t d, ze_dev
   p->timestampValidBits = 64;
   p->kernelTimestampValidBits = 32;
   memset(&p->uuid, 0, sizeof p->uuid);
-  memcpy(p->uuid.id, "zedrv-device-0", 14);
-  snprintf(p->name, sizeof p->name, "shardload Level Zero test device");
+  snprintf((char *)p->uuid.id, sizeof p->uuid.id, "zedrv-device-%u", d->index);
+  snprintf(p->name, sizeof p->name, "shardload Level Zero test device %u", d->index);
   return ZE_RESULT_SUCCESS;
 }
 
@@ -314,9 +339,35 @@ static ze_result_t ZE_APICALL device_get_status(ze_device_handle_t d) {
   return lost ? ZE_RESULT_ERROR_DEVICE_LOST : ZE_RESULT_SUCCESS;
 }
 
+static ze_result_t ZE_APICALL device_can_access_peer(ze_device_handle_t d, ze_device_handle_t peer, ze_bool_t *can) {
+  if (!zedrv_is_device(d) || !zedrv_is_device(peer)) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+  *can = 1; /* one host memory underneath */
+  return ZE_RESULT_SUCCESS;
+}
+
+static ze_result_t ZE_APICALL device_get_cache_properties(ze_device_handle_t d, uint32_t *count,
+                                                          ze_device_cache_properties_t *p) {
+  if (*count == 0 || !p) {
+    *count = 1;
+    return ZE_RESULT_SUCCESS;
+  }
+  *count = 1;
+  p->flags = 0;
+  p->cacheSize = 64u << 20;
+  return ZE_RESULT_SUCCESS;
+}
+
+static ze_result_t ZE_APICALL device_get_global_timestamps(ze_device_handle_t d, uint64_t *host, uint64_t *device) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  *host = *device = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+  return ZE_RESULT_SUCCESS;
+}
+
 static ze_result_t ZE_APICALL device_pci_get_properties(ze_device_handle_t d, ze_pci_ext_properties_t *p) {
   p->address.domain = 0;
-  p->address.bus = 0x3a;
+  if (!zedrv_is_device(d)) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+  p->address.bus = 0x3a + d->index;
   p->address.device = 0;
   p->address.function = 0;
   p->maxSpeed.genVersion = 5;
@@ -335,6 +386,9 @@ ze_result_t zedrv_fill_device(ze_device_dditable_t *t) {
   t->pfnGetMemoryProperties = device_get_memory_properties;
   t->pfnGetMemoryAccessProperties = device_get_memory_access_properties;
   t->pfnGetStatus = device_get_status;
+  t->pfnCanAccessPeer = device_can_access_peer;
+  t->pfnGetCacheProperties = device_get_cache_properties;
+  t->pfnGetGlobalTimestamps = device_get_global_timestamps;
   t->pfnPciGetPropertiesExt = device_pci_get_properties;
   return ZE_RESULT_SUCCESS;
 }
@@ -363,7 +417,7 @@ static ze_result_t ZE_APICALL context_destroy(ze_context_handle_t c) {
 }
 
 static ze_result_t ZE_APICALL context_get_status(ze_context_handle_t c) {
-  return device_get_status(&zd.device);
+  return device_get_status(&zd.devices[0]);
 }
 
 ze_result_t zedrv_fill_context(ze_context_dditable_t *t) {

@@ -14,7 +14,7 @@ static ze_result_t ZE_APICALL pool_create(ze_context_handle_t ctx, const ze_even
   if (!live(ctx)) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
   if (desc->count == 0) return ZE_RESULT_ERROR_INVALID_SIZE;
   for (uint32_t i = 0; i < ndev; i++)
-    if (devs[i] != &zd.device) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    if (!zedrv_is_device(devs[i])) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
   ze_event_pool_handle_t p = calloc(1, sizeof *p);
   if (!p) return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
   p->slots = calloc(desc->count, sizeof *p->slots);

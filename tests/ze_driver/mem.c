@@ -99,8 +99,8 @@ void zedrv_alloc_close(void *base) {
   if (--a->opens == 0) set_protection(a, PROT_NONE);
 }
 
-static ze_result_t alloc_common(ze_context_handle_t ctx, size_t size, size_t alignment, ze_memory_type_t type,
-                                bool relaxed, void **out) {
+static ze_result_t alloc_common(ze_context_handle_t ctx, ze_device_handle_t dev, size_t size, size_t alignment,
+                                ze_memory_type_t type, bool relaxed, void **out) {
   if (!ctx || ctx->magic != ZEDRV_MAGIC_LIVE) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
   if (!out) return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
   if (size == 0) return ZE_RESULT_ERROR_UNSUPPORTED_SIZE;
@@ -143,6 +143,7 @@ static ze_result_t alloc_common(ze_context_handle_t ctx, size_t size, size_t ali
   }
   zedrv_alloc *a = (zedrv_alloc *)zedrv_alloc_find(p);
   a->map_base = map_base;
+  a->device = dev;
   a->map_len = map_len;
   if (type == ZE_MEMORY_TYPE_DEVICE) {
     a->charged = rounded;
@@ -157,20 +158,20 @@ out_unlock:
 
 static ze_result_t ZE_APICALL mem_alloc_device(ze_context_handle_t ctx, const ze_device_mem_alloc_desc_t *desc,
                                                size_t size, size_t alignment, ze_device_handle_t dev, void **out) {
-  if (dev != &zd.device) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
-  return alloc_common(ctx, size, alignment, ZE_MEMORY_TYPE_DEVICE, relaxed_max_size(desc->pNext), out);
+  if (!zedrv_is_device(dev)) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+  return alloc_common(ctx, dev, size, alignment, ZE_MEMORY_TYPE_DEVICE, relaxed_max_size(desc->pNext), out);
 }
 
 static ze_result_t ZE_APICALL mem_alloc_host(ze_context_handle_t ctx, const ze_host_mem_alloc_desc_t *desc, size_t size,
                                              size_t alignment, void **out) {
-  return alloc_common(ctx, size, alignment, ZE_MEMORY_TYPE_HOST, relaxed_max_size(desc->pNext), out);
+  return alloc_common(ctx, NULL, size, alignment, ZE_MEMORY_TYPE_HOST, relaxed_max_size(desc->pNext), out);
 }
 
 static ze_result_t ZE_APICALL mem_alloc_shared(ze_context_handle_t ctx, const ze_device_mem_alloc_desc_t *ddesc,
                                                const ze_host_mem_alloc_desc_t *hdesc, size_t size, size_t alignment,
                                                ze_device_handle_t dev, void **out) {
-  if (dev && dev != &zd.device) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
-  return alloc_common(ctx, size, alignment, ZE_MEMORY_TYPE_SHARED, relaxed_max_size(ddesc->pNext), out);
+  if (dev && !zedrv_is_device(dev)) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+  return alloc_common(ctx, dev, size, alignment, ZE_MEMORY_TYPE_SHARED, relaxed_max_size(ddesc->pNext), out);
 }
 
 static ze_result_t ZE_APICALL mem_free(ze_context_handle_t ctx, void *ptr) {
@@ -210,7 +211,7 @@ static ze_result_t ZE_APICALL mem_get_alloc_properties(ze_context_handle_t ctx, 
     p->type = a->type;
     p->id = a->id;
     p->pageSize = 4096;
-    if (dev) *dev = a->type == ZE_MEMORY_TYPE_HOST ? NULL : &zd.device;
+    if (dev) *dev = a->device;
   } else {
     p->type = ZE_MEMORY_TYPE_UNKNOWN;
     p->id = 0;

@@ -64,7 +64,7 @@ static ze_result_t ZE_APICALL module_create(ze_context_handle_t ctx, ze_device_h
                                             const ze_module_desc_t *desc, ze_module_handle_t *out,
                                             ze_module_build_log_handle_t *log) {
   if (log) *log = NULL;
-  if (!live(ctx) || dev != &zd.device) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+  if (!live(ctx) || !zedrv_is_device(dev)) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
   if (desc->format != ZE_MODULE_FORMAT_IL_SPIRV) {
     set_log(log, "the test driver builds SPIR-V modules only");
     return ZE_RESULT_ERROR_INVALID_NATIVE_BINARY;

@@ -172,6 +172,46 @@ static void test_discovery(void **state) {
   assert_int_equal(n, 0);
 }
 
+/* ZEDRV_DEVICES=n: n devices, told apart by UUID, name and PCI address; an allocation knows its
+ * device, and a host allocation none. */
+static void test_devices(void **state) {
+  const char *env = getenv("ZEDRV_DEVICES");
+  uint32_t want = env ? (uint32_t)atoi(env) : 1, n = 0;
+  ZE_OK(zeDeviceGet(g.driver, &n, NULL));
+  assert_int_equal(n, want);
+  ze_device_handle_t devs[8];
+  assert_true(n <= 8);
+  ZE_OK(zeDeviceGet(g.driver, &n, devs));
+  assert_ptr_equal(devs[0], g.device);
+  ze_device_properties_t p[8];
+  ze_pci_ext_properties_t pci[8];
+  for (uint32_t i = 0; i < n; i++) {
+    p[i] = (ze_device_properties_t){.stype = ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES};
+    pci[i] = (ze_pci_ext_properties_t){.stype = ZE_STRUCTURE_TYPE_PCI_EXT_PROPERTIES};
+    ZE_OK(zeDeviceGetProperties(devs[i], &p[i]));
+    ZE_OK(zeDevicePciGetPropertiesExt(devs[i], &pci[i]));
+    for (uint32_t j = 0; j < i; j++) {
+      assert_memory_not_equal(p[i].uuid.id, p[j].uuid.id, sizeof p[i].uuid.id);
+      assert_string_not_equal(p[i].name, p[j].name);
+      assert_int_not_equal(pci[i].address.bus, pci[j].address.bus);
+    }
+    ze_device_mem_alloc_desc_t dd = {.stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC};
+    void *ptr = NULL;
+    ZE_OK(zeMemAllocDevice(g.ctx, &dd, 256, 64, devs[i], &ptr));
+    ze_memory_allocation_properties_t mp = {.stype = ZE_STRUCTURE_TYPE_MEMORY_ALLOCATION_PROPERTIES};
+    ze_device_handle_t owner = NULL;
+    ZE_OK(zeMemGetAllocProperties(g.ctx, ptr, &mp, &owner));
+    assert_ptr_equal(owner, devs[i]);
+    ZE_OK(zeMemFree(g.ctx, ptr));
+  }
+  void *h = host_alloc(64);
+  ze_memory_allocation_properties_t mp = {.stype = ZE_STRUCTURE_TYPE_MEMORY_ALLOCATION_PROPERTIES};
+  ze_device_handle_t owner = devs[0];
+  ZE_OK(zeMemGetAllocProperties(g.ctx, h, &mp, &owner));
+  assert_null(owner);
+  ZE_OK(zeMemFree(g.ctx, h));
+}
+
 /* Under ZE_ENABLE_VALIDATION_LAYER=1 the loader really put its layer in between (it lists the
  * layer's version), and parameter validation refuses what the driver would never see. */
 static void test_validation_layer(void **state) {
@@ -846,7 +886,33 @@ static void test_lost_after_three(void **state) {
   for (int i = 0; i < 4; i++) ZE_OK(zeEventDestroy(ev[i]));
 }
 
+/* ZEDRV_DEVICE_TYPE=cpu: a driver without a GPU. zeInit(0) succeeds and the device says CPU;
+ * zeInit(ZE_INIT_FLAG_GPU_ONLY) fails (what a module's "no GPU device" probe meets). */
+static int no_gpu(void) {
+  ze_driver_handle_t d = NULL;
+  ze_device_handle_t dev = NULL;
+  uint32_t n = 1;
+  ze_device_properties_t p = {.stype = ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES};
+  if (zeInit(0) != ZE_RESULT_SUCCESS || zeDriverGet(&n, &d) != ZE_RESULT_SUCCESS || n != 1 ||
+      zeDeviceGet(d, &n, &dev) != ZE_RESULT_SUCCESS || n != 1 || zeDeviceGetProperties(dev, &p) != ZE_RESULT_SUCCESS) {
+    fprintf(stderr, "test_ze_driver --no-gpu: the driver did not come up\n");
+    return 1;
+  }
+  if (p.type != ZE_DEVICE_TYPE_CPU) {
+    fprintf(stderr, "test_ze_driver --no-gpu: the device reports type %d, not CPU (ZEDRV_DEVICE_TYPE=cpu)\n", p.type);
+    return 1;
+  }
+  ze_result_t r = zeInit(ZE_INIT_FLAG_GPU_ONLY);
+  if (r != ZE_RESULT_ERROR_UNINITIALIZED) {
+    fprintf(stderr, "test_ze_driver --no-gpu: zeInit(GPU_ONLY) answered 0x%x, not ZE_RESULT_ERROR_UNINITIALIZED\n", r);
+    return 1;
+  }
+  printf("no-gpu: ok\n");
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], "--no-gpu") == 0) return no_gpu();
   if (argc == 3 && strcmp(argv[1], "--device-lost") == 0) {
     const struct CMUnitTest fault[] = {cmocka_unit_test(test_lost_kernel_fault)};
     const struct CMUnitTest after[] = {cmocka_unit_test(test_lost_after_three)};
@@ -863,6 +929,7 @@ int main(int argc, char **argv) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_discovery),
+      cmocka_unit_test(test_devices),
       cmocka_unit_test(test_validation_layer),
       cmocka_unit_test(test_memory),
       cmocka_unit_test(test_import),

@@ -1,7 +1,7 @@
 /* The shardload test driver for Level Zero (tests only, never installed).
  *
  * A driver library that the real Level Zero loader (libze_loader.so.1) loads when it is named
- * in ZE_ENABLE_ALT_DRIVERS: one GPU device whose memory is host memory, command lists whose
+ * in ZE_ENABLE_ALT_DRIVERS: one GPU device (ZEDRV_DEVICES for more) whose memory is host memory, command lists whose
  * commands run LATER on a worker thread per engine after a random delay, signal-once events,
  * fences, a copy-only and a compute queue group, region copies, host-pointer import, and
  * modules whose kernels run by name through host implementations (kernels.c).
@@ -16,6 +16,9 @@
  *
  * Environment (read at the first zeInit):
  *   ZEDRV_DELAY_US=min:max   random delay before each command runs (default 0:300)
+ *   ZEDRV_DEVICES=n          n devices (default 1, at most 8), each with its own name, UUID and PCI
+ *                            address (memory is shared host memory; allocations know their device)
+ *   ZEDRV_DEVICE_TYPE=t      what the devices report: gpu (default), cpu, fpga or vpu
  *   ZEDRV_GROUPS=copy-first  ordinal 0 is the copy-only group (default: compute first), so a
  *                            client that takes group 0 for copies or kernels blindly is caught
  *   ZEDRV_MAX_ALLOC=bytes    the device's maxMemAllocSize (default 4 GiB)
@@ -50,6 +53,7 @@
 #define ZEDRV_MAX_ARGS 16
 #define ZEDRV_MAX_ARG_SIZE 64
 #define ZEDRV_NUM_GROUPS 2
+#define ZEDRV_MAX_DEVICES 8
 
 /* ---- objects (the opaque handle types of ze_api.h are these structs) ---------------------- */
 
@@ -58,6 +62,7 @@ struct _ze_driver_handle_t {
 };
 struct _ze_device_handle_t {
   int magic;
+  uint32_t index; /* of ZEDRV_DEVICES */
 };
 struct _ze_context_handle_t {
   int magic;
@@ -215,8 +220,9 @@ uint32_t zedrv_arg_u32(const zedrv_launch *l, uint32_t i);
 typedef struct zedrv_alloc {
   char *base;
   size_t size;
-  ze_memory_type_t type;   /* ZE_MEMORY_TYPE_UNKNOWN: an imported host range */
-  ze_context_handle_t ctx; /* NULL for an imported range */
+  ze_memory_type_t type;     /* ZE_MEMORY_TYPE_UNKNOWN: an imported host range */
+  ze_context_handle_t ctx;   /* NULL for an imported range */
+  ze_device_handle_t device; /* device and shared allocations */
   uint64_t id;
   size_t charged; /* bytes counted against the device's memory */
   /* ZEDRV_STRICT=1: a device allocation is its own mapping, PROT_NONE unless an engine has it
@@ -240,7 +246,9 @@ typedef struct zedrv_state {
   zedrv_alloc *allocs; /* sorted by base */
   size_t nallocs, cap_allocs;
   struct _ze_driver_handle_t driver;
-  struct _ze_device_handle_t device;
+  struct _ze_device_handle_t devices[ZEDRV_MAX_DEVICES];
+  uint32_t ndevices;            /* ZEDRV_DEVICES (default 1) */
+  ze_device_type_t device_type; /* ZEDRV_DEVICE_TYPE (default gpu) */
 } zedrv_state;
 
 extern zedrv_state zd;
@@ -251,6 +259,8 @@ extern zedrv_state zd;
 /* Counts one misuse (see the header comment); call with zd.lock held. */
 void zedrv_misuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void zedrv_env_init(void);
+/* One of the driver's devices (not a sub-device, not a stale pointer). */
+bool zedrv_is_device(ze_device_handle_t d);
 
 /* memory (mem.c); call with zd.lock held */
 const zedrv_alloc *zedrv_alloc_find(const void *ptr);
