@@ -22,6 +22,17 @@ __attribute__((constructor)) static void zedrv_cond_init(void) {
   pthread_condattr_destroy(&a);
 }
 
+/* A process that leaves contexts or memory behind leaks on a real driver too: reported as misuse
+ * at exit (ZEDRV_MISUSE=abort turns it into a failed exit status). */
+__attribute__((destructor)) static void zedrv_fini(void) {
+  pthread_mutex_lock(&zd.lock);
+  if (zd.live_contexts > 0 || zd.nallocs > 0)
+    zedrv_misuse("at exit: %d contexts and %zu allocations or imported ranges were never freed", zd.live_contexts,
+                 zd.nallocs);
+  if (zd.misuse > 0) fprintf(stderr, "zedrv: %llu misuses in this process\n", (unsigned long long)zd.misuse);
+  pthread_mutex_unlock(&zd.lock);
+}
+
 void zedrv_misuse(const char *fmt, ...) {
   va_list ap;
   zd.misuse++;
@@ -401,6 +412,9 @@ static ze_result_t ZE_APICALL context_create(ze_driver_handle_t d, const ze_cont
   ze_context_handle_t c = calloc(1, sizeof *c);
   if (!c) return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
   c->magic = ZEDRV_MAGIC_LIVE;
+  pthread_mutex_lock(&zd.lock);
+  zd.live_contexts++;
+  pthread_mutex_unlock(&zd.lock);
   *out = c;
   return ZE_RESULT_SUCCESS;
 }
@@ -408,7 +422,10 @@ static ze_result_t ZE_APICALL context_create(ze_driver_handle_t d, const ze_cont
 static ze_result_t ZE_APICALL context_destroy(ze_context_handle_t c) {
   pthread_mutex_lock(&zd.lock);
   int live = c->live_objects;
-  if (live > 0) zedrv_misuse("zeContextDestroy: %d objects made in the context are still alive", live);
+  if (live > 0)
+    zedrv_misuse("zeContextDestroy: %d objects made in the context are still alive", live);
+  else
+    zd.live_contexts--;
   pthread_mutex_unlock(&zd.lock);
   if (live > 0) return ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE;
   c->magic = ZEDRV_MAGIC_DEAD;

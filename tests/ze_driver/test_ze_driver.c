@@ -912,8 +912,18 @@ static int no_gpu(void) {
   return 0;
 }
 
+/* Leaves a context and an allocation behind: the driver reports the leak at exit (CTest looks
+ * for its line). */
+static int leak(void) {
+  if (setup(NULL) != 0) return 1;
+  host_alloc(64);
+  printf("leak: exiting with a context and an allocation alive\n");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "--no-gpu") == 0) return no_gpu();
+  if (argc == 2 && strcmp(argv[1], "--leak") == 0) return leak();
   if (argc == 3 && strcmp(argv[1], "--device-lost") == 0) {
     const struct CMUnitTest fault[] = {cmocka_unit_test(test_lost_kernel_fault)};
     const struct CMUnitTest after[] = {cmocka_unit_test(test_lost_after_three)};

@@ -10,7 +10,8 @@
  * append time (unless the list is synchronous), and an event once signalled stays signalled
  * until the host resets it. Uses the API leaves undefined (signalling an event that is already
  * signalled or has a signal pending, resetting an event a queued command still signals,
- * synchronizing on a pool that is not host-visible, destroying a busy object) are counted as
+ * synchronizing on a pool that is not host-visible, destroying a busy object, leaving contexts or
+ * memory alive at exit) are counted as
  * misuse: zedrvGetMisuseCount (through zeDriverGetExtensionFunctionAddress) reads the count,
  * ZEDRV_MISUSE=abort aborts at the first one, and each prints one line to stderr.
  *
@@ -240,6 +241,7 @@ typedef struct zedrv_state {
   bool copy_first, no_fp64, no_import, abort_on_misuse, strict;
   uint64_t max_alloc, memory, used;
   uint64_t misuse;
+  int live_contexts; /* what is still alive at exit is reported as misuse (a leak) */
   uint64_t commands_run, lose_after; /* ZEDRV_LOSE_AFTER (0: never) */
   uint64_t next_alloc_id;
   bool device_lost;
