@@ -1,0 +1,286 @@
+/* libshardload-level_zero.so on a machine without an Intel GPU (CI: Debian's Level Zero loader
+ * libze1 installed, no driver): loading it opens no Level Zero library, its table is what the
+ * core pairs and exports by, its probe says in Level Zero's words why it cannot run (through
+ * the real loader: "no driver (ZE_RESULT_ERROR_UNINITIALIZED ...)"), init fails with that
+ * reason, and so does every rank of a job that asks for it. The loader table (ze_rt.c, linked
+ * in) explains a loader that is missing or is not a Level Zero loader. argv[1]: the module.
+ *
+ * Where a Level Zero GPU driver is present (a real one, or the test driver through
+ * ZE_ENABLE_ALT_DRIVERS) the no-driver tests are skipped: the device tests are elsewhere. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shardload/module.h"
+#include "testutil.h"
+#include "ze_rt.h"
+
+static const char *module_path;
+static void *module;
+static const sl_backend_ops *ops;
+static char probe_reason[640];
+static int probe_score = -1;
+
+static char last_msg[2048];
+static sl_status t_fail(void *core, sl_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+  va_end(ap);
+  return s;
+}
+static void t_log(void *core, sl_log_level level, const char *fmt, ...) {}
+static const sl_module_host host = {sizeof(sl_module_host), NULL, t_log, t_fail};
+
+static sl_status try_init(int local_rank, int device, void **be) {
+  sl_backend_init in = {.size = sizeof in, .host = &host, .local_rank = local_rank, .local_world_size = 1,
+                        .device = device, .ops = ops, .timeout_ms = 5000};
+  last_msg[0] = 0;
+  return ops->init(&in, be);
+}
+
+static int loader_loaded(void) {
+  void *h = dlopen(SL_ZE_LIB, RTLD_NOW | RTLD_NOLOAD);
+  if (h) dlclose(h);
+  return h != NULL;
+}
+
+static int loader_installed(void) {
+  sl_ze_rt rt;
+  char why[512];
+  return sl__ze_open_lib(SL_ZE_LIB, &rt, why, sizeof why);
+}
+
+/* Loading the module and reading its table open no Level Zero library. First. */
+static void test_loading_opens_no_level_zero_library(void **state) {
+  assert_false(loader_loaded());
+  assert_string_equal(ops->name, "level_zero");
+  assert_false(loader_loaded());
+}
+
+static void test_table(void **state) {
+  assert_int_equal(ops->abi_version, SL_BACKEND_ABI_VERSION);
+  assert_int_equal(ops->size, sizeof(sl_backend_ops));
+  assert_string_equal(ops->name, "level_zero");
+  /* host staging over Gloo: oneCCL is not packaged */
+  assert_string_equal(ops->preferred_collective, "gloo");
+  assert_true(ops->flags & SL_BACKEND_HAS_PINNED);
+  assert_false(ops->flags & SL_BACKEND_DEVICE_IS_HOST);
+  assert_true(SL_HAS_OP(ops, probe) && SL_HAS_OP(ops, init) && SL_HAS_OP(ops, fini) && SL_HAS_OP(ops, describe));
+  assert_true(SL_HAS_OP(ops, alloc_device) && SL_HAS_OP(ops, free_device) && SL_HAS_OP(ops, alloc_pinned) &&
+              SL_HAS_OP(ops, free_pinned));
+  assert_true(SL_HAS_OP(ops, stream_create) && SL_HAS_OP(ops, stream_destroy) && SL_HAS_OP(ops, event_create) &&
+              SL_HAS_OP(ops, event_destroy) && SL_HAS_OP(ops, event_record) && SL_HAS_OP(ops, stream_wait_event) &&
+              SL_HAS_OP(ops, event_query) && SL_HAS_OP(ops, event_sync) && SL_HAS_OP(ops, stream_sync) &&
+              SL_HAS_OP(ops, synchronize) && SL_HAS_OP(ops, copy_async));
+  assert_true(SL_HAS_OP(ops, register_host) && SL_HAS_OP(ops, unregister_host) && SL_HAS_OP(ops, is_device_ptr) &&
+              SL_HAS_OP(ops, device_identity) && SL_HAS_OP(ops, get_proc));
+  /* not yet: the SPIR-V casts and 2-D copies (the core casts on the host and copies by rows) */
+  assert_false(SL_HAS_OP(ops, cast_async));
+  assert_false(SL_HAS_OP(ops, copy_2d_async));
+  /* native handles: streams are ze_command_list_handle_t; DLPack's kDLOneAPI */
+  assert_true(SL_HAS_OP(ops, native_api));
+  assert_string_equal(sl_backend_native_api(ops), "level_zero");
+  assert_non_null(ops->get_proc(SL_EXT_NATIVE_STREAM));
+  assert_non_null(ops->get_proc(SL_EXT_TRAFFIC));
+  assert_null(ops->get_proc("sl_ext_no_such_thing"));
+  assert_null(ops->get_proc(NULL));
+  assert_int_equal(ops->dlpack_device_type, 14); /* kDLOneAPI */
+  /* the module's internals stay inside: the loader table and its helpers */
+  assert_null(dlsym(module, "sl__ze"));
+  assert_null(dlsym(module, "sl__ze_probe"));
+  assert_null(dlsym(module, "zeInit"));
+  assert_null(dlsym(module, SL_BACKEND_ENTRY_V1));
+}
+
+/* The probe opens the loader and says, in Level Zero's words, why it cannot run here. */
+static void test_probe(void **state) {
+  char reason[640] = "";
+  int score = ops->probe(reason, sizeof reason);
+  printf("# probe: %d \"%s\"\n", score, reason);
+  assert_int_equal(strncmp(reason, "level_zero: ", 12), 0);
+  if (!loader_installed()) {
+    assert_int_equal(score, 0);
+    assert_non_null(strstr(reason, "level_zero: " SL_ZE_LIB " not found (" SL_ZE_LIB ": cannot open shared object"));
+  } else if (score == 0) {
+    assert_true(loader_loaded()); /* the probe opened it */
+    assert_true(strstr(reason, "level_zero: no driver (ZE_RESULT_ERROR_UNINITIALIZED from zeInit") ||
+                strstr(reason, "level_zero: no GPU device ("));
+  } else {
+    assert_true(score > 1); /* beats cpu for "auto" */
+    assert_non_null(strstr(reason, "GPU device"));
+  }
+  assert_int_equal(ops->probe(NULL, 0), score);
+  char tiny[8];
+  assert_int_equal(ops->probe(tiny, sizeof tiny), score);
+  assert_int_equal(strlen(tiny), sizeof tiny - 1);
+}
+
+/* Through the real loader with no driver, in a fresh process (zeInit runs once per process):
+ * whatever ZE_ENABLE_ALT_DRIVERS names that is not a driver, "no driver". */
+static void test_probe_no_driver_in_a_fresh_process(void **state) {
+  if (!loader_installed() || probe_score > 0) skip();
+  const char *alt[] = {NULL, "/nonexistent/libze_sl_nothing.so", "libm.so.6"};
+  for (int i = 0; i < 3; i++) {
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      close(fd[0]);
+      if (alt[i])
+        setenv("ZE_ENABLE_ALT_DRIVERS", alt[i], 1);
+      else
+        unsetenv("ZE_ENABLE_ALT_DRIVERS");
+      char r[640] = "";
+      int sc = ops->probe(r, sizeof r);
+      dprintf(fd[1], "%d %s", sc, r);
+      _exit(0);
+    }
+    close(fd[1]);
+    char got[700] = "";
+    ssize_t n = read(fd[0], got, sizeof got - 1);
+    close(fd[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    assert_true(n > 0);
+    printf("# ZE_ENABLE_ALT_DRIVERS=%s: %s\n", alt[i] ? alt[i] : "(unset)", got);
+    assert_non_null(strstr(got, "0 level_zero: no driver (ZE_RESULT_ERROR_UNINITIALIZED from zeInit"));
+  }
+}
+
+/* What the probe says where the loader is missing, or is not a Level Zero loader. */
+static void test_loader_missing_or_wrong(void **state) {
+  sl_ze_rt rt;
+  char why[640];
+  assert_int_equal(sl__ze_open_lib("libze_loader.so.404", &rt, why, sizeof why), 0);
+  printf("# %s\n", why);
+  assert_non_null(strstr(why, "libze_loader.so.404 not found (libze_loader.so.404: cannot open shared object file"));
+  assert_non_null(strstr(why, "install the Level Zero loader"));
+  assert_int_equal(sl__ze_open_lib("libm.so.6", &rt, why, sizeof why), 0);
+  printf("# %s\n", why);
+  assert_non_null(strstr(why, "libm.so.6 lacks zeInit: this module needs a Level Zero loader"));
+}
+
+static void test_result_names(void **state) {
+  char b[32];
+  assert_string_equal(sl__ze_result_name(ZE_RESULT_ERROR_UNINITIALIZED, b, sizeof b), "ZE_RESULT_ERROR_UNINITIALIZED");
+  assert_string_equal(sl__ze_result_name(ZE_RESULT_ERROR_DEVICE_LOST, b, sizeof b), "ZE_RESULT_ERROR_DEVICE_LOST");
+  assert_string_equal(sl__ze_result_name((ze_result_t)0x7ffffff0, b, sizeof b), "ze_result_t 0x7ffffff0");
+}
+
+/* Without a driver init fails before creating anything, with the probe's reason, on any rank. */
+static void test_init_without_driver(void **state) {
+  if (probe_score > 0) skip();
+  for (int rank = 0; rank < 3; rank++) {
+    void *be = (void *)&be;
+    assert_int_equal(try_init(rank, rank == 2 ? 0 : -1, &be), SL_ERR_NO_DEVICE);
+    printf("# init (local rank %d): %s\n", rank, last_msg);
+    assert_null(be);
+    assert_string_equal(last_msg, probe_reason);
+  }
+}
+
+/* ---- through the core and the command ------------------------------------------------------ */
+
+static char *checkpoint(void) {
+  static char *ck;
+  if (ck) return ck;
+  char *d = sl_test_dir("ck");
+  assert_non_null(d);
+  ck = sl_test_path(d, "model");
+  free(d);
+  char *out = NULL;
+  int rc = sl_test_run(&out, "'%s' synth '%s' --size 1MiB --shards 2", sl_test_bin(), ck);
+  if (rc != 0) fail_msg("synth: %s", out);
+  free(out);
+  return ck;
+}
+
+/* --backend level_zero without a driver: SL_ERR_NO_DEVICE with the probe's own reason (the
+ * registry found and loaded the module: "not available" would mean it never opened it). */
+static void test_context_fails_with_the_probe_reason(void **state) {
+  if (probe_score > 0) skip();
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "level_zero", .world_size = 1, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_NO_DEVICE);
+  assert_null(ctx);
+  printf("# context: %s\n", err);
+  assert_non_null(strstr(err, probe_reason));
+  assert_non_null(strstr(err, "--backend cpu"));
+}
+
+/* Two ranks started on their own, sharing a rendezvous: both exit 1 with the reason within
+ * seconds (neither waits for the other), and so does --nproc 2. */
+static void test_cli_every_rank_fails(void **state) {
+  if (probe_score > 0) skip();
+  char *out = NULL;
+  int rc = sl_test_run(&out, "env -u SHARDLOAD_MODULE_PATH '%s' load '%s' --backend level_zero --nproc 2 --timeout 20",
+                       sl_test_bin(), checkpoint());
+  printf("# --nproc 2: %s", out);
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, probe_reason));
+  free(out);
+
+  char *d = sl_test_dir("ranks");
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  rc = sl_test_run(&out,
+                   "cd '%s' && for r in 0 1 2; do (timeout 60 env -u SHARDLOAD_MODULE_PATH '%s' load '%s' --backend "
+                   "level_zero --rank $r --world-size 3 --rendezvous file://'%s'/rdzv --timeout 20 >out$r 2>&1; "
+                   "echo $? >rc$r) & done; wait; for r in 0 1 2; do echo \"rank $r exit $(cat rc$r): $(cat out$r)\"; done",
+                   d, sl_test_bin(), checkpoint(), d);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  printf("# explicit ranks (%.1f s):\n%s", took, out);
+  assert_int_equal(rc, 0);
+  assert_true(took < 15.0);
+  for (int r = 0; r < 3; r++) {
+    char want[64];
+    snprintf(want, sizeof want, "rank %d exit 1: ", r);
+    char *line = strstr(out, want);
+    assert_non_null(line);
+    char *end = strchr(line, '\n');
+    if (end) *end = 0;
+    assert_non_null(strstr(line, probe_reason));
+    if (end) *end = '\n';
+  }
+  free(out);
+  free(d);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s path/to/libshardload-level_zero.so\n", argv[0]);
+    return 2;
+  }
+  module_path = argv[1];
+  module = dlopen(module_path, RTLD_NOW | RTLD_LOCAL);
+  sl_backend_entry_fn entry = module ? (sl_backend_entry_fn)dlsym(module, SL_BACKEND_ENTRY) : NULL;
+  if (!entry || !(ops = entry())) {
+    fprintf(stderr, "cannot load %s: %s\n", module_path, module ? "no entry symbol" : dlerror());
+    return 1;
+  }
+  const struct CMUnitTest first[] = {cmocka_unit_test(test_loading_opens_no_level_zero_library)};
+  int rc = cmocka_run_group_tests_name("level_zero_load", first, NULL, NULL);
+  probe_score = ops->probe(probe_reason, sizeof probe_reason);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_table),
+      cmocka_unit_test(test_probe),
+      cmocka_unit_test(test_probe_no_driver_in_a_fresh_process),
+      cmocka_unit_test(test_loader_missing_or_wrong),
+      cmocka_unit_test(test_result_names),
+      cmocka_unit_test(test_init_without_driver),
+      cmocka_unit_test(test_context_fails_with_the_probe_reason),
+      cmocka_unit_test(test_cli_every_rank_fails),
+  };
+  return rc | cmocka_run_group_tests_name("level_zero_module", tests, NULL, NULL);
+}
