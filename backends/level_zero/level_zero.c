@@ -505,7 +505,10 @@ static void ze_free_device(void *h, void *ptr) {
 
 static sl_status ze_alloc_pinned(void *h, size_t bytes, void **ptr) {
   sl_ze_be *be = h;
-  ze_host_mem_alloc_desc_t d = {.stype = ZE_STRUCTURE_TYPE_HOST_MEM_ALLOC_DESC};
+  ze_relaxed_allocation_limits_exp_desc_t relax = {.stype = ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC,
+                                                   .flags = ZE_RELAXED_ALLOCATION_LIMITS_EXP_FLAG_MAX_SIZE};
+  ze_host_mem_alloc_desc_t d = {.stype = ZE_STRUCTURE_TYPE_HOST_MEM_ALLOC_DESC,
+                                .pNext = bytes > be->props.maxMemAllocSize ? &relax : NULL};
   ze_result_t r = sl__ze.MemAllocHost(be->ctx, &d, bytes ? bytes : 1, 64, ptr);
   if (r != ZE_RESULT_SUCCESS) {
     *ptr = NULL;
@@ -655,6 +658,7 @@ static sl_status stream_append(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd *c
   ze_event_handle_t pw = prev ? prev->ev : NULL;
   ze_result_t r;
   const char *what;
+  int wait_queued = 0; /* a queued wait names c->waited from here on */
   if (c->kind == CMD_COPY) {
     what = "zeCommandListAppendMemoryCopy";
     r = sl__ze.CommandListAppendMemoryCopy(s->list, c->dst, c->src, c->bytes, out->ev, prev ? 1 : 0, prev ? &pw : NULL);
@@ -664,6 +668,7 @@ static sl_status stream_append(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd *c
     ze_event_handle_t we = c->waited->ev;
     r = sl__ze.CommandListAppendWaitOnEvents(s->list, 1, &we);
     if (r == ZE_RESULT_SUCCESS) {
+      wait_queued = 1;
       what = "zeCommandListAppendBarrier";
       r = sl__ze.CommandListAppendBarrier(s->list, out->ev, prev ? 1 : 0, prev ? &pw : NULL);
     }
@@ -678,7 +683,9 @@ static sl_status stream_append(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd *c
     out->refs = 0;
     out->next = be->free;
     be->free = out;
-    if (c->waited) rec_put_locked(be, c->waited);
+    /* a wait queued without its barrier keeps its record for good (never reset under it); the
+     * stream is broken anyway (sticky) */
+    if (c->waited && !wait_queued) rec_put_locked(be, c->waited);
   }
   pthread_mutex_unlock(&be->mu);
   return r == ZE_RESULT_SUCCESS ? SL_OK : append_failed(be, what, r);
