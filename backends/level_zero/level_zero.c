@@ -233,6 +233,7 @@ static sl_status rec_get_locked(sl_ze_be *be, sl_ze_rec **out, char *why, size_t
   r->next = NULL;
   r->refs = 1;
   r->done = 0;
+  *out = r;
   return SL_OK;
 }
 
