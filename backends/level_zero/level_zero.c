@@ -521,13 +521,23 @@ static sl_status ze_alloc_pinned(void *h, size_t bytes, void **ptr) {
 
 static void ze_free_pinned(void *h, void *ptr) { ze_free_device(h, ptr); }
 
-/* Caller host memory imported as pinned where the driver offers the import; else refused (not
- * sticky, no message: the core then treats the range as pageable). */
+/* Caller host memory imported as pinned where the driver offers the import; else refused with
+ * SL_ERR_UNSUPPORTED (not sticky): the core then keeps the range as pageable, and says so. */
 static sl_status ze_register_host(void *h, void *ptr, size_t bytes) {
   sl_ze_be *be = h;
-  if (!be->import_ptr || !ptr || !bytes) return SL_ERR_UNSUPPORTED;
+  if (!ptr || !bytes)
+    return be->host->fail(be->host->core, SL_ERR_INVALID, "level_zero:%d: register_host of an empty range",
+                          be->ordinal);
+  if (!be->import_ptr)
+    return be->host->fail(be->host->core, SL_ERR_UNSUPPORTED,
+                          "level_zero:%d: the driver offers no host-pointer import (zexDriverImportExternalPointer): "
+                          "the caller's buffer stays pageable", be->ordinal);
   ze_result_t r = be->import_ptr(be->drv, ptr, bytes);
-  return r == ZE_RESULT_SUCCESS ? SL_OK : SL_ERR_UNSUPPORTED;
+  if (r != ZE_RESULT_SUCCESS)
+    return be->host->fail(be->host->core, SL_ERR_UNSUPPORTED,
+                          "level_zero:%d: zexDriverImportExternalPointer of %zu bytes at %p failed: %s; the caller's "
+                          "buffer stays pageable", be->ordinal, bytes, ptr, rname(r));
+  return SL_OK;
 }
 
 static void ze_unregister_host(void *h, void *ptr) {
