@@ -6,7 +6,11 @@
  * in) explains a loader that is missing or is not a Level Zero loader. argv[1]: the module.
  *
  * Where a Level Zero GPU driver is present (a real one, or the test driver through
- * ZE_ENABLE_ALT_DRIVERS) the no-driver tests are skipped: the device tests are elsewhere. */
+ * ZE_ENABLE_ALT_DRIVERS) the no-driver tests are skipped. With --device (argv[2]) it runs what
+ * is the module's own on a device instead (exit 77, skipped, where the probe says no): its
+ * description, records recycled through many waits across two streams, allocations past the
+ * device's maximum, host-pointer import or its refusal, native streams, and loads through the
+ * command bit-exact against cpu. What every backend owes the ABI is the conformance suite's. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -257,6 +261,179 @@ static void test_cli_every_rank_fails(void **state) {
   free(d);
 }
 
+
+/* ---- on a device (--device) ------------------------------------------------------------------ */
+
+static void *g_be;
+
+static int dev_setup(void **state) {
+  g_be = NULL;
+  sl_status s = try_init(0, -1, &g_be);
+  if (s != SL_OK) fprintf(stderr, "init: %s\n", last_msg);
+  return s == SL_OK ? 0 : -1;
+}
+
+static int dev_teardown(void **state) {
+  ops->fini(g_be);
+  g_be = NULL;
+  return 0;
+}
+
+#define OK(call)                                                 \
+  do {                                                           \
+    sl_status st_ = (call);                                      \
+    if (st_ != SL_OK) fail_msg("%s: %s: %s", #call, sl_status_name(st_), last_msg); \
+  } while (0)
+
+static void test_dev_describe(void **state) {
+  char d[512] = "", id[64] = "";
+  ops->describe(g_be, d, sizeof d);
+  printf("# %s\n", d);
+  assert_int_equal(strncmp(d, "level_zero:0 ", 13), 0);
+  assert_non_null(strstr(d, " EUs, PCI "));
+  assert_non_null(strstr(d, "casts on the host"));
+  assert_int_equal(ops->device_ordinal(g_be), 0);
+  ops->device_identity(g_be, id, sizeof id);
+  printf("# identity %s\n", id);
+  assert_true(strlen(id) > 0);
+}
+
+static void test_dev_bad_device(void **state) {
+  void *be = (void *)&be;
+  assert_int_equal(try_init(0, 64, &be), SL_ERR_NO_DEVICE);
+  printf("# %s\n", last_msg);
+  assert_null(be);
+  assert_non_null(strstr(last_msg, "level_zero: device 64 does not exist: this machine has "));
+}
+
+/* Many more records than a pool holds, each a wait another stream depends on: a record reset
+ * or reused while a queued wait still names it lets a copy run early, and the chunk it copies
+ * holds the wrong iteration's bytes. */
+static void test_dev_records_recycle_through_waits(void **state) {
+  enum { ITERS = 400, CHUNK = 256, RING = 6 };
+  void *s1 = NULL, *s2 = NULL, *a = NULL, *b = NULL, *ev_up = NULL, *ev_cp = NULL, *slot_ev[RING];
+  unsigned char *host[RING], *out = malloc((size_t)ITERS * CHUNK);
+  assert_non_null(out);
+  OK(ops->stream_create(g_be, &s1));
+  OK(ops->stream_create(g_be, &s2));
+  OK(ops->alloc_device(g_be, CHUNK, &a));
+  OK(ops->alloc_device(g_be, (size_t)ITERS * CHUNK, &b));
+  OK(ops->event_create(g_be, &ev_up));
+  OK(ops->event_create(g_be, &ev_cp));
+  for (int k = 0; k < RING; k++) {
+    OK(ops->alloc_pinned(g_be, CHUNK, (void **)&host[k]));
+    OK(ops->event_create(g_be, &slot_ev[k]));
+  }
+  for (int i = 0; i < ITERS; i++) {
+    int k = i % RING;
+    OK(ops->event_sync(g_be, slot_ev[k])); /* the slot's last upload has read it */
+    memset(host[k], (unsigned char)(i * 7 + 1), CHUNK);
+    OK(ops->stream_wait_event(g_be, s1, ev_cp)); /* A is free again: the last copy out of it ran */
+    OK(ops->copy_async(g_be, a, host[k], CHUNK, SL_COPY_H2D, s1));
+    OK(ops->event_record(g_be, slot_ev[k], s1));
+    OK(ops->event_record(g_be, ev_up, s1));
+    OK(ops->stream_wait_event(g_be, s2, ev_up));
+    OK(ops->copy_async(g_be, (char *)b + (size_t)i * CHUNK, a, CHUNK, SL_COPY_D2D, s2));
+    OK(ops->event_record(g_be, ev_cp, s2));
+  }
+  OK(ops->copy_async(g_be, out, b, (size_t)ITERS * CHUNK, SL_COPY_D2H, s2));
+  OK(ops->stream_sync(g_be, s2));
+  OK(ops->synchronize(g_be));
+  for (int i = 0; i < ITERS; i++)
+    for (int j = 0; j < CHUNK; j++)
+      if (out[(size_t)i * CHUNK + j] != (unsigned char)(i * 7 + 1))
+        fail_msg("chunk %d byte %d: %u, want %u (a wait let a copy run early)", i, j, out[(size_t)i * CHUNK + j],
+                 (unsigned char)(i * 7 + 1));
+  for (int k = 0; k < RING; k++) {
+    ops->event_destroy(g_be, slot_ev[k]);
+    ops->free_pinned(g_be, host[k]);
+  }
+  ops->event_destroy(g_be, ev_up);
+  ops->event_destroy(g_be, ev_cp);
+  ops->stream_destroy(g_be, s1);
+  ops->stream_destroy(g_be, s2);
+  ops->free_device(g_be, a);
+  ops->free_device(g_be, b);
+  free(out);
+}
+
+/* Past the device's maximum allocation (ZEDRV_MAX_ALLOC for the test driver): the relaxed-limit
+ * descriptor, never a failed load the memory could hold. */
+static void test_dev_alloc_past_the_maximum(void **state) {
+  const char *m = getenv("ZEDRV_MAX_ALLOC");
+  if (!m) skip();
+  size_t n = (size_t)strtoull(m, NULL, 10) * 3 + 5;
+  void *d = NULL, *p = NULL;
+  OK(ops->alloc_device(g_be, n, &d));
+  OK(ops->alloc_pinned(g_be, n, &p));
+  assert_true(ops->is_device_ptr(g_be, d, n));
+  assert_false(ops->is_device_ptr(g_be, p, n));
+  memset(p, 0x5a, n);
+  void *s = NULL;
+  OK(ops->stream_create(g_be, &s));
+  OK(ops->copy_async(g_be, d, p, n, SL_COPY_H2D, s));
+  OK(ops->stream_sync(g_be, s));
+  memset(p, 0, n);
+  OK(ops->copy_async(g_be, p, d, n, SL_COPY_D2H, s));
+  OK(ops->stream_sync(g_be, s));
+  assert_int_equal(((unsigned char *)p)[n - 1], 0x5a);
+  ops->stream_destroy(g_be, s);
+  ops->free_device(g_be, d);
+  ops->free_pinned(g_be, p);
+}
+
+/* The caller's host memory: imported where the driver offers it, else refused and left pageable. */
+static void test_dev_register_host(void **state) {
+  size_t n = 65536 + 3;
+  unsigned char *h = malloc(n + 8), *r = h + 1;
+  assert_non_null(h);
+  sl_status st = ops->register_host(g_be, r, n);
+  printf("# register_host: %s %s\n", sl_status_name(st), last_msg);
+  if (getenv("ZEDRV_NO_IMPORT")) {
+    assert_int_equal(st, SL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(last_msg, "level_zero:0: the driver offers no host-pointer import"));
+  } else {
+    assert_int_equal(st, SL_OK);
+    ops->unregister_host(g_be, r);
+  }
+  free(h);
+}
+
+static void test_dev_native_streams(void **state) {
+  sl_ext_native_stream_fn ns = (sl_ext_native_stream_fn)ops->get_proc(SL_EXT_NATIVE_STREAM);
+  void *s1 = NULL, *s2 = NULL;
+  OK(ops->stream_create(g_be, &s1));
+  OK(ops->stream_create(g_be, &s2));
+  void *n0 = ns(g_be, NULL), *n1 = ns(g_be, s1), *n2 = ns(g_be, s2);
+  assert_non_null(n0);
+  assert_non_null(n1);
+  assert_non_null(n2);
+  assert_true(n0 != n1 && n1 != n2 && n0 != n2);
+  assert_ptr_equal(ns(g_be, s1), n1); /* lives as long as the stream */
+  ops->stream_destroy(g_be, s1);
+  ops->stream_destroy(g_be, s2);
+}
+
+/* Loads through the command: every rank's shards bit for bit those of the same load on cpu. */
+static void test_dev_cli_matches_cpu(void **state) {
+  const char *modes[] = {"--nproc 1 --param-dtype BF16", "--nproc 2", "--nproc 2 --source every-rank",
+                         "--nproc 2 --strategy broadcast --offload-policy cpu-pinned",
+                         "--nproc 4 --mesh 2x2 --placement '[replicate, shard(0)]'"};
+  for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+    char *d = sl_test_dir("cli");
+    char *out = NULL;
+    int rc = sl_test_run(&out,
+                         "cd '%s' && mkdir cpu ze && '%s' load '%s' --backend cpu %s --dump cpu >/dev/null && "
+                         "'%s' load '%s' --backend level_zero %s --dump ze | grep -c 'on level_zero:' && "
+                         "for f in cpu/*; do cmp \"$f\" ze/\"${f#cpu/}\" || exit 9; done && ls cpu | wc -l",
+                         d, sl_test_bin(), checkpoint(), modes[m], sl_test_bin(), checkpoint(), modes[m]);
+    printf("# %s: rc %d: %s", modes[m], rc, out);
+    assert_int_equal(rc, 0);
+    free(out);
+    free(d);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s path/to/libshardload-level_zero.so\n", argv[0]);
@@ -268,6 +445,23 @@ int main(int argc, char **argv) {
   if (!entry || !(ops = entry())) {
     fprintf(stderr, "cannot load %s: %s\n", module_path, module ? "no entry symbol" : dlerror());
     return 1;
+  }
+  if (argc > 2 && strcmp(argv[2], "--device") == 0) {
+    probe_score = ops->probe(probe_reason, sizeof probe_reason);
+    if (probe_score <= 0) {
+      printf("SKIPPED: %s\n", probe_reason);
+      return 77;
+    }
+    const struct CMUnitTest dev[] = {
+        cmocka_unit_test_setup_teardown(test_dev_describe, dev_setup, dev_teardown),
+        cmocka_unit_test(test_dev_bad_device),
+        cmocka_unit_test_setup_teardown(test_dev_records_recycle_through_waits, dev_setup, dev_teardown),
+        cmocka_unit_test_setup_teardown(test_dev_alloc_past_the_maximum, dev_setup, dev_teardown),
+        cmocka_unit_test_setup_teardown(test_dev_register_host, dev_setup, dev_teardown),
+        cmocka_unit_test_setup_teardown(test_dev_native_streams, dev_setup, dev_teardown),
+        cmocka_unit_test(test_dev_cli_matches_cpu),
+    };
+    return cmocka_run_group_tests_name("level_zero_device", dev, NULL, NULL);
   }
   const struct CMUnitTest first[] = {cmocka_unit_test(test_loading_opens_no_level_zero_library)};
   int rc = cmocka_run_group_tests_name("level_zero_load", first, NULL, NULL);
