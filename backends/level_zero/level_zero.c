@@ -22,9 +22,11 @@
  * and returned by every later sync. Syncs poll zeEventHostSynchronize in short slices up to the
  * job's timeout, so that none outlasts the data collective's watchdog.
  *
- * Not yet: casts (SPIR-V kernels; cast_async is unset, so the core casts on the host), 2-D
- * copies (copy_2d_async unset: the core copies row by row), host functions, memory lent to
- * other APIs' streams (event_record_native, free_device_after). */
+ * 2-D copies are region copies (zeCommandListAppendMemoryCopyRegion), whose 32-bit pitches
+ * make larger strides one copy per row.
+ *
+ * Not yet: casts (SPIR-V kernels; cast_async is unset, so the core casts on the host), host
+ * functions, memory lent to other APIs' streams (event_record_native, free_device_after). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -639,12 +641,13 @@ static void ze_event_destroy(void *h, void *event) {
 }
 
 /* The kinds of command a stream appends; each signals its own record and waits for the tail. */
-typedef enum { CMD_COPY, CMD_WAIT } sl_ze_cmd_kind;
+typedef enum { CMD_COPY, CMD_REGION, CMD_WAIT } sl_ze_cmd_kind;
 typedef struct {
   sl_ze_cmd_kind kind;
   void *dst;
   const void *src;
   size_t bytes;
+  uint32_t width, height, dpitch, spitch; /* CMD_REGION */
   sl_ze_rec *waited; /* CMD_WAIT: the record waited for (one ref, handed to the command) */
 } sl_ze_cmd;
 
@@ -673,6 +676,11 @@ static sl_status stream_append(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd *c
   if (c->kind == CMD_COPY) {
     what = "zeCommandListAppendMemoryCopy";
     r = sl__ze.CommandListAppendMemoryCopy(s->list, c->dst, c->src, c->bytes, out->ev, prev ? 1 : 0, prev ? &pw : NULL);
+  } else if (c->kind == CMD_REGION) {
+    what = "zeCommandListAppendMemoryCopyRegion";
+    ze_copy_region_t reg = {.width = c->width, .height = c->height}; /* depth 0: a 2-D copy */
+    r = sl__ze.CommandListAppendMemoryCopyRegion(s->list, c->dst, &reg, c->dpitch, 0, c->src, &reg, c->spitch, 0,
+                                                 out->ev, prev ? 1 : 0, prev ? &pw : NULL);
   } else {
     /* the wait, then a barrier that orders it (and the tail) before what follows and signals */
     what = "zeCommandListAppendWaitOnEvents";
@@ -801,6 +809,39 @@ static sl_status ze_copy_async(void *h, void *dst, const void *src, size_t bytes
   return s;
 }
 
+/* Region copies take 32-bit widths, heights and pitches: larger ones are one copy per row. */
+static sl_status ze_copy_2d_async(void *h, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                  size_t height, sl_copy_kind kind, void *stream) {
+  sl_ze_be *be = h;
+  if (!width || !height) return SL_OK;
+  if (width > dpitch || width > spitch)
+    return be->host->fail(be->host->core, SL_ERR_INVALID,
+                          "level_zero:%d: copy_2d_async: rows of %zu bytes do not fit pitches %zu (destination) and %zu "
+                          "(source)", be->ordinal, width, dpitch, spitch);
+  if (height > SIZE_MAX / dpitch || height > SIZE_MAX / spitch)
+    return be->host->fail(be->host->core, SL_ERR_INVALID, "level_zero:%d: copy_2d_async: %zu rows overflow the address "
+                          "space", be->ordinal, height);
+  sl_ze_stream *s = stream_of(be, stream);
+  sl_status st = SL_OK;
+  if (width == dpitch && width == spitch) { /* contiguous: one copy */
+    sl_ze_cmd c = {.kind = CMD_COPY, .dst = dst, .src = src, .bytes = width * height};
+    st = stream_append(be, s, &c);
+  } else if (width <= UINT32_MAX && height <= UINT32_MAX && dpitch <= UINT32_MAX && spitch <= UINT32_MAX) {
+    sl_ze_cmd c = {.kind = CMD_REGION, .dst = dst, .src = src, .width = (uint32_t)width, .height = (uint32_t)height,
+                   .dpitch = (uint32_t)dpitch, .spitch = (uint32_t)spitch};
+    st = stream_append(be, s, &c);
+  } else {
+    for (size_t row = 0; row < height && st == SL_OK; row++) {
+      sl_ze_cmd c = {.kind = CMD_COPY, .dst = (char *)dst + row * dpitch, .src = (const char *)src + row * spitch,
+                     .bytes = width};
+      st = stream_append(be, s, &c);
+    }
+  }
+  if (st == SL_OK && kind == SL_COPY_H2D) __atomic_add_fetch(&be->h2d, width * height, __ATOMIC_RELAXED);
+  if (st == SL_OK && kind == SL_COPY_D2H) __atomic_add_fetch(&be->d2h, width * height, __ATOMIC_RELAXED);
+  return st;
+}
+
 /* ---- extensions and the table --------------------------------------------------------------- */
 
 static void *ze_native_stream(void *h, void *stream) { return stream_of(h, stream)->list; }
@@ -845,6 +886,7 @@ static const sl_backend_ops ze_ops = {
     .stream_sync = ze_stream_sync,
     .synchronize = ze_synchronize,
     .copy_async = ze_copy_async,
+    .copy_2d_async = ze_copy_2d_async,
     .register_host = ze_register_host,
     .unregister_host = ze_unregister_host,
     .is_device_ptr = ze_is_device_ptr,

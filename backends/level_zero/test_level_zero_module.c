@@ -85,9 +85,9 @@ static void test_table(void **state) {
               SL_HAS_OP(ops, synchronize) && SL_HAS_OP(ops, copy_async));
   assert_true(SL_HAS_OP(ops, register_host) && SL_HAS_OP(ops, unregister_host) && SL_HAS_OP(ops, is_device_ptr) &&
               SL_HAS_OP(ops, device_identity) && SL_HAS_OP(ops, get_proc));
-  /* not yet: the SPIR-V casts and 2-D copies (the core casts on the host and copies by rows) */
+  /* not yet: the SPIR-V casts (the core casts on the host) */
   assert_false(SL_HAS_OP(ops, cast_async));
-  assert_false(SL_HAS_OP(ops, copy_2d_async));
+  assert_true(SL_HAS_OP(ops, copy_2d_async));
   /* native handles: streams are ze_command_list_handle_t; DLPack's kDLOneAPI */
   assert_true(SL_HAS_OP(ops, native_api));
   assert_string_equal(sl_backend_native_api(ops), "level_zero");
@@ -399,6 +399,34 @@ static void test_dev_register_host(void **state) {
   free(h);
 }
 
+/* Region copies: strided both ways, contiguous as one copy, and rows wider than a pitch refused. */
+static void test_dev_copy_2d(void **state) {
+  enum { W = 100, H = 37, SP = 128, DP = 160 };
+  unsigned char *h = malloc(SP * H), *back = malloc(DP * H);
+  void *d = NULL, *s = NULL;
+  assert_non_null(h);
+  assert_non_null(back);
+  for (size_t i = 0; i < SP * H; i++) h[i] = (unsigned char)(i * 13 + 5);
+  memset(back, 0xee, DP * H);
+  OK(ops->alloc_device(g_be, DP * H, &d));
+  OK(ops->stream_create(g_be, &s));
+  OK(ops->copy_async(g_be, d, back, DP * H, SL_COPY_H2D, s)); /* the gaps: 0xee */
+  OK(ops->copy_2d_async(g_be, d, DP, h, SP, W, H, SL_COPY_H2D, s));
+  OK(ops->copy_2d_async(g_be, back, DP, d, DP, DP, H, SL_COPY_D2H, s)); /* contiguous */
+  OK(ops->stream_sync(g_be, s));
+  for (size_t r = 0; r < H; r++)
+    for (size_t x = 0; x < DP; x++)
+      assert_int_equal(back[r * DP + x], x < W ? h[r * SP + x] : 0xee);
+  assert_int_equal(ops->copy_2d_async(g_be, d, 64, h, SP, W, H, SL_COPY_H2D, s), SL_ERR_INVALID);
+  printf("# %s\n", last_msg);
+  assert_non_null(strstr(last_msg, "rows of 100 bytes do not fit pitches 64 (destination) and 128 (source)"));
+  OK(ops->stream_sync(g_be, s)); /* a refused call is not sticky */
+  ops->stream_destroy(g_be, s);
+  ops->free_device(g_be, d);
+  free(h);
+  free(back);
+}
+
 static void test_dev_native_streams(void **state) {
   sl_ext_native_stream_fn ns = (sl_ext_native_stream_fn)ops->get_proc(SL_EXT_NATIVE_STREAM);
   void *s1 = NULL, *s2 = NULL;
@@ -458,6 +486,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_dev_records_recycle_through_waits, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_alloc_past_the_maximum, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_register_host, dev_setup, dev_teardown),
+        cmocka_unit_test_setup_teardown(test_dev_copy_2d, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_native_streams, dev_setup, dev_teardown),
         cmocka_unit_test(test_dev_cli_matches_cpu),
     };

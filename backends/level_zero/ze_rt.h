@@ -23,6 +23,7 @@
   X(ContextCreate) X(ContextDestroy)                                                                  \
   X(MemAllocDevice) X(MemAllocHost) X(MemFree) X(MemGetAllocProperties) X(MemGetAddressRange)         \
   X(CommandListCreateImmediate) X(CommandListDestroy) X(CommandListAppendMemoryCopy)                  \
+  X(CommandListAppendMemoryCopyRegion)                                                                \
   X(CommandListAppendBarrier) X(CommandListAppendWaitOnEvents)                                        \
   X(EventPoolCreate) X(EventPoolDestroy) X(EventCreate) X(EventDestroy) X(EventHostSynchronize)       \
   X(EventQueryStatus) X(EventHostReset)
