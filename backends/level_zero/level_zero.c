@@ -25,8 +25,12 @@
  * 2-D copies are region copies (zeCommandListAppendMemoryCopyRegion), whose 32-bit pitches
  * make larger strides one copy per row.
  *
+ * Memory lent to other streams (DLPack): event_record_native appends a barrier that signals a
+ * record on the consumer's command list; free_device_after keeps the buffers with those records
+ * and frees them at a later call once all have signalled (fini waits for them, bounded).
+ *
  * Not yet: casts (SPIR-V kernels; cast_async is unset, so the core casts on the host), host
- * functions, memory lent to other APIs' streams (event_record_native, free_device_after). */
+ * functions (launch_host_fn). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -61,6 +65,15 @@ typedef struct sl_ze_stream {
   struct sl_ze_stream *next;
 } sl_ze_stream;
 
+/* Device buffers lent to other streams, freed once the records they wait for have signalled. */
+typedef struct sl_ze_deferred {
+  void **ptrs;
+  size_t n;
+  sl_ze_rec **recs; /* one ref each */
+  size_t nrecs;
+  struct sl_ze_deferred *next;
+} sl_ze_deferred;
+
 typedef struct sl_ze_event {
   sl_ze_rec *last; /* the last record (one ref), NULL: never recorded (complete) */
 } sl_ze_event;
@@ -84,6 +97,7 @@ typedef struct sl_ze_be {
   sl_ze_pool *pools;
   sl_ze_rec *free, *retired;
   sl_ze_stream dflt, *streams;
+  sl_ze_deferred *deferred; /* free_device_after's, oldest last */
   sl_status sticky;
   char sticky_msg[512];
   uint64_t h2d, d2h; /* atomic */
@@ -136,6 +150,7 @@ static sl_status append_failed(sl_ze_be *be, const char *what, ze_result_t r) {
 /* ---- records ---------------------------------------------------------------------------------- */
 
 static void rec_put_locked(sl_ze_be *be, sl_ze_rec *r);
+static void settle_deferred_locked(sl_ze_be *be);
 
 /* 1 once R has signalled (releasing what its command waited for), 0 while pending, -1 when the
  * driver says the event failed (sticky). Under mu; never blocks. */
@@ -225,6 +240,7 @@ static sl_status add_pool_locked(sl_ze_be *be, char *why, size_t len) {
 
 /* A fresh record (refs 1, unsignalled), recycling signalled ones before growing the pools. */
 static sl_status rec_get_locked(sl_ze_be *be, sl_ze_rec **out, char *why, size_t len) {
+  if (be->deferred) settle_deferred_locked(be);
   if (!be->free) reap_locked(be);
   if (!be->free) {
     sl_status s = add_pool_locked(be, why, len);
@@ -237,6 +253,25 @@ static sl_status rec_get_locked(sl_ze_be *be, sl_ze_rec **out, char *why, size_t
   r->done = 0;
   *out = r;
   return SL_OK;
+}
+
+/* Frees the deferred buffers whose records have all signalled (under mu; never blocks). */
+static void settle_deferred_locked(sl_ze_be *be) {
+  for (sl_ze_deferred **p = &be->deferred; *p;) {
+    sl_ze_deferred *d = *p;
+    size_t done = 0;
+    for (size_t i = 0; i < d->nrecs; i++) done += rec_poll_locked(be, d->recs[i]) == 1;
+    if (done < d->nrecs) {
+      p = &d->next;
+      continue;
+    }
+    for (size_t i = 0; i < d->n; i++) sl__ze.MemFree(be->ctx, d->ptrs[i]);
+    for (size_t i = 0; i < d->nrecs; i++) rec_put_locked(be, d->recs[i]);
+    *p = d->next;
+    free(d->ptrs);
+    free(d->recs);
+    free(d);
+  }
 }
 
 /* Blocks until R signalled, polling in slices up to the job's timeout. The caller holds a ref. */
@@ -441,6 +476,27 @@ static void ze_fini(void *h) {
                   "events and context are left behind", be->ordinal);
     return;
   }
+  /* lent buffers: their consumers' records, each waited for (bounded), then the frees */
+  while (be->deferred) {
+    sl_ze_deferred *d = be->deferred;
+    for (size_t i = 0; i < d->nrecs; i++)
+      if (rec_wait(be, d->recs[i], "fini (memory lent to another stream)") == SL_ERR_TIMEOUT) {
+        be->host->log(be->host->core, SL_LOG_WARN,
+                      "level_zero:%d: memory lent to another stream is still in use after the job's timeout; it, "
+                      "the module's events and its context are left behind", be->ordinal);
+        return;
+      }
+    pthread_mutex_lock(&be->mu);
+    settle_deferred_locked(be);
+    int stuck = be->deferred == d; /* a record failed (device lost): its buffers go with the context */
+    if (stuck) {
+      be->deferred = d->next;
+      free(d->ptrs);
+      free(d->recs);
+      free(d);
+    }
+    pthread_mutex_unlock(&be->mu);
+  }
   for (sl_ze_stream *s = be->streams, *nx; s; s = nx) {
     nx = s->next;
     sl__ze.CommandListDestroy(s->list);
@@ -641,7 +697,7 @@ static void ze_event_destroy(void *h, void *event) {
 }
 
 /* The kinds of command a stream appends; each signals its own record and waits for the tail. */
-typedef enum { CMD_COPY, CMD_REGION, CMD_WAIT } sl_ze_cmd_kind;
+typedef enum { CMD_COPY, CMD_REGION, CMD_WAIT, CMD_BARRIER } sl_ze_cmd_kind;
 typedef struct {
   sl_ze_cmd_kind kind;
   void *dst;
@@ -676,6 +732,9 @@ static sl_status stream_append(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd *c
   if (c->kind == CMD_COPY) {
     what = "zeCommandListAppendMemoryCopy";
     r = sl__ze.CommandListAppendMemoryCopy(s->list, c->dst, c->src, c->bytes, out->ev, prev ? 1 : 0, prev ? &pw : NULL);
+  } else if (c->kind == CMD_BARRIER) {
+    what = "zeCommandListAppendBarrier";
+    r = sl__ze.CommandListAppendBarrier(s->list, out->ev, prev ? 1 : 0, prev ? &pw : NULL);
   } else if (c->kind == CMD_REGION) {
     what = "zeCommandListAppendMemoryCopyRegion";
     ze_copy_region_t reg = {.width = c->width, .height = c->height}; /* depth 0: a 2-D copy */
@@ -794,6 +853,9 @@ static sl_status sync_all(sl_ze_be *be) {
 static sl_status ze_synchronize(void *h) {
   sl_ze_be *be = h;
   sl_status s = sync_all(be);
+  pthread_mutex_lock(&be->mu);
+  if (be->deferred) settle_deferred_locked(be); /* not waited for: they wait for others' work */
+  pthread_mutex_unlock(&be->mu);
   return s != SL_OK ? s : check_sticky(be);
 }
 
@@ -807,6 +869,87 @@ static sl_status ze_copy_async(void *h, void *dst, const void *src, size_t bytes
   if (s == SL_OK && kind == SL_COPY_H2D) __atomic_add_fetch(&be->h2d, bytes, __ATOMIC_RELAXED);
   if (s == SL_OK && kind == SL_COPY_D2H) __atomic_add_fetch(&be->d2h, bytes, __ATOMIC_RELAXED);
   return s;
+}
+
+/* A record on a command list of the consumer's: a barrier signals it once everything appended
+ * to that list before has completed. Level Zero signals an event only on a list of the event's
+ * context, so NATIVE must belong to this module's context: one of its own streams'
+ * (SL_EXT_NATIVE_STREAM), which the barrier joins as a command of that stream's chain, or a list
+ * the consumer made in it. (A consumer with a context of its own, SYCL's, needs the module to
+ * share that context: not yet.) */
+static sl_status ze_event_record_native(void *h, void *event, void *native) {
+  sl_ze_be *be = h;
+  sl_ze_event *e = event;
+  char why[256];
+  sl_ze_rec *out = NULL;
+  if (!native)
+    return be->host->fail(be->host->core, SL_ERR_INVALID,
+                          "level_zero:%d: event_record_native: no command list (NULL); pass the consumer's "
+                          "ze_command_list_handle_t", be->ordinal);
+  pthread_mutex_lock(&be->mu);
+  sl_ze_stream *own = be->dflt.list == native ? &be->dflt : NULL;
+  for (sl_ze_stream *t = be->streams; t && !own; t = t->next)
+    if (t->list == native) own = t;
+  pthread_mutex_unlock(&be->mu);
+  if (own) {
+    /* one of the module's own (SL_EXT_NATIVE_STREAM): a command of its chain, so that its syncs
+     * and its destruction wait for the record too */
+    sl_ze_cmd c = {.kind = CMD_BARRIER};
+    sl_status st = stream_append(be, own, &c);
+    if (st == SL_OK) st = ze_event_record(h, event, own);
+    return st;
+  }
+  pthread_mutex_lock(&be->mu);
+  sl_status st = rec_get_locked(be, &out, why, sizeof why);
+  pthread_mutex_unlock(&be->mu);
+  if (st != SL_OK) return be->host->fail(be->host->core, st, "level_zero:%d: %s", be->ordinal, why);
+  ze_result_t r = sl__ze.CommandListAppendBarrier((ze_command_list_handle_t)native, out->ev, 0, NULL);
+  pthread_mutex_lock(&be->mu);
+  if (r != ZE_RESULT_SUCCESS) {
+    out->refs = 0; /* nothing signals it */
+    out->next = be->free;
+    be->free = out;
+  } else {
+    sl_ze_rec *old = e->last;
+    e->last = out;
+    if (old) rec_put_locked(be, old);
+  }
+  pthread_mutex_unlock(&be->mu);
+  if (r != ZE_RESULT_SUCCESS) /* the caller's list, not this module's work: not sticky */
+    return be->host->fail(be->host->core, status_of(r),
+                          "level_zero:%d: event_record_native: zeCommandListAppendBarrier on command list %p failed: %s "
+                          "(a command list of another context or device?)", be->ordinal, native, rname(r));
+  return SL_OK;
+}
+
+/* Takes the events' last records (and the events); frees the buffers once all have signalled,
+ * at a later call of the module's (any record taken, synchronize, fini), never waiting here. */
+static sl_status ze_free_device_after(void *h, void *const *ptrs, size_t n, void *const *events, size_t nevents) {
+  sl_ze_be *be = h;
+  sl_ze_deferred *d = calloc(1, sizeof *d);
+  void **p = calloc(n ? n : 1, sizeof *p);
+  sl_ze_rec **r = calloc(nevents ? nevents : 1, sizeof *r);
+  if (!d || !p || !r) {
+    free(d);
+    free(p);
+    free(r);
+    return be->host->fail(be->host->core, SL_ERR_NOMEM, "level_zero: out of memory");
+  }
+  memcpy(p, ptrs, n * sizeof *p);
+  pthread_mutex_lock(&be->mu);
+  for (size_t i = 0; i < nevents; i++) {
+    sl_ze_event *e = events[i];
+    if (e->last) r[d->nrecs++] = e->last; /* the event's ref moves here */
+    free(e); /* queued waits hold records of their own */
+  }
+  d->ptrs = p;
+  d->n = n;
+  d->recs = r;
+  d->next = be->deferred;
+  be->deferred = d;
+  settle_deferred_locked(be);
+  pthread_mutex_unlock(&be->mu);
+  return SL_OK;
 }
 
 /* Region copies take 32-bit widths, heights and pitches: larger ones are one copy per row. */
@@ -892,6 +1035,8 @@ static const sl_backend_ops ze_ops = {
     .is_device_ptr = ze_is_device_ptr,
     .get_proc = ze_get_proc,
     .device_identity = ze_device_identity,
+    .event_record_native = ze_event_record_native,
+    .free_device_after = ze_free_device_after,
     .native_api = "level_zero",
     .dlpack_device_type = 14, /* kDLOneAPI */
 };
