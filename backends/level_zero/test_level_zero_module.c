@@ -443,6 +443,46 @@ static void test_dev_native_streams(void **state) {
   ops->stream_destroy(g_be, s2);
 }
 
+/* The device lost under queued work (the test driver's zedrvLoseDevice): the loss is sticky, every
+ * later sync returns it naming the device, and fini still ends. Last: the device stays lost. */
+static void test_dev_device_lost_is_sticky(void **state) {
+  uint32_t n = 1;
+  ze_driver_handle_t drv = NULL;
+  ze_result_t (*lose)(ze_driver_handle_t) = NULL;
+  assert_true(sl__ze_ready()); /* the test's own table over the same loader and driver */
+  if (sl__ze.DriverGet(&n, &drv) != ZE_RESULT_SUCCESS ||
+      sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvLoseDevice", (void **)&lose) != ZE_RESULT_SUCCESS || !lose)
+    skip(); /* a real device: not lost on purpose */
+  void *s = NULL, *d = NULL, *ev = NULL;
+  unsigned char h[4096] = {1};
+  OK(ops->stream_create(g_be, &s));
+  OK(ops->alloc_device(g_be, sizeof h, &d));
+  OK(ops->event_create(g_be, &ev));
+  OK(ops->copy_async(g_be, d, h, sizeof h, SL_COPY_H2D, s));
+  OK(ops->stream_sync(g_be, s));
+  assert_int_equal(lose(drv), ZE_RESULT_SUCCESS);
+  sl_status st = ops->copy_async(g_be, h, d, sizeof h, SL_COPY_D2H, s);
+  if (st == SL_OK) st = ops->event_record(g_be, ev, s);
+  if (st == SL_OK) st = ops->stream_sync(g_be, s);
+  printf("# after the loss: %s: %s\n", sl_status_name(st), last_msg);
+  assert_int_equal(st, SL_ERR_BACKEND);
+  assert_non_null(strstr(last_msg, "level_zero:0: "));
+  assert_non_null(strstr(last_msg, "ZE_RESULT_ERROR_DEVICE_LOST"));
+  last_msg[0] = 0;
+  assert_int_equal(ops->synchronize(g_be), SL_ERR_BACKEND); /* sticky */
+  assert_non_null(strstr(last_msg, "ZE_RESULT_ERROR_DEVICE_LOST"));
+  assert_int_equal(ops->event_sync(g_be, ev), SL_ERR_BACKEND);
+  assert_true(ops->event_query(g_be, ev) < 0);
+  void *s2 = NULL;
+  if (ops->stream_create(g_be, &s2) == SL_OK) {
+    assert_int_equal(ops->copy_async(g_be, d, h, sizeof h, SL_COPY_H2D, s2), SL_ERR_BACKEND);
+    ops->stream_destroy(g_be, s2);
+  }
+  ops->event_destroy(g_be, ev);
+  ops->stream_destroy(g_be, s);
+  ops->free_device(g_be, d);
+}
+
 /* Loads through the command: every rank's shards bit for bit those of the same load on cpu. */
 static void test_dev_cli_matches_cpu(void **state) {
   const char *modes[] = {"--nproc 1 --param-dtype BF16", "--nproc 2", "--nproc 2 --source every-rank",
@@ -490,6 +530,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_dev_copy_2d, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_native_streams, dev_setup, dev_teardown),
         cmocka_unit_test(test_dev_cli_matches_cpu),
+        cmocka_unit_test_setup_teardown(test_dev_device_lost_is_sticky, dev_setup, dev_teardown), /* last */
     };
     return cmocka_run_group_tests_name("level_zero_device", dev, NULL, NULL);
   }
