@@ -443,6 +443,62 @@ static void test_dev_native_streams(void **state) {
   ops->stream_destroy(g_be, s2);
 }
 
+static double mono_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int warned;
+static void count_warn(void *core, sl_log_level level, const char *fmt, ...) { warned += level == SL_LOG_WARN; }
+
+/* Work slower than the job's timeout (the test driver's zedrvSetDelayUs): a sync gives up after
+ * the timeout with SL_ERR_TIMEOUT, not sticky (a later sync, once the work ran, succeeds); fini
+ * behind such work ends within the timeout too, leaving the work behind with a warning. */
+static void test_dev_syncs_bounded_by_the_timeout(void **state) {
+  uint32_t n = 1;
+  ze_driver_handle_t drv = NULL;
+  ze_result_t (*delay)(ze_driver_handle_t, uint32_t, uint32_t) = NULL;
+  assert_true(sl__ze_ready());
+  if (sl__ze.DriverGet(&n, &drv) != ZE_RESULT_SUCCESS ||
+      sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvSetDelayUs", (void **)&delay) != ZE_RESULT_SUCCESS || !delay)
+    skip();
+  static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
+  sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
+                        .ops = ops, .timeout_ms = 300};
+  void *be = NULL, *s = NULL, *d = NULL;
+  static unsigned char h[4096];
+  OK(ops->init(&in, &be));
+  OK(ops->stream_create(be, &s));
+  OK(ops->alloc_device(be, sizeof h, &d));
+  assert_int_equal(delay(drv, 1500000, 1500000), ZE_RESULT_SUCCESS); /* 1.5 s a command */
+  OK(ops->copy_async(be, d, h, sizeof h, SL_COPY_H2D, s));
+  double t0 = mono_s();
+  sl_status st = ops->stream_sync(be, s);
+  double took = mono_s() - t0;
+  printf("# sync behind 1.5 s of work, timeout 300 ms: %s after %.2f s: %s\n", sl_status_name(st), took, last_msg);
+  assert_int_equal(st, SL_ERR_TIMEOUT);
+  assert_true(took >= 0.25 && took < 1.2);
+  assert_non_null(strstr(last_msg, "level_zero:0: stream_sync: the device's work did not complete within the job's "
+                                   "timeout (300 ms)"));
+  assert_int_equal(delay(drv, 0, 0), ZE_RESULT_SUCCESS);
+  while (ops->stream_sync(be, s) == SL_ERR_TIMEOUT) /* the copy ends; the timeout was not sticky */
+    assert_true(mono_s() - t0 < 10);
+  OK(ops->synchronize(be));
+  /* fini behind 3 s of work: bounded by the timeout, with a warning */
+  assert_int_equal(delay(drv, 3000000, 3000000), ZE_RESULT_SUCCESS);
+  OK(ops->copy_async(be, d, h, sizeof h, SL_COPY_H2D, s));
+  usleep(50000); /* the engine took it with its 3 s */
+  assert_int_equal(delay(drv, 0, 0), ZE_RESULT_SUCCESS);
+  warned = 0;
+  t0 = mono_s();
+  ops->fini(be); /* stream s and buffer d go with what is left behind */
+  took = mono_s() - t0;
+  printf("# fini behind 3 s of work: %.2f s, %d warning(s)\n", took, warned);
+  assert_true(took < 1.5);
+  assert_int_equal(warned, 1);
+}
+
 /* The device lost under queued work (the test driver's zedrvLoseDevice): the loss is sticky, every
  * later sync returns it naming the device, and fini still ends. Last: the device stays lost. */
 static void test_dev_device_lost_is_sticky(void **state) {
@@ -530,6 +586,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_dev_copy_2d, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_native_streams, dev_setup, dev_teardown),
         cmocka_unit_test(test_dev_cli_matches_cpu),
+        cmocka_unit_test(test_dev_syncs_bounded_by_the_timeout),
         cmocka_unit_test_setup_teardown(test_dev_device_lost_is_sticky, dev_setup, dev_teardown), /* last */
     };
     return cmocka_run_group_tests_name("level_zero_device", dev, NULL, NULL);
