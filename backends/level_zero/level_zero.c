@@ -29,8 +29,10 @@
  * record on the consumer's command list; free_device_after keeps the buffers with those records
  * and frees them at a later call once all have signalled (fini waits for them, bounded).
  *
- * Not yet: casts (SPIR-V kernels; cast_async is unset, so the core casts on the host), host
- * functions (launch_host_fn). */
+ * Host functions (Level Zero has none): a thread of the module's waits for the stream's tail,
+ * runs the function and signals, from the host, the record that becomes the stream's tail.
+ *
+ * Not yet: casts (SPIR-V kernels; cast_async is unset, so the core casts on the host). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -74,6 +76,15 @@ typedef struct sl_ze_deferred {
   struct sl_ze_deferred *next;
 } sl_ze_deferred;
 
+/* A host function in stream order: FN runs on the module's host thread once AFTER signalled, and
+ * the host signals DONE (the stream's tail from then on) when it returned. */
+typedef struct sl_ze_hostfn {
+  sl_status (*fn)(void *arg, char *err, size_t errlen);
+  void *arg;
+  struct sl_ze_rec *after, *done; /* one ref each; AFTER NULL: nothing queued before */
+  struct sl_ze_hostfn *next;
+} sl_ze_hostfn;
+
 typedef struct sl_ze_event {
   sl_ze_rec *last; /* the last record (one ref), NULL: never recorded (complete) */
 } sl_ze_event;
@@ -98,8 +109,13 @@ typedef struct sl_ze_be {
   sl_ze_rec *free, *retired;
   sl_ze_stream dflt, *streams;
   sl_ze_deferred *deferred; /* free_device_after's, oldest last */
+  /* host functions: one thread for the instance, started by the first, FIFO (under mu) */
+  pthread_cond_t hf_cond;
+  pthread_t hf_thread;
+  int hf_started, hf_stop;
+  sl_ze_hostfn *hf_head, *hf_last;
   sl_status sticky;
-  char sticky_msg[512];
+  char sticky_msg[640];
   uint64_t h2d, d2h; /* atomic */
 } sl_ze_be;
 
@@ -432,6 +448,7 @@ static sl_status ze_init(const sl_backend_init *in, void **out) {
   be->drv = gpus[dev].drv;
   be->dev = gpus[dev].dev;
   pthread_mutex_init(&be->mu, NULL);
+  pthread_cond_init(&be->hf_cond, NULL);
   be->props.stype = ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES;
   ze_result_t r = sl__ze.DeviceGetProperties(be->dev, &be->props);
   if (r != ZE_RESULT_SUCCESS) {
@@ -497,6 +514,13 @@ static void ze_fini(void *h) {
     }
     pthread_mutex_unlock(&be->mu);
   }
+  if (be->hf_started) { /* every host function has run (they were the tails settle_all waited for) */
+    pthread_mutex_lock(&be->mu);
+    be->hf_stop = 1;
+    pthread_cond_broadcast(&be->hf_cond);
+    pthread_mutex_unlock(&be->mu);
+    pthread_join(be->hf_thread, NULL);
+  }
   for (sl_ze_stream *s = be->streams, *nx; s; s = nx) {
     nx = s->next;
     sl__ze.CommandListDestroy(s->list);
@@ -510,6 +534,7 @@ static void ze_fini(void *h) {
     free(p);
   }
   if (be->ctx) sl__ze.ContextDestroy(be->ctx);
+  pthread_cond_destroy(&be->hf_cond);
   pthread_mutex_destroy(&be->mu);
   free(be);
 }
@@ -871,6 +896,95 @@ static sl_status ze_copy_async(void *h, void *dst, const void *src, size_t bytes
   return s;
 }
 
+/* The host thread: runs each host function once the work queued before it completed (not at all
+ * after a failure of that work, or when fini gave up on it), then signals its record. */
+static void *hostfn_worker(void *p) {
+  sl_ze_be *be = p;
+  pthread_mutex_lock(&be->mu);
+  for (;;) {
+    while (!be->hf_head && !be->hf_stop) pthread_cond_wait(&be->hf_cond, &be->mu);
+    sl_ze_hostfn *j = be->hf_head;
+    if (!j) break; /* stopped, nothing left */
+    be->hf_head = j->next;
+    if (!be->hf_head) be->hf_last = NULL;
+    pthread_mutex_unlock(&be->mu);
+    int run = 1;
+    while (j->after && run) {
+      ze_result_t q = sl__ze.EventHostSynchronize(j->after->ev, SL_ZE_SLICE_NS);
+      if (q == ZE_RESULT_SUCCESS) break;
+      if (q != ZE_RESULT_NOT_READY || __atomic_load_n(&be->hf_stop, __ATOMIC_ACQUIRE)) run = 0;
+    }
+    pthread_mutex_lock(&be->mu);
+    run = run && be->sticky == SL_OK;
+    pthread_mutex_unlock(&be->mu);
+    if (run) {
+      char err[480] = "";
+      sl_status st = j->fn(j->arg, err, sizeof err);
+      if (st != SL_OK) {
+        char msg[600];
+        if (err[0])
+          snprintf(msg, sizeof msg, "level_zero:%d: a host function failed: %s", be->ordinal, err);
+        else
+          snprintf(msg, sizeof msg, "level_zero:%d: a host function failed (status %d) and said nothing more",
+                   be->ordinal, (int)st);
+        pthread_mutex_lock(&be->mu);
+        set_sticky_locked(be, st, msg);
+        pthread_mutex_unlock(&be->mu);
+      }
+    }
+    /* signalled even when FN did not run, so that no wait hangs: the sticky error says why */
+    sl__ze.EventHostSignal(j->done->ev);
+    pthread_mutex_lock(&be->mu);
+    if (j->after) rec_put_locked(be, j->after);
+    rec_put_locked(be, j->done);
+    free(j);
+  }
+  pthread_mutex_unlock(&be->mu);
+  return NULL;
+}
+
+static sl_status ze_launch_host_fn(void *h, void *stream, sl_status (*fn)(void *arg, char *err, size_t errlen),
+                                   void *arg) {
+  sl_ze_be *be = h;
+  sl_ze_stream *s = stream_of(be, stream);
+  char why[256] = "";
+  sl_ze_hostfn *j = calloc(1, sizeof *j);
+  if (!j) return be->host->fail(be->host->core, SL_ERR_NOMEM, "level_zero: out of memory");
+  sl_ze_rec *out = NULL;
+  pthread_mutex_lock(&be->mu);
+  int sticky = be->sticky != SL_OK;
+  sl_status st = sticky ? be->sticky : SL_OK;
+  if (st == SL_OK && !be->hf_started) {
+    if (pthread_create(&be->hf_thread, NULL, hostfn_worker, be) != 0) {
+      snprintf(why, sizeof why, "cannot start the host-function thread");
+      st = SL_ERR_BACKEND;
+    } else {
+      be->hf_started = 1;
+    }
+  }
+  if (st == SL_OK) st = rec_get_locked(be, &out, why, sizeof why);
+  if (st == SL_OK) {
+    j->fn = fn;
+    j->arg = arg;
+    j->after = s->tail;
+    if (j->after) j->after->refs++;
+    out->refs++; /* the job's; the first is the stream's, as its tail */
+    j->done = out;
+    out->deps[0] = s->tail; /* the tail's ref moves to what follows it, as for a command */
+    s->tail = out;
+    if (be->hf_last)
+      be->hf_last->next = j;
+    else
+      be->hf_head = j;
+    be->hf_last = j;
+    pthread_cond_signal(&be->hf_cond);
+  }
+  pthread_mutex_unlock(&be->mu);
+  if (st == SL_OK) return SL_OK;
+  free(j);
+  return sticky ? check_sticky(be) : be->host->fail(be->host->core, st, "level_zero:%d: launch_host_fn: %s", be->ordinal, why);
+}
+
 /* A record on a command list of the consumer's: a barrier signals it once everything appended
  * to that list before has completed. Level Zero signals an event only on a list of the event's
  * context, so NATIVE must belong to this module's context: one of its own streams'
@@ -1039,6 +1153,7 @@ static const sl_backend_ops ze_ops = {
     .free_device_after = ze_free_device_after,
     .native_api = "level_zero",
     .dlpack_device_type = 14, /* kDLOneAPI */
+    .launch_host_fn = ze_launch_host_fn,
 };
 
 __attribute__((visibility("default"))) const sl_backend_ops *sl_backend_module_v2(void) { return &ze_ops; }

@@ -90,6 +90,7 @@ static void test_table(void **state) {
   assert_true(SL_HAS_OP(ops, copy_2d_async));
   /* native handles: streams are ze_command_list_handle_t; DLPack's kDLOneAPI */
   assert_true(SL_HAS_OP(ops, event_record_native) && SL_HAS_OP(ops, free_device_after));
+  assert_true(SL_HAS_OP(ops, launch_host_fn));
   assert_true(SL_HAS_OP(ops, native_api));
   assert_string_equal(sl_backend_native_api(ops), "level_zero");
   assert_non_null(ops->get_proc(SL_EXT_NATIVE_STREAM));

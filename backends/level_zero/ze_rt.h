@@ -26,7 +26,7 @@
   X(CommandListAppendMemoryCopyRegion)                                                                \
   X(CommandListAppendBarrier) X(CommandListAppendWaitOnEvents)                                        \
   X(EventPoolCreate) X(EventPoolDestroy) X(EventCreate) X(EventDestroy) X(EventHostSynchronize)       \
-  X(EventQueryStatus) X(EventHostReset)
+  X(EventQueryStatus) X(EventHostReset) X(EventHostSignal)
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
