@@ -454,8 +454,7 @@ static int warned;
 static void count_warn(void *core, sl_log_level level, const char *fmt, ...) { warned += level == SL_LOG_WARN; }
 
 /* Work slower than the job's timeout (the test driver's zedrvSetDelayUs): a sync gives up after
- * the timeout with SL_ERR_TIMEOUT, not sticky (a later sync, once the work ran, succeeds); fini
- * behind such work ends within the timeout too, leaving the work behind with a warning. */
+ * the timeout with SL_ERR_TIMEOUT, not sticky (a later sync, once the work ran, succeeds). */
 static void test_dev_syncs_bounded_by_the_timeout(void **state) {
   uint32_t n = 1;
   ze_driver_handle_t drv = NULL;
@@ -486,18 +485,47 @@ static void test_dev_syncs_bounded_by_the_timeout(void **state) {
   while (ops->stream_sync(be, s) == SL_ERR_TIMEOUT) /* the copy ends; the timeout was not sticky */
     assert_true(mono_s() - t0 < 10);
   OK(ops->synchronize(be));
-  /* fini behind 3 s of work: bounded by the timeout, with a warning */
+  ops->stream_destroy(be, s);
+  ops->free_device(be, d);
+  ops->fini(be);
+}
+
+/* fini behind 3 s of work: bounded by the timeout, leaving the work (and the context) behind
+ * with a warning. A process of its own (--fini-behind): what is left behind is alive at exit,
+ * which the test driver reports (ZEDRV_MISUSE must not abort there); nothing else may be. */
+static void test_dev_fini_behind_slow_work(void **state) {
+  uint32_t n = 1;
+  ze_driver_handle_t drv = NULL;
+  ze_result_t (*delay)(ze_driver_handle_t, uint32_t, uint32_t) = NULL;
+  ze_result_t (*misuse)(ze_driver_handle_t, uint64_t *) = NULL;
+  assert_true(sl__ze_ready());
+  if (sl__ze.DriverGet(&n, &drv) != ZE_RESULT_SUCCESS ||
+      sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvSetDelayUs", (void **)&delay) != ZE_RESULT_SUCCESS ||
+      sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvGetMisuseCount", (void **)&misuse) != ZE_RESULT_SUCCESS ||
+      !delay || !misuse)
+    skip();
+  static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
+  sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
+                        .ops = ops, .timeout_ms = 300};
+  void *be = NULL, *s = NULL, *d = NULL;
+  static unsigned char h[4096];
+  OK(ops->init(&in, &be));
+  OK(ops->stream_create(be, &s));
+  OK(ops->alloc_device(be, sizeof h, &d));
   assert_int_equal(delay(drv, 3000000, 3000000), ZE_RESULT_SUCCESS);
   OK(ops->copy_async(be, d, h, sizeof h, SL_COPY_H2D, s));
   usleep(50000); /* the engine took it with its 3 s */
   assert_int_equal(delay(drv, 0, 0), ZE_RESULT_SUCCESS);
   warned = 0;
-  t0 = mono_s();
+  double t0 = mono_s();
   ops->fini(be); /* stream s and buffer d go with what is left behind */
-  took = mono_s() - t0;
-  printf("# fini behind 3 s of work: %.2f s, %d warning(s)\n", took, warned);
+  double took = mono_s() - t0;
+  uint64_t bad = 1;
+  assert_int_equal(misuse(drv, &bad), ZE_RESULT_SUCCESS);
+  printf("# fini behind 3 s of work: %.2f s, %d warning(s), %llu misuse(s)\n", took, warned, (unsigned long long)bad);
   assert_true(took < 1.5);
   assert_int_equal(warned, 1);
+  assert_int_equal(bad, 0); /* leaving behind destroyed nothing under the work */
 }
 
 /* The device lost under queued work (the test driver's zedrvLoseDevice): the loss is sticky, every
@@ -571,6 +599,15 @@ int main(int argc, char **argv) {
   if (!entry || !(ops = entry())) {
     fprintf(stderr, "cannot load %s: %s\n", module_path, module ? "no entry symbol" : dlerror());
     return 1;
+  }
+  if (argc > 2 && strcmp(argv[2], "--fini-behind") == 0) {
+    probe_score = ops->probe(probe_reason, sizeof probe_reason);
+    if (probe_score <= 0) {
+      printf("SKIPPED: %s\n", probe_reason);
+      return 77;
+    }
+    const struct CMUnitTest behind[] = {cmocka_unit_test(test_dev_fini_behind_slow_work)};
+    return cmocka_run_group_tests_name("level_zero_fini_behind", behind, NULL, NULL);
   }
   if (argc > 2 && strcmp(argv[2], "--device") == 0) {
     probe_score = ops->probe(probe_reason, sizeof probe_reason);
