@@ -19,16 +19,23 @@
 #                              prints the hipcc already on PATH or under $ROCM_PATH, if any. No
 #                              AMD GPU needed (and RCCL is not packaged: the module opens it at
 #                              run time, and its probe says it is missing).
-#   scripts/deps.sh --check    installs nothing: with --hip, only prints the usable hipcc.
+#   scripts/deps.sh --level-zero ... plus the Level Zero loader and headers (libze-dev, libze1)
+#                              and the SPIR-V toolchain of its kernels (clang-15, llvm-spirv-15,
+#                              spirv-tools, llvm-15): prints "level_zero" when all are usable,
+#                              else nothing, and says on stderr what is missing. No Intel GPU
+#                              needed (the tests run the module over a test driver through the
+#                              real loader).
+#   scripts/deps.sh --check    installs nothing: with --hip or --level-zero, only prints.
 # The venv lives at $SHARDLOAD_VENV (default ~/.cache/shardload/venv) so it outlives clones.
 set -euo pipefail
-fuzz=0 python=0 cuda=0 hip=0 check=0
+fuzz=0 python=0 cuda=0 hip=0 ze=0 check=0
 for a in "$@"; do
   case "$a" in
     --fuzz) fuzz=1 ;;
     --python) python=1 ;;
     --cuda) cuda=1 ;;
     --hip) hip=1 ;;
+    --level-zero) ze=1 ;;
     --check) check=1 ;;
     *) echo "deps: unknown option $a" >&2; exit 2 ;;
   esac
@@ -50,6 +57,16 @@ if [ "$hip" = 1 ] && [ "$check" = 0 ]; then
     updated=1
     # only where apt has them (Debian 12 or later); elsewhere ROCm's own hipcc, if any, is used
     if apt-cache show hipcc >/dev/null 2>&1; then pkgs+=("${hip_pkgs[@]}"); fi
+  fi
+fi
+ze_pkgs=(libze-dev libze1 clang-15 llvm-spirv-15 spirv-tools llvm-15)
+if [ "$ze" = 1 ] && [ "$check" = 0 ]; then
+  ze_missing=0
+  for p in "${ze_pkgs[@]}"; do installed "$p" || ze_missing=1; done
+  if [ "$ze_missing" = 1 ]; then
+    [ "$updated" = 1 ] || $SUDO apt-get update -qq
+    updated=1
+    if apt-cache show libze-dev llvm-spirv-15 >/dev/null 2>&1; then pkgs+=("${ze_pkgs[@]}"); fi
   fi
 fi
 missing=()
@@ -94,5 +111,15 @@ if [ "$hip" = 1 ]; then
     echo "deps: $hipcc found but it cannot compile against hip/hip_runtime_api.h (install libamdhip64-dev, or ROCm's hip-dev): the HIP and RCCL modules are not built" >&2
   else
     echo "$hipcc"
+  fi
+fi
+if [ "$ze" = 1 ]; then
+  ze_lack=""
+  [ -f /usr/include/level_zero/ze_api.h ] || ze_lack="$ze_lack libze-dev"
+  for t in clang-15 llvm-spirv-15 spirv-val; do command -v "$t" >/dev/null || ze_lack="$ze_lack $t"; done
+  if [ -n "$ze_lack" ]; then
+    echo "deps: missing for the Level Zero module:$ze_lack (Debian: libze-dev clang-15 llvm-spirv-15 spirv-tools): it is not built" >&2
+  else
+    echo "level_zero"
   fi
 fi

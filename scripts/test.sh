@@ -10,8 +10,12 @@
 #   HIP   hipcc and the HIP headers (scripts/deps.sh --hip installs Debian's ROCm; this script
 #         only looks, unless SHARDLOAD_WITH_HIP=ON): libshardload-hip.so, libshardload-rccl.so
 #         and their tests.
+#   Level Zero  the loader's headers and the SPIR-V toolchain (scripts/deps.sh --level-zero;
+#         likewise only looked for unless SHARDLOAD_WITH_LEVEL_ZERO=ON): libshardload-level_zero.so,
+#         its kernels and their tests, over the test driver through the real loader. It goes
+#         into whichever preset is chosen (the presets read SHARDLOAD_WITH_LEVEL_ZERO).
 # Preset cuda-hip, cuda, hip or cpu, whichever the machine has; it says which. Then the only
-# tests that may report SKIPPED are those labelled gpu (NVIDIA) or amdgpu (AMD), and only where
+# tests that may report SKIPPED are those labelled gpu (NVIDIA), amdgpu (AMD) or intelgpu (Intel), and only where
 # no such GPU is usable; under the cpu preset nothing skips. SHARDLOAD_WITH_CUDA=OFF and
 # SHARDLOAD_WITH_HIP=OFF leave a vendor out; SHARDLOAD_WITH_HIP=ON installs ROCm (Debian) and
 # fails where hipcc cannot be had.
@@ -34,6 +38,17 @@ case "${SHARDLOAD_WITH_HIP:-}" in
     why_hip="no hipcc here (scripts/deps.sh --hip installs Debian's)"
     hip="$(bash scripts/deps.sh --hip --check 2>/dev/null)" ;;
 esac
+ze="" why_ze="SHARDLOAD_WITH_LEVEL_ZERO=OFF"
+case "${SHARDLOAD_WITH_LEVEL_ZERO:-}" in
+  OFF) ;;
+  ON)
+    ze="$(bash scripts/deps.sh --level-zero)"
+    if [ -z "$ze" ]; then echo "test.sh: SHARDLOAD_WITH_LEVEL_ZERO=ON but its toolchain cannot be had (see above)" >&2; exit 1; fi ;;
+  *)
+    why_ze="no libze-dev or SPIR-V toolchain here (scripts/deps.sh --level-zero installs Debian's)"
+    ze="$(bash scripts/deps.sh --level-zero --check 2>/dev/null)" ;;
+esac
+if [ -n "$ze" ]; then export SHARDLOAD_WITH_LEVEL_ZERO=ON; else export SHARDLOAD_WITH_LEVEL_ZERO=OFF; fi
 if [ -n "$cuda" ] && [ -n "$hip" ]; then preset=cuda-hip
 elif [ -n "$cuda" ]; then preset=cuda
 elif [ -n "$hip" ]; then preset=hip
@@ -48,6 +63,11 @@ if [ -n "$hip" ]; then
   echo "test.sh: $hip found: the HIP/RCCL modules are built (amdgpu tests skip without an AMD GPU)"
 else
   echo "test.sh: the HIP/RCCL modules are not built ($why_hip)"
+fi
+if [ -n "$ze" ]; then
+  echo "test.sh: the Level Zero module is built (over the test driver; no Intel GPU needed)"
+else
+  echo "test.sh: the Level Zero module is not built ($why_ze)"
 fi
 echo "test.sh: preset $preset"
 cmake --workflow --preset "$preset"

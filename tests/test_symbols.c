@@ -5,7 +5,9 @@
  * CUDA and NCCL modules in $SHARDLOAD_CUDA_MODULES (set where -DSHARDLOAD_WITH_CUDA=ON built
  * them): they link the CUDA runtime statically, whose symbols must stay inside; and the HIP and
  * RCCL modules in $SHARDLOAD_HIP_MODULES (-DSHARDLOAD_WITH_HIP=ON), which define the compiler's
- * launch ABI (hipLaunchKernel, __hipRegisterFatBinary...) and their runtime table inside. */
+ * launch ABI (hipLaunchKernel, __hipRegisterFatBinary...) and their runtime table inside; and
+ * the Level Zero backend in $SHARDLOAD_LEVEL_ZERO_MODULES (-DSHARDLOAD_WITH_LEVEL_ZERO=ON),
+ * which keeps its loader table (sl__ze) inside. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -112,6 +114,16 @@ static void test_hip_modules_export_only_entry_symbols(void **state) {
   free(got);
 }
 
+/* The Level Zero backend: its entry and nothing else (no loader table, no ze* name). */
+static void test_level_zero_module_exports_only_its_entry(void **state) {
+  const char *dir = getenv("SHARDLOAD_LEVEL_ZERO_MODULES");
+  if (!dir || !*dir) skip();
+  char *got = module_exports(dir, "level_zero");
+  fprintf(stderr, "libshardload-level_zero.so exports: %s\n", got);
+  assert_string_equal(got, "sl_backend_module_v2 ");
+  free(got);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_symbols LIBSHARDLOAD.so\n");
@@ -124,6 +136,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_modules_export_only_entry_symbols),
       cmocka_unit_test(test_cuda_modules_export_only_entry_symbols),
       cmocka_unit_test(test_hip_modules_export_only_entry_symbols),
+      cmocka_unit_test(test_level_zero_module_exports_only_its_entry),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,646 @@
+/* libshardload-level_zero.so on a machine without an Intel GPU (CI: Debian's Level Zero loader
+ * libze1 installed, no driver): loading it opens no Level Zero library, its table is what the
+ * core pairs and exports by, its probe says in Level Zero's words why it cannot run (through
+ * the real loader: "no driver (ZE_RESULT_ERROR_UNINITIALIZED ...)"), init fails with that
+ * reason, and so does every rank of a job that asks for it. The loader table (ze_rt.c, linked
+ * in) explains a loader that is missing or is not a Level Zero loader. argv[1]: the module.
+ *
+ * Where a Level Zero GPU driver is present (a real one, or the test driver through
+ * ZE_ENABLE_ALT_DRIVERS) the no-driver tests are skipped. With --device (argv[2]) it runs what
+ * is the module's own on a device instead (exit 77, skipped, where the probe says no): its
+ * description, records recycled through many waits across two streams, allocations past the
+ * device's maximum, host-pointer import or its refusal, native streams, and loads through the
+ * command bit-exact against cpu. What every backend owes the ABI is the conformance suite's. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shardload/module.h"
+#include "testutil.h"
+#include "ze_rt.h"
+
+static const char *module_path;
+static void *module;
+static const sl_backend_ops *ops;
+static char probe_reason[640];
+static int probe_score = -1;
+
+static char last_msg[2048];
+static sl_status t_fail(void *core, sl_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+  va_end(ap);
+  return s;
+}
+static void t_log(void *core, sl_log_level level, const char *fmt, ...) {}
+static const sl_module_host host = {sizeof(sl_module_host), NULL, t_log, t_fail};
+
+static sl_status try_init(int local_rank, int device, void **be) {
+  sl_backend_init in = {.size = sizeof in, .host = &host, .local_rank = local_rank, .local_world_size = 1,
+                        .device = device, .ops = ops, .timeout_ms = 5000};
+  last_msg[0] = 0;
+  return ops->init(&in, be);
+}
+
+static int loader_loaded(void) {
+  void *h = dlopen(SL_ZE_LIB, RTLD_NOW | RTLD_NOLOAD);
+  if (h) dlclose(h);
+  return h != NULL;
+}
+
+static int loader_installed(void) {
+  sl_ze_rt rt;
+  char why[512];
+  return sl__ze_open_lib(SL_ZE_LIB, &rt, why, sizeof why);
+}
+
+/* Loading the module and reading its table open no Level Zero library. First. */
+static void test_loading_opens_no_level_zero_library(void **state) {
+  assert_false(loader_loaded());
+  assert_string_equal(ops->name, "level_zero");
+  assert_false(loader_loaded());
+}
+
+static void test_table(void **state) {
+  assert_int_equal(ops->abi_version, SL_BACKEND_ABI_VERSION);
+  assert_int_equal(ops->size, sizeof(sl_backend_ops));
+  assert_string_equal(ops->name, "level_zero");
+  /* host staging over Gloo: oneCCL is not packaged */
+  assert_string_equal(ops->preferred_collective, "gloo");
+  assert_true(ops->flags & SL_BACKEND_HAS_PINNED);
+  assert_false(ops->flags & SL_BACKEND_DEVICE_IS_HOST);
+  assert_true(SL_HAS_OP(ops, probe) && SL_HAS_OP(ops, init) && SL_HAS_OP(ops, fini) && SL_HAS_OP(ops, describe));
+  assert_true(SL_HAS_OP(ops, alloc_device) && SL_HAS_OP(ops, free_device) && SL_HAS_OP(ops, alloc_pinned) &&
+              SL_HAS_OP(ops, free_pinned));
+  assert_true(SL_HAS_OP(ops, stream_create) && SL_HAS_OP(ops, stream_destroy) && SL_HAS_OP(ops, event_create) &&
+              SL_HAS_OP(ops, event_destroy) && SL_HAS_OP(ops, event_record) && SL_HAS_OP(ops, stream_wait_event) &&
+              SL_HAS_OP(ops, event_query) && SL_HAS_OP(ops, event_sync) && SL_HAS_OP(ops, stream_sync) &&
+              SL_HAS_OP(ops, synchronize) && SL_HAS_OP(ops, copy_async));
+  assert_true(SL_HAS_OP(ops, register_host) && SL_HAS_OP(ops, unregister_host) && SL_HAS_OP(ops, is_device_ptr) &&
+              SL_HAS_OP(ops, device_identity) && SL_HAS_OP(ops, get_proc));
+  /* not yet: the SPIR-V casts (the core casts on the host) */
+  assert_false(SL_HAS_OP(ops, cast_async));
+  assert_true(SL_HAS_OP(ops, copy_2d_async));
+  /* native handles: streams are ze_command_list_handle_t; DLPack's kDLOneAPI */
+  assert_true(SL_HAS_OP(ops, event_record_native) && SL_HAS_OP(ops, free_device_after));
+  assert_true(SL_HAS_OP(ops, launch_host_fn));
+  assert_true(SL_HAS_OP(ops, native_api));
+  assert_string_equal(sl_backend_native_api(ops), "level_zero");
+  assert_non_null(ops->get_proc(SL_EXT_NATIVE_STREAM));
+  assert_non_null(ops->get_proc(SL_EXT_TRAFFIC));
+  assert_null(ops->get_proc("sl_ext_no_such_thing"));
+  assert_null(ops->get_proc(NULL));
+  assert_int_equal(ops->dlpack_device_type, 14); /* kDLOneAPI */
+  /* the module's internals stay inside: the loader table and its helpers */
+  assert_null(dlsym(module, "sl__ze"));
+  assert_null(dlsym(module, "sl__ze_probe"));
+  assert_null(dlsym(module, "zeInit"));
+  assert_null(dlsym(module, SL_BACKEND_ENTRY_V1));
+}
+
+/* The probe opens the loader and says, in Level Zero's words, why it cannot run here. */
+static void test_probe(void **state) {
+  char reason[640] = "";
+  int score = ops->probe(reason, sizeof reason);
+  printf("# probe: %d \"%s\"\n", score, reason);
+  assert_int_equal(strncmp(reason, "level_zero: ", 12), 0);
+  if (!loader_installed()) {
+    assert_int_equal(score, 0);
+    assert_non_null(strstr(reason, "level_zero: " SL_ZE_LIB " not found (" SL_ZE_LIB ": cannot open shared object"));
+  } else if (score == 0) {
+    assert_true(loader_loaded()); /* the probe opened it */
+    assert_true(strstr(reason, "level_zero: no driver (ZE_RESULT_ERROR_UNINITIALIZED from zeInit") ||
+                strstr(reason, "level_zero: no GPU device ("));
+  } else {
+    assert_true(score > 1); /* beats cpu for "auto" */
+    assert_non_null(strstr(reason, "GPU device"));
+  }
+  assert_int_equal(ops->probe(NULL, 0), score);
+  char tiny[8];
+  assert_int_equal(ops->probe(tiny, sizeof tiny), score);
+  assert_int_equal(strlen(tiny), sizeof tiny - 1);
+}
+
+/* Through the real loader with no driver, in a fresh process (zeInit runs once per process):
+ * whatever ZE_ENABLE_ALT_DRIVERS names that is not a driver, "no driver". */
+static void test_probe_no_driver_in_a_fresh_process(void **state) {
+  if (!loader_installed() || probe_score > 0) skip();
+  const char *alt[] = {NULL, "/nonexistent/libze_sl_nothing.so", "libm.so.6"};
+  for (int i = 0; i < 3; i++) {
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      close(fd[0]);
+      if (alt[i])
+        setenv("ZE_ENABLE_ALT_DRIVERS", alt[i], 1);
+      else
+        unsetenv("ZE_ENABLE_ALT_DRIVERS");
+      char r[640] = "";
+      int sc = ops->probe(r, sizeof r);
+      dprintf(fd[1], "%d %s", sc, r);
+      _exit(0);
+    }
+    close(fd[1]);
+    char got[700] = "";
+    ssize_t n = read(fd[0], got, sizeof got - 1);
+    close(fd[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    assert_true(n > 0);
+    printf("# ZE_ENABLE_ALT_DRIVERS=%s: %s\n", alt[i] ? alt[i] : "(unset)", got);
+    assert_non_null(strstr(got, "0 level_zero: no driver (ZE_RESULT_ERROR_UNINITIALIZED from zeInit"));
+  }
+}
+
+/* What the probe says where the loader is missing, or is not a Level Zero loader. */
+static void test_loader_missing_or_wrong(void **state) {
+  sl_ze_rt rt;
+  char why[640];
+  assert_int_equal(sl__ze_open_lib("libze_loader.so.404", &rt, why, sizeof why), 0);
+  printf("# %s\n", why);
+  assert_non_null(strstr(why, "libze_loader.so.404 not found (libze_loader.so.404: cannot open shared object file"));
+  assert_non_null(strstr(why, "install the Level Zero loader"));
+  assert_int_equal(sl__ze_open_lib("libm.so.6", &rt, why, sizeof why), 0);
+  printf("# %s\n", why);
+  assert_non_null(strstr(why, "libm.so.6 lacks zeInit: this module needs a Level Zero loader"));
+}
+
+static void test_result_names(void **state) {
+  char b[32];
+  assert_string_equal(sl__ze_result_name(ZE_RESULT_ERROR_UNINITIALIZED, b, sizeof b), "ZE_RESULT_ERROR_UNINITIALIZED");
+  assert_string_equal(sl__ze_result_name(ZE_RESULT_ERROR_DEVICE_LOST, b, sizeof b), "ZE_RESULT_ERROR_DEVICE_LOST");
+  assert_string_equal(sl__ze_result_name((ze_result_t)0x7ffffff0, b, sizeof b), "ze_result_t 0x7ffffff0");
+}
+
+/* Without a driver init fails before creating anything, with the probe's reason, on any rank. */
+static void test_init_without_driver(void **state) {
+  if (probe_score > 0) skip();
+  for (int rank = 0; rank < 3; rank++) {
+    void *be = (void *)&be;
+    assert_int_equal(try_init(rank, rank == 2 ? 0 : -1, &be), SL_ERR_NO_DEVICE);
+    printf("# init (local rank %d): %s\n", rank, last_msg);
+    assert_null(be);
+    assert_string_equal(last_msg, probe_reason);
+  }
+}
+
+/* ---- through the core and the command ------------------------------------------------------ */
+
+static char *checkpoint(void) {
+  static char *ck;
+  if (ck) return ck;
+  char *d = sl_test_dir("ck");
+  assert_non_null(d);
+  ck = sl_test_path(d, "model");
+  free(d);
+  char *out = NULL;
+  int rc = sl_test_run(&out, "'%s' synth '%s' --size 1MiB --shards 2", sl_test_bin(), ck);
+  if (rc != 0) fail_msg("synth: %s", out);
+  free(out);
+  return ck;
+}
+
+/* --backend level_zero without a driver: SL_ERR_NO_DEVICE with the probe's own reason (the
+ * registry found and loaded the module: "not available" would mean it never opened it). */
+static void test_context_fails_with_the_probe_reason(void **state) {
+  if (probe_score > 0) skip();
+  char err[1024] = "";
+  sl_context_options co = {.size = sizeof co, .backend = "level_zero", .world_size = 1, .errbuf = err,
+                           .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  assert_int_equal(sl_context_create(&co, &ctx), SL_ERR_NO_DEVICE);
+  assert_null(ctx);
+  printf("# context: %s\n", err);
+  assert_non_null(strstr(err, probe_reason));
+  assert_non_null(strstr(err, "--backend cpu"));
+}
+
+/* Two ranks started on their own, sharing a rendezvous: both exit 1 with the reason within
+ * seconds (neither waits for the other), and so does --nproc 2. */
+static void test_cli_every_rank_fails(void **state) {
+  if (probe_score > 0) skip();
+  char *out = NULL;
+  int rc = sl_test_run(&out, "env -u SHARDLOAD_MODULE_PATH '%s' load '%s' --backend level_zero --nproc 2 --timeout 20",
+                       sl_test_bin(), checkpoint());
+  printf("# --nproc 2: %s", out);
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, probe_reason));
+  free(out);
+
+  char *d = sl_test_dir("ranks");
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  rc = sl_test_run(&out,
+                   "cd '%s' && for r in 0 1 2; do (timeout 60 env -u SHARDLOAD_MODULE_PATH '%s' load '%s' --backend "
+                   "level_zero --rank $r --world-size 3 --rendezvous file://'%s'/rdzv --timeout 20 >out$r 2>&1; "
+                   "echo $? >rc$r) & done; wait; for r in 0 1 2; do echo \"rank $r exit $(cat rc$r): $(cat out$r)\"; done",
+                   d, sl_test_bin(), checkpoint(), d);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  printf("# explicit ranks (%.1f s):\n%s", took, out);
+  assert_int_equal(rc, 0);
+  assert_true(took < 15.0);
+  for (int r = 0; r < 3; r++) {
+    char want[64];
+    snprintf(want, sizeof want, "rank %d exit 1: ", r);
+    char *line = strstr(out, want);
+    assert_non_null(line);
+    char *end = strchr(line, '\n');
+    if (end) *end = 0;
+    assert_non_null(strstr(line, probe_reason));
+    if (end) *end = '\n';
+  }
+  free(out);
+  free(d);
+}
+
+
+/* ---- on a device (--device) ------------------------------------------------------------------ */
+
+static void *g_be;
+
+static int dev_setup(void **state) {
+  g_be = NULL;
+  sl_status s = try_init(0, -1, &g_be);
+  if (s != SL_OK) fprintf(stderr, "init: %s\n", last_msg);
+  return s == SL_OK ? 0 : -1;
+}
+
+static int dev_teardown(void **state) {
+  ops->fini(g_be);
+  g_be = NULL;
+  return 0;
+}
+
+#define OK(call)                                                 \
+  do {                                                           \
+    sl_status st_ = (call);                                      \
+    if (st_ != SL_OK) fail_msg("%s: %s: %s", #call, sl_status_name(st_), last_msg); \
+  } while (0)
+
+static void test_dev_describe(void **state) {
+  char d[512] = "", id[64] = "";
+  ops->describe(g_be, d, sizeof d);
+  printf("# %s\n", d);
+  assert_int_equal(strncmp(d, "level_zero:0 ", 13), 0);
+  assert_non_null(strstr(d, " EUs, PCI "));
+  assert_non_null(strstr(d, "casts on the host"));
+  assert_int_equal(ops->device_ordinal(g_be), 0);
+  ops->device_identity(g_be, id, sizeof id);
+  printf("# identity %s\n", id);
+  assert_true(strlen(id) > 0);
+}
+
+static void test_dev_bad_device(void **state) {
+  void *be = (void *)&be;
+  assert_int_equal(try_init(0, 64, &be), SL_ERR_NO_DEVICE);
+  printf("# %s\n", last_msg);
+  assert_null(be);
+  assert_non_null(strstr(last_msg, "level_zero: device 64 does not exist: this machine has "));
+}
+
+/* Many more records than a pool holds, each a wait another stream depends on: a record reset
+ * or reused while a queued wait still names it lets a copy run early, and the chunk it copies
+ * holds the wrong iteration's bytes. */
+static void test_dev_records_recycle_through_waits(void **state) {
+  enum { ITERS = 400, CHUNK = 256, RING = 6 };
+  void *s1 = NULL, *s2 = NULL, *a = NULL, *b = NULL, *ev_up = NULL, *ev_cp = NULL, *slot_ev[RING];
+  unsigned char *host[RING], *out = malloc((size_t)ITERS * CHUNK);
+  assert_non_null(out);
+  OK(ops->stream_create(g_be, &s1));
+  OK(ops->stream_create(g_be, &s2));
+  OK(ops->alloc_device(g_be, CHUNK, &a));
+  OK(ops->alloc_device(g_be, (size_t)ITERS * CHUNK, &b));
+  OK(ops->event_create(g_be, &ev_up));
+  OK(ops->event_create(g_be, &ev_cp));
+  for (int k = 0; k < RING; k++) {
+    OK(ops->alloc_pinned(g_be, CHUNK, (void **)&host[k]));
+    OK(ops->event_create(g_be, &slot_ev[k]));
+  }
+  for (int i = 0; i < ITERS; i++) {
+    int k = i % RING;
+    OK(ops->event_sync(g_be, slot_ev[k])); /* the slot's last upload has read it */
+    memset(host[k], (unsigned char)(i * 7 + 1), CHUNK);
+    OK(ops->stream_wait_event(g_be, s1, ev_cp)); /* A is free again: the last copy out of it ran */
+    OK(ops->copy_async(g_be, a, host[k], CHUNK, SL_COPY_H2D, s1));
+    OK(ops->event_record(g_be, slot_ev[k], s1));
+    OK(ops->event_record(g_be, ev_up, s1));
+    OK(ops->stream_wait_event(g_be, s2, ev_up));
+    OK(ops->copy_async(g_be, (char *)b + (size_t)i * CHUNK, a, CHUNK, SL_COPY_D2D, s2));
+    OK(ops->event_record(g_be, ev_cp, s2));
+  }
+  OK(ops->copy_async(g_be, out, b, (size_t)ITERS * CHUNK, SL_COPY_D2H, s2));
+  OK(ops->stream_sync(g_be, s2));
+  OK(ops->synchronize(g_be));
+  for (int i = 0; i < ITERS; i++)
+    for (int j = 0; j < CHUNK; j++)
+      if (out[(size_t)i * CHUNK + j] != (unsigned char)(i * 7 + 1))
+        fail_msg("chunk %d byte %d: %u, want %u (a wait let a copy run early)", i, j, out[(size_t)i * CHUNK + j],
+                 (unsigned char)(i * 7 + 1));
+  for (int k = 0; k < RING; k++) {
+    ops->event_destroy(g_be, slot_ev[k]);
+    ops->free_pinned(g_be, host[k]);
+  }
+  ops->event_destroy(g_be, ev_up);
+  ops->event_destroy(g_be, ev_cp);
+  ops->stream_destroy(g_be, s1);
+  ops->stream_destroy(g_be, s2);
+  ops->free_device(g_be, a);
+  ops->free_device(g_be, b);
+  free(out);
+}
+
+/* Past the device's maximum allocation (ZEDRV_MAX_ALLOC for the test driver): the relaxed-limit
+ * descriptor, never a failed load the memory could hold. */
+static void test_dev_alloc_past_the_maximum(void **state) {
+  const char *m = getenv("ZEDRV_MAX_ALLOC");
+  if (!m) skip();
+  size_t n = (size_t)strtoull(m, NULL, 10) * 3 + 5;
+  void *d = NULL, *p = NULL;
+  OK(ops->alloc_device(g_be, n, &d));
+  OK(ops->alloc_pinned(g_be, n, &p));
+  assert_true(ops->is_device_ptr(g_be, d, n));
+  assert_false(ops->is_device_ptr(g_be, p, n));
+  memset(p, 0x5a, n);
+  void *s = NULL;
+  OK(ops->stream_create(g_be, &s));
+  OK(ops->copy_async(g_be, d, p, n, SL_COPY_H2D, s));
+  OK(ops->stream_sync(g_be, s));
+  memset(p, 0, n);
+  OK(ops->copy_async(g_be, p, d, n, SL_COPY_D2H, s));
+  OK(ops->stream_sync(g_be, s));
+  assert_int_equal(((unsigned char *)p)[n - 1], 0x5a);
+  ops->stream_destroy(g_be, s);
+  ops->free_device(g_be, d);
+  ops->free_pinned(g_be, p);
+}
+
+/* The caller's host memory: imported where the driver offers it, else refused and left pageable. */
+static void test_dev_register_host(void **state) {
+  size_t n = 65536 + 3;
+  unsigned char *h = malloc(n + 8), *r = h + 1;
+  assert_non_null(h);
+  sl_status st = ops->register_host(g_be, r, n);
+  printf("# register_host: %s %s\n", sl_status_name(st), last_msg);
+  if (getenv("ZEDRV_NO_IMPORT")) {
+    assert_int_equal(st, SL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(last_msg, "level_zero:0: the driver offers no host-pointer import"));
+  } else {
+    assert_int_equal(st, SL_OK);
+    ops->unregister_host(g_be, r);
+  }
+  free(h);
+}
+
+/* Region copies: strided both ways, contiguous as one copy, and rows wider than a pitch refused. */
+static void test_dev_copy_2d(void **state) {
+  enum { W = 100, H = 37, SP = 128, DP = 160 };
+  unsigned char *h = malloc(SP * H), *back = malloc(DP * H);
+  void *d = NULL, *s = NULL;
+  assert_non_null(h);
+  assert_non_null(back);
+  for (size_t i = 0; i < SP * H; i++) h[i] = (unsigned char)(i * 13 + 5);
+  memset(back, 0xee, DP * H);
+  OK(ops->alloc_device(g_be, DP * H, &d));
+  OK(ops->stream_create(g_be, &s));
+  OK(ops->copy_async(g_be, d, back, DP * H, SL_COPY_H2D, s)); /* the gaps: 0xee */
+  OK(ops->copy_2d_async(g_be, d, DP, h, SP, W, H, SL_COPY_H2D, s));
+  OK(ops->copy_2d_async(g_be, back, DP, d, DP, DP, H, SL_COPY_D2H, s)); /* contiguous */
+  OK(ops->stream_sync(g_be, s));
+  for (size_t r = 0; r < H; r++)
+    for (size_t x = 0; x < DP; x++)
+      assert_int_equal(back[r * DP + x], x < W ? h[r * SP + x] : 0xee);
+  assert_int_equal(ops->copy_2d_async(g_be, d, 64, h, SP, W, H, SL_COPY_H2D, s), SL_ERR_INVALID);
+  printf("# %s\n", last_msg);
+  assert_non_null(strstr(last_msg, "rows of 100 bytes do not fit pitches 64 (destination) and 128 (source)"));
+  OK(ops->stream_sync(g_be, s)); /* a refused call is not sticky */
+  ops->stream_destroy(g_be, s);
+  ops->free_device(g_be, d);
+  free(h);
+  free(back);
+}
+
+static void test_dev_native_streams(void **state) {
+  sl_ext_native_stream_fn ns = (sl_ext_native_stream_fn)ops->get_proc(SL_EXT_NATIVE_STREAM);
+  void *s1 = NULL, *s2 = NULL;
+  OK(ops->stream_create(g_be, &s1));
+  OK(ops->stream_create(g_be, &s2));
+  void *n0 = ns(g_be, NULL), *n1 = ns(g_be, s1), *n2 = ns(g_be, s2);
+  assert_non_null(n0);
+  assert_non_null(n1);
+  assert_non_null(n2);
+  assert_true(n0 != n1 && n1 != n2 && n0 != n2);
+  assert_ptr_equal(ns(g_be, s1), n1); /* lives as long as the stream */
+  ops->stream_destroy(g_be, s1);
+  ops->stream_destroy(g_be, s2);
+}
+
+static double mono_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int warned;
+static void count_warn(void *core, sl_log_level level, const char *fmt, ...) { warned += level == SL_LOG_WARN; }
+
+/* Work slower than the job's timeout (the test driver's zedrvSetDelayUs): a sync gives up after
+ * the timeout with SL_ERR_TIMEOUT, not sticky (a later sync, once the work ran, succeeds). */
+static void test_dev_syncs_bounded_by_the_timeout(void **state) {
+  uint32_t n = 1;
+  ze_driver_handle_t drv = NULL;
+  ze_result_t (*delay)(ze_driver_handle_t, uint32_t, uint32_t) = NULL;
+  assert_true(sl__ze_ready());
+  if (sl__ze.DriverGet(&n, &drv) != ZE_RESULT_SUCCESS ||
+      sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvSetDelayUs", (void **)&delay) != ZE_RESULT_SUCCESS || !delay)
+    skip();
+  static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
+  sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
+                        .ops = ops, .timeout_ms = 300};
+  void *be = NULL, *s = NULL, *d = NULL;
+  static unsigned char h[4096];
+  OK(ops->init(&in, &be));
+  OK(ops->stream_create(be, &s));
+  OK(ops->alloc_device(be, sizeof h, &d));
+  assert_int_equal(delay(drv, 1500000, 1500000), ZE_RESULT_SUCCESS); /* 1.5 s a command */
+  OK(ops->copy_async(be, d, h, sizeof h, SL_COPY_H2D, s));
+  double t0 = mono_s();
+  sl_status st = ops->stream_sync(be, s);
+  double took = mono_s() - t0;
+  printf("# sync behind 1.5 s of work, timeout 300 ms: %s after %.2f s: %s\n", sl_status_name(st), took, last_msg);
+  assert_int_equal(st, SL_ERR_TIMEOUT);
+  assert_true(took >= 0.25 && took < 1.2);
+  assert_non_null(strstr(last_msg, "level_zero:0: stream_sync: the device's work did not complete within the job's "
+                                   "timeout (300 ms)"));
+  assert_int_equal(delay(drv, 0, 0), ZE_RESULT_SUCCESS);
+  while (ops->stream_sync(be, s) == SL_ERR_TIMEOUT) /* the copy ends; the timeout was not sticky */
+    assert_true(mono_s() - t0 < 10);
+  OK(ops->synchronize(be));
+  ops->stream_destroy(be, s);
+  ops->free_device(be, d);
+  ops->fini(be);
+}
+
+/* fini behind 3 s of work: bounded by the timeout, leaving the work (and the context) behind
+ * with a warning. A process of its own (--fini-behind): what is left behind is alive at exit,
+ * which the test driver reports (ZEDRV_MISUSE must not abort there); nothing else may be. */
+static void test_dev_fini_behind_slow_work(void **state) {
+  uint32_t n = 1;
+  ze_driver_handle_t drv = NULL;
+  ze_result_t (*delay)(ze_driver_handle_t, uint32_t, uint32_t) = NULL;
+  ze_result_t (*misuse)(ze_driver_handle_t, uint64_t *) = NULL;
+  assert_true(sl__ze_ready());
+  if (sl__ze.DriverGet(&n, &drv) != ZE_RESULT_SUCCESS ||
+      sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvSetDelayUs", (void **)&delay) != ZE_RESULT_SUCCESS ||
+      sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvGetMisuseCount", (void **)&misuse) != ZE_RESULT_SUCCESS ||
+      !delay || !misuse)
+    skip();
+  static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
+  sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
+                        .ops = ops, .timeout_ms = 300};
+  void *be = NULL, *s = NULL, *d = NULL;
+  static unsigned char h[4096];
+  OK(ops->init(&in, &be));
+  OK(ops->stream_create(be, &s));
+  OK(ops->alloc_device(be, sizeof h, &d));
+  assert_int_equal(delay(drv, 3000000, 3000000), ZE_RESULT_SUCCESS);
+  OK(ops->copy_async(be, d, h, sizeof h, SL_COPY_H2D, s));
+  usleep(50000); /* the engine took it with its 3 s */
+  assert_int_equal(delay(drv, 0, 0), ZE_RESULT_SUCCESS);
+  warned = 0;
+  double t0 = mono_s();
+  ops->fini(be); /* stream s and buffer d go with what is left behind */
+  double took = mono_s() - t0;
+  uint64_t bad = 1;
+  assert_int_equal(misuse(drv, &bad), ZE_RESULT_SUCCESS);
+  printf("# fini behind 3 s of work: %.2f s, %d warning(s), %llu misuse(s)\n", took, warned, (unsigned long long)bad);
+  assert_true(took < 1.5);
+  assert_int_equal(warned, 1);
+  assert_int_equal(bad, 0); /* leaving behind destroyed nothing under the work */
+}
+
+/* The device lost under queued work (the test driver's zedrvLoseDevice): the loss is sticky, every
+ * later sync returns it naming the device, and fini still ends. Last: the device stays lost. */
+static void test_dev_device_lost_is_sticky(void **state) {
+  uint32_t n = 1;
+  ze_driver_handle_t drv = NULL;
+  ze_result_t (*lose)(ze_driver_handle_t) = NULL;
+  assert_true(sl__ze_ready()); /* the test's own table over the same loader and driver */
+  if (sl__ze.DriverGet(&n, &drv) != ZE_RESULT_SUCCESS ||
+      sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvLoseDevice", (void **)&lose) != ZE_RESULT_SUCCESS || !lose)
+    skip(); /* a real device: not lost on purpose */
+  void *s = NULL, *d = NULL, *ev = NULL;
+  unsigned char h[4096] = {1};
+  OK(ops->stream_create(g_be, &s));
+  OK(ops->alloc_device(g_be, sizeof h, &d));
+  OK(ops->event_create(g_be, &ev));
+  OK(ops->copy_async(g_be, d, h, sizeof h, SL_COPY_H2D, s));
+  OK(ops->stream_sync(g_be, s));
+  assert_int_equal(lose(drv), ZE_RESULT_SUCCESS);
+  sl_status st = ops->copy_async(g_be, h, d, sizeof h, SL_COPY_D2H, s);
+  if (st == SL_OK) st = ops->event_record(g_be, ev, s);
+  if (st == SL_OK) st = ops->stream_sync(g_be, s);
+  printf("# after the loss: %s: %s\n", sl_status_name(st), last_msg);
+  assert_int_equal(st, SL_ERR_BACKEND);
+  assert_non_null(strstr(last_msg, "level_zero:0: "));
+  assert_non_null(strstr(last_msg, "ZE_RESULT_ERROR_DEVICE_LOST"));
+  last_msg[0] = 0;
+  assert_int_equal(ops->synchronize(g_be), SL_ERR_BACKEND); /* sticky */
+  assert_non_null(strstr(last_msg, "ZE_RESULT_ERROR_DEVICE_LOST"));
+  assert_int_equal(ops->event_sync(g_be, ev), SL_ERR_BACKEND);
+  assert_true(ops->event_query(g_be, ev) < 0);
+  void *s2 = NULL;
+  if (ops->stream_create(g_be, &s2) == SL_OK) {
+    assert_int_equal(ops->copy_async(g_be, d, h, sizeof h, SL_COPY_H2D, s2), SL_ERR_BACKEND);
+    ops->stream_destroy(g_be, s2);
+  }
+  ops->event_destroy(g_be, ev);
+  ops->stream_destroy(g_be, s);
+  ops->free_device(g_be, d);
+}
+
+/* Loads through the command: every rank's shards bit for bit those of the same load on cpu. */
+static void test_dev_cli_matches_cpu(void **state) {
+  const char *modes[] = {"--nproc 1 --param-dtype BF16", "--nproc 2", "--nproc 2 --source every-rank",
+                         "--nproc 2 --strategy broadcast --offload-policy cpu-pinned",
+                         "--nproc 4 --mesh 2x2 --placement '[replicate, shard(0)]'"};
+  for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+    char *d = sl_test_dir("cli");
+    char *out = NULL;
+    int rc = sl_test_run(&out,
+                         "cd '%s' && mkdir cpu ze && '%s' load '%s' --backend cpu %s --dump cpu >/dev/null && "
+                         "'%s' load '%s' --backend level_zero %s --dump ze | grep -c 'on level_zero:' && "
+                         "for f in cpu/*; do cmp \"$f\" ze/\"${f#cpu/}\" || exit 9; done && ls cpu | wc -l",
+                         d, sl_test_bin(), checkpoint(), modes[m], sl_test_bin(), checkpoint(), modes[m]);
+    printf("# %s: rc %d: %s", modes[m], rc, out);
+    assert_int_equal(rc, 0);
+    free(out);
+    free(d);
+  }
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s path/to/libshardload-level_zero.so\n", argv[0]);
+    return 2;
+  }
+  module_path = argv[1];
+  module = dlopen(module_path, RTLD_NOW | RTLD_LOCAL);
+  sl_backend_entry_fn entry = module ? (sl_backend_entry_fn)dlsym(module, SL_BACKEND_ENTRY) : NULL;
+  if (!entry || !(ops = entry())) {
+    fprintf(stderr, "cannot load %s: %s\n", module_path, module ? "no entry symbol" : dlerror());
+    return 1;
+  }
+  if (argc > 2 && strcmp(argv[2], "--fini-behind") == 0) {
+    probe_score = ops->probe(probe_reason, sizeof probe_reason);
+    if (probe_score <= 0) {
+      printf("SKIPPED: %s\n", probe_reason);
+      return 77;
+    }
+    const struct CMUnitTest behind[] = {cmocka_unit_test(test_dev_fini_behind_slow_work)};
+    return cmocka_run_group_tests_name("level_zero_fini_behind", behind, NULL, NULL);
+  }
+  if (argc > 2 && strcmp(argv[2], "--device") == 0) {
+    probe_score = ops->probe(probe_reason, sizeof probe_reason);
+    if (probe_score <= 0) {
+      printf("SKIPPED: %s\n", probe_reason);
+      return 77;
+    }
+    const struct CMUnitTest dev[] = {
+        cmocka_unit_test_setup_teardown(test_dev_describe, dev_setup, dev_teardown),
+        cmocka_unit_test(test_dev_bad_device),
+        cmocka_unit_test_setup_teardown(test_dev_records_recycle_through_waits, dev_setup, dev_teardown),
+        cmocka_unit_test_setup_teardown(test_dev_alloc_past_the_maximum, dev_setup, dev_teardown),
+        cmocka_unit_test_setup_teardown(test_dev_register_host, dev_setup, dev_teardown),
+        cmocka_unit_test_setup_teardown(test_dev_copy_2d, dev_setup, dev_teardown),
+        cmocka_unit_test_setup_teardown(test_dev_native_streams, dev_setup, dev_teardown),
+        cmocka_unit_test(test_dev_cli_matches_cpu),
+        cmocka_unit_test(test_dev_syncs_bounded_by_the_timeout),
+        cmocka_unit_test_setup_teardown(test_dev_device_lost_is_sticky, dev_setup, dev_teardown), /* last */
+    };
+    return cmocka_run_group_tests_name("level_zero_device", dev, NULL, NULL);
+  }
+  const struct CMUnitTest first[] = {cmocka_unit_test(test_loading_opens_no_level_zero_library)};
+  int rc = cmocka_run_group_tests_name("level_zero_load", first, NULL, NULL);
+  probe_score = ops->probe(probe_reason, sizeof probe_reason);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_table),
+      cmocka_unit_test(test_probe),
+      cmocka_unit_test(test_probe_no_driver_in_a_fresh_process),
+      cmocka_unit_test(test_loader_missing_or_wrong),
+      cmocka_unit_test(test_result_names),
+      cmocka_unit_test(test_init_without_driver),
+      cmocka_unit_test(test_context_fails_with_the_probe_reason),
+      cmocka_unit_test(test_cli_every_rank_fails),
+  };
+  return rc | cmocka_run_group_tests_name("level_zero_module", tests, NULL, NULL);
+}
