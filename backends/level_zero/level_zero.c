@@ -105,6 +105,10 @@ typedef struct sl_ze_be {
   ze_result_t (*import_ptr)(ze_driver_handle_t, void *, size_t);
   ze_result_t (*release_ptr)(ze_driver_handle_t, void *);
   pthread_mutex_t mu; /* records, pools, streams' tails and list, the sticky error */
+  /* held across a whole append (stream_append): from reading a stream's tail to setting the
+   * new one, so that two threads (event_record_native is callable from any, module.h Threads)
+   * never chain on one tail nor append to one list at once; taken before mu, never inside it */
+  pthread_mutex_t append_mu;
   sl_ze_pool *pools;
   sl_ze_rec *free, *retired;
   sl_ze_stream dflt, *streams;
@@ -448,6 +452,7 @@ static sl_status ze_init(const sl_backend_init *in, void **out) {
   be->drv = gpus[dev].drv;
   be->dev = gpus[dev].dev;
   pthread_mutex_init(&be->mu, NULL);
+  pthread_mutex_init(&be->append_mu, NULL);
   pthread_cond_init(&be->hf_cond, NULL);
   be->props.stype = ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES;
   ze_result_t r = sl__ze.DeviceGetProperties(be->dev, &be->props);
@@ -536,6 +541,7 @@ static void ze_fini(void *h) {
   if (be->ctx) sl__ze.ContextDestroy(be->ctx);
   pthread_cond_destroy(&be->hf_cond);
   pthread_mutex_destroy(&be->mu);
+  pthread_mutex_destroy(&be->append_mu);
   free(be);
 }
 
@@ -732,7 +738,7 @@ typedef struct {
   sl_ze_rec *waited; /* CMD_WAIT: the record waited for (one ref, handed to the command) */
 } sl_ze_cmd;
 
-static sl_status stream_append(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd *c) {
+static sl_status stream_append_locked(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd *c) {
   char why[256];
   sl_ze_rec *out = NULL;
   pthread_mutex_lock(&be->mu);
@@ -792,6 +798,14 @@ static sl_status stream_append(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd *c
   }
   pthread_mutex_unlock(&be->mu);
   return r == ZE_RESULT_SUCCESS ? SL_OK : append_failed(be, what, r);
+}
+
+/* One append at a time on the backend (append_mu): see sl_ze_be. */
+static sl_status stream_append(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd *c) {
+  pthread_mutex_lock(&be->append_mu);
+  sl_status st = stream_append_locked(be, s, c);
+  pthread_mutex_unlock(&be->append_mu);
+  return st;
 }
 
 static sl_status ze_event_record(void *h, void *event, void *stream) {
