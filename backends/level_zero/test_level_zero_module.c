@@ -775,7 +775,9 @@ static void test_dev_device_lost_is_sticky(void **state) {
 
 /* Loads through the command: every rank's shards bit for bit those of the same load on cpu. */
 static void test_dev_cli_matches_cpu(void **state) {
-  const char *modes[] = {"--nproc 1 --param-dtype BF16", "--nproc 2", "--nproc 2 --source every-rank",
+  /* F64 parameters: widened on the device where it has fp64, else by the core on the host */
+  const char *modes[] = {"--nproc 1 --param-dtype BF16", "--nproc 2 --param-dtype F64", "--nproc 2",
+                         "--nproc 2 --source every-rank --param-dtype F16",
                          "--nproc 2 --strategy broadcast --offload-policy cpu-pinned",
                          "--nproc 4 --mesh 2x2 --placement '[replicate, shard(0)]'"};
   for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
