@@ -2,8 +2,7 @@
  * run time (ze_rt.h).
  *
  * Streams are immediate command lists: copies on the device's copy-only queue group (found by
- * its flags; the compute group where there is none), kernels, once there are any, on a compute
- * group. Level Zero orders the commands of a list only through events and barriers, so every
+ * its flags; the compute group where there is none), kernels on a compute group. Level Zero orders the commands of a list only through events and barriers, so every
  * command a stream appends signals a Level Zero event of its own and waits for the event of
  * the command before it: a stream's TAIL (its last command's event) completes once everything
  * queued on it has, and the commands run in the order they were queued whatever the driver's
@@ -32,7 +31,11 @@
  * Host functions (Level Zero has none): a thread of the module's waits for the stream's tail,
  * runs the function and signals, from the host, the record that becomes the stream's tail.
  *
- * Not yet: casts (SPIR-V kernels; cast_async is unset, so the core casts on the host). */
+ * Casts and the SGD step are SPIR-V kernels (ze_cast.h: modules built at init, kernels by name)
+ * on a second immediate list per stream, on a compute group, made at the stream's first kernel;
+ * it joins the stream's one chain of events, so copies and kernels of a stream run in the order
+ * they were queued whichever list holds them. Pairs the device cannot give bit-exact are refused
+ * (SL_ERR_UNSUPPORTED, module.h) and the core casts them on the host. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>

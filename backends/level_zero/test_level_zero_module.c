@@ -9,8 +9,11 @@
  * ZE_ENABLE_ALT_DRIVERS) the no-driver tests are skipped. With --device (argv[2]) it runs what
  * is the module's own on a device instead (exit 77, skipped, where the probe says no): its
  * description, records recycled through many waits across two streams, allocations past the
- * device's maximum, host-pointer import or its refusal, native streams, and loads through the
- * command bit-exact against cpu. What every backend owes the ABI is the conformance suite's. */
+ * device's maximum, host-pointer import or its refusal, native streams, its casts (every pair,
+ * aligned and not, against sl_convert; ordered with the stream's copies) and SGD step (against
+ * the core's host step), which kernels ran (the test driver counts launches by name: none the
+ * device cannot run, under ZEDRV_NO_FP64 / ZEDRV_NO_F32_DENORMS), and loads through the command
+ * bit-exact against cpu. What every backend owes the ABI is the conformance suite's. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <inttypes.h>
