@@ -1235,6 +1235,7 @@ static sl_status ze_cast_async(void *h, void *dst, sl_dtype dst_dt, const void *
   int aligned = (uintptr_t)dst % ds == 0 && (uintptr_t)src % ss == 0, module = 0;
   const char *name = sl__ze_cast_kernel(src_dt, dst_dt, aligned, &module);
   const sl_ze_kernel *k = name && sl__ze_kernels_run(&be->kern, module, 0) ? sl__ze_kernel_get(&be->kern, name) : NULL;
+  if (!k && !count) return SL_ERR_UNSUPPORTED; /* the core's question (module.h): no message */
   if (!k)
     return be->host->fail(be->host->core, SL_ERR_UNSUPPORTED,
                           "level_zero:%d: cast_async: %s to %s does not run on this device (%s): cast it on the host",

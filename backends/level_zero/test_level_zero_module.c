@@ -528,7 +528,7 @@ static void cast_once(void *s, sl_dtype from, sl_dtype to, size_t n, size_t soff
   sl_status st = ops->cast_async(g_be, (char *)d_dst + doff, to, (char *)d_src + soff, from, n, s);
   if (!device_runs(module, 0)) {
     assert_int_equal(st, SL_ERR_UNSUPPORTED);
-    assert_non_null(strstr(last_msg, "does not run on this device"));
+    if (n) assert_non_null(strstr(last_msg, "does not run on this device")); /* 0 elements: a question */
   } else {
     if (st != SL_OK) fail_msg("cast %s -> %s of %zu: %s", sl_dtype_name(from), sl_dtype_name(to), n, last_msg);
     memset(got, 0xee, db);
