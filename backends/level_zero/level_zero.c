@@ -2,8 +2,9 @@
  * run time (ze_rt.h).
  *
  * Streams are immediate command lists: copies on the device's copy-only queue group (found by
- * its flags; the compute group where there is none), kernels on a compute group. Level Zero orders the commands of a list only through events and barriers, so every
- * command a stream appends signals a Level Zero event of its own and waits for the event of
+ * its flags; the compute group where there is none), kernels on a compute group (below). Level
+ * Zero orders the commands of a list only through events and barriers, so every command a
+ * stream appends signals a Level Zero event of its own and waits for the event of
  * the command before it: a stream's TAIL (its last command's event) completes once everything
  * queued on it has, and the commands run in the order they were queued whatever the driver's
  * reading of "in order".
