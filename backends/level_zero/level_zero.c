@@ -2,9 +2,9 @@
  * run time (ze_rt.h).
  *
  * Streams are immediate command lists: copies on the device's copy-only queue group (found by
- * its flags; the compute group where there is none), kernels, once there are any, on a compute
- * group. Level Zero orders the commands of a list only through events and barriers, so every
- * command a stream appends signals a Level Zero event of its own and waits for the event of
+ * its flags; the compute group where there is none), kernels on a compute group (below). Level
+ * Zero orders the commands of a list only through events and barriers, so every command a
+ * stream appends signals a Level Zero event of its own and waits for the event of
  * the command before it: a stream's TAIL (its last command's event) completes once everything
  * queued on it has, and the commands run in the order they were queued whatever the driver's
  * reading of "in order".
@@ -32,7 +32,11 @@
  * Host functions (Level Zero has none): a thread of the module's waits for the stream's tail,
  * runs the function and signals, from the host, the record that becomes the stream's tail.
  *
- * Not yet: casts (SPIR-V kernels; cast_async is unset, so the core casts on the host). */
+ * Casts and the SGD step are SPIR-V kernels (ze_cast.h: modules built at init, kernels by name)
+ * on a second immediate list per stream, on a compute group, made at the stream's first kernel;
+ * it joins the stream's one chain of events, so copies and kernels of a stream run in the order
+ * they were queued whichever list holds them. Pairs the device cannot give bit-exact are refused
+ * (SL_ERR_UNSUPPORTED, module.h) and the core casts them on the host. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -42,6 +46,8 @@
 
 #include "shardload/module.h"
 #include "shardload/module_util.h"
+#include "cuda_convert.h" /* the SGD step's element math, for its host fallback */
+#include "ze_cast.h"
 #include "ze_rt.h"
 
 #define SL_ZE_POOL_EVENTS 64u
@@ -63,6 +69,9 @@ typedef struct sl_ze_pool {
 
 typedef struct sl_ze_stream {
   ze_command_list_handle_t list;
+  /* its kernels' list, on a compute group: made at the first kernel (stream_kernel_list); the
+   * copy list itself where copies go to a compute group; NULL before */
+  ze_command_list_handle_t klist;
   sl_ze_rec *tail; /* the last command's record (one ref), NULL before the first */
   struct sl_ze_stream *next;
 } sl_ze_stream;
@@ -118,6 +127,7 @@ typedef struct sl_ze_be {
   pthread_t hf_thread;
   int hf_started, hf_stop;
   sl_ze_hostfn *hf_head, *hf_last;
+  sl_ze_kernels kern; /* the cast and SGD kernels (ze_cast.h) */
   sl_status sticky;
   char sticky_msg[640];
   uint64_t h2d, d2h; /* atomic */
@@ -422,6 +432,7 @@ static void describe_device(sl_ze_be *be) {
 }
 
 static void ze_fini(void *h);
+static void stream_kernel_list_destroy(sl_ze_stream *s);
 
 static sl_status ze_init(const sl_backend_init *in, void **out) {
   const sl_module_host *host = in->host;
@@ -470,6 +481,7 @@ static sl_status ze_init(const sl_backend_init *in, void **out) {
     goto fail;
   }
   if ((s = list_create(be, &be->dflt.list, why, sizeof why)) != SL_OK) goto fail;
+  if ((s = sl__ze_kernels_init(&be->kern, be->ctx, be->dev, why, sizeof why)) != SL_OK) goto fail;
   /* the host-pointer import is an extension of Intel's driver: used where the driver offers it */
   void *imp = NULL, *rel = NULL;
   if (sl__ze.DriverGetExtensionFunctionAddress(be->drv, "zexDriverImportExternalPointer", &imp) == ZE_RESULT_SUCCESS &&
@@ -528,10 +540,13 @@ static void ze_fini(void *h) {
   }
   for (sl_ze_stream *s = be->streams, *nx; s; s = nx) {
     nx = s->next;
+    stream_kernel_list_destroy(s);
     sl__ze.CommandListDestroy(s->list);
     free(s);
   }
+  stream_kernel_list_destroy(&be->dflt);
   if (be->dflt.list) sl__ze.CommandListDestroy(be->dflt.list);
+  sl__ze_kernels_fini(&be->kern);
   for (sl_ze_pool *p = be->pools, *nx; p; p = nx) {
     nx = p->next;
     for (uint32_t i = 0; i < SL_ZE_POOL_EVENTS; i++) sl__ze.EventDestroy(p->recs[i].ev);
@@ -549,10 +564,11 @@ static void ze_describe(void *h, char *buf, size_t len) {
   sl_ze_be *be = h;
   const ze_device_properties_t *p = &be->props;
   unsigned eus = p->numEUsPerSubslice * p->numSubslicesPerSlice * p->numSlices;
-  snprintf(buf, len, "level_zero:%d %s, %.0f GiB, %u EUs, PCI %s; copies on %s queue group %u; casts on the host "
-           "(no SPIR-V kernels yet)",
+  char casts[128];
+  sl__ze_kernels_describe(&be->kern, casts, sizeof casts);
+  snprintf(buf, len, "level_zero:%d %s, %.0f GiB, %u EUs, PCI %s; copies on %s queue group %u; %s",
            be->ordinal, p->name, (double)be->mem_total / (1024.0 * 1024.0 * 1024.0), eus, be->pci[0] ? be->pci : "unknown",
-           be->copy_only ? "the copy-only" : "the compute", be->copy_ordinal);
+           be->copy_only ? "the copy-only" : "the compute", be->copy_ordinal, casts);
 }
 
 static int ze_device_ordinal(void *h) { return ((sl_ze_be *)h)->ordinal; }
@@ -705,7 +721,10 @@ static void ze_stream_destroy(void *h, void *stream) {
     }
   if (s->tail) rec_put_locked(be, s->tail);
   pthread_mutex_unlock(&be->mu);
-  if (settled) sl__ze.CommandListDestroy(s->list);
+  if (settled) {
+    stream_kernel_list_destroy(s);
+    sl__ze.CommandListDestroy(s->list);
+  }
   free(s);
 }
 
@@ -728,9 +747,13 @@ static void ze_event_destroy(void *h, void *event) {
 }
 
 /* The kinds of command a stream appends; each signals its own record and waits for the tail. */
-typedef enum { CMD_COPY, CMD_REGION, CMD_WAIT, CMD_BARRIER } sl_ze_cmd_kind;
+typedef enum { CMD_COPY, CMD_REGION, CMD_WAIT, CMD_BARRIER, CMD_KERNEL } sl_ze_cmd_kind;
 typedef struct {
   sl_ze_cmd_kind kind;
+  const sl_ze_kernel *kernel; /* CMD_KERNEL: its arguments are dst, src, count (and lr for SGD) */
+  ze_group_count_t groups;
+  uint64_t count;
+  float lr;
   void *dst;
   const void *src;
   size_t bytes;
@@ -738,11 +761,16 @@ typedef struct {
   sl_ze_rec *waited; /* CMD_WAIT: the record waited for (one ref, handed to the command) */
 } sl_ze_cmd;
 
+static sl_status stream_kernel_list(sl_ze_be *be, sl_ze_stream *s, char *why, size_t len);
+static ze_result_t append_kernel(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd *c, ze_event_handle_t signal,
+                                 ze_event_handle_t *prev);
+
 static sl_status stream_append_locked(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd *c) {
   char why[256];
   sl_ze_rec *out = NULL;
+  sl_status st = c->kind == CMD_KERNEL ? stream_kernel_list(be, s, why, sizeof why) : SL_OK;
   pthread_mutex_lock(&be->mu);
-  sl_status st = be->sticky != SL_OK ? be->sticky : rec_get_locked(be, &out, why, sizeof why);
+  if (st == SL_OK) st = be->sticky != SL_OK ? be->sticky : rec_get_locked(be, &out, why, sizeof why);
   sl_ze_rec *prev = s->tail;
   pthread_mutex_unlock(&be->mu);
   if (st != SL_OK) {
@@ -763,6 +791,9 @@ static sl_status stream_append_locked(sl_ze_be *be, sl_ze_stream *s, const sl_ze
   if (c->kind == CMD_COPY) {
     what = "zeCommandListAppendMemoryCopy";
     r = sl__ze.CommandListAppendMemoryCopy(s->list, c->dst, c->src, c->bytes, out->ev, prev ? 1 : 0, prev ? &pw : NULL);
+  } else if (c->kind == CMD_KERNEL) {
+    what = "zeCommandListAppendLaunchKernel";
+    r = append_kernel(be, s, c, out->ev, prev ? &pw : NULL);
   } else if (c->kind == CMD_BARRIER) {
     what = "zeCommandListAppendBarrier";
     r = sl__ze.CommandListAppendBarrier(s->list, out->ev, prev ? 1 : 0, prev ? &pw : NULL);
@@ -1113,6 +1144,192 @@ static sl_status ze_copy_2d_async(void *h, void *dst, size_t dpitch, const void 
   return st;
 }
 
+/* ---- kernels: casts and the SGD step (ze_cast.h) ------------------------------------------------
+ * A kernel runs on a compute group: a stream whose copies go to the copy-only group gets a
+ * second immediate list for its kernels, on the compute group, at its first kernel. The two
+ * lists are ordered as every command of a stream is: the kernel waits for the stream's tail
+ * (whichever list signalled it) and signals the record that becomes the tail, so a copy after
+ * it, on the copy list, waits for it in turn. Pairs the device cannot run (ze_cast.h) are
+ * refused with SL_ERR_UNSUPPORTED before anything is queued (module.h: the core casts them on
+ * the host). */
+
+/* S's kernel list, made on first use; under append_mu. */
+static sl_status stream_kernel_list(sl_ze_be *be, sl_ze_stream *s, char *why, size_t len) {
+  if (s->klist) return SL_OK;
+  if (!be->copy_only) { /* copies already go to a compute group: one list does both */
+    s->klist = s->list;
+    return SL_OK;
+  }
+  ze_command_queue_desc_t qd = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC, .ordinal = be->compute_ordinal,
+                                .mode = ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS};
+  ze_result_t r = sl__ze.CommandListCreateImmediate(be->ctx, be->dev, &qd, &s->klist);
+  if (r != ZE_RESULT_SUCCESS) {
+    s->klist = NULL;
+    snprintf(why, len, "zeCommandListCreateImmediate (compute queue group %u, for kernels) failed: %s",
+             be->compute_ordinal, rname(r));
+    return status_of(r);
+  }
+  return SL_OK;
+}
+
+/* Once the stream's work has settled (its destroyer waited for it). */
+static void stream_kernel_list_destroy(sl_ze_stream *s) {
+  if (s->klist && s->klist != s->list) sl__ze.CommandListDestroy(s->klist);
+  s->klist = NULL;
+}
+
+/* The launch of C on S's kernel list: its arguments then the launch, under append_mu (a
+ * kernel's arguments are its state until the append copies them). */
+static ze_result_t append_kernel(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd *c, ze_event_handle_t signal,
+                                 ze_event_handle_t *prev) {
+  (void)be;
+  ze_kernel_handle_t k = c->kernel->k;
+  ze_result_t r = sl__ze.KernelSetArgumentValue(k, 0, sizeof c->dst, &c->dst);
+  if (r == ZE_RESULT_SUCCESS) r = sl__ze.KernelSetArgumentValue(k, 1, sizeof c->src, &c->src);
+  if (r == ZE_RESULT_SUCCESS) r = sl__ze.KernelSetArgumentValue(k, 2, sizeof c->count, &c->count);
+  if (r == ZE_RESULT_SUCCESS && c->kernel->sgd) r = sl__ze.KernelSetArgumentValue(k, 3, sizeof c->lr, &c->lr);
+  if (r == ZE_RESULT_SUCCESS)
+    r = sl__ze.CommandListAppendLaunchKernel(s->klist, k, &c->groups, signal, prev ? 1 : 0, prev);
+  return r;
+}
+
+/* Enough groups for COUNT elements at most one each, capped (the kernels stride). */
+static ze_group_count_t groups_for(const sl_ze_be *be, const sl_ze_kernel *k, uint64_t count) {
+  uint64_t g = (count + k->group_size - 1) / k->group_size;
+  return (ze_group_count_t){(uint32_t)(g < be->kern.max_groups ? g : be->kern.max_groups), 1, 1};
+}
+
+static size_t castable_size(sl_dtype dt) {
+  switch (dt) {
+    case SL_DTYPE_F64: return 8;
+    case SL_DTYPE_F32: return 4;
+    case SL_DTYPE_F16:
+    case SL_DTYPE_BF16: return 2;
+    default: return 0;
+  }
+}
+
+static const char *dt_name(sl_dtype dt) {
+  switch (dt) {
+    case SL_DTYPE_F64: return "F64";
+    case SL_DTYPE_F32: return "F32";
+    case SL_DTYPE_F16: return "F16";
+    case SL_DTYPE_BF16: return "BF16";
+    default: return "a dtype that is not castable";
+  }
+}
+
+/* Aligned kernels where both pointers are element-aligned, else the byte kernels (a misaligned
+ * wide access faults on a GPU). COUNT 0 asks whether the pair runs here (module.h). */
+static sl_status ze_cast_async(void *h, void *dst, sl_dtype dst_dt, const void *src, sl_dtype src_dt, size_t count,
+                               void *stream) {
+  sl_ze_be *be = h;
+  size_t ds = castable_size(dst_dt), ss = castable_size(src_dt), dbytes, sbytes;
+  if (!ds || !ss)
+    return be->host->fail(be->host->core, SL_ERR_DTYPE, "level_zero:%d: cast_async: cannot cast %s (%d) to %s (%d): only "
+                          "F64, F32, F16 and BF16 are castable", be->ordinal, dt_name(src_dt), (int)src_dt,
+                          dt_name(dst_dt), (int)dst_dt);
+  if (__builtin_mul_overflow(count, ds, &dbytes) || __builtin_mul_overflow(count, ss, &sbytes))
+    return be->host->fail(be->host->core, SL_ERR_INVALID, "level_zero:%d: cast_async: %zu elements overflow",
+                          be->ordinal, count);
+  if (dst_dt == src_dt) return count ? ze_copy_async(h, dst, src, dbytes, SL_COPY_D2D, stream) : SL_OK;
+  int aligned = (uintptr_t)dst % ds == 0 && (uintptr_t)src % ss == 0, module = 0;
+  const char *name = sl__ze_cast_kernel(src_dt, dst_dt, aligned, &module);
+  const sl_ze_kernel *k = name && sl__ze_kernels_run(&be->kern, module, 0) ? sl__ze_kernel_get(&be->kern, name) : NULL;
+  if (!k && !count) return SL_ERR_UNSUPPORTED; /* the core's question (module.h): no message */
+  if (!k)
+    return be->host->fail(be->host->core, SL_ERR_UNSUPPORTED,
+                          "level_zero:%d: cast_async: %s to %s does not run on this device (%s): cast it on the host",
+                          be->ordinal, dt_name(src_dt), dt_name(dst_dt),
+                          sl__ze_kernels_why_not(&be->kern, module, 0));
+  if (!count) return SL_OK;
+  const unsigned char *d = dst, *c = src;
+  if (!dst || !src)
+    return be->host->fail(be->host->core, SL_ERR_INVALID, "level_zero:%d: cast_async: a NULL %s of %zu elements",
+                          be->ordinal, dst ? "source" : "destination", count);
+  if (d < c + sbytes && c < d + dbytes)
+    return be->host->fail(be->host->core, SL_ERR_INVALID, "level_zero:%d: cast_async: source %p and destination %p "
+                          "overlap", be->ordinal, src, dst);
+  sl_ze_cmd cmd = {.kind = CMD_KERNEL, .kernel = k, .dst = dst, .src = src, .count = count,
+                   .groups = groups_for(be, k, count)};
+  return stream_append(be, stream_of(be, stream), &cmd);
+}
+
+/* The SGD step as core/src/hostops.c computes it (F16/BF16 in F32), on the host, for a device
+ * whose kernels cannot give the host's bits (ze_cast.h); X and G in pinned host memory. */
+static void host_sgd(void *x, const void *g, sl_dtype dt, size_t count, float lr) {
+  for (size_t i = 0; i < count; i++) {
+    if (dt == SL_DTYPE_F64) {
+      double xv, gv;
+      memcpy(&xv, (char *)x + 8 * i, 8);
+      memcpy(&gv, (const char *)g + 8 * i, 8);
+      xv -= (double)lr * gv;
+      memcpy((char *)x + 8 * i, &xv, 8);
+    } else if (dt == SL_DTYPE_F32) {
+      float xv, gv;
+      memcpy(&xv, (char *)x + 4 * i, 4);
+      memcpy(&gv, (const char *)g + 4 * i, 4);
+      xv -= lr * gv;
+      memcpy((char *)x + 4 * i, &xv, 4);
+    } else {
+      uint16_t xb, gb;
+      memcpy(&xb, (char *)x + 2 * i, 2);
+      memcpy(&gb, (const char *)g + 2 * i, 2);
+      int bf = dt == SL_DTYPE_BF16;
+      float xv = slc_f32_from(bf ? slc_bf16_to_f32(xb) : slc_f16_to_f32(xb));
+      float gv = slc_f32_from(bf ? slc_bf16_to_f32(gb) : slc_f16_to_f32(gb));
+      uint32_t r = slc_f32_bits(xv - lr * gv);
+      xb = bf ? slc_f32_to_bf16(r) : slc_f32_to_f16(r);
+      memcpy((char *)x + 2 * i, &xb, 2);
+    }
+  }
+}
+
+/* Down, the step on the host, and up again, on the default stream; complete on return. */
+static sl_status sgd_on_host(sl_ze_be *be, void *x, const void *g, sl_dtype dt, size_t bytes, size_t count,
+                             float lr) {
+  void *hx = NULL, *hg = NULL;
+  sl_status st = ze_alloc_pinned(be, bytes, &hx);
+  if (st == SL_OK) st = ze_alloc_pinned(be, bytes, &hg);
+  if (st == SL_OK) st = ze_copy_async(be, hx, x, bytes, SL_COPY_D2H, NULL);
+  if (st == SL_OK) st = ze_copy_async(be, hg, g, bytes, SL_COPY_D2H, NULL);
+  if (st == SL_OK) st = ze_stream_sync(be, NULL);
+  if (st == SL_OK) {
+    host_sgd(hx, hg, dt, count, lr);
+    st = ze_copy_async(be, x, hx, bytes, SL_COPY_H2D, NULL);
+  }
+  if (st == SL_OK) st = ze_stream_sync(be, NULL);
+  else ze_synchronize(be); /* nothing may still read HX or HG when they are freed */
+  ze_free_pinned(be, hx);
+  ze_free_pinned(be, hg);
+  return st;
+}
+
+/* SL_EXT_SGD_STEP: complete on return; after everything queued on every stream, then waited for. */
+static sl_status ze_sgd_step(void *h, void *x, const void *g, sl_dtype dt, size_t count, float lr) {
+  sl_ze_be *be = h;
+  size_t es = castable_size(dt), bytes;
+  if (!es)
+    return be->host->fail(be->host->core, SL_ERR_DTYPE, "level_zero:%d: sgd step: dtype %d is not a floating type "
+                          "(F64, F32, F16, BF16)", be->ordinal, (int)dt);
+  if (__builtin_mul_overflow(count, es, &bytes))
+    return be->host->fail(be->host->core, SL_ERR_INVALID, "level_zero:%d: sgd step: %zu elements overflow", be->ordinal,
+                          count);
+  sl_status st = ze_synchronize(be);
+  if (st != SL_OK || !count) return st;
+  if (!ze_is_device_ptr(be, x, bytes) || !ze_is_device_ptr(be, g, bytes))
+    return be->host->fail(be->host->core, SL_ERR_INVALID, "level_zero:%d: sgd step: %p / %p (+%zu bytes) are not device "
+                          "buffers of this backend", be->ordinal, x, g, bytes);
+  int module = 0;
+  const char *name = sl__ze_sgd_kernel(dt, &module);
+  const sl_ze_kernel *k = name && sl__ze_kernels_run(&be->kern, module, 1) ? sl__ze_kernel_get(&be->kern, name) : NULL;
+  if (!k) return sgd_on_host(be, x, g, dt, bytes, count, lr);
+  sl_ze_cmd cmd = {.kind = CMD_KERNEL, .kernel = k, .dst = x, .src = g, .count = count, .lr = lr,
+                   .groups = groups_for(be, k, count)};
+  if ((st = stream_append(be, &be->dflt, &cmd)) != SL_OK) return st;
+  return ze_stream_sync(be, NULL);
+}
+
 /* ---- extensions and the table --------------------------------------------------------------- */
 
 static void *ze_native_stream(void *h, void *stream) { return stream_of(h, stream)->list; }
@@ -1127,6 +1344,7 @@ static void *ze_get_proc(const char *name) {
   if (!name) return NULL;
   if (strcmp(name, SL_EXT_NATIVE_STREAM) == 0) return (void *)(sl_ext_native_stream_fn)ze_native_stream;
   if (strcmp(name, SL_EXT_TRAFFIC) == 0) return (void *)(sl_ext_traffic_fn)ze_traffic;
+  if (strcmp(name, SL_EXT_SGD_STEP) == 0) return (void *)(sl_ext_sgd_step_fn)ze_sgd_step;
   return NULL;
 }
 
@@ -1157,6 +1375,7 @@ static const sl_backend_ops ze_ops = {
     .stream_sync = ze_stream_sync,
     .synchronize = ze_synchronize,
     .copy_async = ze_copy_async,
+    .cast_async = ze_cast_async,
     .copy_2d_async = ze_copy_2d_async,
     .register_host = ze_register_host,
     .unregister_host = ze_unregister_host,

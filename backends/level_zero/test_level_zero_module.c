@@ -9,10 +9,14 @@
  * ZE_ENABLE_ALT_DRIVERS) the no-driver tests are skipped. With --device (argv[2]) it runs what
  * is the module's own on a device instead (exit 77, skipped, where the probe says no): its
  * description, records recycled through many waits across two streams, allocations past the
- * device's maximum, host-pointer import or its refusal, native streams, and loads through the
- * command bit-exact against cpu. What every backend owes the ABI is the conformance suite's. */
+ * device's maximum, host-pointer import or its refusal, native streams, its casts (every pair,
+ * aligned and not, against sl_convert; ordered with the stream's copies) and SGD step (against
+ * the core's host step), which kernels ran (the test driver counts launches by name: none the
+ * device cannot run, under ZEDRV_NO_FP64 / ZEDRV_NO_F32_DENORMS), and loads through the command
+ * bit-exact against cpu. What every backend owes the ABI is the conformance suite's. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,8 +25,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "internal.h" /* sl__host_sgd_step: the core's SGD step, the reference */
 #include "shardload/module.h"
 #include "testutil.h"
+#include "ze_kernels.h"
 #include "ze_rt.h"
 
 static const char *module_path;
@@ -85,8 +91,9 @@ static void test_table(void **state) {
               SL_HAS_OP(ops, synchronize) && SL_HAS_OP(ops, copy_async));
   assert_true(SL_HAS_OP(ops, register_host) && SL_HAS_OP(ops, unregister_host) && SL_HAS_OP(ops, is_device_ptr) &&
               SL_HAS_OP(ops, device_identity) && SL_HAS_OP(ops, get_proc));
-  /* not yet: the SPIR-V casts (the core casts on the host) */
-  assert_false(SL_HAS_OP(ops, cast_async));
+  /* the SPIR-V casts and SGD step */
+  assert_true(SL_HAS_OP(ops, cast_async));
+  assert_non_null(ops->get_proc(SL_EXT_SGD_STEP));
   assert_true(SL_HAS_OP(ops, copy_2d_async));
   /* native handles: streams are ze_command_list_handle_t; DLPack's kDLOneAPI */
   assert_true(SL_HAS_OP(ops, event_record_native) && SL_HAS_OP(ops, free_device_after));
@@ -293,7 +300,13 @@ static void test_dev_describe(void **state) {
   printf("# %s\n", d);
   assert_int_equal(strncmp(d, "level_zero:0 ", 13), 0);
   assert_non_null(strstr(d, " EUs, PCI "));
-  assert_non_null(strstr(d, "casts on the host"));
+  /* which kernels run on the device follows what the device reports (ze_cast.h) */
+  if (getenv("ZEDRV_NO_FP64"))
+    assert_non_null(strstr(d, "; casts on the device (F64 on the host: no fp64)"));
+  else if (getenv("ZEDRV_NO_F32_DENORMS"))
+    assert_non_null(strstr(d, "; casts on the device (F64 and SGD on the host: F32 subnormals not kept)"));
+  else
+    assert_non_null(strstr(d, "; casts and SGD on the device"));
   assert_int_equal(ops->device_ordinal(g_be), 0);
   ops->device_identity(g_be, id, sizeof id);
   printf("# identity %s\n", id);
@@ -444,6 +457,201 @@ static void test_dev_native_streams(void **state) {
   ops->stream_destroy(g_be, s2);
 }
 
+/* ---- casts and the SGD step on the device ------------------------------------------------------ */
+
+static const sl_dtype k_dts[] = {SL_DTYPE_F64, SL_DTYPE_F32, SL_DTYPE_F16, SL_DTYPE_BF16};
+
+/* Bits of every kind in SRC's dtype: NaNs with payloads and signs, infinities, zeros, subnormals
+ * (of each dtype, as seen from the widest), values that round to each side, and random bits. */
+static void fill_bits(unsigned char *p, sl_dtype dt, size_t n, unsigned seed) {
+  static const uint64_t f64s[] = {0x7ff8000000000001ull, 0xfff4000000000abcull, 0x7ff0000000000000ull,
+                                  0xfff0000000000000ull, 0x0000000000000001ull, 0x8000000000000000ull,
+                                  0x36a0000000000000ull, 0x3810000000000000ull, 0x380fffffffffffffull,
+                                  0x47efffffe0000000ull, 0x40effff000000000ull, 0x3e70000000000000ull};
+  static const uint32_t f32s[] = {0x7fc00001u, 0xff812345u, 0x7f800000u, 0xff800000u, 0x00000001u, 0x807fffffu,
+                                  0x00400000u, 0x33800000u, 0x387fc000u, 0x3f808000u, 0x3f818000u, 0x477ff000u};
+  static const uint16_t h16s[] = {0x7c01u, 0xfe00u, 0x7c00u, 0xfc00u, 0x0001u, 0x83ffu, 0x7fc1u, 0xff81u,
+                                  0x0040u, 0x8001u, 0x3c01u, 0x7bffu};
+  uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
+  size_t es = sl_dtype_size(dt);
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    uint64_t v = x;
+    if (i % 3 == 0) { /* the special values, often */
+      size_t k = (i / 3) % 12;
+      v = dt == SL_DTYPE_F64 ? f64s[k] : dt == SL_DTYPE_F32 ? f32s[k] : h16s[k];
+    }
+    memcpy(p + i * es, &v, es); /* little-endian: the low bytes */
+  }
+}
+
+typedef ze_result_t(ZE_APICALL *launch_count_fn)(ze_driver_handle_t, const char *, uint64_t *);
+
+/* The test driver's count of launches of kernel NAME (0 where the driver does not count). */
+static uint64_t launches_of(const char *name) {
+  static launch_count_fn fn;
+  static ze_driver_handle_t drv;
+  if (!fn) {
+    uint32_t n = 1;
+    if (!sl__ze_ready() || sl__ze.DriverGet(&n, &drv) != ZE_RESULT_SUCCESS || n < 1 ||
+        sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvGetLaunchCount", (void **)&fn) != ZE_RESULT_SUCCESS)
+      fail_msg("the test driver offers no zedrvGetLaunchCount (built without the project's kernels?)");
+  }
+  uint64_t c = 0;
+  if (fn(drv, name, &c) != ZE_RESULT_SUCCESS) fail_msg("zedrvGetLaunchCount(%s) failed", name);
+  return c;
+}
+
+/* Whether the device runs the kernels of MODULE (casts or SGD), from the driver's switches. */
+static int device_runs(int module, int sgd) {
+  if (module == SL_ZE_MODULE_F64 && getenv("ZEDRV_NO_FP64")) return 0;
+  return !(SL_ZE_NEEDS_F32_DENORMALS(module, sgd) && getenv("ZEDRV_NO_F32_DENORMS"));
+}
+
+/* One cast of N elements at byte offsets DOFF/SOFF through the device, against sl_convert. What
+ * the device cannot run is refused with SL_ERR_UNSUPPORTED, queuing nothing. */
+static void cast_once(void *s, sl_dtype from, sl_dtype to, size_t n, size_t soff, size_t doff, unsigned seed) {
+  size_t es = sl_dtype_size(from), ed = sl_dtype_size(to);
+  size_t sb = n * es + soff, db = n * ed + doff;
+  unsigned char *h = malloc(sb + 1), *want = malloc(db + 1), *got = malloc(db + 1);
+  void *d_src = NULL, *d_dst = NULL;
+  assert_true(h && want && got);
+  fill_bits(h + soff, from, n, seed);
+  memset(want, 0x5c, db);
+  OK(sl_convert(want + doff, to, h + soff, from, n));
+  OK(ops->alloc_device(g_be, sb + 1, &d_src));
+  OK(ops->alloc_device(g_be, db + 1, &d_dst));
+  OK(ops->copy_async(g_be, d_dst, want, doff, SL_COPY_H2D, s)); /* the bytes before DOFF: untouched */
+  OK(ops->copy_async(g_be, d_src, h, sb, SL_COPY_H2D, s));
+  int module = 0;
+  sl__ze_cast_kernel(from, to, 1, &module);
+  sl_status st = ops->cast_async(g_be, (char *)d_dst + doff, to, (char *)d_src + soff, from, n, s);
+  if (!device_runs(module, 0)) {
+    assert_int_equal(st, SL_ERR_UNSUPPORTED);
+    if (n) assert_non_null(strstr(last_msg, "does not run on this device")); /* 0 elements: a question */
+  } else {
+    if (st != SL_OK) fail_msg("cast %s -> %s of %zu: %s", sl_dtype_name(from), sl_dtype_name(to), n, last_msg);
+    memset(got, 0xee, db);
+    OK(ops->copy_async(g_be, got, d_dst, db, SL_COPY_D2H, s));
+    OK(ops->stream_sync(g_be, s));
+    for (size_t i = 0; i < db; i++)
+      if (got[i] != want[i])
+        fail_msg("cast %s -> %s of %zu elements (source +%zu, destination +%zu): byte %zu is 0x%02x, sl_convert "
+                 "wrote 0x%02x", sl_dtype_name(from), sl_dtype_name(to), n, soff, doff, i, got[i], want[i]);
+  }
+  OK(ops->stream_sync(g_be, s));
+  ops->free_device(g_be, d_src);
+  ops->free_device(g_be, d_dst);
+  free(h);
+  free(want);
+  free(got);
+}
+
+/* Every pair, aligned and not, sizes 0, 1, odd and past one grid (the group count's cap times
+ * the largest group), bit-exact against sl_convert; the kernels that ran are the ones the
+ * device can run, aligned or byte kernels by the pointers. */
+static void test_dev_casts(void **state) {
+  const size_t sizes[] = {0, 1, 7, 1001, (size_t)1024 * 1024 + 77};
+  void *s = NULL;
+  OK(ops->stream_create(g_be, &s));
+  for (size_t a = 0; a < 4; a++)
+    for (size_t b = 0; b < 4; b++) {
+      sl_dtype from = k_dts[a], to = k_dts[b];
+      if (from == to) continue;
+      int module = 0;
+      const char *aligned = sl__ze_cast_kernel(from, to, 1, &module), *bytes = sl__ze_cast_kernel(from, to, 0, &module);
+      uint64_t la = launches_of(aligned), lb = launches_of(bytes);
+      for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = sizes[k];
+        if (n > 2000 && (a + b) % 2) continue; /* the large size on half the pairs: time */
+        cast_once(s, from, to, n, 0, 0, (unsigned)(a * 16 + b * 4 + k));
+        cast_once(s, from, to, n, 1, 0, (unsigned)(a * 16 + b * 4 + k + 100)); /* misaligned source */
+        cast_once(s, from, to, n, 0, 3, (unsigned)(a * 16 + b * 4 + k + 200)); /* misaligned destination */
+      }
+      uint64_t ra = launches_of(aligned) - la, rb = launches_of(bytes) - lb;
+      printf("# %s -> %s: %" PRIu64 " aligned, %" PRIu64 " byte launches\n", sl_dtype_name(from), sl_dtype_name(to), ra,
+             rb);
+      if (device_runs(module, 0)) {
+        assert_true(ra >= 3 && rb >= 6); /* sizes 1, 7, 1001: once aligned, twice not (0 launches nothing) */
+      } else {
+        assert_int_equal(ra, 0);
+        assert_int_equal(rb, 0);
+      }
+    }
+  /* a refused pair is not sticky, nor is a bad dtype */
+  assert_int_equal(ops->cast_async(g_be, NULL, SL_DTYPE_I32, NULL, SL_DTYPE_F32, 4, s), SL_ERR_DTYPE);
+  OK(ops->stream_sync(g_be, s));
+  ops->stream_destroy(g_be, s);
+}
+
+/* The cast waits for the copy before it on its stream (two lists, one chain of events), and a
+ * copy after it waits for it: with the driver's delays, a missing wait reads stale bytes. Many
+ * rounds through one buffer pair, each with new contents. */
+static void test_dev_cast_ordered_with_copies(void **state) {
+  enum { N = 4099, ROUNDS = 60 };
+  void *s = NULL, *d_src = NULL, *d_dst = NULL;
+  float *h = malloc(N * 4);
+  uint16_t *got = malloc(N * 2), *want = malloc(N * 2);
+  assert_true(h && got && want);
+  OK(ops->stream_create(g_be, &s));
+  OK(ops->alloc_device(g_be, N * 4, &d_src));
+  OK(ops->alloc_device(g_be, N * 2, &d_dst));
+  for (int r = 0; r < ROUNDS; r++) {
+    for (int i = 0; i < N; i++) h[i] = (float)(r * N + i) * 0.731f;
+    OK(sl_convert(want, SL_DTYPE_BF16, h, SL_DTYPE_F32, N));
+    OK(ops->copy_async(g_be, d_src, h, N * 4, SL_COPY_H2D, s));
+    OK(ops->cast_async(g_be, d_dst, SL_DTYPE_BF16, d_src, SL_DTYPE_F32, N, s));
+    OK(ops->copy_async(g_be, got, d_dst, N * 2, SL_COPY_D2H, s));
+    OK(ops->stream_sync(g_be, s));
+    if (memcmp(got, want, N * 2) != 0) fail_msg("round %d: the cast or the copy after it did not wait", r);
+  }
+  ops->stream_destroy(g_be, s);
+  ops->free_device(g_be, d_src);
+  ops->free_device(g_be, d_dst);
+  free(h);
+  free(got);
+  free(want);
+}
+
+/* SL_EXT_SGD_STEP on every dtype against the core's host step, bit for bit (on the device where
+ * it can run there, else the module's host fallback). */
+static void test_dev_sgd(void **state) {
+  sl_ext_sgd_step_fn sgd = (sl_ext_sgd_step_fn)ops->get_proc(SL_EXT_SGD_STEP);
+  assert_non_null(sgd);
+  const size_t n = 3001;
+  for (size_t a = 0; a < 4; a++) {
+    sl_dtype dt = k_dts[a];
+    size_t es = sl_dtype_size(dt), bytes = n * es;
+    unsigned char *x = malloc(bytes), *g = malloc(bytes), *want = malloc(bytes), *got = malloc(bytes);
+    void *dx = NULL, *dg = NULL;
+    assert_true(x && g && want && got);
+    fill_bits(x, dt, n, 7 + (unsigned)a);
+    fill_bits(g, dt, n, 70 + (unsigned)a);
+    memcpy(want, x, bytes);
+    OK(sl__host_sgd_step(want, g, dt, n, 0.01f));
+    OK(ops->alloc_device(g_be, bytes, &dx));
+    OK(ops->alloc_device(g_be, bytes, &dg));
+    OK(ops->copy_async(g_be, dx, x, bytes, SL_COPY_H2D, NULL));
+    OK(ops->copy_async(g_be, dg, g, bytes, SL_COPY_H2D, NULL));
+    int module = 0;
+    const char *name = sl__ze_sgd_kernel(dt, &module);
+    uint64_t before = launches_of(name);
+    OK(sgd(g_be, dx, dg, dt, n, 0.01f)); /* after the copies: it synchronises first */
+    OK(ops->copy_async(g_be, got, dx, bytes, SL_COPY_D2H, NULL));
+    OK(ops->stream_sync(g_be, NULL));
+    assert_int_equal(launches_of(name) - before, device_runs(module, 1) ? 1 : 0);
+    for (size_t i = 0; i < bytes; i++)
+      if (got[i] != want[i]) fail_msg("sgd %s: byte %zu is 0x%02x, the host step wrote 0x%02x", sl_dtype_name(dt), i, got[i], want[i]);
+    OK(sgd(g_be, dx, dg, dt, 0, 0.01f)); /* nothing to do */
+    ops->free_device(g_be, dx);
+    ops->free_device(g_be, dg);
+    free(x);
+    free(g);
+    free(want);
+    free(got);
+  }
+}
+
 static double mono_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -570,7 +778,9 @@ static void test_dev_device_lost_is_sticky(void **state) {
 
 /* Loads through the command: every rank's shards bit for bit those of the same load on cpu. */
 static void test_dev_cli_matches_cpu(void **state) {
-  const char *modes[] = {"--nproc 1 --param-dtype BF16", "--nproc 2", "--nproc 2 --source every-rank",
+  /* F64 parameters: widened on the device where it has fp64, else by the core on the host */
+  const char *modes[] = {"--nproc 1 --param-dtype BF16", "--nproc 2 --param-dtype F64", "--nproc 2",
+                         "--nproc 2 --source every-rank --param-dtype F16",
                          "--nproc 2 --strategy broadcast --offload-policy cpu-pinned",
                          "--nproc 4 --mesh 2x2 --placement '[replicate, shard(0)]'"};
   for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
@@ -623,6 +833,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_dev_register_host, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_copy_2d, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_native_streams, dev_setup, dev_teardown),
+        cmocka_unit_test_setup_teardown(test_dev_casts, dev_setup, dev_teardown),
+        cmocka_unit_test_setup_teardown(test_dev_cast_ordered_with_copies, dev_setup, dev_teardown),
+        cmocka_unit_test_setup_teardown(test_dev_sgd, dev_setup, dev_teardown),
         cmocka_unit_test(test_dev_cli_matches_cpu),
         cmocka_unit_test(test_dev_syncs_bounded_by_the_timeout),
         cmocka_unit_test_setup_teardown(test_dev_device_lost_is_sticky, dev_setup, dev_teardown), /* last */

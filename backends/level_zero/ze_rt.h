@@ -26,7 +26,10 @@
   X(CommandListAppendMemoryCopyRegion)                                                                \
   X(CommandListAppendBarrier) X(CommandListAppendWaitOnEvents)                                        \
   X(EventPoolCreate) X(EventPoolDestroy) X(EventCreate) X(EventDestroy) X(EventHostSynchronize)       \
-  X(EventQueryStatus) X(EventHostReset) X(EventHostSignal)
+  X(EventQueryStatus) X(EventHostReset) X(EventHostSignal)                                           \
+  X(DeviceGetModuleProperties) X(ModuleCreate) X(ModuleDestroy) X(ModuleBuildLogGetString)            \
+  X(ModuleBuildLogDestroy) X(KernelCreate) X(KernelDestroy) X(KernelSuggestGroupSize)                 \
+  X(KernelSetGroupSize) X(KernelSetArgumentValue) X(CommandListAppendLaunchKernel)
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"

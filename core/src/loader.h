@@ -147,6 +147,8 @@ typedef struct loader {
   bool device_route;   /* the data plane moves device memory (docs/DESIGN.md#data-flow) */
   bool device_is_host; /* cpu backend */
   bool can_cast_device, can_2d;
+  /* [from][to]: the backend casts the pair on the device (cast_async of 0 elements said SL_OK) */
+  bool cast_on_device[SL_DTYPE_COUNT_][SL_DTYPE_COUNT_];
   int nslots;
   slot slots[SL__MAX_SLOTS];
   size_t slot_bytes;

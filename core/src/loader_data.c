@@ -221,6 +221,19 @@ static sl_status setup_hsdp(loader *L) {
   return SL_OK;
 }
 
+/* Which pairs the backend casts on its device: cast_async of no elements asks (module.h); a
+ * pair it refuses is cast on the host. */
+static void ask_device_casts(loader *L) {
+  sl_context *ctx = L->ctx;
+  memset(L->cast_on_device, 0, sizeof L->cast_on_device);
+  if (!L->can_cast_device) return;
+  const sl_dtype f[] = {SL_DTYPE_F64, SL_DTYPE_F32, SL_DTYPE_F16, SL_DTYPE_BF16};
+  for (size_t a = 0; a < 4; a++)
+    for (size_t b = 0; b < 4; b++)
+      L->cast_on_device[f[a]][f[b]] =
+          a == b || ctx->be->cast_async(ctx->be_ctx, NULL, f[b], NULL, f[a], 0, NULL) == SL_OK;
+}
+
 static sl_status setup(loader *L) {
   sl_context *ctx = L->ctx;
   const sl_backend_ops *be = ctx->be;
@@ -233,13 +246,19 @@ static sl_status setup(loader *L) {
   L->device_route = route == SL__ROUTE_DEVICE && L->o.read_mode == SL_READ_RANK0;
   L->can_cast_device = SL_HAS_OP(be, cast_async);
   L->can_2d = SL_HAS_OP(be, copy_2d_async);
-  if (L->device_route && !L->can_cast_device)
-    for (size_t i = 0; i < L->njobs; i++)
-      if (L->jobs[i].wire != L->jobs[i].res.dtype || L->jobs[i].wire != L->jobs[i].src->dtype)
+  ask_device_casts(L);
+  if (L->device_route)
+    for (size_t i = 0; i < L->njobs; i++) {
+      const tensor_job *j = &L->jobs[i];
+      if ((j->wire != j->res.dtype && !L->cast_on_device[j->wire][j->res.dtype]) ||
+          (j->wire != j->src->dtype && !L->cast_on_device[j->src->dtype][j->wire]))
         return sl__fail(ctx, SL_ERR_UNSUPPORTED,
-                        "%s: the data collective %s moves device memory and needs device casts, which backend %s "
-                        "lacks; choose host staging (--collective gloo)",
-                        L->jobs[i].src->name, ctx->data->name, be->name);
+                        "%s: the data collective %s moves device memory and needs device casts (%s to %s to %s), "
+                        "which backend %s %s; choose host staging (--collective gloo)",
+                        j->src->name, ctx->data->name, sl_dtype_name(j->src->dtype), sl_dtype_name(j->wire),
+                        sl_dtype_name(j->res.dtype), be->name,
+                        L->can_cast_device ? "does not run on its device" : "lacks");
+    }
   L->nslots = L->o.pipeline_slots <= 0 ? SL__DEFAULT_SLOTS : L->o.pipeline_slots;
 
   if (L->nslots > SL__MAX_SLOTS) L->nslots = SL__MAX_SLOTS;
@@ -271,8 +290,10 @@ static sl_status setup(loader *L) {
   bool dev_part = L->device_route, ordered = L->device_route || !L->device_is_host;
   if (!L->device_is_host)
     for (size_t i = 0; i < L->njobs && !dev_part; i++)
-      if (L->jobs[i].out->device == SL_DEVICE_ACCELERATOR && L->can_cast_device &&
-          (L->jobs[i].wire != L->jobs[i].res.dtype || L->jobs[i].src->dtype != L->jobs[i].res.dtype))
+      if (L->jobs[i].out->device == SL_DEVICE_ACCELERATOR &&
+          ((L->jobs[i].wire != L->jobs[i].res.dtype && L->cast_on_device[L->jobs[i].wire][L->jobs[i].res.dtype]) ||
+           (L->jobs[i].src->dtype != L->jobs[i].res.dtype &&
+            L->cast_on_device[L->jobs[i].src->dtype][L->jobs[i].res.dtype])))
         dev_part = true;
   L->host_pinned = sl__has_pinned(ctx);
   if (ordered) {

@@ -119,7 +119,7 @@ static sl_status place(loader *L, slot *s, const carve *c, tensor_job *j, const 
       return st;
     }
     *yoff += ytake;
-    if (L->can_cast_device && s->dev) { /* cross the bus at the staging width, cast on the device */
+    if (L->cast_on_device[dt][j->res.dtype] && s->dev) { /* cross the bus at the staging width, cast on the device */
       if ((st = ctx->be->copy_async(ctx->be_ctx, s->dev + y, buf, count * eb, SL_COPY_H2D, L->s_copy)) != SL_OK)
         return st;
       L->st->stats.bytes_h2d += count * eb;

@@ -70,6 +70,7 @@ void zedrv_env_init(void) {
   }
   zd.copy_first = env_is("ZEDRV_GROUPS", "copy-first");
   zd.no_fp64 = env_is("ZEDRV_NO_FP64", "1");
+  zd.no_f32_denorms = env_is("ZEDRV_NO_F32_DENORMS", "1");
   zd.no_import = env_is("ZEDRV_NO_IMPORT", "1");
   zd.abort_on_misuse = env_is("ZEDRV_MISUSE", "abort");
   zd.strict = env_is("ZEDRV_STRICT", "1");
@@ -206,6 +207,8 @@ static ze_result_t ZE_APICALL driver_get_extension_function_address(ze_driver_ha
     *fn = (void *)zedrv_lose_device;
   else if (strcmp(name, "zedrvSetDelayUs") == 0)
     *fn = (void *)zedrv_set_delay_us;
+  else if (strcmp(name, "zedrvGetLaunchCount") == 0 && zedrv_get_launch_count)
+    *fn = (void *)zedrv_get_launch_count;
   return *fn ? ZE_RESULT_SUCCESS : ZE_RESULT_ERROR_INVALID_ARGUMENT;
 }
 
@@ -281,11 +284,14 @@ static ze_result_t ZE_APICALL device_get_module_properties(ze_device_handle_t d,
   p->spirvVersionSupported = ZE_MAKE_VERSION(1, 2);
   p->flags = ZE_DEVICE_MODULE_FLAG_FP16 | ZE_DEVICE_MODULE_FLAG_INT64_ATOMICS;
   p->fp16flags = ZE_DEVICE_FP_FLAG_ROUND_TO_NEAREST | ZE_DEVICE_FP_FLAG_INF_NAN;
-  p->fp32flags = ZE_DEVICE_FP_FLAG_ROUND_TO_NEAREST | ZE_DEVICE_FP_FLAG_INF_NAN | ZE_DEVICE_FP_FLAG_DENORM;
+  /* F32 subnormals kept, as Intel's GPUs report; ZEDRV_NO_F32_DENORMS=1: a device that may flush them */
+  p->fp32flags = ZE_DEVICE_FP_FLAG_ROUND_TO_NEAREST | ZE_DEVICE_FP_FLAG_INF_NAN |
+                 (zd.no_f32_denorms ? 0 : ZE_DEVICE_FP_FLAG_DENORM);
   p->fp64flags = 0;
   if (!zd.no_fp64) {
     p->flags |= ZE_DEVICE_MODULE_FLAG_FP64;
-    p->fp64flags = p->fp32flags | ZE_DEVICE_FP_FLAG_FMA;
+    p->fp64flags = ZE_DEVICE_FP_FLAG_ROUND_TO_NEAREST | ZE_DEVICE_FP_FLAG_INF_NAN | ZE_DEVICE_FP_FLAG_DENORM |
+                   ZE_DEVICE_FP_FLAG_FMA;
   }
   p->maxArgumentsSize = 2048;
   p->printfBufferSize = 0;

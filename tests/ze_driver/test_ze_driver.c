@@ -823,6 +823,73 @@ static void test_kernel_f64(void **state) {
   ZE_OK(zeMemFree(g.ctx, host));
 }
 
+/* The project's own kernels (project_kernels.c, linked where the Level Zero module's kernels are
+ * built; ZEDRV_TEST_SPV_PROJECT names their base SPIR-V module): one runs by its name through the
+ * real loader, over a strided grid smaller than its count, with the arguments of its append; a
+ * name the module lacks (an F64 kernel, in the base module) is refused; its launches are counted. */
+typedef ze_result_t(ZE_APICALL *launch_count_fn)(ze_driver_handle_t, const char *, uint64_t *);
+
+static uint16_t ref_f32_to_bf16(uint32_t u) { /* round to nearest even; the test's values are finite */
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void test_project_kernel(void **state) {
+  if (!getenv("ZEDRV_TEST_SPV_PROJECT")) skip(); /* built without SHARDLOAD_WITH_LEVEL_ZERO */
+  uint64_t misuse = misuse_count();
+  launch_count_fn launches = NULL;
+  ZE_OK(zeDriverGetExtensionFunctionAddress(g.driver, "zedrvGetLaunchCount", (void **)&launches));
+  ze_module_handle_t m = build_module("ZEDRV_TEST_SPV_PROJECT", ZE_RESULT_SUCCESS, NULL);
+  ze_kernel_desc_t kd = {.stype = ZE_STRUCTURE_TYPE_KERNEL_DESC, .pKernelName = "sl_cast_f64_f32"};
+  ze_kernel_handle_t k = NULL;
+  assert_int_equal(zeKernelCreate(m, &kd, &k), ZE_RESULT_ERROR_INVALID_KERNEL_NAME); /* the F64 module's */
+  kd.pKernelName = "sl_cast_f32_bf16_nope";
+  assert_int_equal(zeKernelCreate(m, &kd, &k), ZE_RESULT_ERROR_INVALID_KERNEL_NAME);
+  kd.pKernelName = "sl_cast_f32_bf16";
+  ZE_OK(zeKernelCreate(m, &kd, &k));
+  uint64_t before = 0, after = 0;
+  ZE_OK(launches(g.driver, "sl_cast_f32_bf16", &before));
+  assert_int_equal(launches(g.driver, "zedrv_no_such_kernel", &after), ZE_RESULT_ERROR_INVALID_KERNEL_NAME);
+
+  enum { N = 1001 };
+  float *src = device_alloc(N * 4), *host = host_alloc(N * 4);
+  uint16_t *dst = device_alloc(N * 2), *back = host_alloc(N * 2);
+  for (int i = 0; i < N; i++) host[i] = (float)i * 1.37f - 400.0f;
+  ze_command_list_handle_t l = immediate(g.compute_ordinal, 0);
+  ze_event_handle_t up = new_event(), ran = new_event(), down = new_event();
+  ZE_OK(zeCommandListAppendMemoryCopy(l, src, host, N * 4, up, 0, NULL));
+  uint64_t count = N;
+  ZE_OK(zeKernelSetArgumentValue(k, 0, sizeof dst, &dst));
+  ZE_OK(zeKernelSetArgumentValue(k, 1, sizeof src, &src));
+  assert_int_equal(zeKernelSetArgumentValue(k, 2, 4, &count), ZE_RESULT_ERROR_INVALID_KERNEL_ARGUMENT_SIZE);
+  assert_int_equal(zeKernelSetArgumentValue(k, 3, 8, &count), ZE_RESULT_ERROR_INVALID_KERNEL_ARGUMENT_INDEX);
+  ZE_OK(zeKernelSetArgumentValue(k, 2, sizeof count, &count));
+  ZE_OK(zeKernelSetGroupSize(k, 64, 1, 1));
+  ze_group_count_t groups = {3, 1, 1}; /* 192 work-items stride over 1001 elements */
+  ZE_OK(zeCommandListAppendLaunchKernel(l, k, &groups, ran, 1, &up));
+  count = 0; /* the launch keeps the count of its append */
+  ZE_OK(zeKernelSetArgumentValue(k, 2, sizeof count, &count));
+  ZE_OK(zeCommandListAppendMemoryCopy(l, back, dst, N * 2, down, 1, &ran));
+  ZE_OK(zeEventHostSynchronize(down, FOREVER));
+  for (int i = 0; i < N; i++) {
+    uint32_t u;
+    memcpy(&u, &host[i], 4);
+    if (back[i] != ref_f32_to_bf16(u)) fail_msg("element %d: bf16 0x%04x, want 0x%04x", i, back[i], ref_f32_to_bf16(u));
+  }
+  ZE_OK(launches(g.driver, "sl_cast_f32_bf16", &after));
+  assert_int_equal(after, before + 1);
+  ZE_OK(zeEventDestroy(up));
+  ZE_OK(zeEventDestroy(ran));
+  ZE_OK(zeEventDestroy(down));
+  ZE_OK(zeCommandListDestroy(l));
+  ZE_OK(zeKernelDestroy(k));
+  ZE_OK(zeModuleDestroy(m));
+  ZE_OK(zeMemFree(g.ctx, src));
+  ZE_OK(zeMemFree(g.ctx, dst));
+  ZE_OK(zeMemFree(g.ctx, host));
+  ZE_OK(zeMemFree(g.ctx, back));
+  assert_int_equal(misuse_count(), misuse);
+}
+
 /* ---- device loss (each case in a process of its own: a loss is for good) ------------------ */
 
 /* After a loss: syncs answer DEVICE_LOST (none hangs, not even one behind a wait that will never
@@ -959,6 +1026,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_synchronous_list),
       cmocka_unit_test(test_kernel),
       cmocka_unit_test(test_kernel_f64),
+      cmocka_unit_test(test_project_kernel),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

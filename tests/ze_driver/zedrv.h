@@ -25,6 +25,8 @@
  *   ZEDRV_MAX_ALLOC=bytes    the device's maxMemAllocSize (default 4 GiB)
  *   ZEDRV_MEMORY=bytes       the device's memory (default 16 GiB; allocations are counted)
  *   ZEDRV_NO_FP64=1          the device reports no fp64 support
+ *   ZEDRV_NO_F32_DENORMS=1   the device's fp32flags lack ZE_DEVICE_FP_FLAG_DENORM (it may flush
+ *                            F32 subnormals; the host kernels still keep them)
  *   ZEDRV_NO_IMPORT=1        zexDriverImportExternalPointer is not offered
  *   ZEDRV_MISUSE=abort       abort at the first misuse instead of counting it
  *   ZEDRV_LOSE_AFTER=n       the device is lost once n commands have run (every later call that
@@ -37,6 +39,8 @@
  *   zedrvGetMisuseCount(hDriver, uint64_t *count)
  *   zedrvLoseDevice(hDriver)                               the device is lost now
  *   zedrvSetDelayUs(hDriver, uint32_t min, uint32_t max)   the delay of the commands that start from now
+ *   zedrvGetLaunchCount(hDriver, const char *name, uint64_t *count)   launches of the project's
+ *                            kernel NAME run so far (project_kernels.c; offered where it is built)
  *
  * One mutex (zd.lock) guards every object; workers and host waits sleep on one condition
  * variable (zd.cond), broadcast whenever an event, fence or queue changes state. It is a test
@@ -212,6 +216,10 @@ typedef struct zedrv_host_kernel {
 const zedrv_host_kernel *zedrv_find_host_kernel(const char *name);
 /* Another source's table of host kernels (kernels.c says how to add one); weak: may be absent. */
 const zedrv_host_kernel *zedrv_extra_host_kernels(size_t *count) __attribute__((weak, visibility("hidden")));
+/* zedrvGetLaunchCount (project_kernels.c, linked where the Level Zero module's kernels are
+ * built); weak: may be absent. ZE_RESULT_ERROR_INVALID_KERNEL_NAME for a name it does not run. */
+ze_result_t ZE_APICALL zedrv_get_launch_count(ze_driver_handle_t d, const char *name, uint64_t *count)
+    __attribute__((weak, visibility("hidden")));
 /* An argument's value as a pointer / a uint32 (the host function's accessors). */
 void *zedrv_arg_ptr(const zedrv_launch *l, uint32_t i);
 uint32_t zedrv_arg_u32(const zedrv_launch *l, uint32_t i);
@@ -238,7 +246,7 @@ typedef struct zedrv_state {
   pthread_cond_t cond;
   bool initialized;
   unsigned delay_min_us, delay_max_us;
-  bool copy_first, no_fp64, no_import, abort_on_misuse, strict;
+  bool copy_first, no_fp64, no_f32_denorms, no_import, abort_on_misuse, strict;
   uint64_t max_alloc, memory, used;
   uint64_t misuse;
   int live_contexts; /* what is still alive at exit is reported as misuse (a leak) */

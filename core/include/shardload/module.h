@@ -201,7 +201,11 @@ typedef struct sl_backend_ops {
   sl_status (*copy_async)(void *be, void *dst, const void *src, size_t bytes, sl_copy_kind kind,
                           void *stream);
   /* ---- optional: the core falls back to host work when absent ---- */
-  /* Enqueued: casts COUNT elements in device memory (no overlap), bit-exact with sl_convert. */
+  /* Enqueued: casts COUNT elements in device memory (no overlap), bit-exact with sl_convert.
+   * SL_ERR_UNSUPPORTED (not sticky, nothing queued): this device does not cast SRC_DT to DST_DT
+   * (a Level Zero GPU without fp64: the F64 pairs); the core casts that pair on the host. COUNT
+   * 0 queues nothing and asks just that (DST and SRC may be NULL): SL_OK when the pair is cast
+   * on the device; the core asks once per pair before it casts. */
   sl_status (*cast_async)(void *be, void *dst, sl_dtype dst_dt, const void *src, sl_dtype src_dt,
                           size_t count, void *stream);
   /* Enqueued: HEIGHT rows of WIDTH bytes, row r from SRC + r*SPITCH to DST + r*DPITCH (pack and
