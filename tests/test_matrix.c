@@ -8,6 +8,8 @@
  * bit for bit with the slice this file computes on its own from the data it wrote, the
  * placement with the contract's table, the rule, and the pinned-ness; then one SGD step runs
  * through the backend on every floating shard. Owned and caller buffers alternate. */
+#define _GNU_SOURCE
+#include <link.h>
 #include <math.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -653,7 +655,15 @@ static int run_mutant(void) {
 /* ---- one loadable backend's matrix: test_matrix --backend NAME --world N [--hsdp] ----------- */
 
 static const char *sel_backend;
-static int sel_world, sel_hsdp;
+static int sel_world, sel_hsdp, sel_mutant;
+
+/* The module file a mutant's run must have loaded: its own directory's (ze-mutants/N/). */
+static int find_module(struct dl_phdr_info *info, size_t size, void *arg) {
+  char want[64];
+  snprintf(want, sizeof want, "/ze-mutants/%d/libshardload-", sel_mutant);
+  if (info->dlpi_name && strstr(info->dlpi_name, want)) *(int *)arg = 1;
+  return 0;
+}
 
 static int probe_rank(int rank, int world, void *arg) {
   char err[512] = "";
@@ -663,7 +673,14 @@ static int probe_rank(int rank, int world, void *arg) {
     fprintf(stderr, "backend %s does not start here: %s\n", (const char *)arg, err);
     return 1;
   }
+  int mutant_loaded = 0;
+  dl_iterate_phdr(find_module, &mutant_loaded);
   sl_context_destroy(ctx);
+  if (sel_mutant && !mutant_loaded) {
+    fprintf(stderr, "mutant %d: the module loaded is not the mutant's (set SHARDLOAD_MODULE_PATH to ze-mutants/%d)\n",
+            sel_mutant, sel_mutant);
+    return 1;
+  }
   return 0;
 }
 
@@ -684,16 +701,52 @@ static void test_selected_backend(void **state) {
   run_job(sel_backend, "gloo", "gloo", sel_world, sel_hsdp, 3);
 }
 
+/* A module mutant (backends/level_zero/CMakeLists.txt, sl_ze_mutants): the selected job, without
+ * and with a pipeline, several times (the race a mutant opens is random); any failing rank kills
+ * it. A mutant that does not start, or is not the module loaded, is neither killed nor survived. */
+static int run_module_mutant(void) {
+  int code = 1;
+  if (sl_test_spawn(1, probe_rank, (void *)sel_backend, 60000, &code) != 0 || code != 0) {
+    printf("mutant %d: cannot run the matrix on it (see above)\n", sel_mutant);
+    return 1;
+  }
+  for (int rep = 0; rep < 3; rep++) {
+    for (int slots = 0; slots <= 3; slots += 3) {
+      char sub[96];
+      snprintf(sub, sizeof sub, "ze-mutant-%d-%d-%d", sel_mutant, rep, slots);
+      job jb = {sel_backend, sel_hsdp, sl_test_rendezvous(sub), NULL, "gloo", slots};
+      int codes[8];
+      int bad = sl_test_spawn(sel_world, rank_main, &jb, 240000, codes);
+      free(jb.rdzv);
+      for (int r = 0; r < sel_world; r++) bad |= codes[r] != 0;
+      if (bad) {
+        printf("MUTANT KILLED: %s mutant %d failed the matrix (world %d%s, %d pipeline slots, repetition %d)\n",
+               sel_backend, sel_mutant, sel_world, sel_hsdp ? " hsdp" : "", slots, rep);
+        return 0;
+      }
+    }
+  }
+  printf("%s mutant %d SURVIVED: the matrix passed without that wait or record\n", sel_backend, sel_mutant);
+  return 1;
+}
+
 static int run_selected(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--backend") && i + 1 < argc) sel_backend = argv[++i];
     else if (!strcmp(argv[i], "--world") && i + 1 < argc) sel_world = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--hsdp")) sel_hsdp = 1;
+    else if (!strcmp(argv[i], "--mutant") && i + 1 < argc) sel_mutant = atoi(argv[++i]);
     else sel_backend = NULL, i = argc;
   }
   if (!sel_backend || (sel_world != 2 && sel_world != 4) || (sel_hsdp && sel_world != 4)) {
-    fprintf(stderr, "usage: %s [--backend NAME --world 2|4 [--hsdp]]\n", argv[0]);
+    fprintf(stderr, "usage: %s [--backend NAME --world 2|4 [--hsdp] [--mutant N]]\n", argv[0]);
     return 2;
+  }
+  if (sel_mutant) {
+    if (setup(NULL) != 0) return 1;
+    int rc = run_module_mutant();
+    teardown(NULL);
+    return rc;
   }
   char name[96];
   snprintf(name, sizeof name, "matrix_%s_w%d%s", sel_backend, sel_world, sel_hsdp ? "_hsdp" : "");
