@@ -70,4 +70,14 @@ else
   echo "test.sh: the Level Zero module is not built ($why_ze)"
 fi
 echo "test.sh: preset $preset"
-cmake --workflow --preset "$preset"
+# the workflow's steps (cmake --workflow --preset "$preset"), with ctest's JUnit report, so that
+# the skip rule above is enforced: scripts/check_skips.py fails on any skipped test not labelled
+# gpu, amdgpu or intelgpu (even when every test passed)
+junit="$PWD/build/$preset/ctest-junit.xml"
+rm -f "$junit"
+cmake --preset "$preset"
+cmake --build --preset "$preset"
+rc=0
+ctest --preset "$preset" --output-junit "$junit" || rc=$?
+"$SHARDLOAD_PYTHON" scripts/check_skips.py "build/$preset" "$junit" || rc=1
+exit "$rc"

@@ -8,6 +8,8 @@
  * bit for bit with the slice this file computes on its own from the data it wrote, the
  * placement with the contract's table, the rule, and the pinned-ness; then one SGD step runs
  * through the backend on every floating shard. Owned and caller buffers alternate. */
+#define _GNU_SOURCE
+#include <link.h>
 #include <math.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -177,6 +179,21 @@ static void *bind_cb(void *user, const sl_tensor *t) {
   return p;
 }
 
+/* x -= lr * g for a device shard where the backend has no device step: both down, the host's
+ * step, x up again (each copy synced: the bytes are the host's only after the sync). */
+static sl_status host_step_of_device(sl_context *ctx, const sl_tensor *t, void *g_dev, uint64_t n) {
+  void *x = malloc(t->nbytes), *g = malloc(t->nbytes);
+  sl_status s = x && g ? SL_OK : SL_ERR_NOMEM;
+  if (s == SL_OK) s = sl_copy_to_host(ctx, x, t->data, t->device, t->nbytes);
+  if (s == SL_OK) s = sl_copy_to_host(ctx, g, g_dev, t->device, t->nbytes);
+  if (s == SL_OK) s = sl__host_sgd_step(x, g, t->dtype, n, 0.01f);
+  if (s == SL_OK) s = ctx->be->copy_async(ctx->be_ctx, t->data, x, t->nbytes, SL_COPY_H2D, NULL);
+  if (s == SL_OK) s = ctx->be->stream_sync(ctx->be_ctx, NULL);
+  free(x);
+  free(g);
+  return s;
+}
+
 static int check_state(job *jb, sl_context *ctx, const sl_state *st, int rank, int world, sl_cpu_offload o,
                        sl_offload_policy pol, const char *combo) {
   sl_placement_decision want;
@@ -191,7 +208,15 @@ static int check_state(job *jb, sl_context *ctx, const sl_state *st, int rank, i
                            : pol.kind == SL_OFFLOAD_CPU ? SL_RULE_INFER_POLICY_CPU
                                                         : SL_RULE_INFER_NO_POLICY;
   int is_sim = strncmp(jb->backend, "sim", 3) == 0;
-  int pinned = dev == SL_DEVICE_CPU && pol.kind == SL_OFFLOAD_CPU && pol.pin_memory && is_sim;
+  /* pinned only where the backend declares pinned host memory (sim, level_zero; not cpu) */
+  int has_pinned = (ctx->be->flags & SL_BACKEND_HAS_PINNED) != 0;
+  SL_CHILD_CHECK(has_pinned == (strcmp(jb->backend, "cpu") != 0), "%s: backend %s declares pinned memory %d", combo,
+                 jb->backend, has_pinned);
+  int pinned = dev == SL_DEVICE_CPU && pol.kind == SL_OFFLOAD_CPU && pol.pin_memory && has_pinned;
+  /* where the module can tell device memory from host memory, the bytes are where the placement says */
+  int tells = !is_sim && SL_HAS_OP(ctx->be, is_device_ptr) && !(ctx->be->flags & SL_BACKEND_DEVICE_IS_HOST);
+  SL_CHILD_CHECK(tells == (strcmp(jb->backend, "level_zero") == 0), "%s: backend %s: is_device_ptr %d", combo,
+                 jb->backend, tells);
   SL_CHILD_CHECK(sl_state_count(st) == NS, "%s: %zu tensors", combo, sl_state_count(st));
   for (size_t i = 0; i < NS; i++) {
     const sl_tensor *t = sl_state_tensor(st, i);
@@ -204,6 +229,10 @@ static int check_state(job *jb, sl_context *ctx, const sl_state *st, int rank, i
       sl__sim_kind k = sl__sim_query(ctx->be_ctx, t->data);
       SL_CHILD_CHECK(k == (dev == SL_DEVICE_ACCELERATOR ? SL__SIM_DEVICE : pinned ? SL__SIM_PINNED : SL__SIM_NONE),
                      "%s: %s memory kind %d", combo, t->name, (int)k);
+    } else if (tells && t->nbytes) {
+      int on_dev = ctx->be->is_device_ptr(ctx->be_ctx, t->data, t->nbytes);
+      SL_CHILD_CHECK(on_dev == (dev == SL_DEVICE_ACCELERATOR), "%s: %s is %s device memory of %s", combo, t->name,
+                     on_dev ? "in" : "not in", jb->backend);
     }
     SL_CHILD_CHECK(t->dtype == sl_dtype_from_name(s->param), "%s: %s dtype %s", combo, t->name, sl_dtype_name(t->dtype));
     expect e = expected_region(s, rank, world, jb->hsdp);
@@ -248,9 +277,12 @@ static int check_state(job *jb, sl_context *ctx, const sl_state *st, int rank, i
       }
       sl_status ss;
       if (t->device == SL_DEVICE_ACCELERATOR) {
-        sl_ext_sgd_step_fn sgd = (sl_ext_sgd_step_fn)ctx->be->get_proc(SL_EXT_SGD_STEP);
-        SL_CHILD_CHECK(sgd != NULL, "%s: backend %s offers no SGD step", combo, jb->backend);
-        ss = sgd(ctx->be_ctx, t->data, g, t->dtype, n, 0.01f);
+        sl_ext_sgd_step_fn sgd =
+            SL_HAS_OP(ctx->be, get_proc) ? (sl_ext_sgd_step_fn)ctx->be->get_proc(SL_EXT_SGD_STEP) : NULL;
+        /* sim has its device step; a module that has none yet (level_zero before its kernels)
+         * steps on the host between two copies */
+        SL_CHILD_CHECK(sgd != NULL || !is_sim, "%s: backend %s offers no SGD step", combo, jb->backend);
+        ss = sgd ? sgd(ctx->be_ctx, t->data, g, t->dtype, n, 0.01f) : host_step_of_device(ctx, t, g, n);
       } else {
         ss = sl__host_sgd_step(t->data, g, t->dtype, n, 0.01f);
       }
@@ -334,6 +366,9 @@ static int rank_main(int rank, int world, void *arg) {
       }
     }
   }
+  if (rank == 0)
+    fprintf(stderr, "world %d%s: %d loads checked on %s (%s), collective %s\n", world, jb->hsdp ? " hsdp" : "",
+            combo_no, sl_context_backend_name(ctx), sl_context_device_description(ctx), jb->want_collective);
   sl_source_destroy(src);
   sl_context_destroy(ctx);
   return 0;
@@ -617,7 +652,110 @@ static int run_mutant(void) {
 }
 #endif
 
-int main(void) {
+/* ---- one loadable backend's matrix: test_matrix --backend NAME --world N [--hsdp] ----------- */
+
+static const char *sel_backend;
+static int sel_world, sel_hsdp, sel_mutant;
+
+/* The module file a mutant's run must have loaded: its own directory's (ze-mutants/N/). */
+static int find_module(struct dl_phdr_info *info, size_t size, void *arg) {
+  char want[64];
+  snprintf(want, sizeof want, "/ze-mutants/%d/libshardload-", sel_mutant);
+  if (info->dlpi_name && strstr(info->dlpi_name, want)) *(int *)arg = 1;
+  return 0;
+}
+
+static int probe_rank(int rank, int world, void *arg) {
+  char err[512] = "";
+  sl_context_options co = {.size = sizeof co, .backend = arg, .world_size = 1, .errbuf = err, .errbuf_size = sizeof err};
+  sl_context *ctx = NULL;
+  if (sl_context_create(&co, &ctx) != SL_OK) {
+    fprintf(stderr, "backend %s does not start here: %s\n", (const char *)arg, err);
+    return 1;
+  }
+  int mutant_loaded = 0;
+  dl_iterate_phdr(find_module, &mutant_loaded);
+  sl_context_destroy(ctx);
+  if (sel_mutant && !mutant_loaded) {
+    fprintf(stderr, "mutant %d: the module loaded is not the mutant's (set SHARDLOAD_MODULE_PATH to ze-mutants/%d)\n",
+            sel_mutant, sel_mutant);
+    return 1;
+  }
+  return 0;
+}
+
+/* The selected backend's matrix, host staging (its collective is Gloo), without and with a
+ * pipeline. A backend that does not start here is skipped only where nothing promised a device:
+ * with ZE_ENABLE_ALT_DRIVERS naming a driver, a level_zero that cannot start is a failure. */
+static void test_selected_backend(void **state) {
+  int code = 1;
+  int promised = strncmp(sel_backend, "level_zero", 10) == 0 && getenv("ZE_ENABLE_ALT_DRIVERS") &&
+                 getenv("ZE_ENABLE_ALT_DRIVERS")[0];
+  /* in a child: a device runtime is never started in the parent that forks the ranks */
+  if (sl_test_spawn(1, probe_rank, (void *)sel_backend, 60000, &code) != 0 || code != 0) {
+    if (promised) fail_msg("%s: ZE_ENABLE_ALT_DRIVERS=%s names a driver, but the backend does not start", sel_backend,
+                           getenv("ZE_ENABLE_ALT_DRIVERS"));
+    skip();
+  }
+  run_job(sel_backend, NULL, "gloo", sel_world, sel_hsdp, 0);
+  run_job(sel_backend, "gloo", "gloo", sel_world, sel_hsdp, 3);
+}
+
+/* A module mutant (backends/level_zero/CMakeLists.txt, sl_ze_mutants): the selected job, without
+ * and with a pipeline, several times (the race a mutant opens is random); any failing rank kills
+ * it. A mutant that does not start, or is not the module loaded, is neither killed nor survived. */
+static int run_module_mutant(void) {
+  int code = 1;
+  if (sl_test_spawn(1, probe_rank, (void *)sel_backend, 60000, &code) != 0 || code != 0) {
+    printf("mutant %d: cannot run the matrix on it (see above)\n", sel_mutant);
+    return 1;
+  }
+  for (int rep = 0; rep < 3; rep++) {
+    for (int slots = 0; slots <= 3; slots += 3) {
+      char sub[96];
+      snprintf(sub, sizeof sub, "ze-mutant-%d-%d-%d", sel_mutant, rep, slots);
+      job jb = {sel_backend, sel_hsdp, sl_test_rendezvous(sub), NULL, "gloo", slots};
+      int codes[8];
+      int bad = sl_test_spawn(sel_world, rank_main, &jb, 240000, codes);
+      free(jb.rdzv);
+      for (int r = 0; r < sel_world; r++) bad |= codes[r] != 0;
+      if (bad) {
+        printf("MUTANT KILLED: %s mutant %d failed the matrix (world %d%s, %d pipeline slots, repetition %d)\n",
+               sel_backend, sel_mutant, sel_world, sel_hsdp ? " hsdp" : "", slots, rep);
+        return 0;
+      }
+    }
+  }
+  printf("%s mutant %d SURVIVED: the matrix passed without that wait or record\n", sel_backend, sel_mutant);
+  return 1;
+}
+
+static int run_selected(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--backend") && i + 1 < argc) sel_backend = argv[++i];
+    else if (!strcmp(argv[i], "--world") && i + 1 < argc) sel_world = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--hsdp")) sel_hsdp = 1;
+    else if (!strcmp(argv[i], "--mutant") && i + 1 < argc) sel_mutant = atoi(argv[++i]);
+    else sel_backend = NULL, i = argc;
+  }
+  if (!sel_backend || (sel_world != 2 && sel_world != 4) || (sel_hsdp && sel_world != 4)) {
+    fprintf(stderr, "usage: %s [--backend NAME --world 2|4 [--hsdp] [--mutant N]]\n", argv[0]);
+    return 2;
+  }
+  if (sel_mutant) {
+    if (setup(NULL) != 0) return 1;
+    int rc = run_module_mutant();
+    teardown(NULL);
+    return rc;
+  }
+  char name[96];
+  snprintf(name, sizeof name, "matrix_%s_w%d%s", sel_backend, sel_world, sel_hsdp ? "_hsdp" : "");
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_selected_backend)};
+  return cmocka_run_group_tests_name(name, tests, setup, teardown);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1) return run_selected(argc, argv);
 #ifdef SL_MATRIX_MUTANT
   if (setup(NULL) != 0) return 1;
   int rc = run_mutant();

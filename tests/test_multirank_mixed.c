@@ -162,6 +162,11 @@ static void check_rank_report(const mixed_job *j, sl_context *ctx, int rank) {
     CHECK(strncmp(desc, dev, strlen(dev)) == 0, "rank %d: device %s, expected %s...", rank, desc, dev);
     CHECK((strstr(desc, ", strict)") != NULL) == (strcmp(asked, "sim:strict") == 0),
                    "rank %d (%s): device %s", rank, asked, desc);
+  } else if (!strcmp(base, "level_zero")) {
+    /* the local rank's own device of the test driver's (CTest gives it ZEDRV_DEVICES=4) */
+    const char *nd = getenv("ZEDRV_DEVICES");
+    snprintf(dev, sizeof dev, "level_zero:%d ", nd && atoi(nd) > 0 ? rank % atoi(nd) : 0);
+    CHECK(strncmp(desc, dev, strlen(dev)) == 0, "rank %d: device %s, expected %s...", rank, desc, dev);
   } else if (!strcmp(base, "hostmem")) {
     CHECK(strncmp(desc, "hostmem (out-of-tree", 20) == 0, "rank %d: device %s", rank, desc);
   } else {
@@ -200,6 +205,11 @@ static void check_placement(const mixed_job *j, sl_context *ctx, const sl_tensor
     sl__sim_kind want = place == 0 ? SL__SIM_DEVICE : pinned ? SL__SIM_PINNED : SL__SIM_NONE;
     CHECK(k == want, "%s: rank %d: %s is in sim memory kind %d, expected %d", combo, rank, t->name, (int)k,
                    (int)want);
+  } else if (!strcmp(be, "level_zero") && t->nbytes) {
+    /* the module tells its device memory (zeMemGetAllocProperties) from host memory */
+    int on_dev = ctx->be->is_device_ptr(ctx->be_ctx, t->data, t->nbytes);
+    CHECK(on_dev == (place == 0), "%s: rank %d: %s is %s level_zero device memory", combo, rank, t->name,
+          on_dev ? "in" : "not in");
   }
   (void)j;
 }
@@ -400,7 +410,7 @@ static int backend_runs(const char *backend) {
  * run; Level Zero joins the list when its module exists): Gloo with host staging, whichever
  * rank comes first, and the same bytes as the cpu load. */
 static void test_gpu_vendor_rank(void **state) {
-  static const char *vendors[] = {"cuda", "hip", "level_zero"};
+  static const char *vendors[] = {"cuda", "hip"}; /* level_zero: test_level_zero_ranks */
   int ran = 0;
   for (size_t v = 0; v < sizeof vendors / sizeof vendors[0]; v++) {
     if (!backend_runs(vendors[v])) continue;
@@ -418,6 +428,45 @@ static void test_gpu_vendor_rank(void **state) {
     ran++;
   }
   if (!ran) skip();
+}
+
+/* ---- level_zero ranks, over the test driver ------------------------------------------------------ */
+
+/* Whether this run promises a level_zero rank: ZE_ENABLE_ALT_DRIVERS names the test driver and
+ * SHARDLOAD_LEVEL_ZERO_MODULES the module's directory (CTest sets both where the driver and the
+ * module are built). Then a level_zero that does not start is a failure, never a skip. */
+static int level_zero_promised(void) {
+  const char *alt = getenv("ZE_ENABLE_ALT_DRIVERS"), *mods = getenv("SHARDLOAD_LEVEL_ZERO_MODULES");
+  if (!alt || !*alt || !mods || !*mods) return 0;
+  setenv("SHARDLOAD_MODULE_PATH", mods, 1);
+  return 1;
+}
+
+/* cpu, sim, sim:strict and level_zero ranks in one job (each rank its own device: ZEDRV_DEVICES=4
+ * gives rank r the driver's device r), over worlds 3 and 4 and the 2x2 HSDP mesh, with level_zero
+ * first (it prefers no device collective: host staging from the start), second and twice; every
+ * rank bit for bit against the cpu load and its own report checked. */
+static void test_level_zero_ranks(void **state) {
+  if (!level_zero_promised()) {
+    fprintf(stderr, "no level_zero here (ZE_ENABLE_ALT_DRIVERS and SHARDLOAD_LEVEL_ZERO_MODULES unset)\n");
+    skip();
+  }
+  if (!backend_runs("level_zero"))
+    fail_msg("ZE_ENABLE_ALT_DRIVERS=%s names a driver, but level_zero does not start (see above)",
+             getenv("ZE_ENABLE_ALT_DRIVERS"));
+  mixed_job a = {.world = 3, .backend = {"level_zero", "cpu", "sim:strict"}, .collective = "gloo",
+                 .reason = "gloo: backend level_zero of rank 0 stages through host memory"};
+  run_mixed(&a, "lz-w3-first");
+  mixed_job b = {.world = 4, .backend = {"sim", "level_zero", "sim:strict", "cpu"}, .collective = "gloo",
+                 .reason = "gloo: rank 1 cannot run simccl"};
+  run_mixed(&b, "lz-w4");
+  mixed_job c = {.world = 4, .hsdp = 1, .backend = {"cpu", "sim:strict", "level_zero", "sim"}, .collective = "gloo",
+                 .reason = "gloo: backend cpu of rank 0 stages through host memory"};
+  run_mixed(&c, "lz-hsdp");
+  mixed_job d = {.world = 4, .hsdp = 1, .backend = {"level_zero", "sim", "cpu", "level_zero"}, .collective = "gloo",
+                 .reason = "gloo: backend level_zero of rank 0 stages through host memory"};
+  run_mixed(&d, "lz-hsdp-twice");
+  unsetenv("SHARDLOAD_MODULE_PATH");
 }
 
 /* ---- a loadable backend's rank ---------------------------------------------------------------- */
@@ -596,6 +645,9 @@ static void check_cli_rank(const char *dir, const char *tag, const char *ref, in
   assert_string_equal(jstr(m, "backend"), base);
   if (!strcmp(base, "cpu")) {
     assert_string_equal(desc, "cpu (host memory)");
+  } else if (!strcmp(base, "level_zero")) {
+    if (strncmp(desc, "level_zero:", 11) != 0 || strstr(desc, "shardload Level Zero test device") == NULL)
+      fail_msg("%s rank %d: device %s", tag, rank, desc);
   } else {
     char dev[32];
     snprintf(dev, sizeof dev, "sim:%d (", rank);
@@ -631,14 +683,25 @@ static void check_cli_rank(const char *dir, const char *tag, const char *ref, in
 
 /* Worlds 3 and 4 and the 2x2 HSDP mesh through the command, each rank given its own --backend:
  * every rank's report and dump against the same job on cpu. */
+typedef struct cli_mixed {
+  const char *tag;
+  int world;
+  const char *backends[MAX_WORLD];
+  const char *args, *placement, *reason;
+} cli_mixed;
+
+static void run_cli_mixed(const char *dir, const cli_mixed *j) {
+  char ref[40];
+  snprintf(ref, sizeof ref, "%s-cpu", j->tag);
+  const char *cpus[MAX_WORLD] = {"cpu", "cpu", "cpu", "cpu"};
+  cli_job(dir, ref, j->world, cpus, j->args);
+  cli_job(dir, j->tag, j->world, j->backends, j->args);
+  for (int r = 0; r < j->world; r++) check_cli_rank(dir, j->tag, ref, r, j->backends[r], j->placement, j->reason);
+}
+
 static void test_cli_mixed_ranks(void **state) {
   char *dir = sl_test_dir("cli");
-  static const struct {
-    const char *tag;
-    int world;
-    const char *backends[MAX_WORLD];
-    const char *args, *placement, *reason;
-  } jobs[] = {
+  static const cli_mixed jobs[] = {
       {"w3", 3, {"sim", "cpu", "sim:strict"}, "--cpu-offload off", "device", "gloo: rank 1 cannot run simccl"},
       {"w3on", 3, {"cpu", "sim:strict", "sim"}, "--cpu-offload on --source every-rank --strategy broadcast", "cpu",
        "gloo: backend cpu of rank 0 stages through host memory"},
@@ -647,14 +710,17 @@ static void test_cli_mixed_ranks(void **state) {
       {"hsdp", 4, {"sim", "cpu", "sim:strict", "cpu"}, "--cpu-offload off --mesh 2x2", "device",
        "gloo: rank 1 cannot run simccl"},
   };
-  for (size_t k = 0; k < sizeof jobs / sizeof jobs[0]; k++) {
-    char ref[40];
-    snprintf(ref, sizeof ref, "%s-cpu", jobs[k].tag);
-    const char *cpus[MAX_WORLD] = {"cpu", "cpu", "cpu", "cpu"};
-    cli_job(dir, ref, jobs[k].world, cpus, jobs[k].args);
-    cli_job(dir, jobs[k].tag, jobs[k].world, jobs[k].backends, jobs[k].args);
-    for (int r = 0; r < jobs[k].world; r++)
-      check_cli_rank(dir, jobs[k].tag, ref, r, jobs[k].backends[r], jobs[k].placement, jobs[k].reason);
+  /* a level_zero rank over the test driver, where this run has one (required there) */
+  static const cli_mixed lz_jobs[] = {
+      {"lz3", 3, {"level_zero", "sim:strict", "cpu"}, "--cpu-offload off", "device",
+       "gloo: backend level_zero of rank 0 stages through host memory"},
+      {"lzhsdp", 4, {"sim", "level_zero", "cpu", "sim:strict"}, "--cpu-offload off --mesh 2x2 --source every-rank",
+       "device", "gloo: rank 1 cannot run simccl"},
+  };
+  for (size_t k = 0; k < sizeof jobs / sizeof jobs[0]; k++) run_cli_mixed(dir, &jobs[k]);
+  if (level_zero_promised()) {
+    for (size_t k = 0; k < sizeof lz_jobs / sizeof lz_jobs[0]; k++) run_cli_mixed(dir, &lz_jobs[k]);
+    unsetenv("SHARDLOAD_MODULE_PATH");
   }
   free(dir);
 }
@@ -668,6 +734,7 @@ int main(void) {
       cmocka_unit_test(test_sim_variants_keep_simccl),
       cmocka_unit_test(test_loadable_backend_rank),
       cmocka_unit_test(test_gpu_vendor_rank),
+      cmocka_unit_test(test_level_zero_ranks),
       cmocka_unit_test(test_rank_whose_backend_fails),
       cmocka_unit_test(test_cli_mixed_ranks),
   };

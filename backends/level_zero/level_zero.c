@@ -50,6 +50,13 @@
 #include "ze_cast.h"
 #include "ze_rt.h"
 
+/* Mutation hooks (tests/mutants.cmake builds the module with SL_ZE_MUTANT=n): SL_ZE_KEEP(n) is 0
+ * in mutant n, which drops that one wait or record; the matrix over the test driver must fail. */
+#ifndef SL_ZE_MUTANT
+#define SL_ZE_MUTANT 0
+#endif
+#define SL_ZE_KEEP(n) (SL_ZE_MUTANT != (n))
+
 #define SL_ZE_POOL_EVENTS 64u
 #define SL_ZE_SLICE_NS 20000000ull /* 20 ms: one zeEventHostSynchronize slice of a bounded sync */
 
@@ -806,7 +813,7 @@ static sl_status stream_append_locked(sl_ze_be *be, sl_ze_stream *s, const sl_ze
     /* the wait, then a barrier that orders it (and the tail) before what follows and signals */
     what = "zeCommandListAppendWaitOnEvents";
     ze_event_handle_t we = c->waited->ev;
-    r = sl__ze.CommandListAppendWaitOnEvents(s->list, 1, &we);
+    r = SL_ZE_KEEP(1) ? sl__ze.CommandListAppendWaitOnEvents(s->list, 1, &we) : ZE_RESULT_SUCCESS;
     if (r == ZE_RESULT_SUCCESS) {
       wait_queued = 1;
       what = "zeCommandListAppendBarrier";
@@ -846,7 +853,8 @@ static sl_status ze_event_record(void *h, void *event, void *stream) {
   /* the record is the stream's tail: it signals once everything queued before it completed */
   pthread_mutex_lock(&be->mu);
   sl_ze_rec *old = e->last;
-  e->last = s->tail;
+  e->last = SL_ZE_KEEP(2) ? s->tail : NULL;
+  if (!SL_ZE_KEEP(3) && s->tail && s->tail->deps[0]) e->last = s->tail->deps[0];
   if (e->last) e->last->refs++;
   if (old) rec_put_locked(be, old);
   pthread_mutex_unlock(&be->mu);
@@ -879,7 +887,7 @@ static sl_status ze_event_sync(void *h, void *event) {
   sl_ze_be *be = h;
   sl_ze_event *e = event;
   pthread_mutex_lock(&be->mu);
-  sl_ze_rec *r = e->last;
+  sl_ze_rec *r = SL_ZE_KEEP(4) ? e->last : NULL;
   if (r) r->refs++;
   pthread_mutex_unlock(&be->mu);
   sl_status s = wait_and_put(be, r, "event_sync");
@@ -888,7 +896,7 @@ static sl_status ze_event_sync(void *h, void *event) {
 
 static sl_status ze_stream_sync(void *h, void *stream) {
   sl_ze_be *be = h;
-  sl_status s = wait_and_put(be, tail_ref(be, stream_of(be, stream)), "stream_sync");
+  sl_status s = SL_ZE_KEEP(5) ? wait_and_put(be, tail_ref(be, stream_of(be, stream)), "stream_sync") : SL_OK;
   return s != SL_OK ? s : check_sticky(be);
 }
 
@@ -1011,7 +1019,7 @@ static sl_status ze_launch_host_fn(void *h, void *stream, sl_status (*fn)(void *
   if (st == SL_OK) {
     j->fn = fn;
     j->arg = arg;
-    j->after = s->tail;
+    j->after = SL_ZE_KEEP(6) ? s->tail : NULL;
     if (j->after) j->after->refs++;
     out->refs++; /* the job's; the first is the stream's, as its tail */
     j->done = out;

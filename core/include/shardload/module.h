@@ -213,7 +213,10 @@ typedef struct sl_backend_ops {
   sl_status (*copy_2d_async)(void *be, void *dst, size_t dpitch, const void *src, size_t spitch,
                              size_t width, size_t height, sl_copy_kind kind, void *stream);
   /* Complete on return: page-locks a caller's host range (BYTES > 0) so copies treat it as
-   * pinned; unregister before the caller frees it. unregister_host: callable from any thread. */
+   * pinned; unregister before the caller frees it. SL_ERR_UNSUPPORTED (not sticky, with fail's
+   * reason) where the runtime cannot pin that range (Level Zero without host-pointer import):
+   * the range stays pageable, is not to be unregistered, and the core reports it not pinned.
+   * unregister_host: callable from any thread. */
   sl_status (*register_host)(void *be, void *ptr, size_t bytes);
   void (*unregister_host)(void *be, void *ptr);
   /* Complete on return: whether [ptr, ptr+bytes) is device memory of this backend. */
