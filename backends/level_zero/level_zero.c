@@ -3,11 +3,20 @@
  *
  * Streams are immediate command lists: copies on the device's copy-only queue group (found by
  * its flags; the compute group where there is none), kernels, once there are any, on a compute
- * group. Level Zero orders the commands of a list only through events and barriers, so every
- * command a stream appends signals a Level Zero event of its own and waits for the event of
- * the command before it: a stream's TAIL (its last command's event) completes once everything
- * queued on it has, and the commands run in the order they were queued whatever the driver's
- * reading of "in order".
+ * group. A stream is in order (module.h), a Level Zero list is not: "Commands executed on a
+ * command list are only guaranteed to start in the same order in which they are submitted;
+ * i.e. there is no implicit definition of the order of completion" (spec, Execution Barriers).
+ * Two ways to order them: the in-order flag (ZE_COMMAND_QUEUE_FLAG_IN_ORDER) or events and
+ * barriers. The flag came with spec 1.7: the 1.8.12 loader's headers (API 1.4) lack it, its
+ * validation layer refuses it (ZE_RESULT_ERROR_INVALID_ENUMERATION), and a driver older than 1.7
+ * may ignore the bit and run the list unordered. Events and barriers are core since 1.0 and
+ * every driver honours them, so every command a stream appends signals a Level Zero event of its
+ * own and waits for the event of the command before it ("Events provide explicit, fine-grain
+ * control over execution dependencies between commands"): a stream's TAIL (its last command's
+ * event) completes once everything queued on it has, and the commands run in the order they
+ * were queued. A stream's wait is one barrier that waits for the tail and the awaited record
+ * ("only all phWaitEvents must be signaled prior to the execution of the barrier"; "This command
+ * blocks all following commands from beginning until the execution of the barrier completes").
  *
  * Events (module.h: an event stands for its last record). Level Zero events signal once and
  * are reset only by the host, so the module's events are not Level Zero events: a RECORD (one
@@ -759,7 +768,6 @@ static sl_status stream_append_locked(sl_ze_be *be, sl_ze_stream *s, const sl_ze
   ze_event_handle_t pw = prev ? prev->ev : NULL;
   ze_result_t r;
   const char *what;
-  int wait_queued = 0; /* a queued wait names c->waited from here on */
   if (c->kind == CMD_COPY) {
     what = "zeCommandListAppendMemoryCopy";
     r = sl__ze.CommandListAppendMemoryCopy(s->list, c->dst, c->src, c->bytes, out->ev, prev ? 1 : 0, prev ? &pw : NULL);
@@ -772,15 +780,11 @@ static sl_status stream_append_locked(sl_ze_be *be, sl_ze_stream *s, const sl_ze
     r = sl__ze.CommandListAppendMemoryCopyRegion(s->list, c->dst, &reg, c->dpitch, 0, c->src, &reg, c->spitch, 0,
                                                  out->ev, prev ? 1 : 0, prev ? &pw : NULL);
   } else {
-    /* the wait, then a barrier that orders it (and the tail) before what follows and signals */
-    what = "zeCommandListAppendWaitOnEvents";
-    ze_event_handle_t we = c->waited->ev;
-    r = sl__ze.CommandListAppendWaitOnEvents(s->list, 1, &we);
-    if (r == ZE_RESULT_SUCCESS) {
-      wait_queued = 1;
-      what = "zeCommandListAppendBarrier";
-      r = sl__ze.CommandListAppendBarrier(s->list, out->ev, prev ? 1 : 0, prev ? &pw : NULL);
-    }
+    /* one barrier waits for the tail and the awaited record, and signals: no separate
+     * zeCommandListAppendWaitOnEvents, whose ordering of later commands the spec does not state */
+    what = "zeCommandListAppendBarrier";
+    ze_event_handle_t we[2] = {c->waited->ev, pw};
+    r = sl__ze.CommandListAppendBarrier(s->list, out->ev, prev ? 2 : 1, we);
   }
   pthread_mutex_lock(&be->mu);
   if (r == ZE_RESULT_SUCCESS) {
@@ -792,9 +796,7 @@ static sl_status stream_append_locked(sl_ze_be *be, sl_ze_stream *s, const sl_ze
     out->refs = 0;
     out->next = be->free;
     be->free = out;
-    /* a wait queued without its barrier keeps its record for good (never reset under it); the
-     * stream is broken anyway (sticky) */
-    if (c->waited && !wait_queued) rec_put_locked(be, c->waited);
+    if (c->waited) rec_put_locked(be, c->waited);
   }
   pthread_mutex_unlock(&be->mu);
   return r == ZE_RESULT_SUCCESS ? SL_OK : append_failed(be, what, r);
