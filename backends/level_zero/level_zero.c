@@ -38,6 +38,12 @@
  * record on the consumer's command list; free_device_after keeps the buffers with those records
  * and frees them at a later call once all have signalled (fini waits for them, bounded).
  *
+ * fini waits, bounded by the job's timeout, for every stream's tail and every record whose
+ * signal may be pending (a consumer's, whose sl event is gone already) before it destroys the
+ * event pools; where that work outlasts the timeout, or a stream given up (SL_EXT_STREAM_ABANDON)
+ * is still busy, it leaves pools and context behind, with a warning, rather than destroy them
+ * under the device.
+ *
  * Host functions (Level Zero has none): a thread of the module's waits for the stream's tail,
  * runs the function and signals, from the host, the record that becomes the stream's tail.
  *
@@ -60,6 +66,7 @@ typedef struct sl_ze_rec {
   ze_event_handle_t ev;
   int refs;
   int done;                 /* observed signalled since its last reset */
+  int out;                  /* handed out (off the free list): a signal may be pending */
   struct sl_ze_rec *deps[2]; /* what the command signalling it waited for: released once it is done */
   struct sl_ze_rec *next;    /* on the free or the retired list */
 } sl_ze_rec;
@@ -121,6 +128,9 @@ typedef struct sl_ze_be {
   sl_ze_pool *pools;
   sl_ze_rec *free, *retired;
   sl_ze_stream dflt, *streams;
+  /* streams given up with their work (SL_EXT_STREAM_ABANDON, or a stream_destroy whose work
+   * outlasted the timeout): no sync waits for them; fini destroys them only once idle */
+  sl_ze_stream *abandoned;
   sl_ze_deferred *deferred; /* free_device_after's, oldest last */
   /* host functions: one thread for the instance, started by the first, FIFO (under mu) */
   pthread_cond_t hf_cond;
@@ -223,6 +233,7 @@ static void reap_locked(sl_ze_be *be) {
       list = r->next;
       if (r->refs == 0 && rec_poll_locked(be, r) == 1 && sl__ze.EventHostReset(r->ev) == ZE_RESULT_SUCCESS) {
         r->done = 0;
+        r->out = 0;
         r->next = be->free;
         be->free = r;
         progress = 1;
@@ -280,6 +291,7 @@ static sl_status rec_get_locked(sl_ze_be *be, sl_ze_rec **out, char *why, size_t
   r->next = NULL;
   r->refs = 1;
   r->done = 0;
+  r->out = 1;
   *out = r;
   return SL_OK;
 }
@@ -497,6 +509,40 @@ fail:
 /* Waits (bounded) for every stream's tail; 0 when one did not complete in time. */
 static int settle_all(sl_ze_be *be);
 
+/* 1 when every abandoned stream's work has completed (or failed): one look, no wait. */
+static int abandoned_idle(sl_ze_be *be) {
+  int idle = 1;
+  pthread_mutex_lock(&be->mu);
+  for (sl_ze_stream *s = be->abandoned; s && idle; s = s->next)
+    if (s->tail && rec_poll_locked(be, s->tail) == 0) idle = 0;
+  pthread_mutex_unlock(&be->mu);
+  return idle;
+}
+
+/* Waits, within one job's timeout for them all, for every record handed out whose signal may
+ * still be pending: the streams' are done by now (their tails were), so these are the records
+ * event_record_native put on consumers' command lists, whose events the core may have
+ * destroyed already. 0 when one did not signal in time (destroying its pool under it is what
+ * the spec forbids: "The application must ensure the device is not currently referencing the
+ * any event within the pool before it is deleted"). */
+static int settle_outstanding(sl_ze_be *be) {
+  sl_deadline dl = sl_deadline_in_ms(sl_timeout_ms(be->timeout_ms));
+  for (sl_ze_pool *p = be->pools; p; p = p->next)
+    for (uint32_t i = 0; i < SL_ZE_POOL_EVENTS; i++) {
+      sl_ze_rec *r = &p->recs[i];
+      for (;;) {
+        pthread_mutex_lock(&be->mu);
+        int pending = r->out && rec_poll_locked(be, r) == 0;
+        pthread_mutex_unlock(&be->mu);
+        if (!pending) break;
+        ze_result_t q = sl__ze.EventHostSynchronize(r->ev, SL_ZE_SLICE_NS);
+        if (q != ZE_RESULT_SUCCESS && q != ZE_RESULT_NOT_READY) break; /* failed (device lost): nothing runs */
+        if (q == ZE_RESULT_NOT_READY && sl_deadline_passed(dl)) return 0;
+      }
+    }
+  return 1;
+}
+
 static void ze_fini(void *h) {
   sl_ze_be *be = h;
   if (!be) return;
@@ -534,6 +580,25 @@ static void ze_fini(void *h) {
     pthread_cond_broadcast(&be->hf_cond);
     pthread_mutex_unlock(&be->mu);
     pthread_join(be->hf_thread, NULL);
+  }
+  if (!abandoned_idle(be)) {
+    be->host->log(be->host->core, SL_LOG_WARN,
+                  "level_zero:%d: a stream given up with its work (abandoned, or destroyed past the job's timeout) "
+                  "still has work on the device; it, the module's events and its context are left behind",
+                  be->ordinal);
+    return;
+  }
+  if (!settle_outstanding(be)) {
+    be->host->log(be->host->core, SL_LOG_WARN,
+                  "level_zero:%d: events the module recorded on another's command list (event_record_native) have "
+                  "not signalled within the job's timeout (%d ms): the module's event pools and context are left "
+                  "behind rather than destroyed under that work", be->ordinal, sl_timeout_ms(be->timeout_ms));
+    return;
+  }
+  for (sl_ze_stream *s = be->abandoned, *nx; s; s = nx) {
+    nx = s->next;
+    sl__ze.CommandListDestroy(s->list);
+    free(s);
   }
   for (sl_ze_stream *s = be->streams, *nx; s; s = nx) {
     nx = s->next;
@@ -712,10 +777,35 @@ static void ze_stream_destroy(void *h, void *stream) {
       *p = s->next;
       break;
     }
+  if (!settled) { /* its work goes on: kept (list and tail) for fini, which never destroys it busy */
+    s->next = be->abandoned;
+    be->abandoned = s;
+    pthread_mutex_unlock(&be->mu);
+    return;
+  }
   if (s->tail) rec_put_locked(be, s->tail);
   pthread_mutex_unlock(&be->mu);
-  if (settled) sl__ze.CommandListDestroy(s->list);
+  sl__ze.CommandListDestroy(s->list);
   free(s);
+}
+
+/* SL_EXT_STREAM_ABANDON: the stream leaves the list that synchronize and fini wait for, keeping
+ * its command list and its tail (so that no record its work signals or waits for is reset under
+ * it); fini destroys it if it has gone idle by then, and otherwise leaves the module's events and
+ * context behind with it. Never waits. */
+static void ze_stream_abandon(void *h, void *stream) {
+  sl_ze_be *be = h;
+  sl_ze_stream *s = stream;
+  if (!s) return;
+  pthread_mutex_lock(&be->mu);
+  for (sl_ze_stream **p = &be->streams; *p; p = &(*p)->next)
+    if (*p == s) {
+      *p = s->next;
+      s->next = be->abandoned;
+      be->abandoned = s;
+      break;
+    }
+  pthread_mutex_unlock(&be->mu);
 }
 
 static sl_status ze_event_create(void *h, void **out) {
@@ -794,6 +884,7 @@ static sl_status stream_append_locked(sl_ze_be *be, sl_ze_stream *s, const sl_ze
   } else {
     /* nothing signals OUT: back to the free list at once */
     out->refs = 0;
+    out->out = 0;
     out->next = be->free;
     be->free = out;
     if (c->waited) rec_put_locked(be, c->waited);
@@ -1037,6 +1128,7 @@ static sl_status ze_event_record_native(void *h, void *event, void *native) {
   pthread_mutex_lock(&be->mu);
   if (r != ZE_RESULT_SUCCESS) {
     out->refs = 0; /* nothing signals it */
+    out->out = 0;
     out->next = be->free;
     be->free = out;
   } else {
@@ -1129,6 +1221,7 @@ static void *ze_get_proc(const char *name) {
   if (!name) return NULL;
   if (strcmp(name, SL_EXT_NATIVE_STREAM) == 0) return (void *)(sl_ext_native_stream_fn)ze_native_stream;
   if (strcmp(name, SL_EXT_TRAFFIC) == 0) return (void *)(sl_ext_traffic_fn)ze_traffic;
+  if (strcmp(name, SL_EXT_STREAM_ABANDON) == 0) return (void *)(sl_ext_stream_abandon_fn)ze_stream_abandon;
   return NULL;
 }
 

@@ -13,6 +13,7 @@
  * command bit-exact against cpu. What every backend owes the ABI is the conformance suite's. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -490,6 +491,32 @@ static void test_dev_syncs_bounded_by_the_timeout(void **state) {
   ops->fini(be);
 }
 
+/* SL_EXT_STREAM_ABANDON on a stream whose work completes: synchronize does not wait for it, and
+ * fini, finding it idle, destroys it (ZEDRV_MISUSE=abort: a list left in the context would be
+ * misuse at the context's destruction). */
+static void test_dev_abandon_idle_stream(void **state) {
+  sl_ext_stream_abandon_fn abandon = (sl_ext_stream_abandon_fn)ops->get_proc(SL_EXT_STREAM_ABANDON);
+  assert_non_null(abandon);
+  void *s = NULL, *d = NULL;
+  static unsigned char h[4096], back[4096];
+  memset(h, 0x3c, sizeof h);
+  OK(ops->stream_create(g_be, &s));
+  OK(ops->alloc_device(g_be, sizeof h, &d));
+  OK(ops->copy_async(g_be, d, h, sizeof h, SL_COPY_H2D, s));
+  OK(ops->copy_async(g_be, back, d, sizeof h, SL_COPY_D2H, s));
+  abandon(g_be, s);
+  abandon(g_be, NULL); /* nothing */
+  OK(ops->synchronize(g_be));
+  /* the abandoned stream's work still runs to its end */
+  double t0 = mono_s();
+  while (back[sizeof back - 1] != 0x3c) {
+    assert_true(mono_s() - t0 < 10);
+    usleep(1000);
+  }
+  usleep(20000);
+  ops->free_device(g_be, d);
+}
+
 /* fini behind 3 s of work: bounded by the timeout, leaving the work (and the context) behind
  * with a warning. A process of its own (--fini-behind): what is left behind is alive at exit,
  * which the test driver reports (ZEDRV_MISUSE must not abort there); nothing else may be. */
@@ -526,6 +553,171 @@ static void test_dev_fini_behind_slow_work(void **state) {
   assert_true(took < 1.5);
   assert_int_equal(warned, 1);
   assert_int_equal(bad, 0); /* leaving behind destroyed nothing under the work */
+}
+
+/* A consumer of the module's events (DLPack): a command list of its own whose work waits for a
+ * gate that only the host opens, so that a record the module puts behind it (event_record_native)
+ * is pending until the test says. (The test driver lets a list of another context signal the
+ * module's event; a real driver would want the module's context.) */
+typedef struct {
+  ze_context_handle_t ctx;
+  ze_command_list_handle_t list;
+  ze_event_pool_handle_t pool;
+  ze_event_handle_t gate, done;
+} consumer;
+
+static void consumer_open(consumer *c, ze_driver_handle_t drv) {
+  uint32_t n = 1;
+  ze_device_handle_t dev = NULL;
+  assert_int_equal(sl__ze.DeviceGet(drv, &n, &dev), ZE_RESULT_SUCCESS);
+  ze_context_desc_t cd = {.stype = ZE_STRUCTURE_TYPE_CONTEXT_DESC};
+  assert_int_equal(sl__ze.ContextCreate(drv, &cd, &c->ctx), ZE_RESULT_SUCCESS);
+  ze_command_queue_desc_t qd = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC, .mode = ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS};
+  assert_int_equal(sl__ze.CommandListCreateImmediate(c->ctx, dev, &qd, &c->list), ZE_RESULT_SUCCESS);
+  ze_event_pool_desc_t pd = {.stype = ZE_STRUCTURE_TYPE_EVENT_POOL_DESC, .flags = ZE_EVENT_POOL_FLAG_HOST_VISIBLE, .count = 2};
+  assert_int_equal(sl__ze.EventPoolCreate(c->ctx, &pd, 1, &dev, &c->pool), ZE_RESULT_SUCCESS);
+  ze_event_desc_t ed = {.stype = ZE_STRUCTURE_TYPE_EVENT_DESC, .index = 0};
+  assert_int_equal(sl__ze.EventCreate(c->pool, &ed, &c->gate), ZE_RESULT_SUCCESS);
+  ed.index = 1;
+  assert_int_equal(sl__ze.EventCreate(c->pool, &ed, &c->done), ZE_RESULT_SUCCESS);
+  /* the consumer's work: a wait for the gate (a barrier: what follows waits for it) */
+  assert_int_equal(sl__ze.CommandListAppendBarrier(c->list, NULL, 1, &c->gate), ZE_RESULT_SUCCESS);
+}
+
+static void consumer_close(consumer *c) {
+  assert_int_equal(sl__ze.CommandListAppendBarrier(c->list, c->done, 0, NULL), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.EventHostSynchronize(c->done, 10000000000ull), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.CommandListDestroy(c->list), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.EventDestroy(c->gate), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.EventDestroy(c->done), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.EventPoolDestroy(c->pool), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.ContextDestroy(c->ctx), ZE_RESULT_SUCCESS);
+}
+
+static void *open_gate_later(void *arg) {
+  usleep(200000);
+  sl__ze.EventHostSignal(((consumer *)arg)->gate);
+  return NULL;
+}
+
+static uint64_t misuses(ze_driver_handle_t drv) {
+  ze_result_t (*misuse)(ze_driver_handle_t, uint64_t *) = NULL;
+  uint64_t n = 0;
+  assert_int_equal(sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvGetMisuseCount", (void **)&misuse),
+                   ZE_RESULT_SUCCESS);
+  assert_int_equal(misuse(drv, &n), ZE_RESULT_SUCCESS);
+  return n;
+}
+
+/* A record the module put on a consumer's list, its sl event destroyed already (the core's
+ * DLPack path): fini waits for it (bounded by the job's timeout) before it destroys its event
+ * pools. Behind a gate opened 200 ms in, within a 2 s timeout: fini waits for it and destroys
+ * everything, with no warning and nothing destroyed under the device (the driver counts that). */
+static void test_dev_fini_waits_for_consumer_records(void **state) {
+  uint32_t n = 1;
+  ze_driver_handle_t drv = NULL;
+  assert_true(sl__ze_ready());
+  assert_int_equal(sl__ze.DriverGet(&n, &drv), ZE_RESULT_SUCCESS);
+  uint64_t before = misuses(drv);
+  static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
+  sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
+                        .ops = ops, .timeout_ms = 2000};
+  void *be = NULL, *ev = NULL;
+  consumer c;
+  consumer_open(&c, drv);
+  OK(ops->init(&in, &be));
+  OK(ops->event_create(be, &ev));
+  OK(ops->event_record_native(be, ev, c.list));
+  ops->event_destroy(be, ev);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, open_gate_later, &c), 0);
+  warned = 0;
+  double t0 = mono_s();
+  ops->fini(be);
+  double took = mono_s() - t0;
+  pthread_join(t, NULL);
+  uint64_t bad = misuses(drv) - before;
+  printf("# fini behind a consumer's record (gate at 200 ms): %.2f s, %d warning(s), %llu misuse(s)\n", took, warned,
+         (unsigned long long)bad);
+  assert_true(took >= 0.15 && took < 1.9);
+  assert_int_equal(warned, 0);
+  assert_int_equal(bad, 0);
+  consumer_close(&c);
+  assert_int_equal(misuses(drv) - before, 0);
+}
+
+/* The same with the gate shut past the 300 ms timeout: fini gives up in time and leaves its
+ * pools and context behind with a warning, destroying nothing under the consumer's work. */
+static void test_dev_fini_leaves_pools_behind_consumer_records(void **state) {
+  uint32_t n = 1;
+  ze_driver_handle_t drv = NULL;
+  assert_true(sl__ze_ready());
+  assert_int_equal(sl__ze.DriverGet(&n, &drv), ZE_RESULT_SUCCESS);
+  uint64_t before = misuses(drv);
+  static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
+  sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
+                        .ops = ops, .timeout_ms = 300};
+  void *be = NULL, *ev = NULL;
+  consumer c;
+  consumer_open(&c, drv);
+  OK(ops->init(&in, &be));
+  OK(ops->event_create(be, &ev));
+  OK(ops->event_record_native(be, ev, c.list));
+  ops->event_destroy(be, ev);
+  warned = 0;
+  double t0 = mono_s();
+  ops->fini(be);
+  double took = mono_s() - t0;
+  uint64_t bad = misuses(drv) - before;
+  printf("# fini behind a consumer's shut gate, timeout 300 ms: %.2f s, %d warning(s), %llu misuse(s)\n", took, warned,
+         (unsigned long long)bad);
+  assert_true(took >= 0.25 && took < 1.5);
+  assert_int_equal(warned, 1);
+  assert_int_equal(bad, 0);
+  assert_int_equal(sl__ze.EventHostSignal(c.gate), ZE_RESULT_SUCCESS);
+  consumer_close(&c);
+  assert_int_equal(misuses(drv) - before, 0);
+}
+
+/* SL_EXT_STREAM_ABANDON: a stream given up with 3 s of work is waited for by no sync (synchronize
+ * returns at once) and, still busy at fini, is left behind with the module's events and
+ * context (a warning), nothing destroyed under it. */
+static void test_dev_abandon_busy_stream(void **state) {
+  uint32_t n = 1;
+  ze_driver_handle_t drv = NULL;
+  ze_result_t (*delay)(ze_driver_handle_t, uint32_t, uint32_t) = NULL;
+  assert_true(sl__ze_ready());
+  assert_int_equal(sl__ze.DriverGet(&n, &drv), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvSetDelayUs", (void **)&delay), ZE_RESULT_SUCCESS);
+  uint64_t before = misuses(drv);
+  sl_ext_stream_abandon_fn abandon = (sl_ext_stream_abandon_fn)ops->get_proc(SL_EXT_STREAM_ABANDON);
+  assert_non_null(abandon);
+  static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
+  sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
+                        .ops = ops, .timeout_ms = 2000};
+  void *be = NULL, *s = NULL, *d = NULL;
+  static unsigned char h[4096];
+  OK(ops->init(&in, &be));
+  OK(ops->stream_create(be, &s));
+  OK(ops->alloc_device(be, sizeof h, &d));
+  assert_int_equal(delay(drv, 3000000, 3000000), ZE_RESULT_SUCCESS);
+  OK(ops->copy_async(be, d, h, sizeof h, SL_COPY_H2D, s));
+  usleep(50000); /* the engine took it with its 3 s */
+  assert_int_equal(delay(drv, 0, 0), ZE_RESULT_SUCCESS);
+  abandon(be, s);
+  warned = 0;
+  double t0 = mono_s();
+  OK(ops->synchronize(be));
+  double sync_took = mono_s() - t0;
+  ops->fini(be);
+  double took = mono_s() - t0;
+  uint64_t bad = misuses(drv) - before;
+  printf("# abandoned busy stream: synchronize %.2f s, fini %.2f s, %d warning(s), %llu misuse(s)\n", sync_took, took,
+         warned, (unsigned long long)bad);
+  assert_true(sync_took < 0.5);
+  assert_true(took < 1.0);
+  assert_int_equal(warned, 1);
+  assert_int_equal(bad, 0);
 }
 
 /* The device lost under queued work (the test driver's zedrvLoseDevice): the loss is sticky, every
@@ -606,7 +798,10 @@ int main(int argc, char **argv) {
       printf("SKIPPED: %s\n", probe_reason);
       return 77;
     }
-    const struct CMUnitTest behind[] = {cmocka_unit_test(test_dev_fini_behind_slow_work)};
+    const struct CMUnitTest behind[] = {cmocka_unit_test(test_dev_fini_behind_slow_work),
+                                        cmocka_unit_test(test_dev_fini_waits_for_consumer_records),
+                                        cmocka_unit_test(test_dev_fini_leaves_pools_behind_consumer_records),
+                                        cmocka_unit_test(test_dev_abandon_busy_stream)};
     return cmocka_run_group_tests_name("level_zero_fini_behind", behind, NULL, NULL);
   }
   if (argc > 2 && strcmp(argv[2], "--device") == 0) {
@@ -625,6 +820,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_dev_native_streams, dev_setup, dev_teardown),
         cmocka_unit_test(test_dev_cli_matches_cpu),
         cmocka_unit_test(test_dev_syncs_bounded_by_the_timeout),
+        cmocka_unit_test_setup_teardown(test_dev_abandon_idle_stream, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_device_lost_is_sticky, dev_setup, dev_teardown), /* last */
     };
     return cmocka_run_group_tests_name("level_zero_device", dev, NULL, NULL);

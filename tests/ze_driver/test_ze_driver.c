@@ -666,6 +666,31 @@ static void test_reset_under_wait(void **state) {
   assert_int_equal(misuse_count(), misuse + 2);
 }
 
+/* Destroying an event, or its pool, while a queued command still signals it is misuse ("The
+ * application must ensure the device is not currently referencing the any event within the pool
+ * before it is deleted"), refused with ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE. */
+static void test_destroy_busy_pool(void **state) {
+  uint64_t misuse = misuse_count();
+  ze_event_pool_desc_t pd = {.stype = ZE_STRUCTURE_TYPE_EVENT_POOL_DESC, .flags = ZE_EVENT_POOL_FLAG_HOST_VISIBLE, .count = 1};
+  ze_event_pool_handle_t pool = NULL;
+  ZE_OK(zeEventPoolCreate(g.ctx, &pd, 1, &g.device, &pool));
+  ze_event_desc_t ed = {.stype = ZE_STRUCTURE_TYPE_EVENT_DESC, .index = 0};
+  ze_event_handle_t e = NULL, gate = new_event();
+  ZE_OK(zeEventCreate(pool, &ed, &e));
+  ze_command_list_handle_t l = immediate(g.copy_ordinal, 0);
+  ZE_OK(zeCommandListAppendBarrier(l, e, 1, &gate));
+  assert_int_equal(zeEventDestroy(e), ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE);
+  assert_int_equal(zeEventPoolDestroy(pool), ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE);
+  assert_int_equal(misuse_count(), misuse + 2);
+  ZE_OK(zeEventHostSignal(gate));
+  ZE_OK(zeEventHostSynchronize(e, FOREVER));
+  ZE_OK(zeEventDestroy(e));
+  ZE_OK(zeEventPoolDestroy(pool));
+  ZE_OK(zeCommandListDestroy(l));
+  ZE_OK(zeEventDestroy(gate));
+  assert_int_equal(misuse_count(), misuse + 2);
+}
+
 /* A 2-D and a 3-D box between pitched buffers; the bytes outside the box are untouched. */
 static void test_region_copy(void **state) {
   uint64_t misuse = misuse_count();
@@ -1098,6 +1123,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_list_order),
       cmocka_unit_test(test_list_reorders),
       cmocka_unit_test(test_reset_under_wait),
+      cmocka_unit_test(test_destroy_busy_pool),
       cmocka_unit_test(test_region_copy),
       cmocka_unit_test(test_copy_past_end),
       cmocka_unit_test(test_queue_and_fence),
