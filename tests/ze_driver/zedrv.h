@@ -24,7 +24,10 @@
  *   ZEDRV_DEVICE_TYPE=t      what the devices report: gpu (default), cpu, fpga or vpu
  *   ZEDRV_GROUPS=copy-first  ordinal 0 is the copy-only group (default: compute first), so a
  *                            client that takes group 0 for copies or kernels blindly is caught
- *   ZEDRV_MAX_ALLOC=bytes    the device's maxMemAllocSize (default 4 GiB)
+ *   ZEDRV_MAX_ALLOC=bytes    the device's maxMemAllocSize (default 4 GiB), enforced on device, host
+ *                            and shared allocations unless the relaxed-limit descriptor is chained
+ *   ZEDRV_NO_RELAXED_ALLOC=1 the driver does not list ZE_experimental_relaxed_allocation_limits and
+ *                            ignores its descriptor (maxMemAllocSize holds for every allocation)
  *   ZEDRV_MEMORY=bytes       the device's memory (default 16 GiB; allocations are counted)
  *   ZEDRV_NO_FP64=1          the device reports no fp64 support
  *   ZEDRV_NO_IMPORT=1        zexDriverImportExternalPointer is not offered
@@ -263,7 +266,7 @@ typedef struct zedrv_state {
   pthread_cond_t cond;
   bool initialized;
   unsigned delay_min_us, delay_max_us;
-  bool copy_first, no_fp64, no_import, abort_on_misuse, strict;
+  bool copy_first, no_fp64, no_import, abort_on_misuse, strict, no_relaxed;
   uint64_t max_alloc, memory, used;
   uint64_t misuse;
   int live_contexts; /* what is still alive at exit is reported as misuse (a leak) */
