@@ -116,6 +116,9 @@ typedef struct sl_ze_be {
   char pci[32]; /* "0000:3a:00.0", "" when the driver cannot tell */
   uint32_t copy_ordinal, copy_queues, compute_ordinal;
   int copy_only; /* copies go to a copy-only group */
+  /* the driver lists ZE_experimental_relaxed_allocation_limits: allocations past maxMemAllocSize
+   * chain its descriptor; without it maxMemAllocSize is a hard limit (SL_EXT_MAX_ALLOC) */
+  int relaxed;
   uint32_t next_queue;
   /* the driver's host-pointer import (zexDriverImportExternalPointer), NULL where not offered */
   ze_result_t (*import_ptr)(ze_driver_handle_t, void *, size_t);
@@ -418,6 +421,20 @@ out:
   return s;
 }
 
+/* Whether the driver lists the relaxed-allocation-limits extension: its descriptor means
+ * nothing to a driver that does not (an unknown pNext structure is ignored, or refused). */
+static int has_relaxed_limits(ze_driver_handle_t drv) {
+  uint32_t n = 0;
+  if (sl__ze.DriverGetExtensionProperties(drv, &n, NULL) != ZE_RESULT_SUCCESS || n == 0) return 0;
+  ze_driver_extension_properties_t *p = calloc(n, sizeof *p);
+  int found = 0;
+  if (p && sl__ze.DriverGetExtensionProperties(drv, &n, p) == ZE_RESULT_SUCCESS)
+    for (uint32_t i = 0; i < n && !found; i++)
+      found = strncmp(p[i].name, ZE_RELAXED_ALLOCATION_LIMITS_EXP_NAME, sizeof p[i].name) == 0;
+  free(p);
+  return found;
+}
+
 static sl_status list_create(sl_ze_be *be, ze_command_list_handle_t *list, char *why, size_t len) {
   ze_command_queue_desc_t qd = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC, .ordinal = be->copy_ordinal,
                                 .index = be->next_queue++ % (be->copy_queues ? be->copy_queues : 1),
@@ -483,6 +500,7 @@ static sl_status ze_init(const sl_backend_init *in, void **out) {
     goto fail;
   }
   describe_device(be);
+  be->relaxed = has_relaxed_limits(be->drv);
   if ((s = find_queue_groups(be, why, sizeof why)) != SL_OK) goto fail;
   ze_context_desc_t cd = {.stype = ZE_STRUCTURE_TYPE_CONTEXT_DESC};
   if ((r = sl__ze.ContextCreate(be->drv, &cd, &be->ctx)) != ZE_RESULT_SUCCESS) {
@@ -645,13 +663,26 @@ static void ze_device_identity(void *h, char *buf, size_t len) {
 
 /* ---- memory ---------------------------------------------------------------------------------- */
 
+/* Past the device's maximum allocation (4 GiB on many): the relaxed-limit descriptor where the
+ * driver offers it, else a refusal that names the limit (the core keeps its staging under it,
+ * SL_EXT_MAX_ALLOC; what is left is a single buffer too large for this device). */
+static sl_status past_the_limit(sl_ze_be *be, const char *what, size_t bytes, const char *hint) {
+  return be->host->fail(be->host->core, SL_ERR_NOMEM,
+                        "level_zero:%d: %s of %zu bytes exceeds the device's maximum allocation of %llu bytes "
+                        "(maxMemAllocSize), and the driver does not offer %s to relax it: %s", be->ordinal, what,
+                        bytes, (unsigned long long)be->props.maxMemAllocSize, ZE_RELAXED_ALLOCATION_LIMITS_EXP_NAME,
+                        hint);
+}
+
 static sl_status ze_alloc_device(void *h, size_t bytes, void **ptr) {
   sl_ze_be *be = h;
   ze_relaxed_allocation_limits_exp_desc_t relax = {.stype = ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC,
                                                    .flags = ZE_RELAXED_ALLOCATION_LIMITS_EXP_FLAG_MAX_SIZE};
-  /* past the device's maximum allocation (4 GiB on many): the relaxed-limit descriptor */
-  ze_device_mem_alloc_desc_t d = {.stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC,
-                                  .pNext = bytes > be->props.maxMemAllocSize ? &relax : NULL};
+  int past = bytes > be->props.maxMemAllocSize;
+  *ptr = NULL;
+  if (past && !be->relaxed) return past_the_limit(be, "a device allocation", bytes,
+                                                  "shard the tensor over more ranks, or place it on the CPU");
+  ze_device_mem_alloc_desc_t d = {.stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC, .pNext = past ? &relax : NULL};
   ze_result_t r = sl__ze.MemAllocDevice(be->ctx, &d, bytes ? bytes : 1, 64, be->dev, ptr);
   if (r != ZE_RESULT_SUCCESS) {
     *ptr = NULL;
@@ -671,8 +702,11 @@ static sl_status ze_alloc_pinned(void *h, size_t bytes, void **ptr) {
   sl_ze_be *be = h;
   ze_relaxed_allocation_limits_exp_desc_t relax = {.stype = ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC,
                                                    .flags = ZE_RELAXED_ALLOCATION_LIMITS_EXP_FLAG_MAX_SIZE};
-  ze_host_mem_alloc_desc_t d = {.stype = ZE_STRUCTURE_TYPE_HOST_MEM_ALLOC_DESC,
-                                .pNext = bytes > be->props.maxMemAllocSize ? &relax : NULL};
+  int past = bytes > be->props.maxMemAllocSize;
+  *ptr = NULL;
+  if (past && !be->relaxed) return past_the_limit(be, "a pinned host allocation", bytes,
+                                                  "shard the tensor over more ranks, or keep it in pageable memory");
+  ze_host_mem_alloc_desc_t d = {.stype = ZE_STRUCTURE_TYPE_HOST_MEM_ALLOC_DESC, .pNext = past ? &relax : NULL};
   ze_result_t r = sl__ze.MemAllocHost(be->ctx, &d, bytes ? bytes : 1, 64, ptr);
   if (r != ZE_RESULT_SUCCESS) {
     *ptr = NULL;
@@ -1217,11 +1251,18 @@ static void ze_traffic(void *h, uint64_t *h2d, uint64_t *d2h) {
   if (d2h) *d2h = __atomic_load_n(&be->d2h, __ATOMIC_RELAXED);
 }
 
+/* SL_EXT_MAX_ALLOC: maxMemAllocSize where the driver cannot relax it, else no limit. */
+static uint64_t ze_max_alloc(void *h) {
+  sl_ze_be *be = h;
+  return be->relaxed ? 0 : be->props.maxMemAllocSize;
+}
+
 static void *ze_get_proc(const char *name) {
   if (!name) return NULL;
   if (strcmp(name, SL_EXT_NATIVE_STREAM) == 0) return (void *)(sl_ext_native_stream_fn)ze_native_stream;
   if (strcmp(name, SL_EXT_TRAFFIC) == 0) return (void *)(sl_ext_traffic_fn)ze_traffic;
   if (strcmp(name, SL_EXT_STREAM_ABANDON) == 0) return (void *)(sl_ext_stream_abandon_fn)ze_stream_abandon;
+  if (strcmp(name, SL_EXT_MAX_ALLOC) == 0) return (void *)(sl_ext_max_alloc_fn)ze_max_alloc;
   return NULL;
 }
 

@@ -360,13 +360,39 @@ static void test_dev_records_recycle_through_waits(void **state) {
   free(out);
 }
 
+static int no_relaxed_limits(void) {
+  const char *e = getenv("ZEDRV_NO_RELAXED_ALLOC");
+  return e && strcmp(e, "1") == 0;
+}
+
 /* Past the device's maximum allocation (ZEDRV_MAX_ALLOC for the test driver): the relaxed-limit
- * descriptor, never a failed load the memory could hold. */
+ * descriptor where the driver lists the extension (SL_EXT_MAX_ALLOC then says no limit), never a
+ * failed load the memory could hold; where it does not (ZEDRV_NO_RELAXED_ALLOC=1), a refusal
+ * naming the limit, which SL_EXT_MAX_ALLOC reports so that the core sizes its staging under it. */
 static void test_dev_alloc_past_the_maximum(void **state) {
   const char *m = getenv("ZEDRV_MAX_ALLOC");
   if (!m) skip();
-  size_t n = (size_t)strtoull(m, NULL, 10) * 3 + 5;
+  uint64_t limit = strtoull(m, NULL, 10);
+  size_t n = (size_t)limit * 3 + 5;
   void *d = NULL, *p = NULL;
+  sl_ext_max_alloc_fn max_alloc = (sl_ext_max_alloc_fn)ops->get_proc(SL_EXT_MAX_ALLOC);
+  assert_non_null(max_alloc);
+  if (no_relaxed_limits()) {
+    assert_int_equal(max_alloc(g_be), limit);
+    char want[160];
+    snprintf(want, sizeof want, "of %zu bytes exceeds the device's maximum allocation of %llu bytes (maxMemAllocSize)",
+             n, (unsigned long long)limit);
+    assert_int_equal(ops->alloc_device(g_be, n, &d), SL_ERR_NOMEM);
+    printf("# %s\n", last_msg);
+    assert_non_null(strstr(last_msg, want));
+    assert_non_null(strstr(last_msg, "ZE_experimental_relaxed_allocation_limits"));
+    assert_null(d);
+    assert_int_equal(ops->alloc_pinned(g_be, n, &p), SL_ERR_NOMEM);
+    assert_non_null(strstr(last_msg, want));
+    n = (size_t)limit; /* at the limit: fine */
+  } else {
+    assert_int_equal(max_alloc(g_be), 0);
+  }
   OK(ops->alloc_device(g_be, n, &d));
   OK(ops->alloc_pinned(g_be, n, &p));
   assert_true(ops->is_device_ptr(g_be, d, n));
@@ -761,6 +787,35 @@ static void test_dev_device_lost_is_sticky(void **state) {
 }
 
 /* Loads through the command: every rank's shards bit for bit those of the same load on cpu. */
+/* Without the relaxed limits (ZEDRV_NO_RELAXED_ALLOC=1, 256 KiB): a tensor past the limit fails
+ * the load on every rank, naming the tensor, its size and the device's limit. */
+static void test_dev_tensor_past_the_limit(void **state) {
+  if (!no_relaxed_limits()) skip();
+  char *d = sl_test_dir("big");
+  char *out = NULL;
+  int rc = sl_test_run(&out,
+                       "cd '%s' && '%s' synth big.safetensors --size 8MiB >/dev/null && for r in 0 1; do (timeout 60 "
+                       "'%s' load big.safetensors --backend level_zero --placement replicate --rank $r --world-size 2 "
+                       "--rendezvous file://'%s'/rdzv --timeout 20 >out$r 2>&1; echo $? >rc$r) & done; wait; "
+                       "for r in 0 1; do echo \"rank $r exit $(cat rc$r): $(cat out$r)\"; done",
+                       d, sl_test_bin(), sl_test_bin(), d);
+  printf("# %s", out);
+  assert_int_equal(rc, 0);
+  for (int r = 0; r < 2; r++) {
+    char want[64];
+    snprintf(want, sizeof want, "rank %d exit 1: ", r);
+    char *line = strstr(out, want);
+    assert_non_null(line);
+    char *end = strchr(line, '\n');
+    if (end) *end = 0;
+    assert_non_null(strstr(line, "model.embed_tokens.weight: cannot allocate "));
+    assert_non_null(strstr(line, "exceeds the device's maximum allocation of 262144 bytes"));
+    if (end) *end = '\n';
+  }
+  free(out);
+  free(d);
+}
+
 static void test_dev_cli_matches_cpu(void **state) {
   const char *modes[] = {"--nproc 1 --param-dtype BF16", "--nproc 2", "--nproc 2 --source every-rank",
                          "--nproc 2 --strategy broadcast --offload-policy cpu-pinned",
@@ -819,6 +874,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_dev_copy_2d, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_native_streams, dev_setup, dev_teardown),
         cmocka_unit_test(test_dev_cli_matches_cpu),
+        cmocka_unit_test(test_dev_tensor_past_the_limit),
         cmocka_unit_test(test_dev_syncs_bounded_by_the_timeout),
         cmocka_unit_test_setup_teardown(test_dev_abandon_idle_stream, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_device_lost_is_sticky, dev_setup, dev_teardown), /* last */
