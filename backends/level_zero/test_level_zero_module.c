@@ -816,6 +816,30 @@ static void test_dev_tensor_past_the_limit(void **state) {
   free(d);
 }
 
+/* A cpu rank (no allocation limit) and a level_zero rank without the relaxed limits (256 KiB)
+ * size their staging slots alike (the smallest limit of any rank), so that both schedule the
+ * same transfers: the load completes on both, with the same bytes as on the cpu alone. */
+static void test_dev_mixed_ranks_agree_on_the_limit(void **state) {
+  if (!no_relaxed_limits()) skip();
+  char *d = sl_test_dir("mixed");
+  char *out = NULL;
+  int rc = sl_test_run(&out,
+                       "cd '%s' && mkdir one two && '%s' load '%s' --backend cpu --nproc 2 --dump one >/dev/null; "
+                       "for r in 0 1; do be=cpu; [ $r = 1 ] && be=level_zero; (timeout 60 '%s' load '%s' --backend $be "
+                       "--rank $r --world-size 2 --rendezvous file://'%s'/rdzv --timeout 20 --dump two >out$r 2>&1; "
+                       "echo $? >rc$r) & done; wait; for r in 0 1; do echo \"rank $r exit $(cat rc$r): $(tail -n 1 out$r)\"; "
+                       "done; ls one | wc -l; for f in one/*; do cmp \"$f\" two/\"${f#one/}\" || echo DIFFERS; done",
+                       d, sl_test_bin(), checkpoint(), sl_test_bin(), checkpoint(), d);
+  printf("# %s", out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "rank 0 exit 0: "));
+  assert_non_null(strstr(out, "rank 1 exit 0: "));
+  assert_non_null(strstr(out, "\n2\n")); /* both ranks' dumps compared */
+  assert_null(strstr(out, "DIFFERS"));
+  free(out);
+  free(d);
+}
+
 static void test_dev_cli_matches_cpu(void **state) {
   const char *modes[] = {"--nproc 1 --param-dtype BF16", "--nproc 2", "--nproc 2 --source every-rank",
                          "--nproc 2 --strategy broadcast --offload-policy cpu-pinned",
@@ -875,6 +899,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_dev_native_streams, dev_setup, dev_teardown),
         cmocka_unit_test(test_dev_cli_matches_cpu),
         cmocka_unit_test(test_dev_tensor_past_the_limit),
+        cmocka_unit_test(test_dev_mixed_ranks_agree_on_the_limit),
         cmocka_unit_test(test_dev_syncs_bounded_by_the_timeout),
         cmocka_unit_test_setup_teardown(test_dev_abandon_idle_stream, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_device_lost_is_sticky, dev_setup, dev_teardown), /* last */
