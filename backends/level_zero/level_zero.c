@@ -2,12 +2,20 @@
  * run time (ze_rt.h).
  *
  * Streams are immediate command lists: copies on the device's copy-only queue group (found by
- * its flags; the compute group where there is none), kernels on a compute group (below). Level
- * Zero orders the commands of a list only through events and barriers, so every command a
- * stream appends signals a Level Zero event of its own and waits for the event of
- * the command before it: a stream's TAIL (its last command's event) completes once everything
- * queued on it has, and the commands run in the order they were queued whatever the driver's
- * reading of "in order".
+ * its flags; the compute group where there is none), kernels on a compute group (below). A stream is in order (module.h), a Level Zero list is not: "Commands executed on a
+ * command list are only guaranteed to start in the same order in which they are submitted;
+ * i.e. there is no implicit definition of the order of completion" (spec, Execution Barriers).
+ * Two ways to order them: the in-order flag (ZE_COMMAND_QUEUE_FLAG_IN_ORDER) or events and
+ * barriers. The flag came with spec 1.7: the 1.8.12 loader's headers (API 1.4) lack it, its
+ * validation layer refuses it (ZE_RESULT_ERROR_INVALID_ENUMERATION), and a driver older than 1.7
+ * may ignore the bit and run the list unordered. Events and barriers are core since 1.0 and
+ * every driver honours them, so every command a stream appends signals a Level Zero event of its
+ * own and waits for the event of the command before it ("Events provide explicit, fine-grain
+ * control over execution dependencies between commands"): a stream's TAIL (its last command's
+ * event) completes once everything queued on it has, and the commands run in the order they
+ * were queued. A stream's wait is one barrier that waits for the tail and the awaited record
+ * ("only all phWaitEvents must be signaled prior to the execution of the barrier"; "This command
+ * blocks all following commands from beginning until the execution of the barrier completes").
  *
  * Events (module.h: an event stands for its last record). Level Zero events signal once and
  * are reset only by the host, so the module's events are not Level Zero events: a RECORD (one
@@ -28,6 +36,12 @@
  * Memory lent to other streams (DLPack): event_record_native appends a barrier that signals a
  * record on the consumer's command list; free_device_after keeps the buffers with those records
  * and frees them at a later call once all have signalled (fini waits for them, bounded).
+ *
+ * fini waits, bounded by the job's timeout, for every stream's tail and every record whose
+ * signal may be pending (a consumer's, whose sl event is gone already) before it destroys the
+ * event pools; where that work outlasts the timeout, or a stream given up (SL_EXT_STREAM_ABANDON)
+ * is still busy, it leaves pools and context behind, with a warning, rather than destroy them
+ * under the device.
  *
  * Host functions (Level Zero has none): a thread of the module's waits for the stream's tail,
  * runs the function and signals, from the host, the record that becomes the stream's tail.
@@ -64,6 +78,7 @@ typedef struct sl_ze_rec {
   ze_event_handle_t ev;
   int refs;
   int done;                 /* observed signalled since its last reset */
+  int out;                  /* handed out (off the free list): a signal may be pending */
   struct sl_ze_rec *deps[2]; /* what the command signalling it waited for: released once it is done */
   struct sl_ze_rec *next;    /* on the free or the retired list */
 } sl_ze_rec;
@@ -116,6 +131,9 @@ typedef struct sl_ze_be {
   char pci[32]; /* "0000:3a:00.0", "" when the driver cannot tell */
   uint32_t copy_ordinal, copy_queues, compute_ordinal;
   int copy_only; /* copies go to a copy-only group */
+  /* the driver lists ZE_experimental_relaxed_allocation_limits: allocations past maxMemAllocSize
+   * chain its descriptor; without it maxMemAllocSize is a hard limit (SL_EXT_MAX_ALLOC) */
+  int relaxed;
   uint32_t next_queue;
   /* the driver's host-pointer import (zexDriverImportExternalPointer), NULL where not offered */
   ze_result_t (*import_ptr)(ze_driver_handle_t, void *, size_t);
@@ -128,6 +146,9 @@ typedef struct sl_ze_be {
   sl_ze_pool *pools;
   sl_ze_rec *free, *retired;
   sl_ze_stream dflt, *streams;
+  /* streams given up with their work (SL_EXT_STREAM_ABANDON, or a stream_destroy whose work
+   * outlasted the timeout): no sync waits for them; fini destroys them only once idle */
+  sl_ze_stream *abandoned;
   sl_ze_deferred *deferred; /* free_device_after's, oldest last */
   /* host functions: one thread for the instance, started by the first, FIFO (under mu) */
   pthread_cond_t hf_cond;
@@ -231,6 +252,7 @@ static void reap_locked(sl_ze_be *be) {
       list = r->next;
       if (r->refs == 0 && rec_poll_locked(be, r) == 1 && sl__ze.EventHostReset(r->ev) == ZE_RESULT_SUCCESS) {
         r->done = 0;
+        r->out = 0;
         r->next = be->free;
         be->free = r;
         progress = 1;
@@ -288,6 +310,7 @@ static sl_status rec_get_locked(sl_ze_be *be, sl_ze_rec **out, char *why, size_t
   r->next = NULL;
   r->refs = 1;
   r->done = 0;
+  r->out = 1;
   *out = r;
   return SL_OK;
 }
@@ -414,6 +437,20 @@ out:
   return s;
 }
 
+/* Whether the driver lists the relaxed-allocation-limits extension: its descriptor means
+ * nothing to a driver that does not (an unknown pNext structure is ignored, or refused). */
+static int has_relaxed_limits(ze_driver_handle_t drv) {
+  uint32_t n = 0;
+  if (sl__ze.DriverGetExtensionProperties(drv, &n, NULL) != ZE_RESULT_SUCCESS || n == 0) return 0;
+  ze_driver_extension_properties_t *p = calloc(n, sizeof *p);
+  int found = 0;
+  if (p && sl__ze.DriverGetExtensionProperties(drv, &n, p) == ZE_RESULT_SUCCESS)
+    for (uint32_t i = 0; i < n && !found; i++)
+      found = strncmp(p[i].name, ZE_RELAXED_ALLOCATION_LIMITS_EXP_NAME, sizeof p[i].name) == 0;
+  free(p);
+  return found;
+}
+
 static sl_status list_create(sl_ze_be *be, ze_command_list_handle_t *list, char *why, size_t len) {
   ze_command_queue_desc_t qd = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC, .ordinal = be->copy_ordinal,
                                 .index = be->next_queue++ % (be->copy_queues ? be->copy_queues : 1),
@@ -480,6 +517,7 @@ static sl_status ze_init(const sl_backend_init *in, void **out) {
     goto fail;
   }
   describe_device(be);
+  be->relaxed = has_relaxed_limits(be->drv);
   if ((s = find_queue_groups(be, why, sizeof why)) != SL_OK) goto fail;
   ze_context_desc_t cd = {.stype = ZE_STRUCTURE_TYPE_CONTEXT_DESC};
   if ((r = sl__ze.ContextCreate(be->drv, &cd, &be->ctx)) != ZE_RESULT_SUCCESS) {
@@ -506,6 +544,40 @@ fail:
 
 /* Waits (bounded) for every stream's tail; 0 when one did not complete in time. */
 static int settle_all(sl_ze_be *be);
+
+/* 1 when every abandoned stream's work has completed (or failed): one look, no wait. */
+static int abandoned_idle(sl_ze_be *be) {
+  int idle = 1;
+  pthread_mutex_lock(&be->mu);
+  for (sl_ze_stream *s = be->abandoned; s && idle; s = s->next)
+    if (s->tail && rec_poll_locked(be, s->tail) == 0) idle = 0;
+  pthread_mutex_unlock(&be->mu);
+  return idle;
+}
+
+/* Waits, within one job's timeout for them all, for every record handed out whose signal may
+ * still be pending: the streams' are done by now (their tails were), so these are the records
+ * event_record_native put on consumers' command lists, whose events the core may have
+ * destroyed already. 0 when one did not signal in time (destroying its pool under it is what
+ * the spec forbids: "The application must ensure the device is not currently referencing the
+ * any event within the pool before it is deleted"). */
+static int settle_outstanding(sl_ze_be *be) {
+  sl_deadline dl = sl_deadline_in_ms(sl_timeout_ms(be->timeout_ms));
+  for (sl_ze_pool *p = be->pools; p; p = p->next)
+    for (uint32_t i = 0; i < SL_ZE_POOL_EVENTS; i++) {
+      sl_ze_rec *r = &p->recs[i];
+      for (;;) {
+        pthread_mutex_lock(&be->mu);
+        int pending = r->out && rec_poll_locked(be, r) == 0;
+        pthread_mutex_unlock(&be->mu);
+        if (!pending) break;
+        ze_result_t q = sl__ze.EventHostSynchronize(r->ev, SL_ZE_SLICE_NS);
+        if (q != ZE_RESULT_SUCCESS && q != ZE_RESULT_NOT_READY) break; /* failed (device lost): nothing runs */
+        if (q == ZE_RESULT_NOT_READY && sl_deadline_passed(dl)) return 0;
+      }
+    }
+  return 1;
+}
 
 static void ze_fini(void *h) {
   sl_ze_be *be = h;
@@ -544,6 +616,26 @@ static void ze_fini(void *h) {
     pthread_cond_broadcast(&be->hf_cond);
     pthread_mutex_unlock(&be->mu);
     pthread_join(be->hf_thread, NULL);
+  }
+  if (!abandoned_idle(be)) {
+    be->host->log(be->host->core, SL_LOG_WARN,
+                  "level_zero:%d: a stream given up with its work (abandoned, or destroyed past the job's timeout) "
+                  "still has work on the device; it, the module's events and its context are left behind",
+                  be->ordinal);
+    return;
+  }
+  if (!settle_outstanding(be)) {
+    be->host->log(be->host->core, SL_LOG_WARN,
+                  "level_zero:%d: events the module recorded on another's command list (event_record_native) have "
+                  "not signalled within the job's timeout (%d ms): the module's event pools and context are left "
+                  "behind rather than destroyed under that work", be->ordinal, sl_timeout_ms(be->timeout_ms));
+    return;
+  }
+  for (sl_ze_stream *s = be->abandoned, *nx; s; s = nx) {
+    nx = s->next;
+    stream_kernel_list_destroy(s);
+    sl__ze.CommandListDestroy(s->list);
+    free(s);
   }
   for (sl_ze_stream *s = be->streams, *nx; s; s = nx) {
     nx = s->next;
@@ -594,13 +686,26 @@ static void ze_device_identity(void *h, char *buf, size_t len) {
 
 /* ---- memory ---------------------------------------------------------------------------------- */
 
+/* Past the device's maximum allocation (4 GiB on many): the relaxed-limit descriptor where the
+ * driver offers it, else a refusal that names the limit (the core keeps its staging under it,
+ * SL_EXT_MAX_ALLOC; what is left is a single buffer too large for this device). */
+static sl_status past_the_limit(sl_ze_be *be, const char *what, size_t bytes, const char *hint) {
+  return be->host->fail(be->host->core, SL_ERR_NOMEM,
+                        "level_zero:%d: %s of %zu bytes exceeds the device's maximum allocation of %llu bytes "
+                        "(maxMemAllocSize), and the driver does not offer %s to relax it: %s", be->ordinal, what,
+                        bytes, (unsigned long long)be->props.maxMemAllocSize, ZE_RELAXED_ALLOCATION_LIMITS_EXP_NAME,
+                        hint);
+}
+
 static sl_status ze_alloc_device(void *h, size_t bytes, void **ptr) {
   sl_ze_be *be = h;
   ze_relaxed_allocation_limits_exp_desc_t relax = {.stype = ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC,
                                                    .flags = ZE_RELAXED_ALLOCATION_LIMITS_EXP_FLAG_MAX_SIZE};
-  /* past the device's maximum allocation (4 GiB on many): the relaxed-limit descriptor */
-  ze_device_mem_alloc_desc_t d = {.stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC,
-                                  .pNext = bytes > be->props.maxMemAllocSize ? &relax : NULL};
+  int past = bytes > be->props.maxMemAllocSize;
+  *ptr = NULL;
+  if (past && !be->relaxed) return past_the_limit(be, "a device allocation", bytes,
+                                                  "shard the tensor over more ranks, or place it on the CPU");
+  ze_device_mem_alloc_desc_t d = {.stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC, .pNext = past ? &relax : NULL};
   ze_result_t r = sl__ze.MemAllocDevice(be->ctx, &d, bytes ? bytes : 1, 64, be->dev, ptr);
   if (r != ZE_RESULT_SUCCESS) {
     *ptr = NULL;
@@ -620,8 +725,11 @@ static sl_status ze_alloc_pinned(void *h, size_t bytes, void **ptr) {
   sl_ze_be *be = h;
   ze_relaxed_allocation_limits_exp_desc_t relax = {.stype = ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC,
                                                    .flags = ZE_RELAXED_ALLOCATION_LIMITS_EXP_FLAG_MAX_SIZE};
-  ze_host_mem_alloc_desc_t d = {.stype = ZE_STRUCTURE_TYPE_HOST_MEM_ALLOC_DESC,
-                                .pNext = bytes > be->props.maxMemAllocSize ? &relax : NULL};
+  int past = bytes > be->props.maxMemAllocSize;
+  *ptr = NULL;
+  if (past && !be->relaxed) return past_the_limit(be, "a pinned host allocation", bytes,
+                                                  "shard the tensor over more ranks, or keep it in pageable memory");
+  ze_host_mem_alloc_desc_t d = {.stype = ZE_STRUCTURE_TYPE_HOST_MEM_ALLOC_DESC, .pNext = past ? &relax : NULL};
   ze_result_t r = sl__ze.MemAllocHost(be->ctx, &d, bytes ? bytes : 1, 64, ptr);
   if (r != ZE_RESULT_SUCCESS) {
     *ptr = NULL;
@@ -726,13 +834,36 @@ static void ze_stream_destroy(void *h, void *stream) {
       *p = s->next;
       break;
     }
+  if (!settled) { /* its work goes on: kept (list and tail) for fini, which never destroys it busy */
+    s->next = be->abandoned;
+    be->abandoned = s;
+    pthread_mutex_unlock(&be->mu);
+    return;
+  }
   if (s->tail) rec_put_locked(be, s->tail);
   pthread_mutex_unlock(&be->mu);
-  if (settled) {
-    stream_kernel_list_destroy(s);
-    sl__ze.CommandListDestroy(s->list);
-  }
+  stream_kernel_list_destroy(s);
+  sl__ze.CommandListDestroy(s->list);
   free(s);
+}
+
+/* SL_EXT_STREAM_ABANDON: the stream leaves the list that synchronize and fini wait for, keeping
+ * its command list and its tail (so that no record its work signals or waits for is reset under
+ * it); fini destroys it if it has gone idle by then, and otherwise leaves the module's events and
+ * context behind with it. Never waits. */
+static void ze_stream_abandon(void *h, void *stream) {
+  sl_ze_be *be = h;
+  sl_ze_stream *s = stream;
+  if (!s) return;
+  pthread_mutex_lock(&be->mu);
+  for (sl_ze_stream **p = &be->streams; *p; p = &(*p)->next)
+    if (*p == s) {
+      *p = s->next;
+      s->next = be->abandoned;
+      be->abandoned = s;
+      break;
+    }
+  pthread_mutex_unlock(&be->mu);
 }
 
 static sl_status ze_event_create(void *h, void **out) {
@@ -794,7 +925,6 @@ static sl_status stream_append_locked(sl_ze_be *be, sl_ze_stream *s, const sl_ze
   ze_event_handle_t pw = prev ? prev->ev : NULL;
   ze_result_t r;
   const char *what;
-  int wait_queued = 0; /* a queued wait names c->waited from here on */
   if (c->kind == CMD_COPY) {
     what = "zeCommandListAppendMemoryCopy";
     r = sl__ze.CommandListAppendMemoryCopy(s->list, c->dst, c->src, c->bytes, out->ev, prev ? 1 : 0, prev ? &pw : NULL);
@@ -810,15 +940,14 @@ static sl_status stream_append_locked(sl_ze_be *be, sl_ze_stream *s, const sl_ze
     r = sl__ze.CommandListAppendMemoryCopyRegion(s->list, c->dst, &reg, c->dpitch, 0, c->src, &reg, c->spitch, 0,
                                                  out->ev, prev ? 1 : 0, prev ? &pw : NULL);
   } else {
-    /* the wait, then a barrier that orders it (and the tail) before what follows and signals */
-    what = "zeCommandListAppendWaitOnEvents";
-    ze_event_handle_t we = c->waited->ev;
-    r = SL_ZE_KEEP(1) ? sl__ze.CommandListAppendWaitOnEvents(s->list, 1, &we) : ZE_RESULT_SUCCESS;
-    if (r == ZE_RESULT_SUCCESS) {
-      wait_queued = 1;
-      what = "zeCommandListAppendBarrier";
-      r = sl__ze.CommandListAppendBarrier(s->list, out->ev, prev ? 1 : 0, prev ? &pw : NULL);
-    }
+    /* one barrier waits for the tail and the awaited record, and signals: no separate
+     * zeCommandListAppendWaitOnEvents, whose ordering of later commands the spec does not state */
+    what = "zeCommandListAppendBarrier";
+    ze_event_handle_t we[2];
+    uint32_t nw = 0;
+    if (prev) we[nw++] = pw;
+    if (SL_ZE_KEEP(1)) we[nw++] = c->waited->ev;
+    r = sl__ze.CommandListAppendBarrier(s->list, out->ev, nw, nw ? we : NULL);
   }
   pthread_mutex_lock(&be->mu);
   if (r == ZE_RESULT_SUCCESS) {
@@ -828,11 +957,10 @@ static sl_status stream_append_locked(sl_ze_be *be, sl_ze_stream *s, const sl_ze
   } else {
     /* nothing signals OUT: back to the free list at once */
     out->refs = 0;
+    out->out = 0;
     out->next = be->free;
     be->free = out;
-    /* a wait queued without its barrier keeps its record for good (never reset under it); the
-     * stream is broken anyway (sticky) */
-    if (c->waited && !wait_queued) rec_put_locked(be, c->waited);
+    if (c->waited) rec_put_locked(be, c->waited);
   }
   pthread_mutex_unlock(&be->mu);
   return r == ZE_RESULT_SUCCESS ? SL_OK : append_failed(be, what, r);
@@ -1074,6 +1202,7 @@ static sl_status ze_event_record_native(void *h, void *event, void *native) {
   pthread_mutex_lock(&be->mu);
   if (r != ZE_RESULT_SUCCESS) {
     out->refs = 0; /* nothing signals it */
+    out->out = 0;
     out->next = be->free;
     be->free = out;
   } else {
@@ -1348,11 +1477,19 @@ static void ze_traffic(void *h, uint64_t *h2d, uint64_t *d2h) {
   if (d2h) *d2h = __atomic_load_n(&be->d2h, __ATOMIC_RELAXED);
 }
 
+/* SL_EXT_MAX_ALLOC: maxMemAllocSize where the driver cannot relax it, else no limit. */
+static uint64_t ze_max_alloc(void *h) {
+  sl_ze_be *be = h;
+  return be->relaxed ? 0 : be->props.maxMemAllocSize;
+}
+
 static void *ze_get_proc(const char *name) {
   if (!name) return NULL;
   if (strcmp(name, SL_EXT_NATIVE_STREAM) == 0) return (void *)(sl_ext_native_stream_fn)ze_native_stream;
   if (strcmp(name, SL_EXT_TRAFFIC) == 0) return (void *)(sl_ext_traffic_fn)ze_traffic;
   if (strcmp(name, SL_EXT_SGD_STEP) == 0) return (void *)(sl_ext_sgd_step_fn)ze_sgd_step;
+  if (strcmp(name, SL_EXT_STREAM_ABANDON) == 0) return (void *)(sl_ext_stream_abandon_fn)ze_stream_abandon;
+  if (strcmp(name, SL_EXT_MAX_ALLOC) == 0) return (void *)(sl_ext_max_alloc_fn)ze_max_alloc;
   return NULL;
 }
 

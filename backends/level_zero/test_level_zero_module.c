@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -373,13 +374,39 @@ static void test_dev_records_recycle_through_waits(void **state) {
   free(out);
 }
 
+static int no_relaxed_limits(void) {
+  const char *e = getenv("ZEDRV_NO_RELAXED_ALLOC");
+  return e && strcmp(e, "1") == 0;
+}
+
 /* Past the device's maximum allocation (ZEDRV_MAX_ALLOC for the test driver): the relaxed-limit
- * descriptor, never a failed load the memory could hold. */
+ * descriptor where the driver lists the extension (SL_EXT_MAX_ALLOC then says no limit), never a
+ * failed load the memory could hold; where it does not (ZEDRV_NO_RELAXED_ALLOC=1), a refusal
+ * naming the limit, which SL_EXT_MAX_ALLOC reports so that the core sizes its staging under it. */
 static void test_dev_alloc_past_the_maximum(void **state) {
   const char *m = getenv("ZEDRV_MAX_ALLOC");
   if (!m) skip();
-  size_t n = (size_t)strtoull(m, NULL, 10) * 3 + 5;
+  uint64_t limit = strtoull(m, NULL, 10);
+  size_t n = (size_t)limit * 3 + 5;
   void *d = NULL, *p = NULL;
+  sl_ext_max_alloc_fn max_alloc = (sl_ext_max_alloc_fn)ops->get_proc(SL_EXT_MAX_ALLOC);
+  assert_non_null(max_alloc);
+  if (no_relaxed_limits()) {
+    assert_int_equal(max_alloc(g_be), limit);
+    char want[160];
+    snprintf(want, sizeof want, "of %zu bytes exceeds the device's maximum allocation of %llu bytes (maxMemAllocSize)",
+             n, (unsigned long long)limit);
+    assert_int_equal(ops->alloc_device(g_be, n, &d), SL_ERR_NOMEM);
+    printf("# %s\n", last_msg);
+    assert_non_null(strstr(last_msg, want));
+    assert_non_null(strstr(last_msg, "ZE_experimental_relaxed_allocation_limits"));
+    assert_null(d);
+    assert_int_equal(ops->alloc_pinned(g_be, n, &p), SL_ERR_NOMEM);
+    assert_non_null(strstr(last_msg, want));
+    n = (size_t)limit; /* at the limit: fine */
+  } else {
+    assert_int_equal(max_alloc(g_be), 0);
+  }
   OK(ops->alloc_device(g_be, n, &d));
   OK(ops->alloc_pinned(g_be, n, &p));
   assert_true(ops->is_device_ptr(g_be, d, n));
@@ -699,6 +726,32 @@ static void test_dev_syncs_bounded_by_the_timeout(void **state) {
   ops->fini(be);
 }
 
+/* SL_EXT_STREAM_ABANDON on a stream whose work completes: synchronize does not wait for it, and
+ * fini, finding it idle, destroys it (ZEDRV_MISUSE=abort: a list left in the context would be
+ * misuse at the context's destruction). */
+static void test_dev_abandon_idle_stream(void **state) {
+  sl_ext_stream_abandon_fn abandon = (sl_ext_stream_abandon_fn)ops->get_proc(SL_EXT_STREAM_ABANDON);
+  assert_non_null(abandon);
+  void *s = NULL, *d = NULL;
+  static unsigned char h[4096], back[4096];
+  memset(h, 0x3c, sizeof h);
+  OK(ops->stream_create(g_be, &s));
+  OK(ops->alloc_device(g_be, sizeof h, &d));
+  OK(ops->copy_async(g_be, d, h, sizeof h, SL_COPY_H2D, s));
+  OK(ops->copy_async(g_be, back, d, sizeof h, SL_COPY_D2H, s));
+  abandon(g_be, s);
+  abandon(g_be, NULL); /* nothing */
+  OK(ops->synchronize(g_be));
+  /* the abandoned stream's work still runs to its end */
+  double t0 = mono_s();
+  while (back[sizeof back - 1] != 0x3c) {
+    assert_true(mono_s() - t0 < 10);
+    usleep(1000);
+  }
+  usleep(20000);
+  ops->free_device(g_be, d);
+}
+
 /* fini behind 3 s of work: bounded by the timeout, leaving the work (and the context) behind
  * with a warning. A process of its own (--fini-behind): what is left behind is alive at exit,
  * which the test driver reports (ZEDRV_MISUSE must not abort there); nothing else may be. */
@@ -735,6 +788,171 @@ static void test_dev_fini_behind_slow_work(void **state) {
   assert_true(took < 1.5);
   assert_int_equal(warned, 1);
   assert_int_equal(bad, 0); /* leaving behind destroyed nothing under the work */
+}
+
+/* A consumer of the module's events (DLPack): a command list of its own whose work waits for a
+ * gate that only the host opens, so that a record the module puts behind it (event_record_native)
+ * is pending until the test says. (The test driver lets a list of another context signal the
+ * module's event; a real driver would want the module's context.) */
+typedef struct {
+  ze_context_handle_t ctx;
+  ze_command_list_handle_t list;
+  ze_event_pool_handle_t pool;
+  ze_event_handle_t gate, done;
+} consumer;
+
+static void consumer_open(consumer *c, ze_driver_handle_t drv) {
+  uint32_t n = 1;
+  ze_device_handle_t dev = NULL;
+  assert_int_equal(sl__ze.DeviceGet(drv, &n, &dev), ZE_RESULT_SUCCESS);
+  ze_context_desc_t cd = {.stype = ZE_STRUCTURE_TYPE_CONTEXT_DESC};
+  assert_int_equal(sl__ze.ContextCreate(drv, &cd, &c->ctx), ZE_RESULT_SUCCESS);
+  ze_command_queue_desc_t qd = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC, .mode = ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS};
+  assert_int_equal(sl__ze.CommandListCreateImmediate(c->ctx, dev, &qd, &c->list), ZE_RESULT_SUCCESS);
+  ze_event_pool_desc_t pd = {.stype = ZE_STRUCTURE_TYPE_EVENT_POOL_DESC, .flags = ZE_EVENT_POOL_FLAG_HOST_VISIBLE, .count = 2};
+  assert_int_equal(sl__ze.EventPoolCreate(c->ctx, &pd, 1, &dev, &c->pool), ZE_RESULT_SUCCESS);
+  ze_event_desc_t ed = {.stype = ZE_STRUCTURE_TYPE_EVENT_DESC, .index = 0};
+  assert_int_equal(sl__ze.EventCreate(c->pool, &ed, &c->gate), ZE_RESULT_SUCCESS);
+  ed.index = 1;
+  assert_int_equal(sl__ze.EventCreate(c->pool, &ed, &c->done), ZE_RESULT_SUCCESS);
+  /* the consumer's work: a wait for the gate (a barrier: what follows waits for it) */
+  assert_int_equal(sl__ze.CommandListAppendBarrier(c->list, NULL, 1, &c->gate), ZE_RESULT_SUCCESS);
+}
+
+static void consumer_close(consumer *c) {
+  assert_int_equal(sl__ze.CommandListAppendBarrier(c->list, c->done, 0, NULL), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.EventHostSynchronize(c->done, 10000000000ull), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.CommandListDestroy(c->list), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.EventDestroy(c->gate), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.EventDestroy(c->done), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.EventPoolDestroy(c->pool), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.ContextDestroy(c->ctx), ZE_RESULT_SUCCESS);
+}
+
+static void *open_gate_later(void *arg) {
+  usleep(200000);
+  sl__ze.EventHostSignal(((consumer *)arg)->gate);
+  return NULL;
+}
+
+static uint64_t misuses(ze_driver_handle_t drv) {
+  ze_result_t (*misuse)(ze_driver_handle_t, uint64_t *) = NULL;
+  uint64_t n = 0;
+  assert_int_equal(sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvGetMisuseCount", (void **)&misuse),
+                   ZE_RESULT_SUCCESS);
+  assert_int_equal(misuse(drv, &n), ZE_RESULT_SUCCESS);
+  return n;
+}
+
+/* A record the module put on a consumer's list, its sl event destroyed already (the core's
+ * DLPack path): fini waits for it (bounded by the job's timeout) before it destroys its event
+ * pools. Behind a gate opened 200 ms in, within a 2 s timeout: fini waits for it and destroys
+ * everything, with no warning and nothing destroyed under the device (the driver counts that). */
+static void test_dev_fini_waits_for_consumer_records(void **state) {
+  uint32_t n = 1;
+  ze_driver_handle_t drv = NULL;
+  assert_true(sl__ze_ready());
+  assert_int_equal(sl__ze.DriverGet(&n, &drv), ZE_RESULT_SUCCESS);
+  uint64_t before = misuses(drv);
+  static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
+  sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
+                        .ops = ops, .timeout_ms = 2000};
+  void *be = NULL, *ev = NULL;
+  consumer c;
+  consumer_open(&c, drv);
+  OK(ops->init(&in, &be));
+  OK(ops->event_create(be, &ev));
+  OK(ops->event_record_native(be, ev, c.list));
+  ops->event_destroy(be, ev);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, open_gate_later, &c), 0);
+  warned = 0;
+  double t0 = mono_s();
+  ops->fini(be);
+  double took = mono_s() - t0;
+  pthread_join(t, NULL);
+  uint64_t bad = misuses(drv) - before;
+  printf("# fini behind a consumer's record (gate at 200 ms): %.2f s, %d warning(s), %llu misuse(s)\n", took, warned,
+         (unsigned long long)bad);
+  assert_true(took >= 0.15 && took < 1.9);
+  assert_int_equal(warned, 0);
+  assert_int_equal(bad, 0);
+  consumer_close(&c);
+  assert_int_equal(misuses(drv) - before, 0);
+}
+
+/* The same with the gate shut past the 300 ms timeout: fini gives up in time and leaves its
+ * pools and context behind with a warning, destroying nothing under the consumer's work. */
+static void test_dev_fini_leaves_pools_behind_consumer_records(void **state) {
+  uint32_t n = 1;
+  ze_driver_handle_t drv = NULL;
+  assert_true(sl__ze_ready());
+  assert_int_equal(sl__ze.DriverGet(&n, &drv), ZE_RESULT_SUCCESS);
+  uint64_t before = misuses(drv);
+  static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
+  sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
+                        .ops = ops, .timeout_ms = 300};
+  void *be = NULL, *ev = NULL;
+  consumer c;
+  consumer_open(&c, drv);
+  OK(ops->init(&in, &be));
+  OK(ops->event_create(be, &ev));
+  OK(ops->event_record_native(be, ev, c.list));
+  ops->event_destroy(be, ev);
+  warned = 0;
+  double t0 = mono_s();
+  ops->fini(be);
+  double took = mono_s() - t0;
+  uint64_t bad = misuses(drv) - before;
+  printf("# fini behind a consumer's shut gate, timeout 300 ms: %.2f s, %d warning(s), %llu misuse(s)\n", took, warned,
+         (unsigned long long)bad);
+  assert_true(took >= 0.25 && took < 1.5);
+  assert_int_equal(warned, 1);
+  assert_int_equal(bad, 0);
+  assert_int_equal(sl__ze.EventHostSignal(c.gate), ZE_RESULT_SUCCESS);
+  consumer_close(&c);
+  assert_int_equal(misuses(drv) - before, 0);
+}
+
+/* SL_EXT_STREAM_ABANDON: a stream given up with 3 s of work is waited for by no sync (synchronize
+ * returns at once) and, still busy at fini, is left behind with the module's events and
+ * context (a warning), nothing destroyed under it. */
+static void test_dev_abandon_busy_stream(void **state) {
+  uint32_t n = 1;
+  ze_driver_handle_t drv = NULL;
+  ze_result_t (*delay)(ze_driver_handle_t, uint32_t, uint32_t) = NULL;
+  assert_true(sl__ze_ready());
+  assert_int_equal(sl__ze.DriverGet(&n, &drv), ZE_RESULT_SUCCESS);
+  assert_int_equal(sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvSetDelayUs", (void **)&delay), ZE_RESULT_SUCCESS);
+  uint64_t before = misuses(drv);
+  sl_ext_stream_abandon_fn abandon = (sl_ext_stream_abandon_fn)ops->get_proc(SL_EXT_STREAM_ABANDON);
+  assert_non_null(abandon);
+  static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
+  sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
+                        .ops = ops, .timeout_ms = 2000};
+  void *be = NULL, *s = NULL, *d = NULL;
+  static unsigned char h[4096];
+  OK(ops->init(&in, &be));
+  OK(ops->stream_create(be, &s));
+  OK(ops->alloc_device(be, sizeof h, &d));
+  assert_int_equal(delay(drv, 3000000, 3000000), ZE_RESULT_SUCCESS);
+  OK(ops->copy_async(be, d, h, sizeof h, SL_COPY_H2D, s));
+  usleep(50000); /* the engine took it with its 3 s */
+  assert_int_equal(delay(drv, 0, 0), ZE_RESULT_SUCCESS);
+  abandon(be, s);
+  warned = 0;
+  double t0 = mono_s();
+  OK(ops->synchronize(be));
+  double sync_took = mono_s() - t0;
+  ops->fini(be);
+  double took = mono_s() - t0;
+  uint64_t bad = misuses(drv) - before;
+  printf("# abandoned busy stream: synchronize %.2f s, fini %.2f s, %d warning(s), %llu misuse(s)\n", sync_took, took,
+         warned, (unsigned long long)bad);
+  assert_true(sync_took < 0.5);
+  assert_true(took < 1.0);
+  assert_int_equal(warned, 1);
+  assert_int_equal(bad, 0);
 }
 
 /* The device lost under queued work (the test driver's zedrvLoseDevice): the loss is sticky, every
@@ -778,6 +996,59 @@ static void test_dev_device_lost_is_sticky(void **state) {
 }
 
 /* Loads through the command: every rank's shards bit for bit those of the same load on cpu. */
+/* Without the relaxed limits (ZEDRV_NO_RELAXED_ALLOC=1, 256 KiB): a tensor past the limit fails
+ * the load on every rank, naming the tensor, its size and the device's limit. */
+static void test_dev_tensor_past_the_limit(void **state) {
+  if (!no_relaxed_limits()) skip();
+  char *d = sl_test_dir("big");
+  char *out = NULL;
+  int rc = sl_test_run(&out,
+                       "cd '%s' && '%s' synth big.safetensors --size 8MiB >/dev/null && for r in 0 1; do (timeout 60 "
+                       "'%s' load big.safetensors --backend level_zero --placement replicate --rank $r --world-size 2 "
+                       "--rendezvous file://'%s'/rdzv --timeout 20 >out$r 2>&1; echo $? >rc$r) & done; wait; "
+                       "for r in 0 1; do echo \"rank $r exit $(cat rc$r): $(cat out$r)\"; done",
+                       d, sl_test_bin(), sl_test_bin(), d);
+  printf("# %s", out);
+  assert_int_equal(rc, 0);
+  for (int r = 0; r < 2; r++) {
+    char want[64];
+    snprintf(want, sizeof want, "rank %d exit 1: ", r);
+    char *line = strstr(out, want);
+    assert_non_null(line);
+    char *end = strchr(line, '\n');
+    if (end) *end = 0;
+    assert_non_null(strstr(line, "model.embed_tokens.weight: cannot allocate "));
+    assert_non_null(strstr(line, "exceeds the device's maximum allocation of 262144 bytes"));
+    if (end) *end = '\n';
+  }
+  free(out);
+  free(d);
+}
+
+/* A cpu rank (no allocation limit) and a level_zero rank without the relaxed limits (256 KiB)
+ * size their staging slots alike (the smallest limit of any rank), so that both schedule the
+ * same transfers: the load completes on both, with the same bytes as on the cpu alone. */
+static void test_dev_mixed_ranks_agree_on_the_limit(void **state) {
+  if (!no_relaxed_limits()) skip();
+  char *d = sl_test_dir("mixed");
+  char *out = NULL;
+  int rc = sl_test_run(&out,
+                       "cd '%s' && mkdir one two && '%s' load '%s' --backend cpu --nproc 2 --dump one >/dev/null; "
+                       "for r in 0 1; do be=cpu; [ $r = 1 ] && be=level_zero; (timeout 60 '%s' load '%s' --backend $be "
+                       "--rank $r --world-size 2 --rendezvous file://'%s'/rdzv --timeout 20 --dump two >out$r 2>&1; "
+                       "echo $? >rc$r) & done; wait; for r in 0 1; do echo \"rank $r exit $(cat rc$r): $(tail -n 1 out$r)\"; "
+                       "done; ls one | wc -l; for f in one/*; do cmp \"$f\" two/\"${f#one/}\" || echo DIFFERS; done",
+                       d, sl_test_bin(), checkpoint(), sl_test_bin(), checkpoint(), d);
+  printf("# %s", out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "rank 0 exit 0: "));
+  assert_non_null(strstr(out, "rank 1 exit 0: "));
+  assert_non_null(strstr(out, "\n2\n")); /* both ranks' dumps compared */
+  assert_null(strstr(out, "DIFFERS"));
+  free(out);
+  free(d);
+}
+
 static void test_dev_cli_matches_cpu(void **state) {
   /* F64 parameters: widened on the device where it has fp64, else by the core on the host */
   const char *modes[] = {"--nproc 1 --param-dtype BF16", "--nproc 2 --param-dtype F64", "--nproc 2",
@@ -827,7 +1098,10 @@ int main(int argc, char **argv) {
   if (argc > 2 && strcmp(argv[2], "--fini-behind") == 0) {
     probe_score = ops->probe(probe_reason, sizeof probe_reason);
     if (probe_score <= 0) return no_device();
-    const struct CMUnitTest behind[] = {cmocka_unit_test(test_dev_fini_behind_slow_work)};
+    const struct CMUnitTest behind[] = {cmocka_unit_test(test_dev_fini_behind_slow_work),
+                                        cmocka_unit_test(test_dev_fini_waits_for_consumer_records),
+                                        cmocka_unit_test(test_dev_fini_leaves_pools_behind_consumer_records),
+                                        cmocka_unit_test(test_dev_abandon_busy_stream)};
     return cmocka_run_group_tests_name("level_zero_fini_behind", behind, NULL, NULL);
   }
   if (argc > 2 && strcmp(argv[2], "--device") == 0) {
@@ -845,7 +1119,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_dev_cast_ordered_with_copies, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_sgd, dev_setup, dev_teardown),
         cmocka_unit_test(test_dev_cli_matches_cpu),
+        cmocka_unit_test(test_dev_tensor_past_the_limit),
+        cmocka_unit_test(test_dev_mixed_ranks_agree_on_the_limit),
         cmocka_unit_test(test_dev_syncs_bounded_by_the_timeout),
+        cmocka_unit_test_setup_teardown(test_dev_abandon_idle_stream, dev_setup, dev_teardown),
         cmocka_unit_test_setup_teardown(test_dev_device_lost_is_sticky, dev_setup, dev_teardown), /* last */
     };
     return cmocka_run_group_tests_name("level_zero_device", dev, NULL, NULL);

@@ -18,6 +18,7 @@
  * implement; a driver that lacks one answers ZE_RESULT_ERROR_UNSUPPORTED_FEATURE). */
 #define SL_ZE_FUNCTIONS(X)                                                                            \
   X(Init) X(DriverGet) X(DriverGetApiVersion) X(DriverGetExtensionFunctionAddress)                   \
+  X(DriverGetExtensionProperties)                                                                     \
   X(DeviceGet) X(DeviceGetProperties) X(DeviceGetMemoryProperties) X(DeviceGetCommandQueueGroupProperties) \
   X(DevicePciGetPropertiesExt)                                                                        \
   X(ContextCreate) X(ContextDestroy)                                                                  \

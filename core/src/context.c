@@ -247,6 +247,12 @@ bool sl__has_pinned(const sl_context *ctx) {
          SL_HAS_OP(ctx->be, free_pinned);
 }
 
+uint64_t sl__backend_max_alloc(const sl_context *ctx) {
+  if (!SL_HAS_OP(ctx->be, get_proc)) return 0;
+  sl_ext_max_alloc_fn f = (sl_ext_max_alloc_fn)ctx->be->get_proc(SL_EXT_MAX_ALLOC);
+  return f ? f(ctx->be_ctx) : 0;
+}
+
 SL_API sl_status sl_alloc(sl_context *ctx, sl_device_kind where, int pinned, size_t bytes, void **out) {
   if (!ctx || !out) return SL_ERR_INVALID;
   *out = NULL;

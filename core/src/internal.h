@@ -339,6 +339,8 @@ const sl_collective_ops *sl__collective_gloo(void);
 /* ---- context helpers (context.c) ---------------------------------------------------------- */
 bool sl__device_is_host(const sl_context *ctx);
 bool sl__has_pinned(const sl_context *ctx);
+/* The backend's largest single allocation (SL_EXT_MAX_ALLOC), 0 when it has no limit of its own. */
+uint64_t sl__backend_max_alloc(const sl_context *ctx);
 
 /* ---- loader (loader.c) ---------------------------------------------------------------------- */
 /* Canonical text of everything that decides data movement: the plan plus the load options. */

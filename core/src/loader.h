@@ -152,6 +152,9 @@ typedef struct loader {
   int nslots;
   slot slots[SL__MAX_SLOTS];
   size_t slot_bytes;
+  /* the smallest maximum allocation of any rank's backend (SL_EXT_MAX_ALLOC), 0: none; known
+   * from the planning agreement on, so that every rank sizes its slots (and so its schedule) alike */
+  uint64_t alloc_cap;
   bool host_pinned;
   void *s_copy, *s_comm; /* backend streams: host<->device copies; data collective + device work */
   /* HSDP: sub-communicators of the data plane (NULL when unused) */

@@ -27,13 +27,20 @@ static void first_difference(const char *a, const char *b, int rank_b, char *out
 
 /* Every rank contributes its local status and a digest of what decides data movement; all
  * return the first failing rank's status (with its message) or SL_ERR_MISMATCH naming the
- * first difference, or SL_OK together. */
+ * first difference, or SL_OK together. Each rank also tells its backend's maximum allocation
+ * (SL_EXT_MAX_ALLOC), and every rank keeps the smallest (L->alloc_cap): staging slots are sized
+ * under it alike on every rank, so that all schedule the same transfers. */
 sl_status sl__loader_agree(loader *L, sl_status local, const char *phase) {
   uint64_t digest = L->digest;
   sl_context *ctx = L->ctx;
-  uint64_t facts[SL__AGREE_FACTS] = {digest}, *table = NULL;
+  uint64_t facts[SL__AGREE_FACTS] = {digest, sl__backend_max_alloc(ctx)}, *table = NULL;
   sl_status st = sl__agree(ctx, local, facts, phase, &table);
   if (st != SL_OK) return st;
+  L->alloc_cap = 0;
+  for (int r = 0; r < ctx->world_size; r++) {
+    uint64_t cap = table[(size_t)r * SL__AGREE_FACTS + 1];
+    if (cap && (!L->alloc_cap || cap < L->alloc_cap)) L->alloc_cap = cap;
+  }
   int bad = sl__agree_first_differing(ctx, table, 0);
   free(table);
   if (bad < 0) return SL_OK;

@@ -276,6 +276,9 @@ static sl_status setup(loader *L) {
   }
   uint64_t per_slot = L->o.staging_bytes / (size_t)L->nslots;
   if (need < per_slot) per_slot = need;
+  /* one slot is one allocation (host, pinned or device): under every rank's backend limit (a
+   * Level Zero device without relaxed limits), the transfers then split finer */
+  if (L->alloc_cap && per_slot > L->alloc_cap) per_slot = L->alloc_cap;
   if (per_slot < SL__MIN_SLOT + reserve) per_slot = SL__MIN_SLOT + reserve;
   L->slot_bytes = (size_t)per_slot;
   sl_status st = sl__loader_schedule(L);

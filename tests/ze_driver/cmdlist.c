@@ -36,7 +36,7 @@ static ze_result_t ZE_APICALL list_create_immediate(ze_context_handle_t ctx, ze_
   l->immediate = true;
   l->copy_only = zedrv_group_is_copy_only(desc->ordinal);
   l->mode = desc->mode;
-  r = zedrv_engine_start(&l->engine, l->copy_only);
+  r = zedrv_engine_start(&l->engine, l->copy_only, (desc->flags & ZE_COMMAND_QUEUE_FLAG_IN_ORDER) != 0);
   if (r != ZE_RESULT_SUCCESS) {
     free(l);
     return r;
@@ -55,6 +55,7 @@ static ze_result_t ZE_APICALL list_create(ze_context_handle_t ctx, ze_device_han
   if (!l) return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
   l->ctx = ctx;
   l->copy_only = zedrv_group_is_copy_only(desc->commandQueueGroupOrdinal);
+  l->in_order = (desc->flags & ZE_COMMAND_LIST_FLAG_IN_ORDER) != 0;
   l->magic = ZEDRV_MAGIC_LIVE;
   ctx_count(ctx, 1);
   *out = l;
@@ -179,12 +180,23 @@ static ze_result_t ZE_APICALL append_barrier(ze_command_list_handle_t l, ze_even
   return r;
 }
 
+/* The spec gives a signal command no ordering of its own (unlike a barrier's "all previous
+ * commands ... must complete"): it may fire before the commands appended earlier completed. */
 static ze_result_t ZE_APICALL append_signal_event(ze_command_list_handle_t l, ze_event_handle_t ev) {
   if (!ev) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
-  return append_barrier(l, ev, 0, NULL);
+  zedrv_cmd *c;
+  ze_result_t r = new_cmd(l, ZEDRV_CMD_SIGNAL, ev, 0, NULL, &c);
+  if (r != ZE_RESULT_SUCCESS) return r;
+  pthread_mutex_lock(&zd.lock);
+  r = submit(l, c);
+  pthread_mutex_unlock(&zd.lock);
+  return r;
 }
 
+/* A device-side wait blocks the commands after it until the events are signalled, as a barrier
+ * with those events (and, like it, waits for nothing else). */
 static ze_result_t ZE_APICALL append_wait_on_events(ze_command_list_handle_t l, uint32_t n, ze_event_handle_t *evs) {
+  if (n == 0) return live(l) ? ZE_RESULT_SUCCESS : ZE_RESULT_ERROR_INVALID_NULL_HANDLE; /* waits for nothing */
   return append_barrier(l, NULL, n, evs);
 }
 
@@ -338,7 +350,8 @@ static ze_result_t ZE_APICALL queue_create(ze_context_handle_t ctx, ze_device_ha
   if (!q) return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
   q->ctx = ctx;
   q->mode = desc->mode;
-  r = zedrv_engine_start(&q->engine, zedrv_group_is_copy_only(desc->ordinal));
+  r = zedrv_engine_start(&q->engine, zedrv_group_is_copy_only(desc->ordinal),
+                         (desc->flags & ZE_COMMAND_QUEUE_FLAG_IN_ORDER) != 0);
   if (r != ZE_RESULT_SUCCESS) {
     free(q);
     return r;
@@ -404,6 +417,7 @@ static ze_result_t ZE_APICALL queue_execute(ze_command_queue_handle_t q, uint32_
         r = ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
         goto out_unlock;
       }
+      copy->ordered = lists[i]->in_order;
       zedrv_engine_push(&q->engine, copy);
     }
   if (fence) {

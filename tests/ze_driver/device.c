@@ -74,6 +74,7 @@ void zedrv_env_init(void) {
   zd.no_import = env_is("ZEDRV_NO_IMPORT", "1");
   zd.abort_on_misuse = env_is("ZEDRV_MISUSE", "abort");
   zd.strict = env_is("ZEDRV_STRICT", "1");
+  zd.no_relaxed = env_is("ZEDRV_NO_RELAXED_ALLOC", "1");
   zd.lose_after = env_u64("ZEDRV_LOSE_AFTER", 0);
   zd.max_alloc = env_u64("ZEDRV_MAX_ALLOC", 4ull << 30);
   zd.memory = env_u64("ZEDRV_MEMORY", 16ull << 30);
@@ -153,7 +154,7 @@ static ze_result_t ZE_APICALL driver_get_ipc_properties(ze_driver_handle_t d, ze
 static ze_result_t ZE_APICALL driver_get_extension_properties(ze_driver_handle_t d, uint32_t *count,
                                                               ze_driver_extension_properties_t *p) {
   static const char *const names[] = {ZE_RELAXED_ALLOCATION_LIMITS_EXP_NAME};
-  uint32_t n = sizeof names / sizeof names[0];
+  uint32_t n = zd.no_relaxed ? 0 : sizeof names / sizeof names[0]; /* ZEDRV_NO_RELAXED_ALLOC=1: none */
   if (*count == 0 || !p) {
     *count = n;
     return ZE_RESULT_SUCCESS;

@@ -1,8 +1,12 @@
-/* Engines: the worker threads that run commands LATER. Each engine takes its commands in order
- * (a command list without ZE_COMMAND_LIST_FLAG_RELAXED_ORDERING is in order), waits for each
- * command's wait events, sleeps a random delay, and runs it outside the driver's lock; only
- * events order two engines. Copies run in two halves with a pause between, so a reader that
- * skipped a wait can see torn data as well as stale data. */
+/* Engines: the worker threads that run commands LATER. Each engine (an immediate list or a
+ * queue) has ZEDRV_WORKERS workers; each starts any queued command nothing orders after another
+ * (startable(): its wait events, the barriers before it, the in-order flag), picked at random,
+ * sleeps a random delay and runs it outside the driver's lock, so that unordered commands of
+ * one list overlap and complete in any order, as the spec allows ("Commands executed on a
+ * command list are only guaranteed to start in the same order in which they are submitted;
+ * i.e. there is no implicit definition of the order of completion"; this driver does not keep
+ * even the start order). Only events order two engines. Copies run in two halves with a pause
+ * between, so a reader that skipped a wait can see torn data as well as stale data. */
 #define _GNU_SOURCE
 #include "zedrv.h"
 
@@ -88,6 +92,7 @@ static ze_result_t run_cmd(const zedrv_cmd *c, unsigned delay_us) {
     return c->u.kernel.fn->run(&l);
   }
   case ZEDRV_CMD_BARRIER:
+  case ZEDRV_CMD_SIGNAL:
   case ZEDRV_CMD_FENCE:
     break;
   }
@@ -125,6 +130,7 @@ static void open_memory(zedrv_cmd *c) {
       }
     break;
   case ZEDRV_CMD_BARRIER:
+  case ZEDRV_CMD_SIGNAL:
   case ZEDRV_CMD_FENCE:
     break;
   }
@@ -142,10 +148,59 @@ static bool waits_done(const void *arg) {
   return true;
 }
 
-/* Retires the head command: its signal event and fence fire; zd.lock held. */
+/* A barrier (execution barrier, WaitOnEvents) or a fence: blocks every later command from
+ * starting until it completed. A barrier without waits and a fence also wait for every earlier
+ * command to complete ("If numWaitEvents is zero, then all previous commands ... must complete
+ * prior to the execution of the barrier. This is not the case when numWaitEvents is non-zero"). */
+static bool is_barrier(const zedrv_cmd *c) {
+  return c->kind == ZEDRV_CMD_BARRIER || c->kind == ZEDRV_CMD_FENCE;
+}
+
+static bool waits_for_all_before(const zedrv_cmd *c) {
+  return c->ordered || c->kind == ZEDRV_CMD_FENCE || (c->kind == ZEDRV_CMD_BARRIER && c->nwait == 0);
+}
+
+/* Whether C (queued) may start now: its waits are signalled, no barrier before it (queued or
+ * running) is still pending, and, where it waits for everything before it, nothing before it is
+ * left. Nothing else orders it: the spec guarantees only that commands START in append order,
+ * and this driver does not even keep that, so that a client relying on anything but barriers,
+ * events and the in-order flag is caught. zd.lock held. */
+static bool startable(const zedrv_engine *e, const zedrv_cmd *c) {
+  if (!waits_done(c)) return false;
+  bool all = waits_for_all_before(c);
+  for (const zedrv_cmd *o = e->running; o; o = o->next)
+    if (o->seq < c->seq && (all || is_barrier(o))) return false;
+  for (const zedrv_cmd *o = e->head; o != c; o = o->next)
+    if (all || is_barrier(o)) return false;
+  return true;
+}
+
+/* Takes a startable command at random off the queue (NULL: none); zd.lock held. */
+static zedrv_cmd *take(zedrv_engine *e) {
+  if (zd.device_lost) return NULL;
+  unsigned n = 0;
+  for (const zedrv_cmd *c = e->head; c; c = c->next) n += startable(e, c);
+  if (!n) return NULL;
+  unsigned pick = (unsigned)rand_r(&e->seed) % n;
+  zedrv_cmd *prev = NULL;
+  for (zedrv_cmd *c = e->head; c; prev = c, c = c->next)
+    if (startable(e, c) && pick-- == 0) {
+      if (prev)
+        prev->next = c->next;
+      else
+        e->head = c->next;
+      if (e->tail == c) e->tail = prev;
+      for (uint32_t i = 0; i < c->nwait; i++) c->wait[i]->pending_waits--;
+      c->next = e->running;
+      e->running = c;
+      return c;
+    }
+  return NULL;
+}
+
+/* Retires a command: its signal event and fence fire (or, when it never ran, are released);
+ * zd.lock held. */
 static void retire(zedrv_engine *e, zedrv_cmd *c, bool ran) {
-  e->head = c->next;
-  if (!e->head) e->tail = NULL;
   if (c->signal) {
     if (ran)
       zedrv_event_fire(c->signal);
@@ -161,22 +216,37 @@ static void retire(zedrv_engine *e, zedrv_cmd *c, bool ran) {
   zedrv_cmd_free(c);
 }
 
-static bool engine_woken(const zedrv_engine *e) {
-  return e->stop || (e->head && (zd.device_lost || waits_done(e->head)));
+static void unlink_running(zedrv_engine *e, zedrv_cmd *c) {
+  for (zedrv_cmd **p = &e->running; *p; p = &(*p)->next)
+    if (*p == c) {
+      *p = c->next;
+      return;
+    }
+}
+
+/* Drops every queued command unrun (a lost device, a destroyed list); zd.lock held. */
+static void drop_queued(zedrv_engine *e) {
+  while (e->head) {
+    zedrv_cmd *c = e->head;
+    e->head = c->next;
+    for (uint32_t i = 0; i < c->nwait; i++) c->wait[i]->pending_waits--;
+    retire(e, c, false);
+  }
+  e->tail = NULL;
 }
 
 static void *engine_main(void *arg) {
   zedrv_engine *e = arg;
-  unsigned seed = (unsigned)(uintptr_t)e ^ (unsigned)time(NULL);
+  unsigned seed = (unsigned)(uintptr_t)&seed ^ (unsigned)time(NULL);
   pthread_mutex_lock(&zd.lock);
   for (;;) {
-    while (!engine_woken(e)) pthread_cond_wait(&zd.cond, &zd.lock);
-    zedrv_cmd *c = e->head;
-    if (!c && e->stop) break;
-    if (zd.device_lost || (e->stop && !waits_done(c))) {
-      /* a lost device runs nothing more; a destroyed list drops what can never start */
-      while (e->head) retire(e, e->head, false);
-      if (e->stop) break;
+    zedrv_cmd *c = take(e);
+    if (!c) {
+      if (zd.device_lost) drop_queued(e); /* a lost device runs nothing more */
+      /* a destroyed list drops what can never start, once nothing running can unblock it */
+      if (e->stop && !e->running) drop_queued(e);
+      if (e->stop && !e->head) break;
+      pthread_cond_wait(&zd.cond, &zd.lock);
       continue;
     }
     unsigned delay = random_delay(&seed);
@@ -187,16 +257,23 @@ static void *engine_main(void *arg) {
     pthread_mutex_lock(&zd.lock);
     close_memory(c);
     if (r != ZE_RESULT_SUCCESS || (zd.lose_after && ++zd.commands_run >= zd.lose_after)) zd.device_lost = true;
+    unlink_running(e, c);
     retire(e, c, r == ZE_RESULT_SUCCESS);
   }
   pthread_mutex_unlock(&zd.lock);
   return NULL;
 }
 
-ze_result_t zedrv_engine_start(zedrv_engine *e, bool copy_only) {
+ze_result_t zedrv_engine_start(zedrv_engine *e, bool copy_only, bool in_order) {
   memset(e, 0, sizeof *e);
   e->copy_only = copy_only;
-  if (pthread_create(&e->thread, NULL, engine_main, e) != 0) return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
+  e->in_order = in_order;
+  e->seed = (unsigned)(uintptr_t)e ^ (unsigned)time(NULL);
+  for (; e->nthreads < ZEDRV_WORKERS; e->nthreads++)
+    if (pthread_create(&e->threads[e->nthreads], NULL, engine_main, e) != 0) {
+      zedrv_engine_stop(e);
+      return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
+    }
   return ZE_RESULT_SUCCESS;
 }
 
@@ -205,17 +282,23 @@ void zedrv_engine_stop(zedrv_engine *e) {
   e->stop = true;
   pthread_cond_broadcast(&zd.cond);
   pthread_mutex_unlock(&zd.lock);
-  pthread_join(e->thread, NULL);
+  for (int i = 0; i < e->nthreads; i++) pthread_join(e->threads[i], NULL);
+  e->nthreads = 0;
 }
 
+/* A command of an in-order engine is ordered after everything before it; a queued command's
+ * waits are counted on its events (a host reset of one of them is misuse until it starts). */
 void zedrv_engine_push(zedrv_engine *e, zedrv_cmd *c) {
   c->next = NULL;
+  c->seq = e->next_seq++;
+  if (e->in_order) c->ordered = true;
   if (e->tail)
     e->tail->next = c;
   else
     e->head = c;
   e->tail = c;
   e->in_flight++;
+  for (uint32_t i = 0; i < c->nwait; i++) c->wait[i]->pending_waits++;
   if (c->signal) zedrv_event_add_pending(c->signal);
   if (c->fence) c->fence->pending = true;
   pthread_cond_broadcast(&zd.cond);

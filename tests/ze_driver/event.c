@@ -79,8 +79,10 @@ out_unlock:
 static ze_result_t ZE_APICALL event_destroy(ze_event_handle_t e) {
   if (!live(e)) return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
   pthread_mutex_lock(&zd.lock);
-  if (e->pending_signals > 0) {
-    zedrv_misuse("zeEventDestroy: a queued command still signals the event (pool index %u)", e->index);
+  if (e->pending_signals > 0 || e->pending_waits > 0) {
+    zedrv_misuse("zeEventDestroy: a queued command still %s the event (pool index %u): \"the application must "
+                 "ensure the device is not currently referencing the event before it is deleted\"",
+                 e->pending_signals > 0 ? "signals" : "waits for", e->index);
     pthread_mutex_unlock(&zd.lock);
     return ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE;
   }
@@ -139,6 +141,11 @@ static ze_result_t ZE_APICALL event_host_reset(ze_event_handle_t e) {
   pthread_mutex_lock(&zd.lock);
   if (e->pending_signals > 0)
     zedrv_misuse("zeEventHostReset: a queued command still signals the event (pool index %u)", e->index);
+  /* a queued wait that has not started yet would see the reset, or the signal, depending on
+   * when the device gets to it: the reset races with the wait */
+  if (e->pending_waits > 0)
+    zedrv_misuse("zeEventHostReset: %d queued command%s not yet started still wait%s for the event (pool index %u)",
+                 e->pending_waits, e->pending_waits == 1 ? "" : "s", e->pending_waits == 1 ? "s" : "", e->index);
   e->signalled = false;
   pthread_mutex_unlock(&zd.lock);
   return ZE_RESULT_SUCCESS;

@@ -51,8 +51,10 @@ static void registry_remove(const zedrv_alloc *a) {
   zd.nallocs--;
 }
 
-/* The relaxed-limit descriptor in a device allocation's pNext chain lifts maxMemAllocSize. */
+/* The relaxed-limit descriptor in an allocation's pNext chain lifts maxMemAllocSize, where the
+ * driver offers the extension (a driver without it ignores a structure it does not know). */
 static bool relaxed_max_size(const void *pnext) {
+  if (zd.no_relaxed) return false;
   for (const ze_base_desc_t *d = pnext; d; d = d->pNext)
     if (d->stype == ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC &&
         (((const ze_relaxed_allocation_limits_exp_desc_t *)d)->flags & ZE_RELAXED_ALLOCATION_LIMITS_EXP_FLAG_MAX_SIZE))

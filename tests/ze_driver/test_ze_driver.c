@@ -273,17 +273,33 @@ static void test_memory(void **state) {
   ZE_OK(zeMemFree(g.ctx, s));
   check_props(d, ZE_MEMORY_TYPE_UNKNOWN);
 
-  /* past maxMemAllocSize: refused, unless the relaxed-limit descriptor asks */
+  /* past maxMemAllocSize: refused, unless the relaxed-limit descriptor asks where the driver lists
+   * the extension (ZEDRV_NO_RELAXED_ALLOC=1: it does not, and the descriptor changes nothing) */
+  const char *nr = getenv("ZEDRV_NO_RELAXED_ALLOC");
+  bool relax_offered = !(nr && strcmp(nr, "1") == 0), listed = false;
+  ze_driver_extension_properties_t ext[16];
+  uint32_t next = 16;
+  ZE_OK(zeDriverGetExtensionProperties(g.driver, &next, ext));
+  for (uint32_t i = 0; i < next; i++) listed |= strcmp(ext[i].name, ZE_RELAXED_ALLOCATION_LIMITS_EXP_NAME) == 0;
+  assert_int_equal(listed, relax_offered);
   ze_device_properties_t p = {.stype = ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES};
   ZE_OK(zeDeviceGetProperties(g.device, &p));
   void *big = NULL;
   assert_int_equal(zeMemAllocDevice(g.ctx, &dd, p.maxMemAllocSize + 4096, 64, g.device, &big),
                    ZE_RESULT_ERROR_UNSUPPORTED_SIZE);
+  assert_int_equal(zeMemAllocHost(g.ctx, &(ze_host_mem_alloc_desc_t){.stype = ZE_STRUCTURE_TYPE_HOST_MEM_ALLOC_DESC},
+                                  p.maxMemAllocSize + 4096, 64, &big),
+                   ZE_RESULT_ERROR_UNSUPPORTED_SIZE);
   ze_relaxed_allocation_limits_exp_desc_t relaxed = {.stype = ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC,
                                                      .flags = ZE_RELAXED_ALLOCATION_LIMITS_EXP_FLAG_MAX_SIZE};
   dd.pNext = &relaxed;
-  ZE_OK(zeMemAllocDevice(g.ctx, &dd, p.maxMemAllocSize + 4096, 64, g.device, &big));
-  ZE_OK(zeMemFree(g.ctx, big));
+  if (relax_offered) {
+    ZE_OK(zeMemAllocDevice(g.ctx, &dd, p.maxMemAllocSize + 4096, 64, g.device, &big));
+    ZE_OK(zeMemFree(g.ctx, big));
+  } else {
+    assert_int_equal(zeMemAllocDevice(g.ctx, &dd, p.maxMemAllocSize + 4096, 64, g.device, &big),
+                     ZE_RESULT_ERROR_UNSUPPORTED_SIZE);
+  }
   assert_int_equal(misuse_count(), misuse);
 }
 
@@ -408,6 +424,7 @@ static void test_strict_device_memory(void **state) {
   ze_event_handle_t done = new_event();
   unsigned char *host = host_alloc(4096);
   ZE_OK(zeCommandListAppendMemoryFill(l, (void *)dev, "\x42", 1, 4096, NULL, 0, NULL));
+  ZE_OK(zeCommandListAppendBarrier(l, NULL, 0, NULL)); /* the copy reads what the fill wrote */
   ZE_OK(zeCommandListAppendMemoryCopy(l, host, (void *)dev, 4096, done, 0, NULL));
   ZE_OK(zeEventHostSynchronize(done, FOREVER));
   for (int i = 0; i < 4096; i++) assert_int_equal(host[i], 0x42);
@@ -507,22 +524,187 @@ static void test_missing_wait_reads_stale(void **state) {
   copy_after(false);
 }
 
-/* One list is in order: a later command sees an earlier one's result without any event. */
-static void test_in_order_list(void **state) {
-  enum { N = 1 << 16 };
-  ze_command_list_handle_t l = immediate(g.copy_ordinal, 0);
-  ze_event_handle_t done = new_event();
-  uint32_t *src = host_alloc(N * 4), *mid = device_alloc(N * 4), *dst = host_alloc(N * 4);
-  fill_u32(src, N, 5);
-  ZE_OK(zeCommandListAppendMemoryCopy(l, mid, src, N * 4, NULL, 0, NULL));
-  ZE_OK(zeCommandListAppendMemoryCopy(l, dst, mid, N * 4, done, 0, NULL));
-  ZE_OK(zeEventHostSynchronize(done, FOREVER));
-  assert_memory_equal(dst, src, N * 4);
-  ZE_OK(zeEventDestroy(done));
+/* Ordering inside one list. A list orders its commands only through barriers, events and the
+ * in-order flag (ZE_COMMAND_QUEUE_FLAG_IN_ORDER, spec 1.7): otherwise two commands overlap and
+ * complete in any order ("there is no implicit definition of the order of completion"). */
+typedef enum { UNORDERED, BARRIER, EVENT, IN_ORDER_FLAG } order_by;
+
+static ze_command_list_handle_t list_for(order_by how) {
+  ze_command_queue_desc_t d = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC,
+                               .ordinal = g.copy_ordinal,
+                               .flags = how == IN_ORDER_FLAG ? ZE_BIT(1) /* ZE_COMMAND_QUEUE_FLAG_IN_ORDER */ : 0,
+                               .mode = ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS};
+  ze_command_list_handle_t l = NULL;
+  ze_result_t r = zeCommandListCreateImmediate(g.ctx, g.device, &d, &l);
+  const char *v = getenv("ZE_ENABLE_VALIDATION_LAYER");
+  if (how == IN_ORDER_FLAG && v && strcmp(v, "1") == 0) {
+    /* the 1.8.12 validation layer knows API 1.4 and refuses the 1.7 flag (what keeps the module
+     * from relying on it) */
+    assert_int_equal(r, ZE_RESULT_ERROR_INVALID_ENUMERATION);
+    return NULL;
+  }
+  ZE_OK(r);
+  return l;
+}
+
+/* TRIES times: copy A (a big one) then copy B (a small one) into the same destination, ordered
+ * by HOW or not at all; returns in how many tries the result was not B's (A completed last,
+ * or the two overlapped and tore it). */
+static int tries_out_of_order(order_by how, int tries) {
+  enum { N = 1 << 14 };
+  ze_command_list_handle_t l = list_for(how);
+  if (!l) return 0;
+  uint32_t *a = host_alloc(N * 4), *b = host_alloc(N * 4), *dst = host_alloc(N * 4);
+  fill_u32(a, N, 1u << 20);
+  fill_u32(b, N, 7);
+  ze_event_handle_t a_done = new_event(), all_done = new_event();
+  int out_of_order = 0;
+  for (int t = 0; t < tries; t++) {
+    memset(dst, 0, N * 4);
+    ZE_OK(zeCommandListAppendMemoryCopy(l, dst, a, N * 4, how == EVENT ? a_done : NULL, 0, NULL));
+    if (how == BARRIER) ZE_OK(zeCommandListAppendBarrier(l, NULL, 0, NULL));
+    ZE_OK(zeCommandListAppendMemoryCopy(l, dst, b, N * 4, NULL, how == EVENT ? 1 : 0, how == EVENT ? &a_done : NULL));
+    ZE_OK(zeCommandListAppendBarrier(l, all_done, 0, NULL)); /* both completed */
+    ZE_OK(zeEventHostSynchronize(all_done, FOREVER));
+    out_of_order += memcmp(dst, b, N * 4) != 0;
+    ZE_OK(zeEventHostReset(all_done));
+    ZE_OK(zeEventHostReset(a_done));
+  }
   ZE_OK(zeCommandListDestroy(l));
-  ZE_OK(zeMemFree(g.ctx, src));
-  ZE_OK(zeMemFree(g.ctx, mid));
+  ZE_OK(zeEventDestroy(a_done));
+  ZE_OK(zeEventDestroy(all_done));
+  ZE_OK(zeMemFree(g.ctx, a));
+  ZE_OK(zeMemFree(g.ctx, b));
   ZE_OK(zeMemFree(g.ctx, dst));
+  return out_of_order;
+}
+
+static void with_delay(unsigned lo, unsigned hi) {
+  delay_fn set_delay = NULL;
+  ZE_OK(zeDriverGetExtensionFunctionAddress(g.driver, "zedrvSetDelayUs", (void **)&set_delay));
+  ZE_OK(set_delay(g.driver, lo, hi));
+}
+
+static void restore_delay(void) {
+  unsigned lo = 0, hi = 300;
+  const char *env = getenv("ZEDRV_DELAY_US");
+  if (env) assert_int_equal(sscanf(env, "%u:%u", &lo, &hi), 2);
+  with_delay(lo, hi);
+}
+
+/* Unordered, the later copy completes first at least once in 40 tries (each try about even odds
+ * under random delays); ordered by a barrier, an event or the in-order flag, never. */
+static void test_list_order(void **state) {
+  uint64_t misuse = misuse_count();
+  with_delay(0, 2000);
+  int unordered = tries_out_of_order(UNORDERED, 40);
+  int barrier = tries_out_of_order(BARRIER, 20), event = tries_out_of_order(EVENT, 20);
+  int in_order = tries_out_of_order(IN_ORDER_FLAG, 20);
+  restore_delay();
+  print_message("out of order: %d/40 unordered, %d/20 with a barrier, %d/20 with an event, %d/20 in-order\n",
+                unordered, barrier, event, in_order);
+  assert_true(unordered > 0);
+  assert_int_equal(barrier, 0);
+  assert_int_equal(event, 0);
+  assert_int_equal(in_order, 0);
+  assert_int_equal(misuse_count(), misuse);
+}
+
+/* A command that waits for nothing does not wait behind an earlier one that waits for a gate
+ * (nothing orders them), but one behind a barrier does; a barrier with waits does not wait for
+ * the commands before it ("This is not the case when numWaitEvents is non-zero"). */
+static void test_list_reorders(void **state) {
+  uint64_t misuse = misuse_count();
+  enum { N = 1024 };
+  ze_command_list_handle_t l = immediate(g.copy_ordinal, 0);
+  ze_event_handle_t gate = new_event(), a_done = new_event(), b_done = new_event(), c_done = new_event();
+  ze_event_handle_t gate2 = new_event(), d_done = new_event();
+  uint32_t *src = host_alloc(N * 4), *x = host_alloc(N * 4), *y = host_alloc(N * 4), *z = host_alloc(N * 4);
+  fill_u32(src, N, 3);
+  ZE_OK(zeCommandListAppendMemoryCopy(l, x, src, N * 4, a_done, 1, &gate));
+  ZE_OK(zeCommandListAppendMemoryCopy(l, y, src, N * 4, b_done, 0, NULL));
+  ZE_OK(zeEventHostSynchronize(b_done, FOREVER)); /* B completed while A still waits */
+  assert_int_equal(zeEventQueryStatus(a_done), ZE_RESULT_NOT_READY);
+  /* a barrier with waits passes once they are signalled, A still pending */
+  ZE_OK(zeCommandListAppendBarrier(l, c_done, 1, &b_done));
+  ZE_OK(zeEventHostSynchronize(c_done, FOREVER));
+  assert_int_equal(zeEventQueryStatus(a_done), ZE_RESULT_NOT_READY);
+  /* behind a barrier without waits, a copy waits for A */
+  ZE_OK(zeCommandListAppendBarrier(l, NULL, 0, NULL));
+  ZE_OK(zeCommandListAppendMemoryCopy(l, z, src, N * 4, d_done, 0, NULL));
+  usleep(20000);
+  assert_int_equal(zeEventQueryStatus(d_done), ZE_RESULT_NOT_READY);
+  ZE_OK(zeEventHostSignal(gate));
+  ZE_OK(zeEventHostSynchronize(d_done, FOREVER));
+  ZE_OK(zeEventQueryStatus(a_done));
+  assert_memory_equal(z, src, N * 4);
+  /* a wait (zeCommandListAppendWaitOnEvents) blocks what follows it */
+  ZE_OK(zeEventHostReset(d_done));
+  ZE_OK(zeCommandListAppendWaitOnEvents(l, 1, &gate2));
+  ZE_OK(zeCommandListAppendMemoryCopy(l, z, src, N * 4, d_done, 0, NULL));
+  usleep(20000);
+  assert_int_equal(zeEventQueryStatus(d_done), ZE_RESULT_NOT_READY);
+  ZE_OK(zeEventHostSignal(gate2));
+  ZE_OK(zeEventHostSynchronize(d_done, FOREVER));
+  ZE_OK(zeCommandListDestroy(l));
+  ze_event_handle_t all[] = {gate, a_done, b_done, c_done, gate2, d_done};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) ZE_OK(zeEventDestroy(all[i]));
+  ZE_OK(zeMemFree(g.ctx, src));
+  ZE_OK(zeMemFree(g.ctx, x));
+  ZE_OK(zeMemFree(g.ctx, y));
+  ZE_OK(zeMemFree(g.ctx, z));
+  assert_int_equal(misuse_count(), misuse);
+}
+
+/* A host reset, or a destruction, of an event that a queued command not yet started waits for
+ * is misuse (the wait would see the reset or the signal depending on when it runs); once the
+ * command started, the reset is fine. */
+static void test_reset_under_wait(void **state) {
+  uint64_t misuse = misuse_count();
+  ze_command_list_handle_t l = immediate(g.copy_ordinal, 0);
+  ze_event_handle_t gate = new_event(), other = new_event(), done = new_event();
+  ZE_OK(zeCommandListAppendBarrier(l, done, 2, (ze_event_handle_t[]){gate, other}));
+  ZE_OK(zeEventHostSignal(gate));
+  ZE_OK(zeEventHostReset(gate)); /* the barrier, still waiting for OTHER, names it */
+  assert_int_equal(misuse_count(), misuse + 1);
+  assert_int_equal(zeEventDestroy(gate), ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE);
+  assert_int_equal(misuse_count(), misuse + 2);
+  ZE_OK(zeEventHostSignal(gate));
+  ZE_OK(zeEventHostSignal(other));
+  ZE_OK(zeEventHostSynchronize(done, FOREVER));
+  ZE_OK(zeEventHostReset(gate)); /* the barrier has run: nothing waits for it any more */
+  ZE_OK(zeEventHostReset(other));
+  assert_int_equal(misuse_count(), misuse + 2);
+  ZE_OK(zeCommandListDestroy(l));
+  ZE_OK(zeEventDestroy(gate));
+  ZE_OK(zeEventDestroy(other));
+  ZE_OK(zeEventDestroy(done));
+  assert_int_equal(misuse_count(), misuse + 2);
+}
+
+/* Destroying an event, or its pool, while a queued command still signals it is misuse ("The
+ * application must ensure the device is not currently referencing the any event within the pool
+ * before it is deleted"), refused with ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE. */
+static void test_destroy_busy_pool(void **state) {
+  uint64_t misuse = misuse_count();
+  ze_event_pool_desc_t pd = {.stype = ZE_STRUCTURE_TYPE_EVENT_POOL_DESC, .flags = ZE_EVENT_POOL_FLAG_HOST_VISIBLE, .count = 1};
+  ze_event_pool_handle_t pool = NULL;
+  ZE_OK(zeEventPoolCreate(g.ctx, &pd, 1, &g.device, &pool));
+  ze_event_desc_t ed = {.stype = ZE_STRUCTURE_TYPE_EVENT_DESC, .index = 0};
+  ze_event_handle_t e = NULL, gate = new_event();
+  ZE_OK(zeEventCreate(pool, &ed, &e));
+  ze_command_list_handle_t l = immediate(g.copy_ordinal, 0);
+  ZE_OK(zeCommandListAppendBarrier(l, e, 1, &gate));
+  assert_int_equal(zeEventDestroy(e), ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE);
+  assert_int_equal(zeEventPoolDestroy(pool), ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE);
+  assert_int_equal(misuse_count(), misuse + 2);
+  ZE_OK(zeEventHostSignal(gate));
+  ZE_OK(zeEventHostSynchronize(e, FOREVER));
+  ZE_OK(zeEventDestroy(e));
+  ZE_OK(zeEventPoolDestroy(pool));
+  ZE_OK(zeCommandListDestroy(l));
+  ZE_OK(zeEventDestroy(gate));
+  assert_int_equal(misuse_count(), misuse + 2);
 }
 
 /* A 2-D and a 3-D box between pitched buffers; the bytes outside the box are untouched. */
@@ -811,7 +993,9 @@ static void test_kernel_f64(void **state) {
   ze_command_list_handle_t l = immediate(g.compute_ordinal, 0);
   ze_event_handle_t done = new_event();
   ZE_OK(zeCommandListAppendMemoryCopy(l, buf, host, N * sizeof(double), NULL, 0, NULL));
+  ZE_OK(zeCommandListAppendBarrier(l, NULL, 0, NULL)); /* a list orders nothing by itself */
   ZE_OK(zeCommandListAppendLaunchKernel(l, k, &groups, NULL, 0, NULL));
+  ZE_OK(zeCommandListAppendBarrier(l, NULL, 0, NULL));
   ZE_OK(zeCommandListAppendMemoryCopy(l, host, buf, N * sizeof(double), done, 0, NULL));
   ZE_OK(zeEventHostSynchronize(done, FOREVER));
   for (int i = 0; i < N; i++) assert_true(host[i] == i * 0.5 * 2.5);
@@ -1019,7 +1203,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_signal_once),
       cmocka_unit_test(test_wait_orders),
       cmocka_unit_test(test_missing_wait_reads_stale),
-      cmocka_unit_test(test_in_order_list),
+      cmocka_unit_test(test_list_order),
+      cmocka_unit_test(test_list_reorders),
+      cmocka_unit_test(test_reset_under_wait),
+      cmocka_unit_test(test_destroy_busy_pool),
       cmocka_unit_test(test_region_copy),
       cmocka_unit_test(test_copy_past_end),
       cmocka_unit_test(test_queue_and_fence),

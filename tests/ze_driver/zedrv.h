@@ -6,10 +6,12 @@
  * fences, a copy-only and a compute queue group, region copies, host-pointer import, and
  * modules whose kernels run by name through host implementations (kernels.c).
  *
- * It is as strict as the API: nothing here orders two engines except events, nothing runs at
- * append time (unless the list is synchronous), and an event once signalled stays signalled
- * until the host resets it. Uses the API leaves undefined (signalling an event that is already
- * signalled or has a signal pending, resetting an event a queued command still signals,
+ * It is as strict as the API: nothing orders two commands of one list except events, barriers
+ * and the in-order flag (they overlap and complete in any order otherwise: engine.c), nothing
+ * orders two engines except events, nothing runs at append time (unless the list is
+ * synchronous), and an event once signalled stays signalled until the host resets it. Uses the API leaves undefined (signalling an event that is already
+ * signalled or has a signal pending, resetting an event a queued command still signals or a
+ * queued command not yet started waits for,
  * synchronizing on a pool that is not host-visible, destroying a busy object, leaving contexts or
  * memory alive at exit) are counted as
  * misuse: zedrvGetMisuseCount (through zeDriverGetExtensionFunctionAddress) reads the count,
@@ -22,7 +24,10 @@
  *   ZEDRV_DEVICE_TYPE=t      what the devices report: gpu (default), cpu, fpga or vpu
  *   ZEDRV_GROUPS=copy-first  ordinal 0 is the copy-only group (default: compute first), so a
  *                            client that takes group 0 for copies or kernels blindly is caught
- *   ZEDRV_MAX_ALLOC=bytes    the device's maxMemAllocSize (default 4 GiB)
+ *   ZEDRV_MAX_ALLOC=bytes    the device's maxMemAllocSize (default 4 GiB), enforced on device, host
+ *                            and shared allocations unless the relaxed-limit descriptor is chained
+ *   ZEDRV_NO_RELAXED_ALLOC=1 the driver does not list ZE_experimental_relaxed_allocation_limits and
+ *                            ignores its descriptor (maxMemAllocSize holds for every allocation)
  *   ZEDRV_MEMORY=bytes       the device's memory (default 16 GiB; allocations are counted)
  *   ZEDRV_NO_FP64=1          the device reports no fp64 support
  *   ZEDRV_NO_F32_DENORMS=1   the device's fp32flags lack ZE_DEVICE_FP_FLAG_DENORM (it may flush
@@ -90,6 +95,7 @@ struct _ze_event_handle_t {
   uint32_t index;
   bool signalled;
   int pending_signals; /* queued commands that will signal it */
+  int pending_waits;   /* queued commands, not yet started, that wait for it */
 };
 
 struct _ze_fence_handle_t {
@@ -99,13 +105,25 @@ struct _ze_fence_handle_t {
   bool pending;
 };
 
+/* The flags of spec 1.7 that the 1.8.12 headers (API 1.4) lack: honoured here, as by the
+ * drivers that report 1.7 or later. */
+#ifndef ZE_COMMAND_QUEUE_FLAG_IN_ORDER
+#define ZE_COMMAND_QUEUE_FLAG_IN_ORDER ((ze_command_queue_flags_t)ZE_BIT(1))
+#endif
+#ifndef ZE_COMMAND_LIST_FLAG_IN_ORDER
+#define ZE_COMMAND_LIST_FLAG_IN_ORDER ((ze_command_list_flags_t)ZE_BIT(3))
+#endif
+
+#define ZEDRV_WORKERS 3 /* worker threads per engine: unordered commands overlap */
+
 typedef enum {
   ZEDRV_CMD_COPY,
   ZEDRV_CMD_COPY_REGION,
   ZEDRV_CMD_FILL,
-  ZEDRV_CMD_BARRIER, /* waits and signal only */
+  ZEDRV_CMD_BARRIER, /* zeCommandListAppendBarrier / WaitOnEvents: blocks every later command */
+  ZEDRV_CMD_SIGNAL,  /* zeCommandListAppendSignalEvent: no work, no ordering of its own */
   ZEDRV_CMD_KERNEL,
-  ZEDRV_CMD_FENCE, /* queue-internal: signals a fence */
+  ZEDRV_CMD_FENCE, /* queue-internal: signals a fence once everything before it completed */
 } zedrv_cmd_kind;
 
 typedef struct zedrv_kernel_args {
@@ -117,6 +135,8 @@ typedef struct zedrv_kernel_args {
 typedef struct zedrv_cmd {
   struct zedrv_cmd *next;
   zedrv_cmd_kind kind;
+  uint64_t seq;  /* append order on its engine */
+  bool ordered;  /* from an in-order list or queue: starts once everything before it completed */
   uint32_t nopened;
   void *opened[ZEDRV_MAX_ARGS + 2]; /* strict mode: the allocations an engine opened for it */
   uint32_t nwait;
@@ -149,13 +169,20 @@ typedef struct zedrv_cmd {
   } u;
 } zedrv_cmd;
 
-/* One engine: an in-order FIFO of commands and the worker thread that runs them. */
+/* One engine: the commands queued on it in append order (not yet started), those running, and
+ * ZEDRV_WORKERS worker threads, each of which starts ANY queued command that nothing orders
+ * after another (engine.c says what orders them), picked at random. */
 struct zedrv_engine {
-  pthread_t thread;
-  zedrv_cmd *head, *tail;
-  int in_flight; /* queued + running */
+  pthread_t threads[ZEDRV_WORKERS];
+  int nthreads;
+  zedrv_cmd *head, *tail; /* queued */
+  zedrv_cmd *running;     /* started, not yet retired (unordered) */
+  int in_flight;          /* queued + running */
+  uint64_t next_seq;
+  unsigned seed;
   bool stop;
   bool copy_only;
+  bool in_order; /* ZE_COMMAND_QUEUE_FLAG_IN_ORDER / ZE_COMMAND_LIST_FLAG_IN_ORDER */
 };
 
 struct _ze_command_queue_handle_t {
@@ -173,6 +200,7 @@ struct _ze_command_list_handle_t {
   bool copy_only;
   zedrv_engine engine; /* immediate lists: their own engine */
   ze_command_queue_mode_t mode;
+  bool in_order;          /* ZE_COMMAND_LIST_FLAG_IN_ORDER (regular lists) */
   zedrv_cmd *head, *tail; /* regular lists: the recorded commands */
   int executing;          /* regular lists: times queued and not yet finished */
 };
@@ -246,7 +274,7 @@ typedef struct zedrv_state {
   pthread_cond_t cond;
   bool initialized;
   unsigned delay_min_us, delay_max_us;
-  bool copy_first, no_fp64, no_f32_denorms, no_import, abort_on_misuse, strict;
+  bool copy_first, no_fp64, no_f32_denorms, no_import, abort_on_misuse, strict, no_relaxed;
   uint64_t max_alloc, memory, used;
   uint64_t misuse;
   int live_contexts; /* what is still alive at exit is reported as misuse (a leak) */
@@ -280,9 +308,9 @@ void *zedrv_alloc_open(const void *ptr);
 void zedrv_alloc_close(void *base);
 
 /* engines and commands (queue.c) */
-ze_result_t zedrv_engine_start(zedrv_engine *e, bool copy_only);
+ze_result_t zedrv_engine_start(zedrv_engine *e, bool copy_only, bool in_order);
 void zedrv_engine_stop(zedrv_engine *e);
-/* Takes the commands in order; zd.lock held. */
+/* Queues a command (nothing runs here); zd.lock held. */
 void zedrv_engine_push(zedrv_engine *e, zedrv_cmd *cmd);
 void zedrv_cmd_free(zedrv_cmd *cmd);
 /* Waits until the engine has run everything queued; zd.lock held. */

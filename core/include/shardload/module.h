@@ -310,6 +310,12 @@ typedef void (*sl_ext_traffic_fn)(void *be, uint64_t *h2d, uint64_t *d2h);
  * (synchronize, fini) waits for it, and the caller never uses or destroys it again. */
 #define SL_EXT_STREAM_ABANDON "sl_ext_stream_abandon"
 typedef void (*sl_ext_stream_abandon_fn)(void *be, void *stream);
+/* sl_ext_max_alloc_fn: complete on return, cheap. The largest BYTES one alloc_device or
+ * alloc_pinned call can give (Level Zero's maxMemAllocSize where the driver cannot relax it),
+ * or 0 for no limit of its own (absent: 0). The core sizes its staging slots under the smallest
+ * limit of any rank, and a single buffer past it fails with the module's message. */
+#define SL_EXT_MAX_ALLOC "sl_ext_max_alloc"
+typedef uint64_t (*sl_ext_max_alloc_fn)(void *be);
 /* sl_ext_native_stream_fn: the native handle of STREAM (one of stream_create's, or NULL for the
  * backend's default stream) in the backend's native API (native_api): a cudaStream_t for cuda,
  * a hipStream_t for hip, the stream itself for sim. Complete on return, cheap, callable from any
