@@ -1326,7 +1326,8 @@ static ze_result_t append_kernel(sl_ze_be *be, sl_ze_stream *s, const sl_ze_cmd 
   if (r == ZE_RESULT_SUCCESS) r = sl__ze.KernelSetArgumentValue(k, 2, sizeof c->count, &c->count);
   if (r == ZE_RESULT_SUCCESS && c->kernel->sgd) r = sl__ze.KernelSetArgumentValue(k, 3, sizeof c->lr, &c->lr);
   if (r == ZE_RESULT_SUCCESS)
-    r = sl__ze.CommandListAppendLaunchKernel(s->klist, k, &c->groups, signal, prev ? 1 : 0, prev);
+    r = sl__ze.CommandListAppendLaunchKernel(s->klist, k, &c->groups, signal, prev && SL_ZE_KEEP(7) ? 1 : 0,
+                                             SL_ZE_KEEP(7) ? prev : NULL); /* after the stream's tail (a copy's, often) */
   return r;
 }
 
