@@ -96,6 +96,7 @@ typedef struct job {
   bool freeze; /* the hanging victim stops its whole process (SIGSTOP), threads and all */
   int fini_limit_ms; /* fini must return within this (0: no limit) */
   bool from_signal; /* abort_body: abort from a signal handler instead of another thread */
+  bool in_sub;      /* abort_pairs_body: wait in a sub of ranks 0 and 1, abort the parent */
 } job;
 
 static int thread_count(void) {
@@ -731,6 +732,62 @@ static void run_abort(bool from_signal, const char *name) {
 }
 static void test_abort_from_signal(void **state) { run_abort(true, "abort_signal"); }
 
+/* Abort shuts every connection of the aborted rank, whichever side of each pair accepted it:
+ * Gloo before 2023 gives each pair a listener of its own and lets the side with the larger
+ * address connect, so which side of a pair accepts depends on the ports the kernel gave. The
+ * victim (rank 0, then rank 1) and the other of the two wait on each other (each receives a
+ * scatterv whose root is the other), rank 2 on the victim; the victim's root is aborted. The
+ * pair of ranks 0 and 1 is accepted by one of them, so one of the two runs has the victim on
+ * the accepting side of the pair it waits on, whatever the ports. Every wait ends at once: the
+ * victim's says it was aborted, the others' name the victim. IN_SUB: the waits are in a sub
+ * of ranks 0 and 1 (the root's abort ends its subs' calls; their pairs have endpoints of their
+ * own), rank 2 outside it. */
+static int abort_pairs_body(const sl_collective_ops *ops, void *comm, const job *j, int rank) {
+  int victim = j->victim, other = 1 - victim;
+  CHECK(ops->barrier(comm) == SL_OK, "barrier");
+  void *on = comm, *sub = NULL;
+  if (j->in_sub) {
+    CHECK(ops->split(comm, rank < 2 ? 0 : -1, rank, &sub) == SL_OK, "split: %s", g_msg);
+    if (rank == 2) return 0;
+    CHECK(ops->barrier(sub) == SL_OK, "sub barrier");
+    on = sub;
+  }
+  unsigned char buf[64];
+  pthread_t t;
+  if (rank == victim) {
+    g_abort_ops = ops;
+    g_abort_comm = comm;
+    pthread_create(&t, NULL, abort_later, NULL);
+  }
+  double t0 = now_ms();
+  sl_status st = ops->scatterv(on, NULL, NULL, NULL, buf, sizeof buf, rank == victim ? other : victim, NULL);
+  double took = now_ms() - t0;
+  fprintf(stderr, "rank %d (victim %d%s): %s after %.0f ms: %s\n", rank, victim, j->in_sub ? ", in a sub" : "",
+          sl_status_name(st), took, g_msg);
+  if (rank == victim) {
+    pthread_join(t, NULL);
+    CHECK(st == SL_ERR_COMM && strstr(g_msg, "aborted (sl_context_abort)"), "the victim: %s", sl_status_name(st));
+    CHECK(took < 3000, "the aborted call took %.0f ms (timeout %d ms)", took, j->timeout_ms);
+  } else {
+    CHECK(st == SL_ERR_PEER && sl_test_names_rank(g_msg, victim), "a peer of the victim: %s", sl_status_name(st));
+    CHECK(took < 5000, "a peer of the victim failed after %.0f ms (timeout %d ms)", took, j->timeout_ms);
+  }
+  if (sub) ops->fini(sub);
+  return 0;
+}
+
+static void run_abort_pairs(bool in_sub, const char *name) {
+  for (int victim = 0; victim < 2; victim++) {
+    char *url = make_url(TCP_RDZV, name);
+    job j = {.world = 3, .url = url, .timeout_ms = 20000, .body = abort_pairs_body, .victim = victim,
+             .deadline_s = 90, .in_sub = in_sub};
+    run(&j);
+    free(url);
+  }
+}
+static void test_abort_every_pair(void **state) { run_abort_pairs(false, "abort_pairs"); }
+static void test_abort_ends_subs(void **state) { run_abort_pairs(true, "abort_subs"); }
+
 static int junk_body(const sl_collective_ops *ops, void *comm, const job *j, int rank);
 
 /* Init with a rank missing must time out naming it. */
@@ -1150,6 +1207,8 @@ int main(void) {
       cmocka_unit_test(test_split_tcp),
       cmocka_unit_test(test_split_lost_rank),
       cmocka_unit_test(test_abort_from_signal),
+      cmocka_unit_test(test_abort_every_pair),
+      cmocka_unit_test(test_abort_ends_subs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
