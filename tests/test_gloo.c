@@ -97,6 +97,7 @@ typedef struct job {
   int fini_limit_ms; /* fini must return within this (0: no limit) */
   bool from_signal; /* abort_body: abort from a signal handler instead of another thread */
   bool in_sub;      /* abort_pairs_body: wait in a sub of ranks 0 and 1, abort the parent */
+  bool own_addr;    /* rank R's Gloo device listens on 127.0.0.(R+1): addresses ordered by rank */
 } job;
 
 static int thread_count(void) {
@@ -122,6 +123,11 @@ static int child(const job *j, int rank) {
   const sl_collective_ops *ops = gloo_ops();
   if (j->delay_ms[rank]) usleep((useconds_t)j->delay_ms[rank] * 1000);
   if (j->chunk_env[rank]) setenv("SHARDLOAD_GLOO_CHUNK_BYTES", j->chunk_env[rank], 1);
+  if (j->own_addr) {
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.%d", rank + 1);
+    setenv("SHARDLOAD_GLOO_IFACE_ADDR", addr, 1);
+  }
   if (j->raw) return j->raw(ops, j, rank);
   int threads = thread_count();
   sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = rank, .world_size = j->world,
@@ -732,18 +738,18 @@ static void run_abort(bool from_signal, const char *name) {
 }
 static void test_abort_from_signal(void **state) { run_abort(true, "abort_signal"); }
 
-/* Abort shuts every connection of the aborted rank, whichever side of each pair accepted it:
- * Gloo before 2023 gives each pair a listener of its own and lets the side with the larger
- * address connect, so which side of a pair accepts depends on the ports the kernel gave. The
- * victim (rank 0, then rank 1) and the other of the two wait on each other (each receives a
- * scatterv whose root is the other), rank 2 on the victim; the victim's root is aborted. The
- * pair of ranks 0 and 1 is accepted by one of them, so one of the two runs has the victim on
- * the accepting side of the pair it waits on, whatever the ports. Every wait ends at once: the
- * victim's says it was aborted, the others' name the victim. IN_SUB: the waits are in a sub
- * of ranks 0 and 1 (the root's abort ends its subs' calls; their pairs have endpoints of their
- * own), rank 2 outside it. */
+/* Abort shuts every connection of the aborted rank, whichever side of each pair accepted it.
+ * Gloo gives each pair a listener of its own (up to 2023; later ones one per device) and the
+ * side with the larger address connects, so with rank R's device on 127.0.0.(R+1) rank 0
+ * accepts every pair and the last rank connects every pair: the victims, one after the other
+ * (a job each), are those two. The victim waits on the next rank (a scatterv whose root is
+ * that one) and is aborted; every other rank waits on the victim (a scatterv whose root is the
+ * victim), so every pair of the victim is checked. Every wait ends at once: the victim's says
+ * it was aborted, the others' name the victim. IN_SUB: ranks 0 and 1 wait in a sub of theirs,
+ * each in turn the victim, and their root is aborted (the root's abort ends its subs' calls,
+ * whose pairs have endpoints of their own); rank 2 stays outside it. */
 static int abort_pairs_body(const sl_collective_ops *ops, void *comm, const job *j, int rank) {
-  int victim = j->victim, other = 1 - victim;
+  int victim = j->victim, other = (victim + 1) % (j->in_sub ? 2 : j->world);
   CHECK(ops->barrier(comm) == SL_OK, "barrier");
   void *on = comm, *sub = NULL;
   if (j->in_sub) {
@@ -777,10 +783,12 @@ static int abort_pairs_body(const sl_collective_ops *ops, void *comm, const job 
 }
 
 static void run_abort_pairs(bool in_sub, const char *name) {
-  for (int victim = 0; victim < 2; victim++) {
+  int world = in_sub ? 3 : 4;
+  int victims[2] = {0, in_sub ? 1 : world - 1};
+  for (int k = 0; k < 2; k++) {
     char *url = make_url(TCP_RDZV, name);
-    job j = {.world = 3, .url = url, .timeout_ms = 20000, .body = abort_pairs_body, .victim = victim,
-             .deadline_s = 90, .in_sub = in_sub};
+    job j = {.world = world, .url = url, .timeout_ms = 20000, .body = abort_pairs_body, .victim = victims[k],
+             .deadline_s = 90, .in_sub = in_sub, .own_addr = true};
     run(&j);
     free(url);
   }
