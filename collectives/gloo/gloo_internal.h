@@ -69,6 +69,8 @@ struct Endpoint {
   Endpoint *next = nullptr;
 };
 
+// Retires C's endpoints (a sub), or frees its family's (a root); at destroy, once C's pairs
+// are closed (gloo_connect.cc).
 void drop_endpoints(Comm &c);
 
 // One rank's communicator: what open_comm connected, and the state of the calls made on it
@@ -156,9 +158,6 @@ sl_status open_comm_over(Comm &c, const sl_control_plane &ctl, const sl__rendezv
 // of TAG (one of PARENT's tag sequence). Runs under the caller's guarded(PARENT): throws on
 // failure.
 void connect_split(Comm &parent, Comm &sub, const std::vector<int> &members, uint32_t tag);
-// Retires C's endpoints (a sub), or frees its family's (a root); at destroy, once C's pairs
-// are closed.
-void drop_endpoints(Comm &c);
 // Shuts down the sockets of C's family (C a root: its own and its subs' connections, which share
 // its device), so that every pending call throws at once. Async-signal-safe: raw system calls,
 // no allocation, no lock.
