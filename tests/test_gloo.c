@@ -5,7 +5,8 @@
  * What every collective owes the contract is the collective conformance suite's
  * (tests/conformance/, conformance_collective_gloo: worlds 1, 2 and 4 over file://); here are
  * Gloo's own: tcp:// and its store, chunking, many ranks, stores under attack, which rank is
- * named and how, a frozen rank 0, abort from a signal handler.
+ * named and how, a frozen rank 0, abort from a signal handler, abort reaching every pair
+ * (accepted or connected, a sub's too: ranks on their own loopback addresses fix who accepts).
  *
  * Ranks are forked children; they check with CHECK (print, _exit(1)) rather than cmocka,
  * whose longjmp state belongs to the parent. The parent waits for every child with a
