@@ -5,7 +5,8 @@
  * What every collective owes the contract is the collective conformance suite's
  * (tests/conformance/, conformance_collective_gloo: worlds 1, 2 and 4 over file://); here are
  * Gloo's own: tcp:// and its store, chunking, many ranks, stores under attack, which rank is
- * named and how, a frozen rank 0, abort from a signal handler.
+ * named and how, a frozen rank 0, abort from a signal handler, abort reaching every pair
+ * (accepted or connected, a sub's too: ranks on their own loopback addresses fix who accepts).
  *
  * Ranks are forked children; they check with CHECK (print, _exit(1)) rather than cmocka,
  * whose longjmp state belongs to the parent. The parent waits for every child with a
@@ -96,6 +97,8 @@ typedef struct job {
   bool freeze; /* the hanging victim stops its whole process (SIGSTOP), threads and all */
   int fini_limit_ms; /* fini must return within this (0: no limit) */
   bool from_signal; /* abort_body: abort from a signal handler instead of another thread */
+  bool in_sub;      /* abort_pairs_body: wait in a sub of ranks 0 and 1, abort the parent */
+  bool own_addr;    /* rank R's Gloo device listens on 127.0.0.(R+1): addresses ordered by rank */
 } job;
 
 static int thread_count(void) {
@@ -121,6 +124,11 @@ static int child(const job *j, int rank) {
   const sl_collective_ops *ops = gloo_ops();
   if (j->delay_ms[rank]) usleep((useconds_t)j->delay_ms[rank] * 1000);
   if (j->chunk_env[rank]) setenv("SHARDLOAD_GLOO_CHUNK_BYTES", j->chunk_env[rank], 1);
+  if (j->own_addr) {
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.%d", rank + 1);
+    setenv("SHARDLOAD_GLOO_IFACE_ADDR", addr, 1);
+  }
   if (j->raw) return j->raw(ops, j, rank);
   int threads = thread_count();
   sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = rank, .world_size = j->world,
@@ -731,6 +739,64 @@ static void run_abort(bool from_signal, const char *name) {
 }
 static void test_abort_from_signal(void **state) { run_abort(true, "abort_signal"); }
 
+/* Abort shuts every connection of the aborted rank, whichever side of each pair accepted it.
+ * Gloo gives each pair a listener of its own (up to 2023; later ones one per device) and the
+ * side with the larger address connects, so with rank R's device on 127.0.0.(R+1) rank 0
+ * accepts every pair and the last rank connects every pair: the victims, one after the other
+ * (a job each), are those two. The victim waits on the next rank (a scatterv whose root is
+ * that one) and is aborted; every other rank waits on the victim (a scatterv whose root is the
+ * victim), so every pair of the victim is checked. Every wait ends at once: the victim's says
+ * it was aborted, the others' name the victim. IN_SUB: ranks 0 and 1 wait in a sub of theirs,
+ * each in turn the victim, and their root is aborted (the root's abort ends its subs' calls,
+ * whose pairs have endpoints of their own); rank 2 stays outside it. */
+static int abort_pairs_body(const sl_collective_ops *ops, void *comm, const job *j, int rank) {
+  int victim = j->victim, other = (victim + 1) % (j->in_sub ? 2 : j->world);
+  CHECK(ops->barrier(comm) == SL_OK, "barrier");
+  void *on = comm, *sub = NULL;
+  if (j->in_sub) {
+    CHECK(ops->split(comm, rank < 2 ? 0 : -1, rank, &sub) == SL_OK, "split: %s", g_msg);
+    if (rank == 2) return 0;
+    CHECK(ops->barrier(sub) == SL_OK, "sub barrier");
+    on = sub;
+  }
+  unsigned char buf[64];
+  pthread_t t;
+  if (rank == victim) {
+    g_abort_ops = ops;
+    g_abort_comm = comm;
+    pthread_create(&t, NULL, abort_later, NULL);
+  }
+  double t0 = now_ms();
+  sl_status st = ops->scatterv(on, NULL, NULL, NULL, buf, sizeof buf, rank == victim ? other : victim, NULL);
+  double took = now_ms() - t0;
+  fprintf(stderr, "rank %d (victim %d%s): %s after %.0f ms: %s\n", rank, victim, j->in_sub ? ", in a sub" : "",
+          sl_status_name(st), took, g_msg);
+  if (rank == victim) {
+    pthread_join(t, NULL);
+    CHECK(st == SL_ERR_COMM && strstr(g_msg, "aborted (sl_context_abort)"), "the victim: %s", sl_status_name(st));
+    CHECK(took < 3000, "the aborted call took %.0f ms (timeout %d ms)", took, j->timeout_ms);
+  } else {
+    CHECK(st == SL_ERR_PEER && sl_test_names_rank(g_msg, victim), "a peer of the victim: %s", sl_status_name(st));
+    CHECK(took < 5000, "a peer of the victim failed after %.0f ms (timeout %d ms)", took, j->timeout_ms);
+  }
+  if (sub) ops->fini(sub);
+  return 0;
+}
+
+static void run_abort_pairs(bool in_sub, const char *name) {
+  int world = in_sub ? 3 : 4;
+  int victims[2] = {0, in_sub ? 1 : world - 1};
+  for (int k = 0; k < 2; k++) {
+    char *url = make_url(TCP_RDZV, name);
+    job j = {.world = world, .url = url, .timeout_ms = 20000, .body = abort_pairs_body, .victim = victims[k],
+             .deadline_s = 90, .in_sub = in_sub, .own_addr = true};
+    run(&j);
+    free(url);
+  }
+}
+static void test_abort_every_pair(void **state) { run_abort_pairs(false, "abort_pairs"); }
+static void test_abort_ends_subs(void **state) { run_abort_pairs(true, "abort_subs"); }
+
 static int junk_body(const sl_collective_ops *ops, void *comm, const job *j, int rank);
 
 /* Init with a rank missing must time out naming it. */
@@ -1150,6 +1216,8 @@ int main(void) {
       cmocka_unit_test(test_split_tcp),
       cmocka_unit_test(test_split_lost_rank),
       cmocka_unit_test(test_abort_from_signal),
+      cmocka_unit_test(test_abort_every_pair),
+      cmocka_unit_test(test_abort_ends_subs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -438,6 +438,7 @@ void destroy(Comm *c, milliseconds grace, bool failed_init = false) {
   try {
     SigpipeBlock block;
     c->ctx.reset();
+    drop_endpoints(*c); // its pairs are closed: their ports may be reused
     c->dev.reset();
     c->store.reset();
     c->lobby.reset();
@@ -540,7 +541,7 @@ void gloo_abort(void *comm) noexcept {
   if (!comm) return;
   Comm *c = static_cast<Comm *>(comm);
   c->aborted.store(true);
-  if (!c->root && c->have_addrs) shutdown_sockets(*c);
+  if (!c->root && c->endpoints.load()) shutdown_sockets(*c);
 }
 
 sl_status bad_root(Comm &c, const char *op, int root) {

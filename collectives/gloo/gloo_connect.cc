@@ -69,35 +69,53 @@ class ProbingFileStore : public gloo::rendezvous::FileStore {
   bool has(const std::vector<std::string> &keys) { return check(keys); }
 };
 
-// Where the pairs of a mesh connect: this rank's address for some peer (its device's listener
-// plus a sequence number) and each peer's address for this rank (null for itself).
-struct MeshAddrs {
-  std::vector<char> mine;
-  std::vector<std::vector<char>> theirs;
-};
+// Notes, for abort, an endpoint of a pair of OWNER (see Endpoint) in its root's list: before
+// the socket it finds can exist, so that an abort that misses the note finds the flag set
+// instead (both sequentially consistent; the caller checks abandon_if_aborted after).
+void note_endpoint(Comm &owner, const std::vector<char> &bytes, bool local) {
+  if (bytes.empty()) return;
+  Comm &root = owner.root ? *owner.root : owner;
+  sockaddr_storage ss = gloo::transport::tcp::Address(bytes).getSockaddr();
+  for (Endpoint *e = root.endpoints.load(); e; e = e->next)
+    if (e->owner == &owner && e->local == local && e->live.load() && memcmp(&e->addr, &ss, sizeof ss) == 0)
+      return; // one device listener for every pair (newer Gloo): once is enough
+  auto *e = new Endpoint;
+  e->addr = ss;
+  e->local = local;
+  e->owner = &owner;
+  e->next = root.endpoints.load();
+  while (!root.endpoints.compare_exchange_weak(e->next, e)) {
+  }
+}
+
+// A split whose pairs are being made when its family is aborted: an abort that ran before a
+// socket existed could not shut it down, so the split ends here instead of connecting.
+void abandon_if_aborted(const Comm &owner) {
+  if (owner.is_aborted()) throw std::runtime_error("aborted while connecting");
+}
 
 // gloo::rendezvous::Context::connectFullMesh (the same keys and address layout), bounded by
 // one deadline. Gloo's own gives every store wait the whole timeout and creates its tcp pairs
 // with it, and a pair waits 5x its timeout for its first connection (tcp/pair.h, waitUntil):
 // a rank whose peer never connected (a duplicate rank that lost the race for its key) failed
 // after 5x --timeout. Here the pairs get a fifth of what is left, and each wait what is left.
+// Every pair's endpoints are noted for OWNER's abort (note_endpoint) before it connects.
 class MeshContext : public gloo::rendezvous::Context {
  public:
   using gloo::rendezvous::Context::Context;
   void connect_mesh(gloo::rendezvous::Store &store, std::shared_ptr<gloo::transport::Device> &dev,
-                    Clock::time_point deadline, MeshAddrs *addrs) {
+                    Clock::time_point deadline, Comm &owner) {
     auto left = [deadline] {
       return std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()), milliseconds(1));
     };
     auto tc = dev->createContext(rank, size);
     tc->setTimeout(std::max(left() / 5, milliseconds(1)));
     std::vector<char> all;
-    addrs->theirs.assign(size_t(size), {});
     for (int i = 0; i < size; i++) {
       if (i == rank) continue;
       auto bytes = tc->createPair(i)->address().bytes();
+      note_endpoint(owner, bytes, true);
       all.insert(all.end(), bytes.begin(), bytes.end());
-      addrs->mine = bytes;
     }
     store.set(std::to_string(rank), all);
     for (int i = 0; i < size; i++) {
@@ -106,7 +124,7 @@ class MeshContext : public gloo::rendezvous::Context {
       store.wait({key}, left());
       auto got = store.get(key);
       auto peer = extractAddress(got, i);
-      addrs->theirs[size_t(i)] = peer;
+      note_endpoint(owner, peer, false);
       tc->getPair(i)->connect(peer);
     }
     device_ = dev;
@@ -118,32 +136,25 @@ class MeshContext : public gloo::rendezvous::Context {
   // rank. Bounded by DEADLINE like connect_mesh.
   using Exchange = std::function<std::vector<std::vector<char>>(const std::vector<std::vector<char>> &)>;
   void connect_with(std::shared_ptr<gloo::transport::Device> &dev, const Exchange &exchange,
-                    Clock::time_point deadline, MeshAddrs *addrs) {
+                    Clock::time_point deadline, Comm &owner) {
     auto tc = dev->createContext(rank, size);
     tc->setTimeout(std::max(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) / 5, milliseconds(1)));
     std::vector<std::vector<char>> mine(static_cast<size_t>(size));
     for (int i = 0; i < size; i++)
-      if (i != rank) mine[size_t(i)] = tc->createPair(i)->address().bytes();
+      if (i != rank) note_endpoint(owner, mine[size_t(i)] = tc->createPair(i)->address().bytes(), true);
+    abandon_if_aborted(owner);
     std::vector<std::vector<char>> theirs = exchange(mine);
     for (int i = 0; i < size; i++)
+      if (i != rank) note_endpoint(owner, theirs[size_t(i)], false);
+    abandon_if_aborted(owner);
+    for (int i = 0; i < size; i++)
       if (i != rank) tc->getPair(i)->connect(theirs[size_t(i)]);
-    addrs->mine = mine[size_t(rank == 0 ? 1 : 0)];
-    addrs->theirs = std::move(theirs);
+    abandon_if_aborted(owner); // a socket made after an abort's look: never used
     device_ = dev;
     transportContext_ = std::move(tc);
   }
 
 };
-
-// Keeps the listeners' socket addresses for abort (shutdown_sockets): a pair's socket is
-// either accepted by this rank's listener (its local address is the listener's) or connected
-// to a peer's listener (its peer address is that listener's).
-void note_listeners(Comm &c, const MeshAddrs &a) {
-  c.listen_addr = gloo::transport::tcp::Address(a.mine).getSockaddr();
-  for (const auto &t : a.theirs)
-    if (!t.empty()) c.peer_listen.push_back(gloo::transport::tcp::Address(t).getSockaddr());
-  c.have_addrs = true;
-}
 
 // Every rank must split transfers the same way; rank 0's setting rules, so one node's
 // environment differing from another's cannot make pieces mismatch.
@@ -459,9 +470,7 @@ sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
   c.ctx = mesh;
   c.ctx->setTimeout(c.timeout());
   try {
-    MeshAddrs addrs;
-    mesh->connect_mesh(*c.store, c.dev, deadline, &addrs);
-    note_listeners(c, addrs);
+    mesh->connect_mesh(*c.store, c.dev, deadline, c);
   } catch (const shardload::TcpStoreRefused &e) { // a rank number started twice
     c.ctx.reset();
     return init_fail(c, SL_ERR_INVALID, where + ": " + e.what());
@@ -528,9 +537,7 @@ sl_status open_comm_over(Comm &c, const sl_control_plane &ctl, const sl__rendezv
     return theirs;
   };
   try {
-    MeshAddrs addrs;
-    mesh->connect_with(c.dev, exchange, deadline, &addrs);
-    note_listeners(c, addrs);
+    mesh->connect_with(c.dev, exchange, deadline, c);
   } catch (const std::exception &e) {
     c.ctx.reset();
     if (st != SL_OK) return st;
@@ -580,8 +587,7 @@ void connect_split(Comm &parent, Comm &sub, const std::vector<int> &members, uin
     parent.waiting_for = -1;
     return theirs;
   };
-  MeshAddrs addrs; // a sub's sockets are its root's device's: the root's addresses cover them
-  mesh->connect_with(sub.dev, exchange, deadline, &addrs);
+  mesh->connect_with(sub.dev, exchange, deadline, sub); // its endpoints go to its root's list
 }
 
 namespace {
@@ -608,13 +614,36 @@ struct Dirent64 {
   char d_name[1];
 };
 
+// Whether SS is one of C's family's live endpoints of that side (LOCAL: a listener of this
+// rank's; else a peer's). Atomic loads only: async-signal-safe.
+bool noted(const Comm &c, const sockaddr_storage &ss, bool local) {
+  for (const Endpoint *e = c.endpoints.load(); e; e = e->next)
+    if (e->local == local && e->live.load() && same_endpoint(ss, e->addr)) return true;
+  return false;
+}
+
 } // namespace
+
+void drop_endpoints(Comm &c) {
+  if (c.root) {
+    for (Endpoint *e = c.root->endpoints.load(); e; e = e->next)
+      if (e->owner == &c) e->live.store(false);
+    return;
+  }
+  Endpoint *e = c.endpoints.exchange(nullptr);
+  while (e) {
+    Endpoint *next = e->next;
+    delete e;
+    e = next;
+  }
+}
 
 // Gloo keeps its sockets to itself and closes a context's pairs without waking the calls
 // waiting on them; a socket shut down under it, though, reads as end of file on its event
 // loop, which fails the pair and every call pending on it ("Connection closed by peer"), as
-// a dead peer would. The sockets are found by address, live, so a descriptor number that
-// Gloo closed and the process reused is never touched.
+// a dead peer would. The sockets are found by address, live (an endpoint its pair noted as
+// its own, or its peer's: note_endpoint), so a descriptor number that Gloo closed and the
+// process reused is never touched.
 void shutdown_sockets(const Comm &c) {
   int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir < 0) return;
@@ -636,11 +665,9 @@ void shutdown_sockets(const Comm &c) {
       int listening = 0;
       socklen_t ll = sizeof listening;
       if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ll) == 0 && listening) continue;
-      bool ours = same_endpoint(ss, c.listen_addr);
+      bool ours = noted(c, ss, true);
       len = sizeof ss;
-      if (!ours && getpeername(fd, reinterpret_cast<sockaddr *>(&ss), &len) == 0)
-        for (const auto &peer : c.peer_listen)
-          if (same_endpoint(ss, peer)) ours = true;
+      if (!ours && getpeername(fd, reinterpret_cast<sockaddr *>(&ss), &len) == 0) ours = noted(c, ss, false);
       if (ours) shutdown(fd, SHUT_RDWR);
     }
   }

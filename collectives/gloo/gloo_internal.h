@@ -50,6 +50,29 @@ class ProbingPrefixStore : public gloo::rendezvous::PrefixStore {
   shardload::RdzvStore *counters_;
 };
 
+struct Comm;
+
+// Where a socket of a communicator's pairs may be found: an address one of this rank's pairs
+// listened on (LOCAL: a socket accepted there has it as its own address) or one a peer's pair
+// listened on for this rank (a socket connected there has it as its peer's). Gloo up to 2023
+// gives every pair a listener of its own (its own port), later ones one listener per device,
+// told apart by a sequence number the socket address does not carry; either way each pair's
+// socket has one of its pair's endpoints. A root keeps its family's in a list that pairs
+// being made append to (lock-free) and abort reads from any thread or a signal handler; a
+// sub's are retired (LIVE false) when it is destroyed, since its ports may then be reused,
+// and all are freed with the root.
+struct Endpoint {
+  struct sockaddr_storage addr;
+  bool local;
+  const Comm *owner;
+  std::atomic<bool> live{true};
+  Endpoint *next = nullptr;
+};
+
+// Retires C's endpoints (a sub), or frees its family's (a root); at destroy, once C's pairs
+// are closed (gloo_connect.cc).
+void drop_endpoints(Comm &c);
+
 // One rank's communicator: what open_comm connected, and the state of the calls made on it
 // (the tag sequence, and the failure that poisoned it). A communicator made by split (a "sub")
 // shares its root's device and store connection; its ranks are indices into
@@ -84,12 +107,17 @@ struct Comm {
   std::shared_ptr<std::mutex> store_mu; // the store connection is shared by a root and its subs
 
   // ---- abort (module.h): a flag any thread or a signal handler may set; a root also shuts
-  // down its sockets, found by address (this device's listener, the peers' listeners), so
-  // that the pending calls of the whole family end at once ----
+  // down its family's sockets, found by the endpoints noted as its pairs and its subs' were
+  // made (note_endpoint), so that the pending calls of the whole family end at once ----
   std::atomic<bool> aborted{false};
-  bool have_addrs = false;                      // a root once connected: the addresses below are set
-  struct sockaddr_storage listen_addr {};      // this rank's Gloo device listens here
-  std::vector<struct sockaddr_storage> peer_listen; // the other ranks' devices listen here
+  std::atomic<Endpoint *> endpoints{nullptr}; // a root: its family's, newest first
+
+  Comm() = default;
+  Comm(const Comm &) = delete;
+  Comm &operator=(const Comm &) = delete;
+  ~Comm() {
+    if (!root) drop_endpoints(*this); // destroy freed them already, unless it threw first
+  }
 
   milliseconds timeout() const { return milliseconds(timeout_ms); }
   // The job rank of member R (a sub's index, or R itself).
