@@ -1484,6 +1484,16 @@ static uint64_t ze_max_alloc(void *h) {
   return be->relaxed ? 0 : be->props.maxMemAllocSize;
 }
 
+/* SL_EXT_DEVICE_COUNT: the GPU devices init's DEVICE names (list_gpus's, in its order); 0 where
+ * the loader or a driver is missing (the probe says why). */
+static int ze_device_count(void) {
+  sl_ze_gpu gpus[64];
+  uint32_t n = 0;
+  char why[256];
+  if (!sl__ze_ready() || list_gpus(gpus, 64, &n, why, sizeof why) != SL_OK) return 0;
+  return (int)n;
+}
+
 static void *ze_get_proc(const char *name) {
   if (!name) return NULL;
   if (strcmp(name, SL_EXT_NATIVE_STREAM) == 0) return (void *)(sl_ext_native_stream_fn)ze_native_stream;
@@ -1491,6 +1501,7 @@ static void *ze_get_proc(const char *name) {
   if (strcmp(name, SL_EXT_SGD_STEP) == 0) return (void *)(sl_ext_sgd_step_fn)ze_sgd_step;
   if (strcmp(name, SL_EXT_STREAM_ABANDON) == 0) return (void *)(sl_ext_stream_abandon_fn)ze_stream_abandon;
   if (strcmp(name, SL_EXT_MAX_ALLOC) == 0) return (void *)(sl_ext_max_alloc_fn)ze_max_alloc;
+  if (strcmp(name, SL_EXT_DEVICE_COUNT) == 0) return (void *)(sl_ext_device_count_fn)ze_device_count;
   return NULL;
 }
 
