@@ -167,7 +167,8 @@ static void print_more_devices(cli_out *o, const sl_module_info *m, int indent) 
 
 /* One table of KIND: NAME, RUNS HERE, ABI, FROM (column widths from the content), then the
  * devices of a backend that runs (the first on its row, the others below it) or the reason of
- * one that does not (a collective's with the backend it was probed with). Every text from a module or a path is written escaped. */
+ * one that does not (a collective's with the backend it was probed with). Every text from a
+ * module or a path is written escaped. */
 static void print_kind(cli_out *o, const listing *ls, sl_module_kind kind) {
   int wname = 4, wfrom = 4, wwith = 11;
   sl_module_info m;
@@ -205,6 +206,7 @@ static void print_kind(cli_out *o, const listing *ls, sl_module_kind kind) {
       cli_out_escaped(o, m.reason, 0);
     }
     cli_out_puts(o, "\n");
+    /* under the DEVICE column: NAME, RUNS HERE (13), ABI (3) and FROM, two spaces after each */
     if (!coll && m.state == SL_MODULE_RUNS) print_more_devices(o, &m, wname + 2 + 13 + 2 + 3 + 2 + wfrom + 2);
   }
 }
