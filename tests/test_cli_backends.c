@@ -139,6 +139,116 @@ static void test_backends_here(void **state) {
   free(out);
 }
 
+/* The line of OUT after the one that starts with NAME and a space (NULL when none), as it is,
+ * up to its newline. */
+static char *line_after(const char *out, const char *name, int skip_lines) {
+  size_t n = strlen(name);
+  for (const char *at = out; at; at = strchr(at, '\n') ? strchr(at, '\n') + 1 : NULL) {
+    if (strncmp(at, name, n) != 0 || at[n] != ' ') continue;
+    for (int k = 0; k <= skip_lines && at; k++) at = strchr(at, '\n') ? strchr(at, '\n') + 1 : NULL;
+    if (!at) return NULL;
+    char *l = strndup(at, strcspn(at, "\n"));
+    assert_non_null(l);
+    return l;
+  }
+  return NULL;
+}
+
+/* A backend of several devices: its row holds device 0, and a row of its own under it each of
+ * the others, indented to the device column; in JSON, DEVICES lists them all and DEVICE is still
+ * device 0's. CPU and sim keep one device each. The Level Zero module over the test driver with
+ * three devices (tests/ze_driver), where this build has both (CTest says where:
+ * SHARDLOAD_TEST_ZE_DRIVER, SHARDLOAD_LEVEL_ZERO_MODULES). */
+static void test_backends_level_zero_devices(void **state) {
+  const char *drv = getenv("SHARDLOAD_TEST_ZE_DRIVER"), *mods = getenv("SHARDLOAD_LEVEL_ZERO_MODULES");
+  if (!drv || !*drv || !mods || !*mods) skip(); /* no Level Zero module in this build */
+  char *out = NULL;
+  assert_int_equal(sl_test_run(&out, "env ZE_ENABLE_ALT_DRIVERS='%s' ZEDRV_DEVICES=3 ZEDRV_MISUSE=abort "
+                               "SHARDLOAD_MODULE_PATH='%s' '%s' backends", drv, mods, sl_test_bin()), 0);
+  fprintf(stderr, "%s", out);
+  char *r = row(out, "level_zero");
+  if (strncmp(r, "level_zero yes 2 ", 17) != 0 || !strstr(r, " level_zero:0 ") || !strstr(r, "PCI 0000:3a:00.0;"))
+    fail_msg("row '%s': expected level_zero running on device 0 (PCI 0000:3a:00.0)", r);
+  free(r);
+  const char *first = strstr(out, "\nlevel_zero ") + 1;
+  size_t column = (size_t)(strstr(first, "level_zero:0 ") - first); /* the device column */
+  for (int i = 1; i < 3; i++) {
+    char *l = line_after(out, "level_zero", i - 1), ord[32], pci[32];
+    assert_non_null(l);
+    snprintf(ord, sizeof ord, "level_zero:%d ", i);
+    snprintf(pci, sizeof pci, "PCI 0000:%02x:00.0;", 0x3a + i);
+    if (strspn(l, " ") != column || strncmp(l + column, ord, strlen(ord)) != 0 || !strstr(l, pci))
+      fail_msg("row %d under level_zero: '%s', expected '%s...%s' at column %zu", i, l, ord, pci, column);
+    free(l);
+  }
+  char *after = line_after(out, "level_zero", 2); /* the table goes on with the next module */
+  assert_true(after && after[0] != ' ');
+  free(after);
+  assert_null(strstr(out, " \n"));
+  char *cpu = line_after(out, "cpu", 0); /* one device: the next row is the next module's */
+  assert_true(!strncmp(cpu, "sim ", 4));
+  free(cpu);
+  free(out);
+  assert_int_equal(sl_test_run(&out, "env ZE_ENABLE_ALT_DRIVERS='%s' ZEDRV_DEVICES=3 ZEDRV_MISUSE=abort "
+                               "SHARDLOAD_MODULE_PATH='%s' '%s' backends --json", drv, mods, sl_test_bin()), 0);
+  json_t *root = parse(out);
+  check_entries(root, "backends");
+  json_t *ze = entry(root, "backends", "level_zero"), *devs = json_object_get(ze, "devices");
+  assert_string_equal(str(ze, "state"), "runs");
+  assert_int_equal(json_array_size(devs), 3);
+  assert_int_equal(json_integer_value(json_object_get(ze, "devices_not_listed")), 0);
+  assert_string_equal(str(ze, "device"), json_string_value(json_array_get(devs, 0)));
+  for (int i = 0; i < 3; i++) {
+    const char *d = json_string_value(json_array_get(devs, i));
+    char ord[32], pci[32];
+    snprintf(ord, sizeof ord, "level_zero:%d ", i);
+    snprintf(pci, sizeof pci, "PCI 0000:%02x:00.0;", 0x3a + i);
+    if (!d || strncmp(d, ord, strlen(ord)) != 0 || !strstr(d, pci))
+      fail_msg("devices[%d]: '%s', expected '%s...%s'", i, d ? d : "(not a string)", ord, pci);
+  }
+  const char *one[] = {"cpu", "sim"};
+  for (int i = 0; i < 2; i++) {
+    json_t *b = entry(root, "backends", one[i]);
+    assert_int_equal(json_array_size(json_object_get(b, "devices")), 1);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(b, "devices"), 0)), str(b, "device"));
+  }
+  assert_int_equal(json_array_size(json_object_get(entry(root, "backends", "cuda"), "devices")), 0);
+  json_decref(root);
+  free(out);
+}
+
+/* More devices than the listing describes: the first SL_MODULE_DEVICES_MAX, a row each, the one
+ * that will not start with why, then how many were left out; the same in JSON. */
+static void test_backends_many_devices(void **state) {
+  char *dir = sl_test_dir("many"), *out = NULL;
+  plant(dir, "manydev", "manydev");
+  assert_int_equal(run_backends(&out, dir, ""), 0);
+  assert_row(out, "manydev", "manydev yes 2 ");
+  char *l = line_after(out, "manydev", 0);
+  assert_non_null(strstr(l, "  manydev:1 (test device)"));
+  free(l);
+  l = line_after(out, "manydev", 1);
+  assert_non_null(strstr(l, "  manydev:2: cannot start: manydev:2: this device does not start (test module)"));
+  free(l);
+  l = line_after(out, "manydev", SL_MODULE_DEVICES_MAX - 2);
+  assert_non_null(strstr(l, "  manydev:63 (test device)"));
+  free(l);
+  l = line_after(out, "manydev", SL_MODULE_DEVICES_MAX - 1);
+  assert_non_null(strstr(l, "  (6 more devices not listed: at most 64 are)"));
+  free(l);
+  free(out);
+  assert_int_equal(run_backends(&out, dir, "--json"), 0);
+  json_t *root = parse(out);
+  json_t *m = entry(root, "backends", "manydev");
+  assert_int_equal(json_array_size(json_object_get(m, "devices")), SL_MODULE_DEVICES_MAX);
+  assert_int_equal(json_integer_value(json_object_get(m, "devices_not_listed")), 70 - SL_MODULE_DEVICES_MAX);
+  assert_string_equal(str(m, "device"), "manydev:0 (test device)");
+  assert_non_null(strstr(json_string_value(json_array_get(json_object_get(m, "devices"), 2)), "cannot start"));
+  json_decref(root);
+  free(out);
+  free(dir);
+}
+
 /* Broken and foreign files on the path, a directory that does not exist, a FIFO: all listed
  * with what is wrong, the exit status still 0; an installed backend is found and auto takes
  * it when it probes best. */
@@ -253,6 +363,8 @@ int main(void) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_backends_here),
+      cmocka_unit_test(test_backends_level_zero_devices),
+      cmocka_unit_test(test_backends_many_devices),
       cmocka_unit_test(test_backends_exit_0_whatever_is_missing),
       cmocka_unit_test(test_backends_escape_module_text),
       cmocka_unit_test(test_backends_output_and_usage),

@@ -481,6 +481,7 @@ static void test_module_list(void **state) {
   plant(dir, "plant", "plant");
   plant(dir, "badabi", "badabi");
   plant(dir, "v1host", "v1host");
+  plant(dir, "manydev", "manydev");
   assert_int_equal(mkfifo(fifo, 0600), 0);
   setenv("SHARDLOAD_MODULE_PATH", dir, 1);
   logbuf lb = {{0}};
@@ -493,10 +494,26 @@ static void test_module_list(void **state) {
   assert_true(m.builtin && m.state == SL_MODULE_RUNS && m.abi_version == 2 && !m.path);
   assert_string_equal(m.device, "cpu (host memory)");
   assert_true(m.memory_bytes > 0);
+  assert_true(m.device_count == 1 && m.devices_not_listed == 0); /* no count of its own: one device */
+  assert_string_equal(m.devices[0], m.device);
   assert_true(find(l, SL_MODULE_BACKEND, "sim", &m));
   assert_true(m.state == SL_MODULE_RUNS && m.probe == 0);
   assert_non_null(strstr(m.reason, "sim: a simulated device for tests"));
   assert_non_null(strstr(m.device, "sim:0"));
+  assert_true(m.device_count == 1 && m.devices_not_listed == 0); /* any ordinal it is given: one listed */
+  assert_string_equal(m.devices[0], m.device);
+  /* a module of 70 devices: the first SL_MODULE_DEVICES_MAX, each started on its ordinal, the one
+   * that will not start with why, the rest counted */
+  assert_true(find(l, SL_MODULE_BACKEND, "manydev", &m));
+  assert_int_equal(m.state, SL_MODULE_RUNS);
+  assert_int_equal(m.device_count, SL_MODULE_DEVICES_MAX);
+  assert_int_equal(m.devices_not_listed, 70 - SL_MODULE_DEVICES_MAX);
+  assert_string_equal(m.device, "manydev:0 (test device)");
+  assert_string_equal(m.devices[0], m.device);
+  assert_string_equal(m.devices[1], "manydev:1 (test device)");
+  assert_non_null(strstr(m.devices[2], "manydev:2: cannot start: "));
+  assert_non_null(strstr(m.devices[2], "manydev:2: this device does not start (test module)"));
+  assert_string_equal(m.devices[SL_MODULE_DEVICES_MAX - 1], "manydev:63 (test device)");
   assert_true(find(l, SL_MODULE_BACKEND, "hip", &m));
   assert_true(m.state == SL_MODULE_ABSENT && !m.path && m.abi_version == 0);
   assert_non_null(strstr(m.reason, "hip: not available (libshardload-hip.so"));
@@ -508,6 +525,7 @@ static void test_module_list(void **state) {
   assert_true(m.state == SL_MODULE_RUNS && m.abi_version == 1);
   assert_true(find(l, SL_MODULE_BACKEND, "probeno", &m));
   assert_true(m.state == SL_MODULE_CANNOT_RUN && !m.device[0]);
+  assert_true(m.device_count == 0 && !m.devices);
   assert_non_null(strstr(m.reason, "probeno: no widget on this machine"));
   assert_true(find(l, SL_MODULE_BACKEND, "badabi", &m));
   assert_true(m.state == SL_MODULE_BAD_ABI);
@@ -548,6 +566,13 @@ static void test_module_list(void **state) {
   assert_int_equal(sl_module_list_get(l, 0, (sl_module_info *)raw), SL_OK);
   for (size_t i = short_size; i < sizeof raw; i++) assert_int_equal(raw[i], 0xa5);
   assert_int_equal(((sl_module_info *)raw)->kind, SL_MODULE_BACKEND);
+  /* one compiled before the device list: everything up to it, nothing of it */
+  short_size = offsetof(sl_module_info, device_count);
+  memset(raw, 0xa5, sizeof raw);
+  memcpy(raw, &short_size, sizeof short_size);
+  assert_int_equal(sl_module_list_get(l, 0, (sl_module_info *)raw), SL_OK);
+  for (size_t i = short_size; i < sizeof raw; i++) assert_int_equal(raw[i], 0xa5);
+  assert_string_equal(((sl_module_info *)raw)->device, "cpu (host memory)");
   assert_int_equal(sl_module_list_get(l, sl_module_list_count(l), &m), SL_ERR_INVALID);
   assert_string_equal(sl_module_state_name(SL_MODULE_BAD_ABI), "bad_abi");
   assert_string_equal(sl_module_state_name((sl_module_state)77), "unknown");
@@ -561,6 +586,33 @@ static void test_module_list(void **state) {
   free(c);
   free(fifo);
   free(dir);
+}
+
+/* The Level Zero module over the test driver's three devices (tests/ze_driver): three
+ * descriptions, ordinals 0, 1 and 2 with their distinct PCI addresses, DEVICE the first. A
+ * process of its own (CTest's test_modules_installed_level_zero sets the driver and
+ * SL_TEST_FILTER): the loader reads ZE_ENABLE_ALT_DRIVERS once, at its first zeInit. */
+static void test_module_list_level_zero(void **state) {
+  const char *mods = getenv("SHARDLOAD_LEVEL_ZERO_MODULES"), *alt = getenv("ZE_ENABLE_ALT_DRIVERS");
+  if (!mods || !*mods || !alt || !*alt) skip(); /* no Level Zero module in this build */
+  setenv("SHARDLOAD_MODULE_PATH", mods, 1);
+  sl_module_list *l = NULL;
+  assert_int_equal(sl_module_list_create(NULL, &l), SL_OK);
+  sl_module_info m;
+  assert_true(find(l, SL_MODULE_BACKEND, "level_zero", &m));
+  if (m.state != SL_MODULE_RUNS) fail_msg("level_zero does not run over the test driver: %s", m.reason);
+  assert_int_equal(m.device_count, 3);
+  assert_int_equal(m.devices_not_listed, 0);
+  assert_string_equal(m.devices[0], m.device);
+  for (int i = 0; i < 3; i++) {
+    char ord[32], pci[32];
+    snprintf(ord, sizeof ord, "level_zero:%d ", i);
+    snprintf(pci, sizeof pci, "PCI 0000:%02x:00.0;", 0x3a + i); /* the driver's bus 0x3a + index */
+    if (strncmp(m.devices[i], ord, strlen(ord)) != 0 || !strstr(m.devices[i], pci))
+      fail_msg("device %d: '%s', expected '%s...%s'", i, m.devices[i], ord, pci);
+  }
+  sl_module_list_destroy(l);
+  unsetenv("SHARDLOAD_MODULE_PATH");
 }
 
 int main(void) {
@@ -579,6 +631,8 @@ int main(void) {
       cmocka_unit_test(test_explicit_backends_open_no_installed_module),
       cmocka_unit_test(test_auto_scans_the_library_dir_not_the_cwd),
       cmocka_unit_test(test_module_list),
+      cmocka_unit_test(test_module_list_level_zero),
   };
+  if (getenv("SL_TEST_FILTER")) cmocka_set_test_filter(getenv("SL_TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,6 @@
 /* shardload backends: every backend and collective module this machine offers, from the
  * library's listing (sl_module_list): built in or the file it came from, its ABI version,
- * whether it runs here and why not, a backend's device, and what "auto" would choose. What is
+ * whether it runs here and why not, a backend's devices, and what "auto" would choose. What is
  * missing is part of the report, never a failure: the exit status is 0 unless the report
  * cannot be written (or memory runs out). */
 #define _GNU_SOURCE
@@ -22,7 +22,8 @@ static const char HELP[] =
     "not, and every other libshardload-NAME.so in the search directories (SHARDLOAD_MODULE_PATH's\n"
     "entries, then the library's own directory). For each: built in or the file it was loaded\n"
     "from, its ABI version, whether it can run here and the probe's reason when not, and for a\n"
-    "backend that runs, the device it would use (started on the first device and stopped again).\n"
+    "backend that runs, each of its devices (started on each in turn and stopped again; the\n"
+    "first is the one local rank 0 would use, the others on rows of their own below it).\n"
     "Then what --backend auto and --collective auto would choose here. Exit status 0 whatever\n"
     "is missing. Text a module gives is printed escaped (\\n, \\xNN).\n"
     "\n"
@@ -83,7 +84,12 @@ static json_t *module_json(const sl_module_info *m) {
   bad |= json_object_set_new(o, "probe", json_integer(m->probe));
   bad |= json_object_set_new(o, "reason", text_or_null(m->reason));
   if (m->kind == SL_MODULE_BACKEND) {
-    bad |= json_object_set_new(o, "device", text_or_null(m->device));
+    bad |= json_object_set_new(o, "device", text_or_null(m->device)); /* device 0's, as before the list */
+    json_t *devs = json_array();
+    bad |= !devs;
+    for (size_t i = 0; devs && i < m->device_count; i++) bad |= json_array_append_new(devs, cli_json_text(m->devices[i]));
+    bad |= json_object_set_new(o, "devices", devs);
+    bad |= json_object_set_new(o, "devices_not_listed", json_integer((json_int_t)m->devices_not_listed));
     bad |= json_object_set_new(o, "memory_bytes", m->memory_bytes ? json_integer((json_int_t)m->memory_bytes)
                                                                   : json_null());
     bad |= json_object_set_new(o, "preferred_collective", text_or_null(m->pairs_with));
@@ -146,9 +152,23 @@ static json_t *report_json(const listing *ls) {
 
 static const char *from_text(const sl_module_info *m) { return m->builtin ? "built in" : m->path ? m->path : "-"; }
 
+/* A backend's devices past the first, one a row under the first's, indented to its column
+ * (the first is on the module's own row); then how many the listing left out. */
+static void print_more_devices(cli_out *o, const sl_module_info *m, int indent) {
+  for (size_t i = 1; i < m->device_count && !o->err; i++) {
+    cli_out_printf(o, "%*s", indent, "");
+    cli_out_escaped(o, m->devices[i], 0);
+    cli_out_puts(o, "\n");
+  }
+  if (m->devices_not_listed)
+    cli_out_printf(o, "%*s(%zu more device%s not listed: at most %d are)\n", indent, "", m->devices_not_listed,
+                   m->devices_not_listed == 1 ? "" : "s", SL_MODULE_DEVICES_MAX);
+}
+
 /* One table of KIND: NAME, RUNS HERE, ABI, FROM (column widths from the content), then the
- * device of a backend that runs or the reason of one that does not (a collective's with the
- * backend it was probed with). Every text from a module or a path is written escaped. */
+ * devices of a backend that runs (the first on its row, the others below it) or the reason of
+ * one that does not (a collective's with the backend it was probed with). Every text from a
+ * module or a path is written escaped. */
 static void print_kind(cli_out *o, const listing *ls, sl_module_kind kind) {
   int wname = 4, wfrom = 4, wwith = 11;
   sl_module_info m;
@@ -186,6 +206,8 @@ static void print_kind(cli_out *o, const listing *ls, sl_module_kind kind) {
       cli_out_escaped(o, m.reason, 0);
     }
     cli_out_puts(o, "\n");
+    /* under the DEVICE column: NAME, RUNS HERE (13), ABI (3) and FROM, two spaces after each */
+    if (!coll && m.state == SL_MODULE_RUNS) print_more_devices(o, &m, wname + 2 + 13 + 2 + 3 + 2 + wfrom + 2);
   }
 }
 

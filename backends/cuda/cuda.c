@@ -421,12 +421,20 @@ static void cu_traffic(void *be, uint64_t *h2d, uint64_t *d2h) {
  * the module's own default stream, which is never CUDA's legacy one. */
 static void *cu_native_stream(void *be, void *stream) { return (void *)cu__stream_of(be, stream); }
 
+/* SL_EXT_DEVICE_COUNT: the visible devices init's DEVICE names; 0 where the runtime has none
+ * or fails (the probe says why). Creates no context. */
+static int cu_device_count(void) {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? n : 0;
+}
+
 static void *cu_get_proc(const char *name) {
   if (!name) return NULL;
   if (strcmp(name, SL_EXT_SGD_STEP) == 0) return (void *)(sl_ext_sgd_step_fn)cu_sgd;
   if (strcmp(name, SL_EXT_TRAFFIC) == 0) return (void *)(sl_ext_traffic_fn)cu_traffic;
   if (strcmp(name, SL_EXT_STREAM_ABANDON) == 0) return (void *)(sl_ext_stream_abandon_fn)cu__stream_abandon;
   if (strcmp(name, SL_EXT_NATIVE_STREAM) == 0) return (void *)(sl_ext_native_stream_fn)cu_native_stream;
+  if (strcmp(name, SL_EXT_DEVICE_COUNT) == 0) return (void *)(sl_ext_device_count_fn)cu_device_count;
   return NULL;
 }
 

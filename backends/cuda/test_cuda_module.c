@@ -150,7 +150,13 @@ static void test_init_rejects_bad_requests(void **state) {
 static void test_init_device(void **state) {
   char reason[512];
   void *be = NULL;
+  /* SL_EXT_DEVICE_COUNT (what `shardload backends` lists): the ordinals init takes */
+  sl_ext_device_count_fn count = (sl_ext_device_count_fn)ops->get_proc(SL_EXT_DEVICE_COUNT);
+  assert_non_null(count);
+  int n = count();
+  printf("# device count %d\n", n);
   if (ops->probe(reason, sizeof reason) == 0) {
+    assert_int_equal(n, 0);
     assert_int_equal(try_init(3, -1, NULL, &be), SL_ERR_NO_DEVICE);
     printf("# init without a device: %s\n", last_msg);
     assert_non_null(strstr(last_msg, "cuda (local rank 3): cudaGetDeviceCount failed: cuda"));
@@ -160,6 +166,9 @@ static void test_init_device(void **state) {
   }
   assert_int_equal(try_init(0, 4096, NULL, &be), SL_ERR_NO_DEVICE);
   assert_non_null(strstr(last_msg, "device 4096 requested"));
+  assert_null(be);
+  assert_true(n >= 1);
+  assert_int_equal(try_init(0, n, NULL, &be), SL_ERR_NO_DEVICE); /* one past the count */
   assert_null(be);
   assert_int_equal(try_init(0, -1, NULL, &be), SL_OK);
   char desc[256];

@@ -78,6 +78,7 @@ static void test_table(void **state) {
   assert_non_null(ops->get_proc(SL_EXT_SGD_STEP));
   assert_non_null(ops->get_proc(SL_EXT_TRAFFIC));
   assert_non_null(ops->get_proc(SL_EXT_STREAM_ABANDON));
+  assert_non_null(ops->get_proc(SL_EXT_DEVICE_COUNT)); /* `shardload backends` lists each device */
   /* native handles (module.h): RCCL pairs by the API and enqueues on the streams' hipStream_t;
    * DLPack's types come from the table; host functions as hipLaunchHostFunc */
   assert_true(SL_HAS_OP(ops, native_api) && SL_HAS_OP(ops, launch_host_fn));
@@ -135,6 +136,7 @@ static void test_init_without_device(void **state) {
   char reason[640];
   void *be = NULL;
   if (ops->probe(reason, sizeof reason) > 0) skip(); /* test_hip_gpu covers a device */
+  assert_int_equal(((sl_ext_device_count_fn)ops->get_proc(SL_EXT_DEVICE_COUNT))(), 0); /* none to list */
   assert_int_equal(try_init(3, NULL, &be), SL_ERR_NO_DEVICE);
   printf("# init: %s\n", last_msg);
   assert_null(be);

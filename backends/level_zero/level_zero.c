@@ -52,6 +52,7 @@
  * they were queued whichever list holds them. Pairs the device cannot give bit-exact are refused
  * (SL_ERR_UNSUPPORTED, module.h) and the core casts them on the host. */
 #define _GNU_SOURCE
+#include <dlfcn.h> /* dladdr, and RTLD_NODELETE for an instance left behind */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -159,6 +160,7 @@ typedef struct sl_ze_be {
   sl_status sticky;
   char sticky_msg[640];
   uint64_t h2d, d2h; /* atomic */
+  struct sl_ze_be *behind_next; /* in g_behind, once fini left it behind */
 } sl_ze_be;
 
 static const char *rname(ze_result_t r) {
@@ -579,6 +581,31 @@ static int settle_outstanding(sl_ze_be *be) {
   return 1;
 }
 
+/* ---- instances left behind ------------------------------------------------------------------
+ * An instance whose device work outlived the job's timeout cannot be ended: destroying its
+ * context, event pools and command lists under running work is undefined (the spec: "the
+ * application must ensure the device is not currently referencing" them). fini leaves it to the
+ * process's exit, with a warning. It is kept here, reachable, rather than dropped: LeakSanitizer
+ * reports only what nothing points to, so what is left on purpose is not taken for a leak (and
+ * a real leak beside it still is), and a debugger finds it. The first one pins the module
+ * (RTLD_NODELETE), so that neither this list nor the code a host-function thread left running
+ * may still execute goes away with the core's dlclose. */
+static pthread_mutex_t g_behind_mu = PTHREAD_MUTEX_INITIALIZER;
+static sl_ze_be *g_behind;
+
+static void leave_behind(sl_ze_be *be) {
+  pthread_mutex_lock(&g_behind_mu);
+  if (!g_behind) {
+    Dl_info info;
+    /* a reference of its own that is never dropped: the module stays mapped until exit */
+    if (dladdr((void *)leave_behind, &info) && info.dli_fname)
+      (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+  }
+  be->behind_next = g_behind;
+  g_behind = be;
+  pthread_mutex_unlock(&g_behind_mu);
+}
+
 static void ze_fini(void *h) {
   sl_ze_be *be = h;
   if (!be) return;
@@ -587,6 +614,7 @@ static void ze_fini(void *h) {
     be->host->log(be->host->core, SL_LOG_WARN,
                   "level_zero:%d: work still pending on the device after the job's timeout; its command lists, "
                   "events and context are left behind", be->ordinal);
+    leave_behind(be);
     return;
   }
   /* lent buffers: their consumers' records, each waited for (bounded), then the frees */
@@ -597,6 +625,7 @@ static void ze_fini(void *h) {
         be->host->log(be->host->core, SL_LOG_WARN,
                       "level_zero:%d: memory lent to another stream is still in use after the job's timeout; it, "
                       "the module's events and its context are left behind", be->ordinal);
+        leave_behind(be);
         return;
       }
     pthread_mutex_lock(&be->mu);
@@ -622,6 +651,7 @@ static void ze_fini(void *h) {
                   "level_zero:%d: a stream given up with its work (abandoned, or destroyed past the job's timeout) "
                   "still has work on the device; it, the module's events and its context are left behind",
                   be->ordinal);
+    leave_behind(be);
     return;
   }
   if (!settle_outstanding(be)) {
@@ -629,6 +659,7 @@ static void ze_fini(void *h) {
                   "level_zero:%d: events the module recorded on another's command list (event_record_native) have "
                   "not signalled within the job's timeout (%d ms): the module's event pools and context are left "
                   "behind rather than destroyed under that work", be->ordinal, sl_timeout_ms(be->timeout_ms));
+    leave_behind(be);
     return;
   }
   for (sl_ze_stream *s = be->abandoned, *nx; s; s = nx) {
@@ -1484,6 +1515,16 @@ static uint64_t ze_max_alloc(void *h) {
   return be->relaxed ? 0 : be->props.maxMemAllocSize;
 }
 
+/* SL_EXT_DEVICE_COUNT: the GPU devices init's DEVICE names (list_gpus's, in its order); 0 where
+ * the loader or a driver is missing (the probe says why). */
+static int ze_device_count(void) {
+  sl_ze_gpu gpus[64];
+  uint32_t n = 0;
+  char why[256];
+  if (!sl__ze_ready() || list_gpus(gpus, 64, &n, why, sizeof why) != SL_OK) return 0;
+  return (int)n;
+}
+
 static void *ze_get_proc(const char *name) {
   if (!name) return NULL;
   if (strcmp(name, SL_EXT_NATIVE_STREAM) == 0) return (void *)(sl_ext_native_stream_fn)ze_native_stream;
@@ -1491,6 +1532,7 @@ static void *ze_get_proc(const char *name) {
   if (strcmp(name, SL_EXT_SGD_STEP) == 0) return (void *)(sl_ext_sgd_step_fn)ze_sgd_step;
   if (strcmp(name, SL_EXT_STREAM_ABANDON) == 0) return (void *)(sl_ext_stream_abandon_fn)ze_stream_abandon;
   if (strcmp(name, SL_EXT_MAX_ALLOC) == 0) return (void *)(sl_ext_max_alloc_fn)ze_max_alloc;
+  if (strcmp(name, SL_EXT_DEVICE_COUNT) == 0) return (void *)(sl_ext_device_count_fn)ze_device_count;
   return NULL;
 }
 

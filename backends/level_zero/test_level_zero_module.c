@@ -321,6 +321,19 @@ static void test_dev_bad_device(void **state) {
   printf("# %s\n", last_msg);
   assert_null(be);
   assert_non_null(strstr(last_msg, "level_zero: device 64 does not exist: this machine has "));
+  /* SL_EXT_DEVICE_COUNT (what `shardload backends` lists) counts the devices init names: the
+   * last of them starts, the next does not */
+  sl_ext_device_count_fn count = (sl_ext_device_count_fn)ops->get_proc(SL_EXT_DEVICE_COUNT);
+  assert_non_null(count);
+  int n = count();
+  char want[96];
+  snprintf(want, sizeof want, "this machine has %d Level Zero GPU device%s (0..%d)", n, n == 1 ? "" : "s", n - 1);
+  printf("# device count %d\n", n);
+  assert_true(n >= 1);
+  assert_non_null(strstr(last_msg, want));
+  assert_int_equal(try_init(0, n, &be), SL_ERR_NO_DEVICE);
+  assert_int_equal(try_init(0, n - 1, &be), SL_OK);
+  ops->fini(be);
 }
 
 /* Many more records than a pool holds, each a wait another stream depends on: a record reset

@@ -17,7 +17,7 @@
 struct sl_module_list {
   sl_module_info *items;
   size_t count, cap;
-  char **owned; /* every string the items and the summary point to */
+  void **owned; /* every string and array the items and the summary point to */
   size_t nowned, owned_cap;
   bool oom;
   sl_module_summary summary;
@@ -27,25 +27,38 @@ struct sl_module_list {
 
 /* ---- strings and items the list owns ------------------------------------------------------ */
 
-/* A copy of S owned by the list; NULL for NULL, and NULL (with l->oom) when out of memory. */
-static const char *own(sl_module_list *l, const char *s) {
-  if (!s) return NULL;
+/* P, from now on freed with the list; false (P freed, l->oom set) when out of memory. */
+static bool keep(sl_module_list *l, void *p) {
+  if (!p) {
+    l->oom = true;
+    return false;
+  }
   if (l->nowned == l->owned_cap) {
     size_t cap = l->owned_cap ? 2 * l->owned_cap : 64;
-    char **grown = realloc(l->owned, cap * sizeof *grown);
+    void **grown = realloc(l->owned, cap * sizeof *grown);
     if (!grown) {
+      free(p);
       l->oom = true;
-      return NULL;
+      return false;
     }
     l->owned = grown;
     l->owned_cap = cap;
   }
+  l->owned[l->nowned++] = p;
+  return true;
+}
+
+/* A copy of S owned by the list; NULL for NULL, and NULL (with l->oom) when out of memory. */
+static const char *own(sl_module_list *l, const char *s) {
+  if (!s) return NULL;
   char *copy = sl__strdup(s);
-  if (!copy) {
-    l->oom = true;
-    return NULL;
-  }
-  return l->owned[l->nowned++] = copy;
+  return keep(l, copy) ? copy : NULL;
+}
+
+/* N string pointers owned by the list, all NULL; NULL (with l->oom) when out of memory. */
+static const char **own_array(sl_module_list *l, size_t n) {
+  const char **a = calloc(n ? n : 1, sizeof *a);
+  return keep(l, (void *)a) ? a : NULL;
 }
 
 static sl_module_info *add(sl_module_list *l, sl_module_kind kind, const char *name) {
@@ -82,36 +95,74 @@ static sl_context *scratch_context(const sl_context *user) {
 
 /* ---- backends ----------------------------------------------------------------------------- */
 
-/* A backend that probes yes, started on the device local rank 0 would get, described and stopped
- * again: its device line, or why it cannot start (the state becomes CANNOT_RUN). */
-static void describe_backend(sl_module_list *l, sl_context *sc, const sl_backend_ops *o, sl_module_info *m) {
+/* Backend O started on DEVICE (-1: the one local rank 0 would get), described into DESC and
+ * stopped again; on failure sc->errmsg says why. */
+static sl_status describe_one(sl_context *sc, const sl_backend_ops *o, int device, char *desc, size_t len) {
   sl_backend_init bi = {.size = sizeof bi, .host = &sc->host, .local_rank = 0, .local_world_size = 1,
-                        .device = -1, .ops = o, .timeout_ms = sc->timeout_ms};
+                        .device = device, .ops = o, .timeout_ms = sc->timeout_ms};
   void *be = NULL;
   sc->errmsg[0] = 0;
+  desc[0] = 0;
   sl_status st = o->init(&bi, &be);
   if (st != SL_OK) {
     sl__module_init_failed(sc, st, "backend", o->name);
-    char why[TEXT_LEN];
-    snprintf(why, sizeof why, "init on its first device failed: %.440s", sc->errmsg);
-    sl__module_text(why, sizeof why);
-    m->state = SL_MODULE_CANNOT_RUN;
-    m->reason = own(l, why);
-    return;
+    return st;
   }
-  char desc[256] = "";
   if (SL_HAS_OP(o, describe)) {
-    o->describe(be, desc, sizeof desc);
-    desc[sizeof desc - 1] = 0;
-    sl__module_text(desc, sizeof desc);
+    o->describe(be, desc, len);
+    desc[len - 1] = 0;
+    sl__module_text(desc, len);
   }
-  m->device = own(l, desc);
+  (void)o->synchronize(be); /* fini's contract: the core has synchronised first (nothing was queued) */
+  o->fini(be);
+  return SL_OK;
+}
+
+/* How many devices the listing starts O on: what the module says (SL_EXT_DEVICE_COUNT), at most
+ * SL_MODULE_DEVICES_MAX (*MORE: the rest), else one; *ORDINALS: whether they are named by
+ * ordinal (0, 1, ...) or, for a module that does not count, by local rank 0's choice (-1). */
+static size_t device_count(const sl_backend_ops *o, bool *ordinals, size_t *more) {
+  sl_ext_device_count_fn f =
+      SL_HAS_OP(o, get_proc) ? (sl_ext_device_count_fn)o->get_proc(SL_EXT_DEVICE_COUNT) : NULL;
+  int n = f ? f() : 0;
+  *ordinals = n > 0;
+  *more = n > SL_MODULE_DEVICES_MAX ? (size_t)n - SL_MODULE_DEVICES_MAX : 0;
+  return n <= 0 ? 1 : n > SL_MODULE_DEVICES_MAX ? SL_MODULE_DEVICES_MAX : (size_t)n;
+}
+
+/* A backend that probes yes, started on each of its devices in turn, described and stopped
+ * again: its device lines (the first is DEVICE), or, where the first will not start, why (the
+ * state becomes CANNOT_RUN). A later device that will not start is listed with why. */
+static void describe_backend(sl_module_list *l, sl_context *sc, const sl_backend_ops *o, sl_module_info *m) {
+  bool ordinals;
+  size_t more, n = device_count(o, &ordinals, &more);
+  const char **devs = own_array(l, n);
+  if (!devs) return;
+  char desc[256], why[TEXT_LEN];
+  for (size_t i = 0; i < n && !l->oom; i++) {
+    if (describe_one(sc, o, ordinals ? (int)i : -1, desc, sizeof desc) == SL_OK) {
+      devs[i] = own(l, desc);
+      continue;
+    }
+    if (i == 0) {
+      snprintf(why, sizeof why, "init on its first device failed: %.440s", sc->errmsg);
+      sl__module_text(why, sizeof why);
+      m->state = SL_MODULE_CANNOT_RUN;
+      m->reason = own(l, why);
+      return;
+    }
+    snprintf(why, sizeof why, "%.40s:%zu: cannot start: %.440s", o->name, i, sc->errmsg);
+    sl__module_text(why, sizeof why);
+    devs[i] = own(l, why);
+  }
+  m->device = devs[0];
+  m->devices = devs;
+  m->device_count = n;
+  m->devices_not_listed = more;
   if (o->flags & SL_BACKEND_DEVICE_IS_HOST) { /* its device memory is this machine's memory */
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     m->memory_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
   }
-  (void)o->synchronize(be); /* fini's contract: the core has synchronised first (nothing was queued) */
-  o->fini(be);
 }
 
 static void fill_backend(sl_module_list *l, sl_context *sc, sl_module_info *m, const sl_backend_ops *o,

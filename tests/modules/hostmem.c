@@ -15,6 +15,9 @@
  *   SL_TEST_NATIVE_API its table's native_api (a backend of host memory gives none)
  *   SL_TEST_DLPACK    its table's dlpack_device_type
  *   SL_TEST_SCORE     what its probe says when it says yes (default 1, as cpu's)
+ *   SL_TEST_DEVICES   it says it has that many devices (SL_EXT_DEVICE_COUNT), each described
+ *                     with its ordinal; init refuses ordinal SL_TEST_BROKEN_DEVICE, and any past
+ *                     the count
  *   SL_TEST_TRACE     its constructor appends the real path of its file to $SL_TEST_TRACE, as
  *                     onerank.c's does, so a test sees every process that opened it */
 #ifdef SL_TEST_TRACE
@@ -74,6 +77,7 @@ __attribute__((constructor)) static void trace_open(void) {
 
 typedef struct hostmem {
   const sl_module_host *host;
+  int ordinal;
   char token; /* &token is every stream and event: copies complete on return */
 } hostmem;
 
@@ -95,9 +99,17 @@ static sl_status hm_init(const sl_backend_init *init, void **be) {
 #endif
   if (init->variant && *init->variant)
     return h->fail(h->core, SL_ERR_INVALID, "%s backend: unknown variant '%s'", SL_TEST_NAME, init->variant);
+#ifdef SL_TEST_DEVICES
+  if (init->device >= SL_TEST_DEVICES || init->device == SL_TEST_BROKEN_DEVICE)
+    return h->fail(h->core, SL_ERR_NO_DEVICE, "%s:%d: this device does not start (test module)", SL_TEST_NAME,
+                   init->device);
+#endif
   hostmem *b = calloc(1, sizeof *b);
   if (!b) return h->fail(h->core, SL_ERR_NOMEM, "%s backend: out of memory", SL_TEST_NAME);
   b->host = h;
+#ifdef SL_TEST_DEVICES
+  b->ordinal = init->device < 0 ? 0 : init->device;
+#endif
   *be = b;
   return SL_OK;
 }
@@ -105,10 +117,21 @@ static sl_status hm_init(const sl_backend_init *init, void **be) {
 static void hm_fini(void *be) { free(be); }
 
 static void hm_describe(void *be, char *buf, size_t len) {
+#ifdef SL_TEST_DEVICES
+  snprintf(buf, len, "%s:%d (test device)", SL_TEST_NAME, ((hostmem *)be)->ordinal);
+#else
   snprintf(buf, len, "%s (out-of-tree host-memory backend, ABI v2 entry)%s", SL_TEST_NAME, SL_TEST_FORGERY);
+#endif
 }
 
-static int hm_ordinal(void *be) { return 0; }
+static int hm_ordinal(void *be) { return ((hostmem *)be)->ordinal; }
+
+#ifdef SL_TEST_DEVICES
+static int hm_device_count(void) { return SL_TEST_DEVICES; }
+static void *hm_get_proc(const char *name) {
+  return name && strcmp(name, SL_EXT_DEVICE_COUNT) == 0 ? (void *)(sl_ext_device_count_fn)hm_device_count : NULL;
+}
+#endif
 
 static sl_status hm_alloc(void *be, size_t bytes, void **ptr) {
   hostmem *b = be;
@@ -172,6 +195,9 @@ static const sl_backend_ops hostmem_ops = {
 #endif
 #ifdef SL_TEST_DLPACK
     .dlpack_device_type = SL_TEST_DLPACK,
+#endif
+#ifdef SL_TEST_DEVICES
+    .get_proc = hm_get_proc,
 #endif
 };
 

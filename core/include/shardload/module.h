@@ -332,6 +332,16 @@ typedef void *(*sl_ext_native_stream_fn)(void *be, void *stream);
 #define SL_EXT_HOST_ACCESS "sl_ext_host_access"
 typedef sl_status (*sl_ext_host_access_fn)(void *be, const void *ptr, size_t bytes, int open);
 
+/* sl_ext_device_count_fn: how many devices init's DEVICE can name on this machine (ordinals
+ * 0..n-1 as init counts them: Level Zero's GPU devices of every driver, CUDA's visible ones), 0
+ * when none or the runtime cannot tell. Complete on return; cheap as probe is (no context, no
+ * allocation on a device); callable from any thread, before any init. The listing
+ * (sl_module_list, `shardload backends`) starts and describes each device in turn. Absent: one
+ * device (the one init picks for local rank 0), what a backend without a fixed count of its own
+ * (sim, which simulates whatever ordinal it is given) leaves it at. */
+#define SL_EXT_DEVICE_COUNT "sl_ext_device_count"
+typedef int (*sl_ext_device_count_fn)(void);
+
 /* ---- collectives ------------------------------------------------------------------------ */
 /* The control plane as a module sees it: host memory, synchronous, bounded by the timeout.
  * A data collective bootstraps through it (an NCCL unique id from rank 0 to every rank). */

@@ -209,12 +209,13 @@ SL_API sl_status sl_copy_from_host(sl_context *ctx, void *dst, sl_device_kind ds
  * libshardload-NAME.so in the search directories ($SHARDLOAD_MODULE_PATH's entries, then the
  * library's directory), at most SL_MODULE_LIST_MAX of them in name order (the others are
  * counted). For each: built in or the file it was loaded from, its ABI version, whether it can
- * run here and why not, and for a backend that runs, the device it would use; and what backend
+ * run here and why not, and for a backend that runs, its devices; and what backend
  * and collective "auto" would choose here.
  *
  * It opens every module it lists (a file is listed as a backend or a collective by the entry
- * symbols it defines), probes it, starts a backend that can run on the device local rank 0
- * would get (init with device -1), describes it and stops it; nothing is left open. Not
+ * symbols it defines), probes it, starts a backend that can run on each of its devices in
+ * turn (init with device 0, 1, ... where the module says how many it has, else once with device
+ * -1, the device local rank 0 would get), describes it and stops it; nothing is left open. Not
  * collective: it looks at this process's machine only. CTX may be NULL (silent); a context
  * lends its logger (backend auto's verdicts come at INFO) and takes the message of a failure,
  * and nothing else of it is touched. Fails only for a bad argument or want of memory: what is
@@ -257,7 +258,17 @@ typedef struct sl_module_info {
   const char *pairs_with;  /* a backend's preferred collective, a collective's device_backend; or NULL */
   uint32_t domains;        /* a collective's memory domains (module.h's sl_mem_domain bits); 0 */
   const char *probed_with; /* a collective: the backend its probe was asked about; NULL for a backend */
+  /* A backend that runs: describe() of each of its devices, ordinal 0 first (DEVICES[0] is
+   * DEVICE), one started and stopped after the other, at most SL_MODULE_DEVICES_MAX; a device
+   * that would not start reads "NAME:I: cannot start: why". A module that does not say how many
+   * devices it has (module.h: SL_EXT_DEVICE_COUNT) has one. DEVICE_COUNT 0 and DEVICES NULL
+   * otherwise, and for a caller whose SIZE ends before them. Module text, escaped. */
+  size_t device_count;
+  const char *const *devices;
+  size_t devices_not_listed; /* devices past SL_MODULE_DEVICES_MAX the module said it has */
 } sl_module_info;
+
+#define SL_MODULE_DEVICES_MAX 64 /* devices of one backend the listing describes */
 
 typedef struct sl_module_summary {
   size_t size; /* sizeof(sl_module_summary) as the caller compiled it; the library writes within it */
