@@ -859,10 +859,12 @@ static uint64_t misuses(ze_driver_handle_t drv) {
 }
 
 /* A record the module put on a consumer's list, its sl event destroyed already (the core's
- * DLPack path): fini waits for it (bounded by the job's timeout) before it destroys its event
- * pools. Behind a gate opened 200 ms in, within a 2 s timeout: fini waits for it and destroys
- * everything, with no warning and nothing destroyed under the device (the driver counts that). */
-static void test_dev_fini_waits_for_consumer_records(void **state) {
+ * DLPack path), behind the consumer's gate; fini with a timeout of TIMEOUT_MS, the gate opened
+ * 200 ms in (GATE_LATER) or only after fini. fini waits for the record (bounded by the job's
+ * timeout) before it destroys its event pools, or gives up in time and leaves them and its
+ * context behind with one warning: never anything destroyed under the consumer's work (the
+ * driver counts that as misuse). */
+static void fini_behind_consumer_record(int timeout_ms, int gate_later, double min_s, double max_s, int want_warned) {
   uint32_t n = 1;
   ze_driver_handle_t drv = NULL;
   assert_true(sl__ze_ready());
@@ -870,7 +872,7 @@ static void test_dev_fini_waits_for_consumer_records(void **state) {
   uint64_t before = misuses(drv);
   static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
   sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
-                        .ops = ops, .timeout_ms = 2000};
+                        .ops = ops, .timeout_ms = timeout_ms};
   void *be = NULL, *ev = NULL;
   consumer c;
   consumer_open(&c, drv);
@@ -879,53 +881,29 @@ static void test_dev_fini_waits_for_consumer_records(void **state) {
   OK(ops->event_record_native(be, ev, c.list));
   ops->event_destroy(be, ev);
   pthread_t t;
-  assert_int_equal(pthread_create(&t, NULL, open_gate_later, &c), 0);
+  if (gate_later) assert_int_equal(pthread_create(&t, NULL, open_gate_later, &c), 0);
   warned = 0;
   double t0 = mono_s();
   ops->fini(be);
   double took = mono_s() - t0;
-  pthread_join(t, NULL);
+  if (gate_later) pthread_join(t, NULL);
   uint64_t bad = misuses(drv) - before;
-  printf("# fini behind a consumer's record (gate at 200 ms): %.2f s, %d warning(s), %llu misuse(s)\n", took, warned,
-         (unsigned long long)bad);
-  assert_true(took >= 0.15 && took < 1.9);
-  assert_int_equal(warned, 0);
+  printf("# fini behind a consumer's record (gate %s, timeout %d ms): %.2f s, %d warning(s), %llu misuse(s)\n",
+         gate_later ? "opened at 200 ms" : "shut", timeout_ms, took, warned, (unsigned long long)bad);
+  assert_true(took >= min_s && took < max_s);
+  assert_int_equal(warned, want_warned);
   assert_int_equal(bad, 0);
+  if (!gate_later) assert_int_equal(sl__ze.EventHostSignal(c.gate), ZE_RESULT_SUCCESS);
   consumer_close(&c);
   assert_int_equal(misuses(drv) - before, 0);
 }
 
-/* The same with the gate shut past the 300 ms timeout: fini gives up in time and leaves its
- * pools and context behind with a warning, destroying nothing under the consumer's work. */
+/* The gate opened 200 ms in, within a 2 s timeout: fini waits and destroys everything, silently. */
+static void test_dev_fini_waits_for_consumer_records(void **state) { fini_behind_consumer_record(2000, 1, 0.15, 1.9, 0); }
+
+/* The gate shut past a 300 ms timeout: fini gives up in time, pools and context left behind. */
 static void test_dev_fini_leaves_pools_behind_consumer_records(void **state) {
-  uint32_t n = 1;
-  ze_driver_handle_t drv = NULL;
-  assert_true(sl__ze_ready());
-  assert_int_equal(sl__ze.DriverGet(&n, &drv), ZE_RESULT_SUCCESS);
-  uint64_t before = misuses(drv);
-  static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
-  sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
-                        .ops = ops, .timeout_ms = 300};
-  void *be = NULL, *ev = NULL;
-  consumer c;
-  consumer_open(&c, drv);
-  OK(ops->init(&in, &be));
-  OK(ops->event_create(be, &ev));
-  OK(ops->event_record_native(be, ev, c.list));
-  ops->event_destroy(be, ev);
-  warned = 0;
-  double t0 = mono_s();
-  ops->fini(be);
-  double took = mono_s() - t0;
-  uint64_t bad = misuses(drv) - before;
-  printf("# fini behind a consumer's shut gate, timeout 300 ms: %.2f s, %d warning(s), %llu misuse(s)\n", took, warned,
-         (unsigned long long)bad);
-  assert_true(took >= 0.25 && took < 1.5);
-  assert_int_equal(warned, 1);
-  assert_int_equal(bad, 0);
-  assert_int_equal(sl__ze.EventHostSignal(c.gate), ZE_RESULT_SUCCESS);
-  consumer_close(&c);
-  assert_int_equal(misuses(drv) - before, 0);
+  fini_behind_consumer_record(300, 0, 0.25, 1.5, 1);
 }
 
 /* SL_EXT_STREAM_ABANDON: a stream given up with 3 s of work is waited for by no sync (synchronize
