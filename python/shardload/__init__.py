@@ -300,7 +300,9 @@ class Context:
 
     world_size=None: the ranks of PROCESS_GROUP (a torch ProcessGroup; None: the default group
     when one is initialised, use_process_group=False to ignore it), reusing its store, else the
-    launcher environment (torchrun, Slurm, Open MPI; none: rank 0 of 1).
+    launcher environment (torchrun, Slurm, Open MPI; none: rank 0 of 1). Only the group's
+    members create its context, each in the same order with respect to its other contexts of
+    the same world size (the library numbers contexts per world size, docs/DESIGN.md#rendezvous).
     device: an ordinal on the node, a torch.device or its string ("cuda:1", "cpu"); a device type
     picks the backend that drives it (cuda, hip, level_zero for xpu, cpu) when BACKEND is None."""
 
@@ -557,7 +559,7 @@ class _Binder:
 
     def __init__(self, fn, trap: Trap):
         self.fn, self.trap, self.buffers, self.synced = fn, trap, {}, set()
-        self.refused = int(_capi.status_enum().ERR_BUFFER)
+        self.ok, self.refused = int(_capi.status_enum().OK), int(_capi.status_enum().ERR_BUFFER)
         self.cfn = _capi.BIND_BUFFER_FN(self._call)
 
     def _call(self, user, t, out):
@@ -568,7 +570,7 @@ class _Binder:
             buf = self.fn(info)
             if buf is None:
                 out.contents.data = None
-                return 0
+                return self.ok
             from ._torch import check_buffer
             ptr, pinned = check_buffer(info, buf)
             if buf.device.type == "cuda" and buf.device not in self.synced:
@@ -580,7 +582,7 @@ class _Binder:
             self.buffers[info.name] = buf
             out.contents.data = ptr
             out.contents.pinned = int(pinned)
-            return 0
+            return self.ok
         except BaseException as e:  # becomes this rank's bind failure, reported on every rank
             self.trap.catch(e, "bind")
             out.contents.message = _calls.describe(e, 255)

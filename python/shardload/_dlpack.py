@@ -19,20 +19,23 @@ from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int32, c_int64, c_
 
 
 class DLDevice(Structure):
+    _c_name_ = "DLDevice"  # dlpack.h (test_layout.py checks it against torch's copy)
     _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
 
 
 class DLDataType(Structure):
+    _c_name_ = "DLDataType"  # dlpack.h (test_layout.py checks it against torch's copy)
     _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
 
 
 class DLTensor(Structure):
+    _c_name_ = "DLTensor"  # dlpack.h (test_layout.py checks it against torch's copy)
     _fields_ = [("data", c_void_p), ("device", DLDevice), ("ndim", c_int32), ("dtype", DLDataType),
                 ("shape", POINTER(c_int64)), ("strides", POINTER(c_int64)), ("byte_offset", c_uint64)]
 
 
 class DLManagedTensor(Structure):
-    pass
+    _c_name_ = "DLManagedTensor"  # dlpack.h (test_layout.py checks it against torch's copy)
 
 
 _DELETER = CFUNCTYPE(None, POINTER(DLManagedTensor))

@@ -273,11 +273,36 @@ def pg_rank(rank, world, init, path, out):
                 w = st["w"].to_torch()
                 results.append((tuple(st["w"].global_offset), w.clone()))
                 ctx.agree(True)
+        if init.startswith("tcp://"):  # process_group= on subgroups of this job
+            results.append(subgroup_loads(rank, world, path))
         dist.barrier()
         dist.destroy_process_group()
         out.put((rank, "ok", [(o, w.tolist()) for o, w in results]))
     except Exception:
         out.put((rank, traceback.format_exc(), None))
+
+
+def subgroup_loads(rank, world, path):
+    """The job of 3 split into groups [0, 1] and [2] that load at the same time over the one
+    store (distinct keys per group); the default group named explicitly; a group this rank is
+    not in refused. Returns this rank's shard of "w" in its group."""
+    import torch.distributed as dist
+    groups = [dist.new_group([0, 1]), dist.new_group([2])]  # every rank makes every group
+    mine, other = (groups[0], groups[1]) if rank < 2 else (groups[1], groups[0])
+    with shardload.Context(process_group=mine) as ctx:
+        want = (rank, 2) if rank < 2 else (0, 1)
+        check((ctx.rank, ctx.world_size) == want, f"group rank/world: {ctx.rank}/{ctx.world_size}, want {want}")
+        st = ctx.load(ctx.plan(param_dtype="F32"), ctx.open(path))
+        shard = (tuple(st["w"].global_offset), st["w"].to_torch().clone())
+        ctx.agree(True)
+    with shardload.Context(process_group=dist.group.WORLD) as ctx:
+        check((ctx.rank, ctx.world_size) == (rank, world), "the default group named explicitly")
+    try:
+        shardload.Context(process_group=other)
+        raise AssertionError("a group this rank is not in was accepted")
+    except ValueError as e:
+        check("not a member" in str(e), f"non-member: {e}")
+    return shard
 
 
 def process_groups(tmp, sd, path):
@@ -301,6 +326,10 @@ def process_groups(tmp, sd, path):
             p.join(30)
         for r in range(3):
             check(got[r][0] == "ok", f"{init} rank {r}: {got[r][0]}")
+            if init.startswith("tcp://"):  # the subgroups' shards: [0, 1] split "w", [2] holds it whole
+                off = got[r][1][-1][0]
+                check(off[0] == (4 if r == 1 else 0) and len(got[r][1][-1][1]) == (3 if r == 1 else 4 if r == 0 else 7),
+                      f"rank {r}: the shard of its group's rank: {off}")
             for off, w in got[r][1]:
                 start = off[0]
                 check(torch.equal(torch.tensor(w), sd["w"][start:start + len(w)]), f"{init} rank {r}: shard bytes")
