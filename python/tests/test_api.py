@@ -152,7 +152,7 @@ def world1(tmp, sd, path):
     st5 = ctx.load(plan, msrc)
     check(all(torch.equal(st5[k].to_torch(), tt_v) for k, tt_v in ((k, ctx.load(plan, src)[k].to_torch()) for k in sd)),
           "memory source = file source")
-    expect(shardload.ShardloadError, lambda: ctx.load(plan, msrc, read_mode="every_rank"), "rank0")
+    expect(shardload.ShardloadError, lambda: ctx.load(plan, msrc, read_mode="every-rank"), "rank0")
     # strided and non-contiguous tensors go through the read callback
     nc = {"t": torch.arange(20, dtype=torch.float32).reshape(4, 5).t()}
     st6 = ctx.load(ctx.plan(), ctx.open_state_dict(nc))
@@ -361,8 +361,8 @@ def main():
     sd, path = checkpoint(a.tmp)
     print(f"libshardload {shardload.version()} from {shardload.library_path()}", flush=True)
     check(shardload.resolve_placement(True, None) == ("cpu", "cpu_offload=on", False), "resolve on")
-    check(shardload.resolve_placement(None, "cpu+pin") == ("cpu", "inferred: CPU offload policy", True), "resolve infer")
-    check(shardload.resolve_placement(False, "cpu+pin")[0] == "device", "resolve off")
+    check(shardload.resolve_placement(None, "cpu-pinned") == ("cpu", "inferred: CPU offload policy", True), "resolve infer")
+    check(shardload.resolve_placement(False, "cpu-pinned")[0] == "device", "resolve off")
     without_torch(path)
     world1(a.tmp, sd, path)
     dlpack_streams(a.tmp, sd, path)

@@ -166,3 +166,26 @@ def test_process_group_arguments(torch):
         shardload.Context(process_group=object())
     with pytest.raises(ValueError, match="without world_size"):
         shardload.Context(process_group=object(), world_size=1, rank=0)
+
+
+def test_process_groups_meet_under_their_own_keys(tmp_path):
+    """Two groups over one store never share rendezvous keys, and each numbers its contexts
+    from 0 (in a fresh process: torch.distributed's state is per process)."""
+    code = f"""
+import torch.distributed as dist, shardload
+from shardload import _process_group_rendezvous as rdzv
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+g1, g2 = dist.new_group([0]), dist.new_group([0])
+keys = [rdzv(None)[4], rdzv(g1)[4], rdzv(g1)[4], rdzv(g2)[4], rdzv(dist.group.WORLD)[4]]
+assert keys[0] == "torch-pg:0" and keys[4] == "torch-pg:1", keys  # the default group's, as before
+assert keys[1].endswith(":0") and keys[2].endswith(":1") and keys[1][:-2] == keys[2][:-2], keys
+assert len({{k[:-2] for k in keys[1:4]}}) == 2 and keys[3].endswith(":0"), keys
+with shardload.Context(process_group=g2) as ctx:
+    assert (ctx.rank, ctx.world_size) == (0, 1)
+dist.destroy_process_group()
+print("ok")
+"""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
