@@ -22,16 +22,15 @@ carry a `Status` (built from the library's own table) and DLPack device kinds ar
 from __future__ import annotations
 
 import ctypes
-import itertools
 import logging
 import os
-import sys
-import warnings
 from ctypes import byref, c_char_p, c_int, c_void_p, sizeof
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import _calls, _capi, _progress
+from ._group import device_arg, env_int, process_group_rendezvous
+from ._placement import Placement, policy as _policy, resolve_placement, spelling as _spelling, tri as _tri
 from ._calls import Trap, TrapRef, blocking
 from ._capi import LibraryNotFound
 from ._convert import SIZE_MAX, cint, cmsg, cpath, cstr, ctimeout_ms
@@ -73,107 +72,6 @@ def library_path() -> str:
     return _capi.lib()._name
 
 
-def _env_int(name: str, default: int) -> int:
-    v = os.environ.get(name)
-    if v is None or v == "":
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise ValueError(f"${name}={v!r} is not an integer; unset it or give the process's index") from None
-
-
-def _tri(cpu_offload) -> int:
-    if cpu_offload is None:
-        return _capi.CPU_OFFLOAD_INFER
-    if cpu_offload is True:
-        return _capi.CPU_OFFLOAD_ON
-    if cpu_offload is False:
-        return _capi.CPU_OFFLOAD_OFF
-    raise TypeError(f"cpu_offload must be True, False or None (infer from the policy), not {cpu_offload!r}")
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def _caller_stacklevel() -> int:
-    """warnings.warn's stacklevel of the first frame outside this package (the user's call)."""
-    level, f = 1, sys._getframe(1)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _PACKAGE_DIR:
-        level, f = level + 1, f.f_back
-    return level
-
-
-# Spellings of the first Python API, accepted for one release: the command and plan files say
-# "cpu-pinned" and "every-rank", and so does everything this package emits.
-_OLD_SPELLINGS = {"cpu+pin": "cpu-pinned", "every_rank": "every-rank"}
-
-
-def _spelling(value, what: str):
-    new = _OLD_SPELLINGS.get(value) if isinstance(value, str) else None
-    if new is None:
-        return value
-    warnings.warn(f"{what} {value!r} is deprecated and goes in the next release: spell it {new!r}, as the "
-                  "command and plan files do", DeprecationWarning, stacklevel=_caller_stacklevel())
-    return new
-
-
-_POLICIES = ("none", "cpu", "cpu-pinned")
-
-
-def _policy(offload_policy) -> _capi.OffloadPolicy | None:
-    """None, "none", "cpu", "cpu-pinned", or anything shaped like torch's CPUOffloadPolicy /
-    OffloadPolicy."""
-    if offload_policy is None:
-        return None
-    if isinstance(offload_policy, str):
-        offload_policy = _spelling(offload_policy, "offload_policy")
-        if offload_policy not in _POLICIES:
-            raise ValueError(f"offload_policy {offload_policy!r}: use None, 'none', 'cpu' or 'cpu-pinned'")
-        if offload_policy == "none":
-            return _capi.OffloadPolicy(_capi.OFFLOAD_NONE, 0)
-        return _capi.OffloadPolicy(_capi.OFFLOAD_CPU, int(offload_policy == "cpu-pinned"))
-    cls = type(offload_policy).__name__
-    if cls == "CPUOffloadPolicy":
-        return _capi.OffloadPolicy(_capi.OFFLOAD_CPU, int(bool(getattr(offload_policy, "pin_memory", True))))
-    if cls == "OffloadPolicy":  # FSDP2's base class: no offloading
-        return _capi.OffloadPolicy(_capi.OFFLOAD_NONE, 0)
-    raise TypeError(f"offload_policy: {cls} is neither torch's CPUOffloadPolicy/OffloadPolicy nor a string")
-
-
-class Placement(NamedTuple):
-    """A placement decision: DEVICE "cpu" (host memory) or "device" (the rank's accelerator; host
-    memory on the cpu backend), the contract's RULE that chose it, and whether PINNED memory is
-    wanted. A tuple, as the first API returned it."""
-    device: str
-    rule: str
-    pinned: bool
-
-    @property
-    def torch_device(self):
-        """The torch.device it means in this process: cpu, or torch's current accelerator
-        (torch.accelerator; cpu where torch has none, as the cpu backend places there)."""
-        import torch
-        if self.device == "cpu":
-            return torch.device("cpu")
-        acc = getattr(torch, "accelerator", None)
-        dev = acc.current_accelerator() if acc is not None and acc.is_available() else None
-        if dev is None:
-            return torch.device("cpu")
-        return torch.device(dev.type, acc.current_device_index())
-
-
-def resolve_placement(cpu_offload=None, offload_policy=None) -> Placement:
-    """The placement contract (docs/DESIGN.md#placement): (device "cpu"/"device", rule, pinned)."""
-    out = _capi.PlacementDecision()
-    pol = _policy(offload_policy)
-    s = _capi.lib().sl_resolve_placement(_tri(cpu_offload), byref(pol) if pol is not None else None, byref(out))
-    if s:
-        raise ShardloadError(s, "resolve_placement: invalid arguments")
-    return Placement(_capi.text(_capi.lib().sl_device_kind_name(out.device)),
-                     _capi.text(_capi.lib().sl_placement_rule_describe(out.rule)), bool(out.pin_memory))
-
-
 # ---- context -----------------------------------------------------------------------------
 
 _LOG_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
@@ -190,109 +88,6 @@ def _log_cb(user, level, msg, _log=_log, _levels=_LOG_LEVELS):
 ctypes.pythonapi.Py_IncRef.restype = None
 ctypes.pythonapi.Py_IncRef.argtypes = [ctypes.py_object]
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_log_cb))  # immortal, like the DLPack callbacks
-
-
-# per process group (by its name, the same on every member), counted only in
-# _process_group_rendezvous: every member numbers its contexts of that group alike (a world-1
-# context one rank makes on the side, or one of another group, does not shift the others' keys)
-_context_serials: dict[str, Iterator[int]] = {}
-
-
-def _torch_group(process_group):
-    """(torch.distributed, the group) for PROCESS_GROUP (None: the default group), or None when
-    none is given and no default group is initialised."""
-    if process_group is None and "torch" not in sys.modules:
-        return None
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()):
-        if process_group is not None:
-            raise ValueError("Context: process_group given, but torch.distributed is not initialised in this "
-                             "process: call torch.distributed.init_process_group first")
-        return None
-    from torch.distributed import distributed_c10d as c10d
-    group = c10d._get_default_group() if process_group is None else process_group
-    if dist.get_rank(group) < 0:
-        raise ValueError("Context: process_group: this process is not a member of the group; only its members "
-                         "create the Context")
-    return dist, group
-
-
-def _process_group_rendezvous(process_group=None):
-    """(world, rank, local_rank, rendezvous, key) of PROCESS_GROUP (a torch ProcessGroup; None:
-    the default group when one is initialised), or None. The group's own store is reused (never
-    a second server on another port): a c10d TCPStore (env://, tcp://, torchrun's agent store)
-    as c10d://HOST:PORT, a FileStore as a file:// directory beside its file, one per context
-    (the group's rank 0 names it through the store: a file:// rendezvous never overwrites an
-    earlier job's keys). KEY names the group and the context's place among the group's
-    contexts, so that two groups over one store never meet."""
-    found = _torch_group(process_group)
-    if found is None:
-        return None
-    dist, group = found
-    from torch.distributed import distributed_c10d as c10d
-    try:
-        gstore = c10d._get_process_group_store(group)
-    except KeyError:
-        raise ValueError(f"Context: process_group {group!r} is not a process group of this job's "
-                         "torch.distributed world") from None
-    default = group is c10d._get_default_group()
-    name = "" if default else c10d._get_process_group_name(group)
-    serial = next(_context_serials.setdefault(name, itertools.count()))
-    key = f"torch-pg:{serial}" if default else f"torch-pg:{name}:{serial}"
-    store = gstore
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    local_rank = _env_int("LOCAL_RANK", dist.get_rank())
-    if isinstance(store, dist.TCPStore):
-        host = store.host
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return world, rank, local_rank, f"c10d://{host}:{store.port}", key
-    if isinstance(store, dist.FileStore) and getattr(store, "path", None):
-        import uuid
-        skey = f"shardload/rendezvous/{serial}"  # under the group's prefix in its store
-        if rank == 0:
-            gstore.set(skey, uuid.uuid4().hex)
-        d = os.path.join(store.path + ".shardload.d", gstore.get(skey).decode())
-        os.makedirs(d, mode=0o700, exist_ok=True)
-        return world, rank, local_rank, f"file://{d}", key
-    raise ShardloadError(_capi.status_enum().ERR_INVALID,
-                         f"the torch.distributed group's store is a {type(store).__name__}, which shardload "
-                         "cannot join: pass rendezvous='tcp://HOST:PORT' or 'file://DIR' to Context")
-
-
-def _device_arg(device, backend: str | None) -> tuple[int | None, str | None]:
-    """Context's DEVICE (an ordinal, a torch.device, "cuda:1", "cpu") as (ordinal or None, backend
-    or None): a device type names the backend that drives it, which a given BACKEND must match."""
-    if device is None or isinstance(device, int) and not isinstance(device, bool):
-        return device, backend
-    if isinstance(device, str):
-        kind, _, index = device.partition(":")
-        if index and not index.isdigit():
-            raise ValueError(f"Context: device {device!r}: give an ordinal, 'TYPE' or 'TYPE:N' (e.g. 'cuda:1', "
-                             "'cpu') or a torch.device")
-        ordinal = int(index) if index else None
-    elif type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
-        kind, ordinal = device.type, device.index
-    else:
-        raise TypeError(f"Context: device must be an int, a str such as 'cuda:1' or a torch.device, not "
-                        f"{type(device).__name__} ({device!r})")
-    want = _device_backend(kind)
-    if want is None:
-        raise ValueError(f"Context: device {device!r}: shardload drives cpu, cuda (hip under a ROCm torch), "
-                         "xpu (level_zero) and sim devices")
-    if backend not in (None, "auto") and backend.split(":")[0] != want:
-        raise ValueError(f"Context: device {device!r} is driven by backend {want!r}, not the {backend!r} given; "
-                         "pass one of them, or both alike")
-    return (None if kind == "cpu" else ordinal), (backend if backend not in (None, "auto") else want)
-
-
-def _device_backend(kind: str) -> str | None:
-    if kind == "cuda":
-        torch = sys.modules.get("torch")
-        return "hip" if torch is not None and getattr(torch.version, "hip", None) else "cuda"
-    return {"cpu": "cpu", "hip": "hip", "xpu": "level_zero", "sim": "sim"}.get(kind)
 
 
 class Context:
@@ -314,13 +109,13 @@ class Context:
         if process_group is not None and (world_size is not None or not use_process_group):
             raise ValueError("Context: process_group names the ranks: pass it without world_size and "
                              "use_process_group=False")
-        device, backend = _device_arg(device, backend)
+        device, backend = device_arg(device, backend)
         self._ptr = c_void_p()
         self._inflight: list = []  # the done-events of calls that may still use the context
         o = _capi.ContextOptions()
         o.size = sizeof(o)
         o.backend, o.collective = cstr(backend, "backend"), cstr(collective, "collective")
-        pg = _process_group_rendezvous(process_group) if use_process_group and world_size is None else None
+        pg = process_group_rendezvous(process_group) if use_process_group and world_size is None else None
         key = job_key
         self._rdzv_dir = None
         if pg is not None:
@@ -339,7 +134,7 @@ class Context:
             o.world_size = cint(world_size, "world_size", 1)
             o.rank = cint(rank, "rank", 0, o.world_size - 1)
             if local_rank is None:
-                local_rank = _env_int("LOCAL_RANK", o.rank)
+                local_rank = env_int("LOCAL_RANK", o.rank)
             o.local_rank = cint(local_rank, "local_rank")
         o.rendezvous = cstr(rendezvous, "rendezvous")
         o.timeout_ms = ctimeout_ms(timeout)

@@ -46,7 +46,7 @@ def test_error_status_is_a_status(tmp_path):
     assert type(odd.status) is int and odd.status_name == "SL_ERR_UNKNOWN"
 
 
-OWN = ("__init__.py", "_capi.py", "_calls.py", "_convert.py", "_dlpack.py", "_progress.py")
+OWN = ("__init__.py", "_capi.py", "_calls.py", "_convert.py", "_dlpack.py", "_group.py", "_placement.py", "_progress.py")
 
 
 def test_no_status_literals_in_the_package():
@@ -173,7 +173,7 @@ def test_process_groups_meet_under_their_own_keys(tmp_path):
     from 0 (in a fresh process: torch.distributed's state is per process)."""
     code = f"""
 import torch.distributed as dist, shardload
-from shardload import _process_group_rendezvous as rdzv
+from shardload._group import process_group_rendezvous as rdzv
 dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
 g1, g2 = dist.new_group([0]), dist.new_group([0])
 keys = [rdzv(None)[4], rdzv(g1)[4], rdzv(g1)[4], rdzv(g2)[4], rdzv(dist.group.WORLD)[4]]
