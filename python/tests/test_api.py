@@ -2,7 +2,9 @@
 tensors through DLPack (zero copy, lifetime), caller buffers through bind, errors as exceptions,
 in-memory sources, and reuse of an existing torch.distributed process group's store.
 
-    python python/tests/test_api.py --tmp DIR       (SHARDLOAD_LIBRARY / PYTHONPATH as ctest sets)
+    python python/tests/test_api.py --tmp DIR [--all]   (SHARDLOAD_LIBRARY / PYTHONPATH as ctest sets)
+The single-process parts (SINGLE_PROCESS) run under pytest (python/tests/unit/test_scripts.py,
+CTest python_pytest); this script runs the ones with real ranks (and with --all, those too).
 Exit 77 where torch or safetensors is missing, unless SHARDLOAD_REQUIRE_TORCH=1.
 """
 
@@ -63,7 +65,7 @@ def checkpoint(tmp):
     return sd, path
 
 
-def without_torch(path):
+def without_torch(tmp, sd, path):
     """Inspection and planning in a process where importing torch fails."""
     code = f"""
 import sys
@@ -336,7 +338,7 @@ def process_groups(tmp, sd, path):
         print(f"process group reuse ({init.split(':')[0]}): ok", flush=True)
 
 
-def exit_with_exports(tmp, path):
+def exit_with_exports(tmp, sd, path):
     """Tensors exported through DLPack still alive at interpreter exit (module globals, a
     reference cycle): the process exits 0, not in a crash of a freed callback."""
     code = f"""
@@ -353,21 +355,29 @@ del st, c
         check(r.returncode == 0, f"exit with live exports: rc {r.returncode} {r.stderr[-400:]}")
 
 
+def resolve(tmp, sd, path):
+    check(shardload.resolve_placement(True, None) == ("cpu", "cpu_offload=on", False), "resolve on")
+    check(shardload.resolve_placement(None, "cpu-pinned") == ("cpu", "inferred: CPU offload policy", True), "resolve infer")
+    check(shardload.resolve_placement(False, "cpu-pinned")[0] == "device", "resolve off")
+
+
+# run by pytest (python/tests/unit/test_scripts.py), each as fn(tmp, sd, path); main runs them with --all
+SINGLE_PROCESS = ("resolve", "without_torch", "world1", "dlpack_streams")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tmp", required=True)
+    ap.add_argument("--all", action="store_true", help="the single-process parts too (python_pytest runs them)")
     a = ap.parse_args()
     os.makedirs(a.tmp, exist_ok=True)
     sd, path = checkpoint(a.tmp)
     print(f"libshardload {shardload.version()} from {shardload.library_path()}", flush=True)
-    check(shardload.resolve_placement(True, None) == ("cpu", "cpu_offload=on", False), "resolve on")
-    check(shardload.resolve_placement(None, "cpu-pinned") == ("cpu", "inferred: CPU offload policy", True), "resolve infer")
-    check(shardload.resolve_placement(False, "cpu-pinned")[0] == "device", "resolve off")
-    without_torch(path)
-    world1(a.tmp, sd, path)
-    dlpack_streams(a.tmp, sd, path)
+    if a.all:  # the single-process parts, which python_pytest runs (unit/test_scripts.py)
+        for name in SINGLE_PROCESS:
+            globals()[name](a.tmp, sd, path)
     cuda_release_order(a.tmp)
-    exit_with_exports(a.tmp, path)
+    exit_with_exports(a.tmp, sd, path)  # three interpreters of their own: not a quick unit test
     process_groups(a.tmp, sd, path)
     print(f"test_api: {CHECKS} checks passed", flush=True)
 
