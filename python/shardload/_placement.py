@@ -24,13 +24,17 @@ def tri(cpu_offload) -> int:
     raise TypeError(f"cpu_offload must be True, False or None (infer from the policy), not {cpu_offload!r}")
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# the modules that only pass a spelling on: a warning names whoever gave it to them (the
+# user's call; or a module of this package such as the drop-in, which must not use the old
+# spellings: attributed there, the warning is hidden from its users by Python's default filters)
+_PASS_THROUGH = {os.path.join(_HERE, "__init__.py"), os.path.join(_HERE, "_placement.py")}
 
 
 def _caller_stacklevel() -> int:
-    """warnings.warn's stacklevel of the first frame outside this package (the user's call)."""
+    """warnings.warn's stacklevel of the first frame outside the pass-through modules."""
     level, f = 1, sys._getframe(1)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _PACKAGE_DIR:
+    while f is not None and os.path.abspath(f.f_code.co_filename) in _PASS_THROUGH:
         level, f = level + 1, f.f_back
     return level
 
