@@ -4,7 +4,8 @@
 #   scripts/deps.sh --fuzz     ... plus clang and its sanitizer/libFuzzer runtimes
 #   scripts/deps.sh --python   ... plus a Python venv with the reference implementations the
 #                              cross-checks and torchrun tests run against (torch, safetensors,
-#                              accelerate from PyPI; torch is a large download the first time).
+#                              accelerate from PyPI; torch is a large download the first time;
+#                              pytest for the Python unit tests, tqdm for the progress bar).
 #                              Prints the venv's python on stdout.
 #   scripts/deps.sh --cuda     installs nothing more (the CUDA toolkit and NCCL are NVIDIA's
 #                              multi-GB installs, made by the machine's image): prints the nvcc
@@ -81,10 +82,14 @@ fi
 if [ "$python" = 1 ] && [ "$check" = 0 ]; then
   venv="${SHARDLOAD_VENV:-$HOME/.cache/shardload/venv}"
   if ! "$venv/bin/python" -c 'import torch, safetensors, accelerate' 2>/dev/null; then
-    echo "deps: creating $venv with torch, safetensors, accelerate (first time: several minutes)" >&2
+    echo "deps: creating $venv with torch, safetensors, accelerate, pytest, tqdm (first time: several minutes)" >&2
     # the Debian python3 has venv; a pyenv or other python3 earlier on PATH works as well
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check 'torch>=2.15' safetensors accelerate numpy >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check 'torch>=2.15' safetensors accelerate numpy pytest tqdm >&2
+  elif ! "$venv/bin/python" -c 'import pytest, tqdm' 2>/dev/null; then
+    # a venv from before the Python unit tests (python_pytest) and the progress bar's test
+    echo "deps: adding pytest and tqdm to $venv" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check pytest tqdm >&2
   fi
   echo "$venv/bin/python"
 fi

@@ -12,35 +12,52 @@ when it is installed.
         state = ctx.load(plan, src, cpu_offload=None)    # None: follow the plan's offload policy
         for name, t in state.items():
             w = t.to_torch()                             # the local shard, zero copy
+
+torch's vocabulary is accepted wherever torch is importable (torch.bfloat16, torch.device("cuda:1"),
+a ProcessGroup) and offered beside the library's names (`.torch_dtype`, `.torch_device`); errors
+carry a `Status` (built from the library's own table) and DLPack device kinds are named
+(`DLDeviceType`, str() "cuda").
 """
 
 from __future__ import annotations
 
 import ctypes
-import itertools
 import logging
 import os
 from ctypes import byref, c_char_p, c_int, c_void_p, sizeof
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from . import _calls, _capi
+from . import _calls, _capi, _progress
+from ._group import device_arg, env_int, process_group_rendezvous
+from ._placement import Placement, policy as _policy, resolve_placement, spelling as _spelling, tri as _tri
 from ._calls import Trap, TrapRef, blocking
 from ._capi import LibraryNotFound
 from ._convert import SIZE_MAX, cint, cmsg, cpath, cstr, ctimeout_ms
+from ._dlpack import DLDeviceType, TORCH_DEVICE_TYPE, IMPORT_AS, device_type_name
 
 __all__ = ["Context", "Source", "Plan", "State", "LoadedTensor", "SourceTensor", "ShardloadError",
-           "LibraryNotFound", "resolve_placement", "version", "library_path"]
+           "LibraryNotFound", "Placement", "Status", "DLDeviceType", "resolve_placement", "version",
+           "library_path"]
 
 _log = logging.getLogger("shardload")
 
 
+def __getattr__(name: str):
+    """shardload.Status, built from the library's table the first time it is asked for (so that
+    `import shardload` works before the library is found, and says so only at first use)."""
+    if name == "Status":
+        return _capi.status_enum()
+    raise AttributeError(f"module 'shardload' has no attribute {name!r}")
+
+
 class ShardloadError(RuntimeError):
-    """A libshardload failure: `status` (int), `status_name` ("SL_ERR_FORMAT") and the C message."""
+    """A libshardload failure: `status` (a Status member, an IntEnum: it compares equal to the C
+    value), `status_name` ("SL_ERR_FORMAT") and the C message."""
 
     def __init__(self, status: int, message: str):
-        self.status = int(status)
-        self.status_name = _capi.text(_capi.lib().sl_status_name(self.status))
+        self.status = _capi.status(status)
+        self.status_name = _capi.text(_capi.lib().sl_status_name(int(self.status)))
         self.message = message or _capi.text(_capi.lib().sl_strerror(self.status))
         super().__init__(f"{self.message} [{self.status_name}]")
 
@@ -53,55 +70,6 @@ def version() -> str:
 def library_path() -> str:
     """The path libshardload was loaded from."""
     return _capi.lib()._name
-
-
-def _env_int(name: str, default: int) -> int:
-    v = os.environ.get(name)
-    if v is None or v == "":
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise ValueError(f"${name}={v!r} is not an integer; unset it or give the process's index") from None
-
-
-def _tri(cpu_offload) -> int:
-    if cpu_offload is None:
-        return _capi.CPU_OFFLOAD_INFER
-    if cpu_offload is True:
-        return _capi.CPU_OFFLOAD_ON
-    if cpu_offload is False:
-        return _capi.CPU_OFFLOAD_OFF
-    raise TypeError(f"cpu_offload must be True, False or None (infer from the policy), not {cpu_offload!r}")
-
-
-def _policy(offload_policy) -> _capi.OffloadPolicy | None:
-    """None, "cpu", "cpu+pin", or anything shaped like torch's CPUOffloadPolicy / OffloadPolicy."""
-    if offload_policy is None:
-        return None
-    if isinstance(offload_policy, str):
-        if offload_policy not in ("none", "cpu", "cpu+pin"):
-            raise ValueError(f"offload_policy {offload_policy!r}: use None, 'none', 'cpu' or 'cpu+pin'")
-        if offload_policy == "none":
-            return _capi.OffloadPolicy(_capi.OFFLOAD_NONE, 0)
-        return _capi.OffloadPolicy(_capi.OFFLOAD_CPU, int(offload_policy == "cpu+pin"))
-    cls = type(offload_policy).__name__
-    if cls == "CPUOffloadPolicy":
-        return _capi.OffloadPolicy(_capi.OFFLOAD_CPU, int(bool(getattr(offload_policy, "pin_memory", True))))
-    if cls == "OffloadPolicy":  # FSDP2's base class: no offloading
-        return _capi.OffloadPolicy(_capi.OFFLOAD_NONE, 0)
-    raise TypeError(f"offload_policy: {cls} is neither torch's CPUOffloadPolicy/OffloadPolicy nor a string")
-
-
-def resolve_placement(cpu_offload=None, offload_policy=None) -> tuple[str, str, bool]:
-    """The placement contract (docs/DESIGN.md#placement): (device "cpu"/"device", rule, pinned)."""
-    out = _capi.PlacementDecision()
-    pol = _policy(offload_policy)
-    s = _capi.lib().sl_resolve_placement(_tri(cpu_offload), byref(pol) if pol is not None else None, byref(out))
-    if s:
-        raise ShardloadError(s, "resolve_placement: invalid arguments")
-    return (_capi.text(_capi.lib().sl_device_kind_name(out.device)),
-            _capi.text(_capi.lib().sl_placement_rule_describe(out.rule)), bool(out.pin_memory))
 
 
 # ---- context -----------------------------------------------------------------------------
@@ -122,77 +90,43 @@ ctypes.pythonapi.Py_IncRef.argtypes = [ctypes.py_object]
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_log_cb))  # immortal, like the DLPack callbacks
 
 
-_context_serial = itertools.count()
-
-
-def _process_group_rendezvous():
-    """(world, rank, local_rank, rendezvous) of an initialised torch.distributed default group,
-    or None. The group's own store is reused (never a second server on another port): a c10d
-    TCPStore (env://, tcp://, torchrun's agent store) as c10d://HOST:PORT, a FileStore as a
-    file:// directory beside its file, one per context (rank 0 names it through the store: a
-    file:// rendezvous never overwrites an earlier job's keys)."""
-    import sys
-    if "torch" not in sys.modules:
-        return None
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    from torch.distributed import distributed_c10d as c10d
-    # counted only here, so every rank numbers its process-group contexts alike (a world-1
-    # context one rank makes on the side does not shift the others' keys)
-    serial = next(_context_serial)
-    store = c10d._get_default_store()
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    world, rank = dist.get_world_size(), dist.get_rank()
-    local_rank = _env_int("LOCAL_RANK", rank)
-    if isinstance(store, dist.TCPStore):
-        host = store.host
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return world, rank, local_rank, f"c10d://{host}:{store.port}", serial
-    if isinstance(store, dist.FileStore) and getattr(store, "path", None):
-        import uuid
-        default = c10d._get_default_store()
-        key = f"shardload/rendezvous/{serial}"
-        if rank == 0:
-            default.set(key, uuid.uuid4().hex)
-        name = default.get(key).decode()
-        d = os.path.join(store.path + ".shardload.d", name)
-        os.makedirs(d, mode=0o700, exist_ok=True)
-        return world, rank, local_rank, f"file://{d}", serial
-    raise ShardloadError(1, f"the torch.distributed default group's store is a {type(store).__name__}, which "
-                         "shardload cannot join: pass rendezvous='tcp://HOST:PORT' or 'file://DIR' to Context")
-
-
 class Context:
     """A job's ranks, backend and data plane (sl_context). Collective: every rank creates it.
 
-    world_size=None: reuse an initialised torch.distributed default group (rank, world, store),
-    else the launcher environment (torchrun, Slurm, Open MPI; none: rank 0 of 1)."""
+    world_size=None: the ranks of PROCESS_GROUP (a torch ProcessGroup; None: the default group
+    when one is initialised, use_process_group=False to ignore it), reusing its store, else the
+    launcher environment (torchrun, Slurm, Open MPI; none: rank 0 of 1). Only the group's
+    members create its context, each in the same order with respect to its other contexts of
+    the same world size (the library numbers contexts per world size, docs/DESIGN.md#rendezvous).
+    device: an ordinal on the node, a torch.device or its string ("cuda:1", "cpu"); a device type
+    picks the backend that drives it (cuda, hip, level_zero for xpu, cpu) when BACKEND is None."""
 
     def __init__(self, backend: str | None = None, collective: str | None = None, *,
                  world_size: int | None = None, rank: int | None = None, local_rank: int | None = None,
-                 rendezvous: str | None = None, timeout: float = 300.0, device: int | None = None,
-                 job_key: str | None = None, use_process_group: bool = True):
+                 rendezvous: str | None = None, timeout: float = 300.0, device=None,
+                 job_key: str | None = None, use_process_group: bool = True, process_group=None):
         lib = _capi.lib()
+        if process_group is not None and (world_size is not None or not use_process_group):
+            raise ValueError("Context: process_group names the ranks: pass it without world_size and "
+                             "use_process_group=False")
+        device, backend = device_arg(device, backend)
         self._ptr = c_void_p()
         self._inflight: list = []  # the done-events of calls that may still use the context
         o = _capi.ContextOptions()
         o.size = sizeof(o)
         o.backend, o.collective = cstr(backend, "backend"), cstr(collective, "collective")
-        pg = _process_group_rendezvous() if use_process_group and world_size is None else None
+        pg = process_group_rendezvous(process_group) if use_process_group and world_size is None else None
         key = job_key
         self._rdzv_dir = None
         if pg is not None:
-            world_size, rank, lr, pg_rdzv, serial = pg
+            world_size, rank, lr, pg_rdzv, pg_key = pg
             local_rank = lr if local_rank is None else local_rank
             if rendezvous is None:
                 rendezvous = pg_rdzv
                 if pg_rdzv.startswith("file://") and rank == 0:
                     self._rdzv_dir = pg_rdzv[len("file://"):]
             # contexts made one after another in one job meet under distinct keys
-            key = f"torch-pg:{serial}" + (f":{job_key}" if job_key else "")
+            key = pg_key + (f":{job_key}" if job_key else "")
         if world_size is not None:
             if rank is None:
                 raise ValueError("Context: world_size given without rank")
@@ -200,7 +134,7 @@ class Context:
             o.world_size = cint(world_size, "world_size", 1)
             o.rank = cint(rank, "rank", 0, o.world_size - 1)
             if local_rank is None:
-                local_rank = _env_int("LOCAL_RANK", o.rank)
+                local_rank = env_int("LOCAL_RANK", o.rank)
             o.local_rank = cint(local_rank, "local_rank")
         o.rendezvous = cstr(rendezvous, "rendezvous")
         o.timeout_ms = ctimeout_ms(timeout)
@@ -336,8 +270,9 @@ class Context:
         if table:
             arr = (_capi.MemoryTensor * len(table))(*table)
         if not hasattr(lib, "sl_source_open_memory") or lib.sl_source_open_memory.argtypes is None:
-            raise ShardloadError(18, f"{library_path()} predates sl_source_open_memory: rebuild libshardload "
-                                     "or pass a checkpoint path")
+            raise ShardloadError(_capi.status_enum().ERR_UNSUPPORTED,
+                                 f"{library_path()} predates sl_source_open_memory: rebuild libshardload "
+                                 "or pass a checkpoint path")
         p = c_void_p()
         cb = _capi.READ_FN(read) if read is not None else _capi.READ_FN()
         self._check(self._blocking(lib.sl_source_open_memory, label_c, arr, len(table or ()), cb, None, byref(p),
@@ -350,11 +285,17 @@ class Context:
     def load(self, plan: "Plan", source: "Source", *, cpu_offload: bool | None = None,
              strategy: str = "scatter", read_mode: str = "rank0", staging_bytes: int = 0,
              pipeline_slots: int = 0, bind: Callable[["LoadedTensor"], Any] | None = None,
-             progress: Callable[[int, int], None] | None = None) -> "State":
+             progress: Callable[..., None] | None = None, progress_bar: bool | None = None) -> "State":
         """Loads SOURCE under PLAN (collective). cpu_offload: True = CPU, False = the accelerator,
-        None = the plan's offload policy decides. bind(t) may return a torch tensor (contiguous,
-        at least t.nbytes, on t's device) to be filled in place, or None to let the state own one.
-        progress(done_bytes, total_bytes) is called on rank 0 after each tensor. An exception in
+        None = the plan's offload policy decides. read_mode "rank0" (only rank 0 reads) or
+        "every-rank". bind(t) may return a torch tensor (contiguous, at least t.nbytes, on t's
+        device) to be filled in place, or None to let the state own one.
+        progress(done_bytes, total_bytes, done_tensors, total_tensors) is called on rank 0 only
+        (the library reports there) after each tensor whose bytes are all in place, from the
+        load's thread; the totals are of the tensors the plan takes, bytes as in the file. A
+        callable of two parameters gets (done_bytes, total_bytes). progress_bar: a tqdm bar on
+        rank 0 (True/False; None: $SHARDLOAD_PROGRESS=1/0, else when stderr is a terminal and
+        tqdm is installed). An exception in
         bind, progress or a state dict's read fails the load on every rank; an exception that is
         not an Exception (KeyboardInterrupt, SystemExit) is raised as it is, others as the
         ShardloadError they caused. A signal during the load aborts the context
@@ -364,7 +305,8 @@ class Context:
         o.size = sizeof(o)
         o.cpu_offload = _tri(cpu_offload)
         strategies = {"scatter": _capi.STRATEGY_SCATTER, "broadcast": _capi.STRATEGY_BROADCAST}
-        modes = {"rank0": _capi.READ_RANK0, "every_rank": _capi.READ_EVERY_RANK}
+        modes = {"rank0": _capi.READ_RANK0, "every-rank": _capi.READ_EVERY_RANK}
+        read_mode = _spelling(read_mode, "read_mode")
         if strategy not in strategies or read_mode not in modes:
             raise ValueError(f"strategy must be one of {list(strategies)}, read_mode one of {list(modes)}")
         o.strategy, o.read_mode = strategies[strategy], modes[read_mode]
@@ -375,8 +317,15 @@ class Context:
         binder = _Binder(bind, trap) if bind is not None else None
         if binder is not None:
             o.bind_buffer = binder.cfn
-        if progress is not None:
-            o.progress_status = _calls.progress_callback(progress, trap)
+        bar = _progress.bar_wanted(progress_bar) and self.rank == 0
+        tracker = None
+        if progress is not None or bar:
+            if progress is not None and not callable(progress):
+                raise TypeError(f"progress must be a callable (done_bytes, total_bytes, done_tensors, total_tensors), "
+                                f"not {type(progress).__name__}")
+            if self.rank == 0:  # the library reports on rank 0 only
+                tracker = _progress.LoadProgress(progress, bar, plan._taken_sizes(source, self.world_size))
+                o.progress_status = _calls.progress_callback(tracker, trap)
         p = c_void_p()
         reads = source._reads
         if reads is not None:
@@ -387,12 +336,15 @@ class Context:
         finally:
             if reads is not None:
                 reads.trap = None
+            if tracker is not None:
+                tracker.close()
         if trap.exc is not None:
             if s == 0:  # cannot be (every callback failure fails the load): never hand it out
                 lib.sl_state_destroy(p)
             if not isinstance(trap.exc, Exception):
                 raise trap.exc  # KeyboardInterrupt, SystemExit...: as the callback raised it
-            raise ShardloadError(s or 1, _capi.text(lib.sl_context_errmsg(ctx_p))) from trap.exc
+            raise ShardloadError(s or _capi.status_enum().ERR_INVALID,
+                                 _capi.text(lib.sl_context_errmsg(ctx_p))) from trap.exc
         self._check(s)
         return State(p, buffers=binder.buffers if binder else {})
 
@@ -402,6 +354,7 @@ class _Binder:
 
     def __init__(self, fn, trap: Trap):
         self.fn, self.trap, self.buffers, self.synced = fn, trap, {}, set()
+        self.ok, self.refused = int(_capi.status_enum().OK), int(_capi.status_enum().ERR_BUFFER)
         self.cfn = _capi.BIND_BUFFER_FN(self._call)
 
     def _call(self, user, t, out):
@@ -412,7 +365,7 @@ class _Binder:
             buf = self.fn(info)
             if buf is None:
                 out.contents.data = None
-                return 0
+                return self.ok
             from ._torch import check_buffer
             ptr, pinned = check_buffer(info, buf)
             if buf.device.type == "cuda" and buf.device not in self.synced:
@@ -424,23 +377,37 @@ class _Binder:
             self.buffers[info.name] = buf
             out.contents.data = ptr
             out.contents.pinned = int(pinned)
-            return 0
+            return self.ok
         except BaseException as e:  # becomes this rank's bind failure, reported on every rank
             self.trap.catch(e, "bind")
             out.contents.message = _calls.describe(e, 255)
-            return 19  # SL_ERR_BUFFER
+            return self.refused
 
 
 # ---- source ------------------------------------------------------------------------------
 
+def _torch_dtype(name: str):
+    """torch's dtype of a shardload dtype name (F8 as torch.float8_e4m3fn / float8_e5m2)."""
+    try:
+        from ._torch import torch_dtype
+    except ImportError as e:
+        raise ImportError(f"torch_dtype needs torch, which is not importable here ({e}): pip install torch, "
+                          "or use .dtype (the safetensors name)") from e
+    return torch_dtype(name)
+
+
 @dataclass(frozen=True)
 class SourceTensor:
     name: str
-    dtype: str
+    dtype: str             # the safetensors name ("BF16"); torch_dtype: torch's
     shape: tuple[int, ...]
     nbytes: int
     file: str
     file_offset: int
+
+    @property
+    def torch_dtype(self):
+        return _torch_dtype(self.dtype)
 
 
 def _src_tensor(t) -> SourceTensor:
@@ -623,6 +590,20 @@ class Plan:
                 "dtype": _capi.DTYPES.get(g.dtype, "?"), "replicated": bool(g.replicated),
                 "nbytes": int(g.nbytes), "skipped": bool(g.skipped)}
 
+    def _taken_sizes(self, source: Source, world: int) -> list[int]:
+        """File bytes of the tensors a load of SOURCE takes under this plan, in file order (what
+        progress counts tensors by). A tensor the plan cannot resolve is counted: the load fails
+        on it, on every rank, with the message."""
+        lib, g = _capi.lib(), _capi.ShardGeometry()
+        g.size = sizeof(g)
+        sizes = []
+        for i in range(len(source)):
+            t = lib.sl_source_tensor_at(source._p, i)
+            s = lib.sl_plan_geometry(self._p, t, 0, world, byref(g))
+            if s or not g.skipped:
+                sizes.append(int(t.contents.nbytes))
+        return sizes
+
     def describe(self, source: Source, name: str) -> str:
         buf = ctypes.create_string_buffer(256)
         self._chk(_capi.lib().sl_plan_describe(self._p, source._c(name), buf, sizeof(buf)))
@@ -631,14 +612,11 @@ class Plan:
 
 # ---- state -------------------------------------------------------------------------------
 
-_DLPACK_TORCH_DEVICE = {1: 1, 2: 2, 3: 1, 10: 10, 11: 1, 14: 14}  # host kinds import as CPU
-
-
 @dataclass
 class LoadedTensor:
     """One local shard: where it lives, what it is of the global tensor, and why it is there."""
     name: str
-    dtype: str
+    dtype: str             # safetensors names ("BF16"); torch_dtype: torch's
     file_dtype: str
     global_shape: tuple[int, ...]
     local_shape: tuple[int, ...]
@@ -649,7 +627,7 @@ class LoadedTensor:
     caller_buffer: bool
     nbytes: int
     data_ptr: int
-    dlpack_device: tuple[int, int]
+    dlpack_device: tuple[DLDeviceType | int, int]  # (kind, ordinal); str(kind): "cuda", "cuda_host"...
     _state: "_Handle | None" = field(default=None, repr=False, compare=False)  # owns the memory
     _index: int = field(default=-1, repr=False, compare=False)  # in the C state (sl_state_tensor)
 
@@ -663,7 +641,31 @@ class LoadedTensor:
             _capi.text(lib.sl_device_kind_name(t.device)),
             _capi.text(lib.sl_placement_rule_describe(t.rule)) if t.rule else "",
             bool(t.pinned), bool(t.caller_buffer), int(t.nbytes), int(t.data or 0),
-            (int(t.device_type), int(t.device_id)), state, index)
+            (DLDeviceType.of(t.device_type), int(t.device_id)), state, index)
+
+    @property
+    def device_type(self) -> str:
+        """The memory's DLPack device kind by name: "cpu", "cuda", "cuda_host", "rocm",
+        "rocm_host", "oneapi", "ext_dev" (the sim backend's simulated memory)."""
+        return device_type_name(self.dlpack_device[0])
+
+    @property
+    def torch_device(self):
+        """The torch.device to_torch() gives (cuda:N, cpu for host and pinned memory, xpu:N), or
+        None for memory no framework can address (the sim backend's)."""
+        kind = TORCH_DEVICE_TYPE.get(self.dlpack_device[0])
+        if kind is None:
+            return None
+        import torch
+        return torch.device(kind) if kind == "cpu" else torch.device(kind, self.dlpack_device[1])
+
+    @property
+    def torch_dtype(self):
+        return _torch_dtype(self.dtype)
+
+    @property
+    def torch_file_dtype(self):
+        return _torch_dtype(self.file_dtype)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.dlpack_device
@@ -680,13 +682,14 @@ class LoadedTensor:
         if self._state is None or not self._state.ptr:
             raise ValueError(f"{self.name}: no live state owns this tensor")
         dt, did = self.dlpack_device
-        if dt not in _DLPACK_TORCH_DEVICE:
-            raise ShardloadError(18, f"tensor '{self.name}' lives in memory of DLPack device type {dt} "
-                                     "(the sim backend's simulated device), which no framework can address; "
-                                     "load with backend 'cpu' or a real accelerator backend")
+        if dt not in IMPORT_AS:
+            raise ShardloadError(_capi.status_enum().ERR_UNSUPPORTED,
+                                 f"tensor '{self.name}' lives in memory of DLPack device type "
+                                 f"{device_type_name(dt)} (the sim backend's simulated device), which no "
+                                 "framework can address; load with backend 'cpu' or a real accelerator backend")
         native = _dlpack.native_stream(self.name, dt, stream)
         return _dlpack.capsule(self._state, self._state.ptr, self._index, native, self.data_ptr, self.local_shape,
-                               self.dtype, _DLPACK_TORCH_DEVICE[dt], did)
+                               self.dtype, int(IMPORT_AS[dt]), did)
 
     def to_torch(self):
         """The local shard as a torch tensor viewing the loaded memory (no copy), lent for torch's

@@ -65,20 +65,21 @@ def progress_callback(fn, trap: Trap):
     """sl_load_options.progress_status over FN(done, total): an exception fails the load on
     every rank within one status window, as a failure of rank 0's (the context stays usable),
     and FN is not called again."""
-    from ._capi import PROGRESS_STATUS_FN
+    from ._capi import PROGRESS_STATUS_FN, status_enum
+    ok, failed = int(status_enum().OK), int(status_enum().ERR_INVALID)  # failed: the message says how
 
     def call(user, done, total, message, length):
         try:
             if trap.cancelled:
                 raise KeyboardInterrupt("the load was interrupted")
             fn(int(done), int(total))
-            return 0
+            return ok
         except BaseException as e:
             trap.catch(e, "progress")
             if message and length > 0:
                 text = describe(e, int(length) - 1)
                 ctypes.memmove(message, text + b"\0", len(text) + 1)
-            return 1  # SL_ERR_INVALID: the caller's callback failed; the message says how
+            return failed
     return PROGRESS_STATUS_FN(call)
 
 

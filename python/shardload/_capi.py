@@ -2,13 +2,16 @@
 
 Only the public API is used. Every struct mirrors the header field for field; the versioned
 ones (options, geometry, stats, binding, memory tensors) carry `size`, which is set to the
-ctypes sizeof so the library reads exactly the fields declared here.
+ctypes sizeof so the library reads exactly the fields declared here. Each names its C struct in
+`_c_name_`: python/tests/unit/test_layout.py compiles the header and compares every size and
+offset, so a field added, moved or retyped on one side only fails there.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import enum
 import os
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int64,
                     c_size_t, c_uint, c_uint64, c_void_p)
@@ -36,10 +39,12 @@ DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 
 
 class OffloadPolicy(Structure):
+    _c_name_ = "sl_offload_policy"
     _fields_ = [("kind", c_int), ("pin_memory", c_int)]
 
 
 class PlacementDecision(Structure):
+    _c_name_ = "sl_placement_decision"
     _fields_ = [("device", c_int), ("rule", c_int), ("pin_memory", c_int)]
 
 
@@ -47,6 +52,7 @@ LOG_FN = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 
 
 class ContextOptions(Structure):
+    _c_name_ = "sl_context_options"
     _fields_ = [
         ("size", c_size_t), ("backend", c_char_p), ("collective", c_char_p),
         ("world_size", c_int), ("rank", c_int), ("local_rank", c_int),
@@ -57,6 +63,7 @@ class ContextOptions(Structure):
 
 
 class SourceTensor(Structure):
+    _c_name_ = "sl_source_tensor"
     _fields_ = [
         ("name", c_char_p), ("dtype", c_int), ("ndim", c_int), ("shape", c_int64 * SL_MAX_DIMS),
         ("nbytes", c_uint64), ("file", c_char_p), ("file_offset", c_uint64),
@@ -64,6 +71,7 @@ class SourceTensor(Structure):
 
 
 class MemoryTensor(Structure):
+    _c_name_ = "sl_memory_tensor"
     _fields_ = [
         ("size", c_size_t), ("name", c_char_p), ("dtype", c_int), ("ndim", c_int),
         ("shape", c_int64 * SL_MAX_DIMS), ("data", c_void_p),
@@ -71,6 +79,7 @@ class MemoryTensor(Structure):
 
 
 class ShardGeometry(Structure):
+    _c_name_ = "sl_shard_geometry"
     _fields_ = [
         ("size", c_size_t), ("ndim", c_int), ("local_shape", c_int64 * SL_MAX_DIMS),
         ("global_offset", c_int64 * SL_MAX_DIMS), ("dtype", c_int), ("replicated", c_int),
@@ -79,6 +88,7 @@ class ShardGeometry(Structure):
 
 
 class Tensor(Structure):
+    _c_name_ = "sl_tensor"
     _fields_ = [
         ("name", c_char_p), ("dtype", c_int), ("file_dtype", c_int), ("ndim", c_int),
         ("global_shape", c_int64 * SL_MAX_DIMS), ("local_shape", c_int64 * SL_MAX_DIMS),
@@ -89,6 +99,7 @@ class Tensor(Structure):
 
 
 class Binding(Structure):
+    _c_name_ = "sl_binding"
     _fields_ = [("size", c_size_t), ("data", c_void_p), ("pinned", c_int),
                 ("message", c_char * 256)]
 
@@ -101,6 +112,7 @@ READ_FN = CFUNCTYPE(c_int, c_void_p, c_size_t, c_uint64, c_void_p, c_size_t, c_v
 
 
 class LoadOptions(Structure):
+    _c_name_ = "sl_load_options"
     _fields_ = [
         ("size", c_size_t), ("cpu_offload", c_int), ("strategy", c_int), ("read_mode", c_int),
         ("staging_bytes", c_size_t), ("bind", c_void_p), ("bind_user", c_void_p),
@@ -111,6 +123,7 @@ class LoadOptions(Structure):
 
 
 class LoadStats(Structure):
+    _c_name_ = "sl_load_stats"
     _fields_ = [
         ("size", c_size_t), ("bytes_read", c_uint64), ("bytes_sent", c_uint64),
         ("bytes_received", c_uint64), ("bytes_h2d", c_uint64), ("staging_bytes", c_uint64),
@@ -121,6 +134,7 @@ class LoadStats(Structure):
 
 
 class ExportOptions(Structure):
+    _c_name_ = "sl_export_options"
     _fields_ = [("size", c_size_t), ("stream", c_void_p), ("errbuf", c_void_p), ("errbuf_size", c_size_t)]
 
 
@@ -272,3 +286,46 @@ def lib() -> ctypes.CDLL:
 
 def text(b: bytes | None) -> str:
     return b.decode("utf-8", "replace") if b is not None else ""
+
+
+class _StatusBase(enum.IntEnum):
+    """sl_status: the members come from the loaded library's own table (status.h), never from
+    numbers written here."""
+
+    @property
+    def c_name(self) -> str:
+        """The stable C name, e.g. "SL_ERR_FORMAT" (sl_status_name)."""
+        return text(lib().sl_status_name(int(self)))
+
+    @property
+    def message(self) -> str:
+        """The generic message, e.g. "malformed checkpoint" (sl_strerror)."""
+        return text(lib().sl_strerror(int(self)))
+
+
+_status: type[_StatusBase] | None = None
+_UNKNOWN_STATUS = "SL_ERR_UNKNOWN"  # what sl_status_name says past the end of the table
+_STATUS_LIMIT = 1 << 12  # a bound on the walk only, should a library never say UNKNOWN
+
+
+def status_enum() -> type[_StatusBase]:
+    """The Status enum, built on first use from sl_status_name over 0, 1, ... until the library
+    says SL_ERR_UNKNOWN (codes are dense and never renumbered: new ones go at the end)."""
+    global _status
+    if _status is None:
+        members = {}
+        for code in range(_STATUS_LIMIT):
+            name = text(lib().sl_status_name(code))
+            if name == _UNKNOWN_STATUS or not name.startswith("SL_"):
+                break
+            members[name[len("SL_"):]] = code
+        _status = _StatusBase("Status", members, module="shardload", qualname="Status")
+    return _status
+
+
+def status(code: int):
+    """CODE as a Status member, or the int itself for a code outside the library's table."""
+    try:
+        return status_enum()(int(code))
+    except ValueError:
+        return int(code)

@@ -13,25 +13,29 @@ kernel still reading the tensor when its last view died), and the deleter never 
 from __future__ import annotations
 
 import ctypes
+import enum
 import threading
 from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int32, c_int64, c_uint8, c_uint16, c_uint64, c_void_p
 
 
 class DLDevice(Structure):
+    _c_name_ = "DLDevice"  # dlpack.h (test_layout.py checks it against torch's copy)
     _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
 
 
 class DLDataType(Structure):
+    _c_name_ = "DLDataType"  # dlpack.h (test_layout.py checks it against torch's copy)
     _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
 
 
 class DLTensor(Structure):
+    _c_name_ = "DLTensor"  # dlpack.h (test_layout.py checks it against torch's copy)
     _fields_ = [("data", c_void_p), ("device", DLDevice), ("ndim", c_int32), ("dtype", DLDataType),
                 ("shape", POINTER(c_int64)), ("strides", POINTER(c_int64)), ("byte_offset", c_uint64)]
 
 
 class DLManagedTensor(Structure):
-    pass
+    _c_name_ = "DLManagedTensor"  # dlpack.h (test_layout.py checks it against torch's copy)
 
 
 _DELETER = CFUNCTYPE(None, POINTER(DLManagedTensor))
@@ -107,9 +111,55 @@ def live_count() -> int:
         return len(_live)
 
 
-# DLDeviceType
-_KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST, _KDL_ROCM, _KDL_ROCM_HOST = 1, 2, 3, 10, 11
-_HOST_TYPES = (_KDL_CPU, _KDL_CUDA_HOST, _KDL_ROCM_HOST)
+class DLDeviceType(enum.IntEnum):
+    """DLPack's DLDeviceType (dlpack.h, never renumbered), as sl_tensor.device_type holds it.
+    An int where DLPack wants one (__dlpack_device__); str() is the lower-case name ("cuda",
+    "cuda_host", "rocm", "oneapi"), the spelling shardload's API uses for it."""
+    CPU = 1
+    CUDA = 2
+    CUDA_HOST = 3
+    OPENCL = 4
+    VULKAN = 7
+    METAL = 8
+    VPI = 9
+    ROCM = 10
+    ROCM_HOST = 11
+    EXT_DEV = 12  # a device of no standard kind: the sim backend's simulated memory
+    CUDA_MANAGED = 13
+    ONEAPI = 14
+    WEBGPU = 15
+    HEXAGON = 16
+    MAIA = 17
+    TRN = 18
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+    def __format__(self, spec: str) -> str:  # f"{t}" as str(), not the int
+        return format(str(self), spec)
+
+    @classmethod
+    def of(cls, code: int) -> "DLDeviceType | int":
+        """CODE as a member; a code newer than this table stays an int."""
+        try:
+            return cls(int(code))
+        except ValueError:
+            return int(code)
+
+
+def device_type_name(code: int) -> str:
+    """The DLPack name of CODE ("cuda"), or "dlpack device type N" for one this table lacks."""
+    dt = DLDeviceType.of(code)
+    return str(dt) if isinstance(dt, DLDeviceType) else f"dlpack device type {dt}"
+
+
+# the memory a framework imports, by the kind it was exported as: host kinds import as CPU
+IMPORT_AS = {DLDeviceType.CPU: DLDeviceType.CPU, DLDeviceType.CUDA: DLDeviceType.CUDA,
+             DLDeviceType.CUDA_HOST: DLDeviceType.CPU, DLDeviceType.ROCM: DLDeviceType.ROCM,
+             DLDeviceType.ROCM_HOST: DLDeviceType.CPU, DLDeviceType.ONEAPI: DLDeviceType.ONEAPI}
+# torch's device type for each kind it can address (ROCm builds of torch call HIP "cuda")
+TORCH_DEVICE_TYPE = {DLDeviceType.CPU: "cpu", DLDeviceType.CUDA: "cuda", DLDeviceType.CUDA_HOST: "cpu",
+                     DLDeviceType.ROCM: "cuda", DLDeviceType.ROCM_HOST: "cpu", DLDeviceType.ONEAPI: "xpu"}
 _POINTER_LIMIT = 1 << (8 * ctypes.sizeof(c_void_p))
 
 
@@ -125,7 +175,7 @@ def native_stream(name: str, device_type: int, stream) -> int | None:
     if stream is not None and not -1 <= stream < _POINTER_LIMIT:
         raise ValueError(f"tensor '{name}': __dlpack__ stream {stream} is not a stream: DLPack streams are -1 "
                          f"(no synchronisation), None, or a stream handle (an int from 0 to {_POINTER_LIMIT - 1})")
-    if device_type == _KDL_CUDA:
+    if device_type == DLDeviceType.CUDA:
         if stream == 0:
             raise ValueError(f"tensor '{name}': __dlpack__ stream 0 is ambiguous for CUDA under DLPack; pass 1 for "
                              "the legacy default stream, 2 for the per-thread default stream, or the stream's handle")

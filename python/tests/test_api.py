@@ -2,7 +2,9 @@
 tensors through DLPack (zero copy, lifetime), caller buffers through bind, errors as exceptions,
 in-memory sources, and reuse of an existing torch.distributed process group's store.
 
-    python python/tests/test_api.py --tmp DIR       (SHARDLOAD_LIBRARY / PYTHONPATH as ctest sets)
+    python python/tests/test_api.py --tmp DIR [--all]   (SHARDLOAD_LIBRARY / PYTHONPATH as ctest sets)
+The single-process parts (SINGLE_PROCESS) run under pytest (python/tests/unit/test_scripts.py,
+CTest python_pytest); this script runs the ones with real ranks (and with --all, those too).
 Exit 77 where torch or safetensors is missing, unless SHARDLOAD_REQUIRE_TORCH=1.
 """
 
@@ -63,7 +65,7 @@ def checkpoint(tmp):
     return sd, path
 
 
-def without_torch(path):
+def without_torch(tmp, sd, path):
     """Inspection and planning in a process where importing torch fails."""
     code = f"""
 import sys
@@ -152,7 +154,7 @@ def world1(tmp, sd, path):
     st5 = ctx.load(plan, msrc)
     check(all(torch.equal(st5[k].to_torch(), tt_v) for k, tt_v in ((k, ctx.load(plan, src)[k].to_torch()) for k in sd)),
           "memory source = file source")
-    expect(shardload.ShardloadError, lambda: ctx.load(plan, msrc, read_mode="every_rank"), "rank0")
+    expect(shardload.ShardloadError, lambda: ctx.load(plan, msrc, read_mode="every-rank"), "rank0")
     # strided and non-contiguous tensors go through the read callback
     nc = {"t": torch.arange(20, dtype=torch.float32).reshape(4, 5).t()}
     st6 = ctx.load(ctx.plan(), ctx.open_state_dict(nc))
@@ -273,11 +275,36 @@ def pg_rank(rank, world, init, path, out):
                 w = st["w"].to_torch()
                 results.append((tuple(st["w"].global_offset), w.clone()))
                 ctx.agree(True)
+        if init.startswith("tcp://"):  # process_group= on subgroups of this job
+            results.append(subgroup_loads(rank, world, path))
         dist.barrier()
         dist.destroy_process_group()
         out.put((rank, "ok", [(o, w.tolist()) for o, w in results]))
     except Exception:
         out.put((rank, traceback.format_exc(), None))
+
+
+def subgroup_loads(rank, world, path):
+    """The job of 3 split into groups [0, 1] and [2] that load at the same time over the one
+    store (distinct keys per group); the default group named explicitly; a group this rank is
+    not in refused. Returns this rank's shard of "w" in its group."""
+    import torch.distributed as dist
+    groups = [dist.new_group([0, 1]), dist.new_group([2])]  # every rank makes every group
+    mine, other = (groups[0], groups[1]) if rank < 2 else (groups[1], groups[0])
+    with shardload.Context(process_group=mine) as ctx:
+        want = (rank, 2) if rank < 2 else (0, 1)
+        check((ctx.rank, ctx.world_size) == want, f"group rank/world: {ctx.rank}/{ctx.world_size}, want {want}")
+        st = ctx.load(ctx.plan(param_dtype="F32"), ctx.open(path))
+        shard = (tuple(st["w"].global_offset), st["w"].to_torch().clone())
+        ctx.agree(True)
+    with shardload.Context(process_group=dist.group.WORLD) as ctx:
+        check((ctx.rank, ctx.world_size) == (rank, world), "the default group named explicitly")
+    try:
+        shardload.Context(process_group=other)
+        raise AssertionError("a group this rank is not in was accepted")
+    except ValueError as e:
+        check("not a member" in str(e), f"non-member: {e}")
+    return shard
 
 
 def process_groups(tmp, sd, path):
@@ -301,13 +328,17 @@ def process_groups(tmp, sd, path):
             p.join(30)
         for r in range(3):
             check(got[r][0] == "ok", f"{init} rank {r}: {got[r][0]}")
+            if init.startswith("tcp://"):  # the subgroups' shards: [0, 1] split "w", [2] holds it whole
+                off = got[r][1][-1][0]
+                check(off[0] == (4 if r == 1 else 0) and len(got[r][1][-1][1]) == (3 if r == 1 else 4 if r == 0 else 7),
+                      f"rank {r}: the shard of its group's rank: {off}")
             for off, w in got[r][1]:
                 start = off[0]
                 check(torch.equal(torch.tensor(w), sd["w"][start:start + len(w)]), f"{init} rank {r}: shard bytes")
         print(f"process group reuse ({init.split(':')[0]}): ok", flush=True)
 
 
-def exit_with_exports(tmp, path):
+def exit_with_exports(tmp, sd, path):
     """Tensors exported through DLPack still alive at interpreter exit (module globals, a
     reference cycle): the process exits 0, not in a crash of a freed callback."""
     code = f"""
@@ -324,21 +355,29 @@ del st, c
         check(r.returncode == 0, f"exit with live exports: rc {r.returncode} {r.stderr[-400:]}")
 
 
+def resolve(tmp, sd, path):
+    check(shardload.resolve_placement(True, None) == ("cpu", "cpu_offload=on", False), "resolve on")
+    check(shardload.resolve_placement(None, "cpu-pinned") == ("cpu", "inferred: CPU offload policy", True), "resolve infer")
+    check(shardload.resolve_placement(False, "cpu-pinned")[0] == "device", "resolve off")
+
+
+# run by pytest (python/tests/unit/test_scripts.py), each as fn(tmp, sd, path); main runs them with --all
+SINGLE_PROCESS = ("resolve", "without_torch", "world1", "dlpack_streams")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tmp", required=True)
+    ap.add_argument("--all", action="store_true", help="the single-process parts too (python_pytest runs them)")
     a = ap.parse_args()
     os.makedirs(a.tmp, exist_ok=True)
     sd, path = checkpoint(a.tmp)
     print(f"libshardload {shardload.version()} from {shardload.library_path()}", flush=True)
-    check(shardload.resolve_placement(True, None) == ("cpu", "cpu_offload=on", False), "resolve on")
-    check(shardload.resolve_placement(None, "cpu+pin") == ("cpu", "inferred: CPU offload policy", True), "resolve infer")
-    check(shardload.resolve_placement(False, "cpu+pin")[0] == "device", "resolve off")
-    without_torch(path)
-    world1(a.tmp, sd, path)
-    dlpack_streams(a.tmp, sd, path)
+    if a.all:  # the single-process parts, which python_pytest runs (unit/test_scripts.py)
+        for name in SINGLE_PROCESS:
+            globals()[name](a.tmp, sd, path)
     cuda_release_order(a.tmp)
-    exit_with_exports(a.tmp, path)
+    exit_with_exports(a.tmp, sd, path)  # three interpreters of their own: not a quick unit test
     process_groups(a.tmp, sd, path)
     print(f"test_api: {CHECKS} checks passed", flush=True)
 

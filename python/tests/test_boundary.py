@@ -6,7 +6,10 @@ a load ends it on every rank at once and raises KeyboardInterrupt (real processe
 over a file:// rendezvous); a relative SHARDLOAD_LIBRARY is resolved once, so a chdir cannot
 make the library load a module planted in the new directory.
 
-    python python/tests/test_boundary.py --tmp DIR       (SHARDLOAD_LIBRARY / PYTHONPATH as ctest sets)
+    python python/tests/test_boundary.py --tmp DIR [--all]   (SHARDLOAD_LIBRARY / PYTHONPATH as ctest sets)
+The single-process parts (SINGLE_PROCESS) run under pytest (python/tests/unit/test_scripts.py,
+CTest python_pytest); this script runs the ones with real ranks, signals and a planted module
+(and with --all, those too).
 Exit 77 where torch or safetensors is missing, unless SHARDLOAD_REQUIRE_TORCH=1.
 """
 
@@ -148,7 +151,7 @@ def integers(tmp, path):
     print(f"integers: {len(cases)} out of range or of the wrong kind refused", flush=True)
 
 
-def callbacks():
+def callbacks(tmp=None, path=None):
     """An exception in a callback never unwinds into C: the load fails, the original is raised."""
     sd = {"a": torch.arange(24, dtype=torch.float32).reshape(6, 4).t(), "b": torch.ones(5)}
     ctx = shardload.Context(backend="cpu")
@@ -356,21 +359,24 @@ except shardload.ShardloadError as e:
 
 
 PATH = ""
+# run by pytest (python/tests/unit/test_scripts.py), each as fn(tmp, path); main runs them with --all
+SINGLE_PROCESS = ("nuls", "integers", "callbacks")
 
 
 def main():
     global PATH
     ap = argparse.ArgumentParser()
     ap.add_argument("--tmp", required=True)
+    ap.add_argument("--all", action="store_true", help="the single-process parts too (python_pytest runs them)")
     a = ap.parse_args()
     os.makedirs(a.tmp, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=a.tmp)
     PATH = os.path.join(tmp, "m.safetensors")
     save_file({"w": torch.arange(35, dtype=torch.float32).reshape(7, 5)}, PATH)
     print(f"libshardload {shardload.version()} from {shardload.library_path()}", flush=True)
-    nuls(tmp, PATH)
-    integers(tmp, PATH)
-    callbacks()
+    if a.all:  # the single-process parts, which python_pytest runs (unit/test_scripts.py)
+        for name in SINGLE_PROCESS:
+            globals()[name](tmp, PATH)
     relative_library(tmp)
     interrupted_rendezvous(tmp)
     signals_and_peers(tmp)
