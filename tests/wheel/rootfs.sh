@@ -7,7 +7,9 @@
 set -euo pipefail
 dir=${1:?usage: rootfs.sh DIR}
 mirror=${SHARDLOAD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-if [ -f "$dir/.shardload-rootfs-ok" ]; then echo "$dir"; exit 0; fi
+# debootstrap writes no /etc/hosts: without one "localhost" (torchrun's rendezvous) resolves to nothing
+hosts() { [ -s "$1/etc/hosts" ] || printf '127.0.0.1\tlocalhost %s\n::1\tlocalhost ip6-localhost\n' "$(hostname)" >"$1/etc/hosts"; }
+if [ -f "$dir/.shardload-rootfs-ok" ]; then hosts "$dir"; echo "$dir"; exit 0; fi
 command -v debootstrap >/dev/null || { echo "rootfs: no debootstrap (scripts/deps.sh --package installs it)" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || { echo "rootfs: debootstrap needs root" >&2; exit 2; }
 rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
@@ -22,6 +24,7 @@ for f in usr/bin/gcc usr/bin/cc usr/bin/cmake usr/include/jansson.h usr/include/
   [ ! -e "$dir.tmp/$f" ] || { echo "rootfs: $dir.tmp has /$f: not a minimal root" >&2; exit 1; }
 done
 rm -rf "$dir.tmp/var/cache/apt/archives"/*.deb
+hosts "$dir.tmp"
 touch "$dir.tmp/.shardload-rootfs-ok"
 rm -rf "$dir" && mv "$dir.tmp" "$dir" && rm -f "$dir.tmp.log"
 echo "$dir"
