@@ -6,8 +6,9 @@
 #     no -dev header, no Gloo/jansson/sodium/xxhash of its own (ldconfig knows none);
 #   - python -m shardload inspect / plan / backends / load --nproc 2 (two ranks over Gloo), and
 #     the exit status of a failing command passed through;
-#   - where the wheel has the CUDA/NCCL modules: they load; the command alone says NCCL is not
-#     found, `python -m shardload` finds the nvidia-nccl wheel's (when the torch there has one);
+#   - where the wheel has the CUDA/NCCL modules: they load and say "no CUDA driver"; the command
+#     alone says NCCL is not found (and names a $SHARDLOAD_NCCL_LIBRARY that does not load),
+#     `python -m shardload` finds the nvidia-nccl wheel's (when the torch there has one);
 #   - torchrun at world 2 (tests/wheel/ranks.py): a Context load and the Accelerate drop-in into
 #     an FSDP2 ToyLlama, every rank's shards compared here, outside the root, bit for bit with
 #     torch.chunk of the checkpoint's tensors.
@@ -79,14 +80,20 @@ $py -m shardload inspect "$job/nothing" >missing.txt 2>&1; got=$?; set -e
 [ "$want" != 0 ] && [ "$got" = "$want" ] || fail "python -m shardload inspect MISSING exited $got, the command $want"
 grep -q nothing missing.txt || fail "the command's error did not name the file: $(cat missing.txt)"
 if [ "$cuda" = 1 ]; then
-  grep -Eq '^cuda +(yes|no) +2 ' backends.txt || fail "the wheel's cuda module did not load: $(grep ^cuda backends.txt)"
+  grep -Eq '^cuda +no +2 .*cuda: no CUDA driver \(libcuda\.so\.1 not found' backends.txt ||
+    fail "the wheel's cuda module did not load, or gave another reason: $(grep ^cuda backends.txt)"
   grep -E '^cuda ' backends.txt
+  # a $SHARDLOAD_NCCL_LIBRARY that does not load is named in the reason
+  SHARDLOAD_NCCL_LIBRARY=$job/no-libnccl.so.2 "$site/shardload/_lib/shardload" backends >bad.txt
+  grep -E "^nccl .*not found .*SHARDLOAD_NCCL_LIBRARY=$job/no-libnccl.so.2 does not load" bad.txt >/dev/null ||
+    fail "a bad SHARDLOAD_NCCL_LIBRARY is not named: $(grep ^nccl bad.txt)"
   "$site/shardload/_lib/shardload" backends >direct.txt
   grep -E '^nccl .*libnccl\.so\.2 not found' direct.txt >/dev/null ||
     fail "the command alone should find no NCCL here: $(grep ^nccl direct.txt)"
   if [ -f /opt/hostsite/nvidia/nccl/lib/libnccl.so.2 ]; then
     # python -m shardload names the nvidia-nccl wheel's copy (SHARDLOAD_NCCL_LIBRARY)
-    if grep -E '^nccl .*not found' backends.txt; then fail "python -m shardload did not find the wheel's NCCL"; fi
+    grep -E '^nccl +no +2 .*nccl: no CUDA driver/device \(' backends.txt >/dev/null ||
+      fail "python -m shardload did not find the wheel's NCCL: $(grep ^nccl backends.txt)"
     grep -E '^nccl ' backends.txt
   fi
 fi
