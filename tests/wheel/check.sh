@@ -26,8 +26,11 @@ step() { echo "[$(($(date +%s) - t0)) s] $*"; }
 [ "$(id -u)" -eq 0 ] || { echo "skipped: needs root (chroot, unshare -m)"; exit 77; }
 rm -rf "$tmp" && mkdir -p "$tmp" || fail "cannot make $tmp"
 
-step "the root: tests/wheel/rootfs.sh $cache/rootfs-bookworm"
-root=$(bash "$src/tests/wheel/rootfs.sh" "$cache/rootfs-bookworm") || fail "no minimal root (rootfs.sh failed)"
+# SHARDLOAD_ROOTFS=host: the fallback root assembled from this machine's python (rootfs.sh)
+rootdir=$cache/rootfs-bookworm
+[ "${SHARDLOAD_ROOTFS:-}" != host ] || rootdir=$cache/rootfs-host
+step "the root: tests/wheel/rootfs.sh $rootdir"
+root=$(bash "$src/tests/wheel/rootfs.sh" "$rootdir") || fail "no minimal root (rootfs.sh failed)"
 step "the wheel: scripts/wheel.sh"
 bash "$src/scripts/wheel.sh" "$tmp/dist" >"$tmp/wheel.log" 2>&1 || { cat "$tmp/wheel.log"; fail "scripts/wheel.sh failed"; }
 grep '^wheel: ' "$tmp/wheel.log" | tail -n 3
