@@ -17,8 +17,8 @@ rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
 
 # The fallback where no mirror answers (or SHARDLOAD_ROOTFS=host): a root assembled from this
 # machine's own Debian python3.11 (its stdlib and ensurepip's wheels), a shell and the few
-# tools the check runs, and exactly the shared libraries these need (ldd), plus libstdc++ and
-# libgcc_s (the C runtime the wheel expects): no /usr of the host, no -dev package.
+# tools the check runs, and exactly the shared libraries these need (ldd), plus the rest of the
+# C runtime (libstdc++, libgcc_s, libdl, libpthread, librt, ...): no /usr of the host, no -dev package.
 from_host() {
   local r=$1 py=/usr/bin/python3.11
   [ -x "$py" ] && [ -d /usr/lib/python3.11/venv ] && [ -d /usr/share/python-wheels ] ||
@@ -34,8 +34,10 @@ from_host() {
   cp -a /usr/lib/python3.11 "$r/usr/lib/" && cp -a /usr/share/python-wheels "$r/usr/share/" || return 1
   rm -rf "$r/usr/lib/python3.11/test" "$r/usr/lib/python3.11/config-"*
   # every library the programs and the stdlib's extension modules load, at the same paths
+  local m=/lib/x86_64-linux-gnu
   for p in "${progs[@]}" /usr/lib/python3.11/lib-dynload/*.so /usr/lib/x86_64-linux-gnu/libstdc++.so.6 \
-           /usr/lib/x86_64-linux-gnu/libgcc_s.so.1; do
+           /usr/lib/x86_64-linux-gnu/libgcc_s.so.1 $m/libdl.so.2 $m/libpthread.so.0 $m/librt.so.1 \
+           $m/libutil.so.1 $m/libanl.so.1 $m/libresolv.so.2; do
     for lib in $(ldd "$p" 2>/dev/null | grep -o '/[^ ]*') "$p"; do
       case "$lib" in /usr/bin/* | /bin/* | /sbin/* | /usr/lib/python3.11/*) continue ;; esac
       mkdir -p "$r$(dirname "$lib")" && cp -L "$lib" "$r$lib" || return 1
