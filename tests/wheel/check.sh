@@ -75,6 +75,9 @@ grep -q 'lm_head.weight' plan.txt || fail "plan names no tensors: $(head -5 plan
 $py -m shardload backends >backends.txt || fail "python -m shardload backends"
 grep -E '^(gloo) +yes' backends.txt >/dev/null || fail "gloo does not run: $(cat backends.txt)"
 grep -q "module files are looked for in: $site/shardload/_lib" backends.txt || fail "modules not looked for in the package"
+# the packaged command itself, not through python: it finds the modules beside its library too
+"$site/shardload/_lib/shardload" backends >direct.txt || fail "the packaged shardload backends"
+grep -q "module files are looked for in: $site/shardload/_lib" direct.txt || fail "the command looks elsewhere: $(tail -1 direct.txt)"
 $py -m shardload load ckpt --nproc 2 >load.txt 2>&1 || fail "python -m shardload load --nproc 2: $(tail -5 load.txt)"
 grep -Eq 'rank 1' load.txt || fail "load --nproc 2 printed no rank 1: $(tail -5 load.txt)"
 # the exit status passes through: the command's own, for a missing checkpoint
@@ -90,7 +93,6 @@ if [ "$cuda" = 1 ]; then
   SHARDLOAD_NCCL_LIBRARY=$job/no-libnccl.so.2 "$site/shardload/_lib/shardload" backends >bad.txt
   grep -E "^nccl .*not found .*SHARDLOAD_NCCL_LIBRARY=$job/no-libnccl.so.2 does not load" bad.txt >/dev/null ||
     fail "a bad SHARDLOAD_NCCL_LIBRARY is not named: $(grep ^nccl bad.txt)"
-  "$site/shardload/_lib/shardload" backends >direct.txt
   grep -E '^nccl .*libnccl\.so\.2 not found' direct.txt >/dev/null ||
     fail "the command alone should find no NCCL here: $(grep ^nccl direct.txt)"
   if [ -f /opt/hostsite/nvidia/nccl/lib/libnccl.so.2 ]; then
