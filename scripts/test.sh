@@ -23,6 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARDLOAD_PYTHON="$(bash scripts/deps.sh --python)"
 export SHARDLOAD_PYTHON SHARDLOAD_REQUIRE_TORCH=1
+# the wheel's test (label package): debootstrap and the wheel tools (scikit-build-core, auditwheel)
+bash scripts/deps.sh --package >/dev/null
 cuda="" hip="" why_cuda="SHARDLOAD_WITH_CUDA=OFF" why_hip="SHARDLOAD_WITH_HIP=OFF"
 if [ "${SHARDLOAD_WITH_CUDA:-}" != OFF ]; then
   why_cuda="no nvcc with nccl.h here"

@@ -41,6 +41,7 @@
 #define SL_CCL_NAME "rccl"
 #define SL_CCL_PRODUCT "RCCL"
 #define SL_CCL_LIB "librccl.so.1"
+#define SL_CCL_ENV "SHARDLOAD_RCCL_LIBRARY"
 #define SL_CCL_MIN_VERSION 21803
 #define SL_CCL_MIN_TEXT "RCCL 2.18.3 (ROCm 6.0)"
 

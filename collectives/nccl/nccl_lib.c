@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nccl_internal.h"
@@ -14,13 +15,31 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void load(void) {
   /* RTLD_LOCAL: NCCL's symbols stay out of the process's global namespace (another copy, e.g.
-   * torch's, may be loaded beside it). Never closed: NCCL starts threads of its own. */
+   * torch's, may be loaded beside it). Never closed: NCCL starts threads of its own.
+   * Inside a torch job the copy torch loaded is found by its soname, whatever its directory;
+   * else the loader's search; else $SL_CCL_ENV, which the Python package points at the
+   * nvidia-nccl wheel's library (a pip-installed torch's NCCL, not on the loader's path). */
   void *h = dlopen(SL_CCL_LIB, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *e = dlerror();
-    snprintf(g_why, sizeof g_why, SL_CCL_NAME ": " SL_CCL_LIB " not found (%s); install " SL_CCL_PRODUCT " or add its "
-                                  "directory to LD_LIBRARY_PATH, or use --collective gloo", e ? e : "dlopen failed");
-    return;
+    char first[256];
+    snprintf(first, sizeof first, "%s", e ? e : "dlopen failed");
+    const char *alt = getenv(SL_CCL_ENV);
+    if (alt && *alt) {
+      h = dlopen(alt, RTLD_NOW | RTLD_LOCAL);
+      if (!h) {
+        e = dlerror();
+        snprintf(g_why, sizeof g_why, SL_CCL_NAME ": " SL_CCL_LIB " not found (%s), and $" SL_CCL_ENV "=%s does not "
+                                      "load (%s); install " SL_CCL_PRODUCT ", fix or unset " SL_CCL_ENV ", or use "
+                                      "--collective gloo", first, alt, e ? e : "dlopen failed");
+        return;
+      }
+    } else {
+      snprintf(g_why, sizeof g_why, SL_CCL_NAME ": " SL_CCL_LIB " not found (%s); install " SL_CCL_PRODUCT " (inside "
+                                    "a torch job: import torch first, or pip install the nvidia NCCL wheel) or add "
+                                    "its directory to LD_LIBRARY_PATH, or use --collective gloo", first);
+      return;
+    }
   }
   /* the release first: an older one lacks functions, and its number says more than which */
   ncclResult_t (*version)(int *) = (ncclResult_t(*)(int *))dlsym(h, "ncclGetVersion");

@@ -17,6 +17,8 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
                     c_size_t, c_uint, c_uint64, c_void_p)
 from pathlib import Path
 
+from . import _nccl
+
 SL_MAX_DIMS = 8
 SL_MAX_MESH_DIMS = 4
 
@@ -268,6 +270,7 @@ def lib() -> ctypes.CDLL:
     if _lib is not None:
         return _lib
     tried = []
+    _nccl.export_wheel_nccl(os.environ)  # before any module loads: where the NCCL module looks
     for path, why in _candidates():
         path = _absolute(path)
         try:
@@ -280,7 +283,8 @@ def lib() -> ctypes.CDLL:
         return handle
     where = "; ".join(tried) if tried else "nothing found"
     raise LibraryNotFound(
-        "libshardload not found (" + where + "). Build it (cmake --workflow --preset cpu in the "
+        "libshardload not found (" + where + "). Install the package with it (pip install . from the "
+        "repository root, or a wheel from scripts/wheel.sh), build it (cmake --workflow --preset cpu in the "
         "source tree), install it (cmake --install), or set SHARDLOAD_LIBRARY=/path/to/libshardload.so")
 
 

@@ -31,4 +31,11 @@ elif grep -q "libshardload not found" <<<"$out" && grep -q "SHARDLOAD_LIBRARY" <
 else
   echo "check_package: unexpected failure without a library: $out" >&2; exit 1
 fi
+# python -m shardload: this package carries no command; it says so and how to get one (exit 2)
+set +e
+out="$(cd "$tmp" && PYTHONPATH="$tmp/site" "$py" -m shardload backends 2>&1)"; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "carries no command" <<<"$out" && grep -q "pip install \." <<<"$out" ||
+  { echo "check_package: python -m shardload without a command: rc $rc: $out" >&2; exit 1; }
+echo "check_package: python -m shardload: $(cut -c1-100 <<<"$out")..."
 echo "check_package: ok"
