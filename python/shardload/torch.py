@@ -92,6 +92,9 @@ def _group(process_group) -> _Group:
     world = dist.get_world_size()
     if process_group is None or process_group is dist.group.WORLD:
         return _Group(None, list(range(world)), dist.get_rank(), False)
+    if process_group is dist.GroupMember.NON_GROUP_MEMBER:  # what new_group gives the ranks outside it
+        raise ValueError(f"process_group: rank {dist.get_rank()} is not one of its ranks (new_group returned "
+                         "NON_GROUP_MEMBER here); call it only on the group's ranks")
     if not isinstance(process_group, dist.ProcessGroup):
         raise TypeError(f"process_group must be a torch.distributed ProcessGroup or None, not "
                         f"{type(process_group).__name__}")
@@ -271,6 +274,12 @@ def _mesh_ranks_text(ranks: list[int]) -> str:
     return f"{ranks[:8]}{'...' if len(ranks) > 8 else ''}"
 
 
+class _MeshNotGroup(ValueError):
+    """A model on a mesh over other ranks than the group's: raised at once, never agreed, since
+    the group's other ranks are then likely not calling at all (a subgroup's model loaded
+    without its process_group)."""
+
+
 def _plan_entries(model, g: _Group):
     """The model's state dict as load entries: mesh, placements, offload policy, tied names."""
     from torch.distributed.tensor import DTensor
@@ -302,7 +311,7 @@ def _plan_entries(model, g: _Group):
             if ranks != g.ranks:
                 whose = (f"all {g.size} ranks in order" if not g.sub else
                          f"the process group's ranks {_mesh_ranks_text(g.ranks)} in order")
-                raise ValueError(f"'{key}': its device mesh holds ranks {_mesh_ranks_text(ranks)}; shardload loads "
+                raise _MeshNotGroup(f"'{key}': its device mesh holds ranks {_mesh_ranks_text(ranks)}; shardload loads "
                                  f"onto meshes over {whose} (pass the mesh's group as process_group)")
             e.mesh, e.placements = mesh, v.placements
             e.spec = _placement_spec(key, v.placements)
@@ -525,6 +534,8 @@ def _load_model(model, source, *, cpu_offload=None, process_group=None, strict=T
     try:
         entries = _plan_entries(model, g)
         dev_type = _device_type(entries)
+    except _MeshNotGroup:
+        raise
     except Exception as e:  # agreed below, once a context exists
         err, entries = e, []
     wanted = {e.key for e in entries} | {a for e in entries for a in e.aliases}
@@ -621,8 +632,9 @@ def _spec_of(name: str, ndim: int, placements, mesh_ndim: int) -> tuple[str, tup
         if isinstance(p, Shard) and type(p) is Shard:
             d = p.dim + ndim if p.dim < 0 else p.dim
             if not 0 <= d < ndim:
-                raise ValueError(f"'{name}': {p} needs a tensor of more than {p.dim if p.dim >= 0 else -p.dim - 1} "
-                                 f"dims; it has {ndim} (give it Replicate(), e.g. through a callable placements)")
+                need = p.dim + 1 if p.dim >= 0 else -p.dim
+                raise ValueError(f"'{name}': Shard({p.dim}) needs a tensor of at least {need} dims; it has {ndim} "
+                                 "(give it Replicate(), e.g. through a callable placements)")
             out.append(Shard(d))
         elif isinstance(p, Replicate):
             out.append(Replicate())
