@@ -40,10 +40,14 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence, Union
 
+try:
+    import torch
+except ImportError as e:  # `import shardload` works without torch; this module is torch's API
+    raise ImportError(f"shardload.torch needs PyTorch ({e}); install torch, or use shardload's own API "
+                      "(shardload.Context) without it") from e
+
 import shardload
 from shardload import _torch as _t
-
-import torch
 
 __all__ = ["load_model", "load_sharded", "last_load_report"]
 
