@@ -246,7 +246,16 @@ def _fsdp_policies(model) -> dict[int, object]:
 def _policy_key(policy) -> str:
     if policy is None or type(policy).__name__ != "CPUOffloadPolicy":
         return "none"
-    return "cpu+pin" if getattr(policy, "pin_memory", True) else "cpu"
+    return "cpu-pinned" if getattr(policy, "pin_memory", True) else "cpu"
+
+
+def _plan_policy(key: str):
+    """The plan's offload policy for a policy key: torch's own object, which every version of
+    the package's plan takes (its string spellings changed: "cpu+pin", then "cpu-pinned")."""
+    if key in ("none", "plain"):
+        return None
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    return CPUOffloadPolicy(pin_memory=key == "cpu-pinned")
 
 
 def _placement_spec(name, placements) -> str:
@@ -451,8 +460,7 @@ def _load_groups(ctx, src, entries, dev, cpu_offload, results):
             groups[(shape, "plain" if e.mesh is None else e.policy)].append(e)
     for (shape, policy), group in groups.items():
         plain = policy == "plain"
-        plan = ctx.plan(mesh=list(shape) if shape else [ctx.world_size],
-                        offload_policy=policy if policy not in ("none", "plain") else None)
+        plan = ctx.plan(mesh=list(shape) if shape else [ctx.world_size], offload_policy=_plan_policy(policy))
         for e in group:
             plan.add_entry(e.key, e.spec, e.dt_load)
         by_key = {e.key: e for e in group}
