@@ -378,7 +378,7 @@ def _same_plan_everywhere(g: _Group, path, extra, entries):
     i = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
     where = (f"entry {i}: rank 0 has {a[i] if i < len(a) else 'nothing'}, rank {bad} has "
              f"{b[i] if i < len(b) else 'nothing'}")
-    return path, extra, shardload.ShardloadError(16, f"rank {bad}'s model.state_dict() differs from rank 0's "
+    return path, extra, shardload.ShardloadError(shardload.Status.ERR_MISMATCH, f"rank {bad}'s model.state_dict() differs from rank 0's "
                                                      f"({len(b)} and {len(a)} entries; {where}): every rank must "
                                                      "load the same model")
 
