@@ -586,9 +586,14 @@ class Plan:
         world = cint(world, "world", 1)
         rank = cint(rank, "rank", 0, world - 1)
         self._chk(_capi.lib().sl_plan_geometry(self._p, source._c(name), rank, world, byref(g)))
-        return {"local_shape": tuple(g.local_shape[: g.ndim]), "global_offset": tuple(g.global_offset[: g.ndim]),
-                "dtype": _capi.DTYPES.get(g.dtype, "?"), "replicated": bool(g.replicated),
-                "nbytes": int(g.nbytes), "skipped": bool(g.skipped)}
+        out = {"local_shape": tuple(g.local_shape[: g.ndim]), "global_offset": tuple(g.global_offset[: g.ndim]),
+               "dtype": _capi.DTYPES.get(g.dtype, "?"), "replicated": bool(g.replicated),
+               "nbytes": int(g.nbytes), "skipped": bool(g.skipped)}
+        try:  # torch's dtype beside the library's name, as LoadedTensor.torch_dtype, where torch imports
+            out["torch_dtype"] = _torch_dtype(out["dtype"])
+        except (ImportError, KeyError):  # no torch here, or a dtype torch lacks: the name alone
+            pass
+        return out
 
     def _taken_sizes(self, source: Source, world: int) -> list[int]:
         """File bytes of the tensors a load of SOURCE takes under this plan, in file order (what

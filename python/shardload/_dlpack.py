@@ -153,6 +153,10 @@ def device_type_name(code: int) -> str:
     return str(dt) if isinstance(dt, DLDeviceType) else f"dlpack device type {dt}"
 
 
+# the kinds that are host memory (pinned or not): a framework addresses them as its CPU
+HOST_KINDS = frozenset({DLDeviceType.CPU, DLDeviceType.CUDA_HOST, DLDeviceType.ROCM_HOST})
+# the kinds whose memory torch orders by a stream (torch.cuda: CUDA, and HIP on ROCm builds)
+STREAM_KINDS = frozenset({DLDeviceType.CUDA, DLDeviceType.ROCM})
 # the memory a framework imports, by the kind it was exported as: host kinds import as CPU
 IMPORT_AS = {DLDeviceType.CPU: DLDeviceType.CPU, DLDeviceType.CUDA: DLDeviceType.CUDA,
              DLDeviceType.CUDA_HOST: DLDeviceType.CPU, DLDeviceType.ROCM: DLDeviceType.ROCM,

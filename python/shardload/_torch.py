@@ -10,6 +10,7 @@ import torch
 
 from . import _calls, _capi
 from ._convert import cstr
+from ._dlpack import HOST_KINDS, STREAM_KINDS, DLDeviceType
 
 TORCH_TO_SL = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -118,7 +119,7 @@ def check_buffer(info, buf) -> tuple[int, bool]:
     have = buf.numel() * buf.element_size()
     if have < info.nbytes:
         raise ValueError(f"the buffer for '{info.name}' holds {have} bytes; its shard needs {info.nbytes}")
-    host = info.dlpack_device[0] in (1, 3, 11)
+    host = info.dlpack_device[0] in HOST_KINDS
     if host and buf.device.type != "cpu":
         raise ValueError(f"'{info.name}' is placed in host memory ({info.rule}) but its buffer is on {buf.device}")
     if not host and buf.device.type == "cpu":
@@ -141,10 +142,10 @@ def consumer_stream(dlpack_device) -> int | None:
     """torch's current stream on DLPACK_DEVICE, as DLPack numbers it (what torch.from_dlpack
     passes a producer): the stream torch's next kernels on the tensor run on. None for host memory."""
     device_type, index = dlpack_device
-    if device_type not in (2, 10):  # kDLCUDA, kDLROCM
+    if device_type not in STREAM_KINDS:
         return None
     s = torch.cuda.current_stream(index).cuda_stream
-    return 1 if device_type == 2 and s == 0 else s  # CUDA's 0 is ambiguous: the legacy stream is 1
+    return 1 if device_type == DLDeviceType.CUDA and s == 0 else s  # CUDA's 0 is ambiguous: the legacy stream is 1
 
 
 def from_capsule(capsule, dtype_name_: str) -> torch.Tensor:

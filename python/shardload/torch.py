@@ -47,6 +47,7 @@ except ImportError as e:  # `import shardload` works without torch; this module 
                       "(shardload.Context) without it") from e
 
 import shardload
+from shardload import _dlpack
 from shardload import _torch as _t
 
 __all__ = ["load_model", "load_sharded", "last_load_report"]
@@ -201,7 +202,7 @@ def _alloc(want: torch.device, info) -> torch.Tensor:
 
 
 def _want_device(info, dev: torch.device) -> torch.device:
-    return torch.device("cpu") if info.dlpack_device[0] in (1, 3, 11) else dev
+    return torch.device("cpu") if info.dlpack_device[0] in _dlpack.HOST_KINDS else dev
 
 
 def _finish(local: torch.Tensor, info, dev: torch.device, host_backend: bool, dt_target: str) -> torch.Tensor:

@@ -81,6 +81,7 @@ names = [t.name for t in src]
 plan = ctx.plan(mesh=[4], param_dtype="F32")
 g = plan.geometry(src, "w", rank=3, world=4)
 assert g["local_shape"] == (1, 5) and g["global_offset"] == (6, 0), g
+assert "torch_dtype" not in g and g["dtype"] == "F32", g
 assert plan.describe(src, "w") == "[shard(0)]"
 plan.check(src, 4)
 assert src.metadata["note"] == "api test"
@@ -97,6 +98,10 @@ def world1(tmp, sd, path):
     src = ctx.open(path)
     check(len(src) == 7 and "w" in src and src["w"].shape == (7, 5), "source table")
     plan = ctx.plan(param_dtype=torch.float32)
+    g = plan.geometry(src, "b16", rank=0, world=1)
+    check(g["dtype"] == "F32" and g["torch_dtype"] is torch.float32, f"geometry names torch's dtype: {g}")
+    g = plan.geometry(src, "w", rank=0, world=1)
+    check(g["torch_dtype"] is shardload._torch.torch_dtype(g["dtype"]), f"geometry's torch_dtype: {g}")
     st = ctx.load(plan, src)
     tt = st.to_torch()
     for k, v in sd.items():
