@@ -23,7 +23,8 @@ load_model (like safetensors.torch.load_model, for models sharded with FSDP2's f
 - shards land in freshly allocated local tensors (a meta model) or in place in the
   parameters' own local storage where it has the shard's placement, dtype and shape (a
   materialised model); they are assigned as DTensors on the parameters' meshes
-  (load_state_dict(assign=True)). Tied weights saved once load under every name.
+  (load_state_dict(assign=True)). Tied weights (saved once) stay tied: every name of the tie
+  is set to the one loaded Parameter, as safetensors.torch.load_model keeps it.
 - strict=True: a key missing on either side raises, worded as torch's load_state_dict;
   strict=False: returns them, loads the rest and leaves missing entries as they are. A shape
   that differs from the model's raises either way ("size mismatch for K", as torch says).
@@ -504,11 +505,20 @@ def _assign(model, entries, results, partial: bool):
     """The loaded shards as the model's parameters and buffers: DTensors on their meshes."""
     from torch.distributed.tensor import DTensor
     sharded_sd = {}
+    ties = []  # (alias name, the name assigned for it): one tensor under several names
+    assigned = {}  # the tensor's first name -> the name assigned for the whole tie
     for e in entries:
         if e.src_key is None:
             continue
         if e.key not in results:
             _report[e.key] = dict(_report[e.src_key], alias_of=e.src_key)
+        first = next((a for a in (e.key,) + e.aliases if a in assigned), None)
+        if first is not None:
+            # assign=True would give each name its own Parameter and untie the model; the
+            # alias takes its source's Parameter object after the load, as the tie had it
+            ties.append((e.key, assigned[first]))
+            continue
+        assigned[e.key] = e.key
         local = results[e.key] if e.key in results else results[e.src_key]
         if e.mesh is not None:
             sharded_sd[e.key] = DTensor.from_local(local, e.mesh, e.placements, run_check=False,
@@ -516,8 +526,32 @@ def _assign(model, entries, results, partial: bool):
         else:
             sharded_sd[e.key] = local
     results.clear()
-    # FSDP2 re-pads uneven shards and pins under a pinned policy here (reset_sharded_param)
-    model.load_state_dict(sharded_sd, assign=True, strict=not partial)
+    # FSDP2 re-pads uneven shards and pins under a pinned policy here (reset_sharded_param).
+    # The aliases are absent from sharded_sd on purpose: not missing keys
+    alias_names = {a for a, _ in ties}
+    res = model.load_state_dict(sharded_sd, assign=True, strict=False)
+    if not partial:
+        left = [k for k in res.missing_keys if k not in alias_names]
+        if left or res.unexpected_keys:
+            raise _key_errors(model, "the loaded shards", left, list(res.unexpected_keys))
+    for alias, source in ties:
+        _retie(model, alias, source)
+
+
+def _retie(model, alias: str, source: str) -> None:
+    """ALIAS (a state-dict name) set to SOURCE's very tensor object, as the model tied them."""
+    def owner(name):
+        mod_path, _, leaf = name.rpartition(".")
+        return (model.get_submodule(mod_path) if mod_path else model), leaf
+    src_mod, src_leaf = owner(source)
+    t = getattr(src_mod, src_leaf)
+    mod, leaf = owner(alias)
+    if leaf in mod._parameters:
+        mod._parameters[leaf] = t
+    elif leaf in mod._buffers:
+        mod._buffers[leaf] = t
+    else:
+        setattr(mod, leaf, t)
 
 
 def _open_model_source(ctx, source, path, entries):

@@ -13,7 +13,8 @@ rank in torch's wording and leaves the model as it was; strict=False returns the
 every rank and loads the rest; a shape mismatch is refused either way; a subgroup loads alone
 (world 3: ranks [1, 2], whose rank 0 is global rank 1). load_sharded: Shard(0), Shard(1),
 Shard(-1), Replicate, a callable placements, a dtype cast and 2-D meshes, each bit-identical
-to distribute_tensor of the stored tensor; its argument errors on every rank.
+to distribute_tensor of the stored tensor; its argument errors on every rank. A tied model
+(FSDP2 and plain) loads tied: one Parameter under both names, an optimizer step moves both.
 """
 
 from __future__ import annotations
@@ -393,6 +394,48 @@ def sharded(tmp, sd_path):
               "bit-identical to distribute_tensor's; argument errors on every rank", flush=True)
 
 
+class Tied(torch.nn.Module):
+    """Embedding and head tied (one Parameter under two names), as tied LM heads are."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(37, 8)
+        self.mid = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 37, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.mid(self.emb(ids)))
+
+
+def tied(tmp):
+    """A tied model loads tied (FSDP2 and plain): both names one Parameter, one step moves both."""
+    from safetensors.torch import save_model
+    path = os.path.join(tmp, "tied.safetensors")
+    torch.manual_seed(7)
+    ref = Tied()
+    if RANK == 0:
+        save_model(ref, path)  # the tie saved once
+    dist.barrier()
+    for fsdp in (True, False):
+        torch.manual_seed(100 + RANK)
+        m = Tied()
+        if fsdp:
+            fully_shard(m, mesh=init_device_mesh("cpu", (WORLD,)))
+        check(slt.load_model(m, path) == ([], []), "tied: nothing missing or unexpected")
+        label = "FSDP2" if fsdp else "plain"
+        check(m.head.weight is m.emb.weight, f"tied ({label}): head.weight is emb.weight after the load")
+        check(len(list(m.parameters())) == 3, f"tied ({label}): one Parameter for both names")
+        full = m.emb.weight.full_tensor() if fsdp else m.emb.weight
+        check(torch.equal(full.detach(), ref.emb.weight.detach()), f"tied ({label}): the saved values")
+        opt = torch.optim.SGD(m.parameters(), lr=1.0)
+        m(torch.tensor([[1, 2, 3]])).sum().backward()
+        opt.step()
+        check(m.head.weight is m.emb.weight, f"tied ({label}): still tied after a step")
+        after = m.emb.weight.full_tensor() if fsdp else m.emb.weight
+        check(not torch.equal(after.detach(), ref.emb.weight.detach()), f"tied ({label}): the step moved it")
+
+
 def main():
     global RANK, WORLD
     import faulthandler
@@ -415,6 +458,7 @@ def main():
         if not a.sharded_only:
             forms_and_offload(tmp, sd, paths)
             strictness(tmp, sd, paths)
+            tied(tmp)
             if WORLD == 3:
                 subgroup(tmp, sd, paths)
         sharded(tmp, paths)

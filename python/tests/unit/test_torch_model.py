@@ -1,0 +1,41 @@
+"""shardload.torch.load_model in one process (no torch.distributed): tied weights stay tied,
+buffer dtypes, the device chosen for plain models, the load report. Real torch, real files."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture()
+def slt(torch):
+    return pytest.importorskip("shardload.torch")
+
+
+def _tied(torch):
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(11, 4)
+            self.mid = torch.nn.Linear(4, 4)
+            self.head = torch.nn.Linear(4, 11, bias=False)
+            self.head.weight = self.emb.weight
+    return Tied()
+
+
+def test_tied_weights_stay_tied(torch, slt, tmp_path):
+    save_model = pytest.importorskip("safetensors.torch").save_model
+    torch.manual_seed(3)
+    src = _tied(torch)
+    path = str(tmp_path / "tied.safetensors")
+    save_model(src, path)  # the tie saved once, as safetensors does
+    m = _tied(torch)
+    assert slt.load_model(m, path) == ([], [])
+    assert m.head.weight is m.emb.weight
+    assert len(list(m.parameters())) == 3  # emb (= head), mid.weight, mid.bias
+    assert torch.equal(m.emb.weight, src.emb.weight)
+    # a step through the one Parameter updates both names
+    opt = torch.optim.SGD(m.parameters(), lr=1.0)
+    m.head(m.mid(m.emb(torch.tensor([1, 2])))).sum().backward()
+    opt.step()
+    assert not torch.equal(m.emb.weight, src.emb.weight)
+    assert m.head.weight is m.emb.weight and torch.equal(m.head.weight, m.emb.weight)
