@@ -38,8 +38,9 @@ __all__ = ["fsdp2_load_full_state_dict", "patch", "unpatch", "is_patched", "last
 
 
 def last_load_report() -> dict[str, dict]:
-    """This rank's account of the last load: per state-dict key, where the shard went ("cpu" or
-    "device"), the placement rule that chose it, pinned, loaded in place into the parameter's
+    """This rank's account of the last load: per state-dict key, the device the shard is on
+    (torch's name: "cpu", "cuda:1"), where the contract placed it ("placed": "cpu" or "device"),
+    the placement rule that chose it, pinned, loaded in place into the parameter's
     own storage or not, and the backend/collective used."""
     return dict(_report)
 

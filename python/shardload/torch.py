@@ -19,7 +19,8 @@ load_model (like safetensors.torch.load_model, for models sharded with FSDP2's f
 - cpu_offload: True = CPU, False = the accelerator, None = the model's FSDP2 offload policy
   (CPUOffloadPolicy: CPU, pinned when its pin_memory is set; none: the accelerator); the same
   rule for every parameter on every rank. Plain entries stay on the mesh's device, as
-  fully_shard keeps buffers.
+  fully_shard keeps buffers. A model without DTensors (plain, DDP-style) loads onto its
+  tensors' own device (all on one, else an error; a meta model: the CPU).
 - shards land in freshly allocated local tensors (a meta model) or in place in the
   parameters' own local storage where it has the shard's placement, dtype and shape (a
   materialised model); they are assigned as DTensors on the parameters' meshes
@@ -62,8 +63,8 @@ _made: dict[int, int] = defaultdict(int)
 
 
 def last_load_report() -> dict[str, dict]:
-    """This rank's account of the last load_model: per state-dict key, where the shard went
-    ("cpu" or "device"), the placement rule that chose it, pinned, loaded in place into the
+    """This rank's account of the last load_model: per state-dict key, the device the shard is on
+    (torch's name: "cpu", "cuda:1"), where the contract placed it ("placed": "cpu" or "device"), the placement rule that chose it, pinned, loaded in place into the
     parameter's own storage or not, and the backend/collective used."""
     return dict(_report)
 
@@ -335,11 +336,23 @@ def _plan_entries(model, g: _Group):
     return entries
 
 
-def _device_type(entries) -> str:
+def _model_device(entries) -> tuple[str, torch.device | None]:
+    """(device type, device or None) the model loads onto: its meshes' device type; for a model
+    without DTensors (plain, DDP-style) its tensors' own device, so that a model on cuda:1
+    stays there (a meta or empty one: the CPU)."""
     kinds = {e.mesh.device_type for e in entries if e.mesh is not None}
     if len(kinds) > 1:
         raise ValueError(f"the model's meshes are on several device types {sorted(kinds)}")
-    return kinds.pop() if kinds else "cpu"
+    if kinds:
+        return kinds.pop(), None
+    devices = {e.value.device for e in entries if e.value.device.type != "meta"}
+    if len(devices) > 1:
+        raise ValueError(f"the model's tensors are on several devices {sorted(map(str, devices))}; load_model "
+                         "loads a model without DTensors onto its one device: move it to one (model.to(device)) first")
+    if not devices:
+        return "cpu", None
+    d = devices.pop()
+    return d.type, d
 
 
 def _reusable(e, want_device: torch.device, pinned: bool):
@@ -486,12 +499,13 @@ def _load_groups(ctx, src, entries, dev, cpu_offload, results):
                 torch.cuda.synchronize(dev)
             for e in group:
                 t = state[e.key]
-                _report[e.key] = {"device": t.device, "rule": t.rule, "pinned": t.pinned,
+                _report[e.key] = {"placed": t.device, "rule": t.rule, "pinned": t.pinned,
                                   "in_place": e.local is not None and e.local is not e.fresh,
                                   "backend": ctx.backend, "collective": ctx.collective}
                 if plain:
                     _report[e.key]["note"] = "not an FSDP2 parameter: on the mesh's device, as fully_shard keeps it"
                 results[e.key] = _finish(e.local, t, dev, host_backend, e.dt_target)
+                _report[e.key]["device"] = str(results[e.key].device)  # where it is, e.g. "cuda:1"
                 e.local = e.fresh = None
         except Exception as ex:  # e.g. out of memory on one rank: every rank stops here
             err = ex
@@ -575,11 +589,11 @@ def _load_model(model, source, *, cpu_offload=None, process_group=None, strict=T
     g = _group(process_group)
     # rank 0's source decides the form (the other ranks' argument is ignored): a path, or its dict
     path = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
-    dev_type = "cpu"
+    dev_type, own = "cpu", None
     err = None
     try:
         entries = _plan_entries(model, g)
-        dev_type = _device_type(entries)
+        dev_type, own = _model_device(entries)
     except _MeshNotGroup:
         raise
     except Exception as e:  # agreed below, once a context exists
@@ -591,7 +605,7 @@ def _load_model(model, source, *, cpu_offload=None, process_group=None, strict=T
     if g.size > 1:
         path, extra, mismatch = _same_plan_everywhere(g, path, extra, entries if err is None else None)
         err = err or mismatch
-    dev = _local_device(dev_type, device)
+    dev = _local_device(dev_type, device if device is not None else own)
     _report.clear()
     results: dict[str, Any] = {}
     with _context(g, dev) as ctx:

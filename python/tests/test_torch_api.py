@@ -185,8 +185,11 @@ def forms_and_offload(tmp, sd, paths):
             rep = slt.last_load_report()
             for k, r in rep.items():
                 want = expect_rule(policy, cpu_offload) if "note" not in r else ("device", "cpu_offload=off")
-                check((r["device"], r["rule"]) == want, f"{label}: {k} placed {r['device']} by '{r['rule']}', "
+                check((r["placed"], r["rule"]) == want, f"{label}: {k} placed {r['placed']} by '{r['rule']}', "
                       f"want {want}")
+                t = m.state_dict()[k]
+                t = t.to_local() if isinstance(t, DTensor) else t
+                check(r["device"] == str(t.device), f"{label}: {k} reported on {r['device']}, it is on {t.device}")
             check(len(rep) == len(sd), f"{label}: {len(rep)} of {len(sd)} entries reported")
             n += 1
     # in place into a materialised model; then one training step on what was loaded

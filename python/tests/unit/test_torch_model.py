@@ -39,3 +39,40 @@ def test_tied_weights_stay_tied(torch, slt, tmp_path):
     opt.step()
     assert not torch.equal(m.emb.weight, src.emb.weight)
     assert m.head.weight is m.emb.weight and torch.equal(m.head.weight, m.emb.weight)
+
+
+class _On:
+    """A stand-in state-dict value on DEVICE: _model_device reads only .device, and this
+    machine may have no accelerator to put a real tensor on."""
+
+    def __init__(self, device):
+        self.device = device
+
+
+def _entries(slt, *values):
+    return [slt._Entry(f"t{i}", v) for i, v in enumerate(values)]
+
+
+def test_plain_model_loads_onto_its_own_device(torch, slt):
+    cuda1 = torch.device("cuda", 1)
+    assert slt._model_device(_entries(slt, _On(cuda1), _On(cuda1))) == ("cuda", cuda1)
+    assert slt._local_device("cuda", cuda1) == cuda1  # not the current device, not the CPU
+    assert slt._model_device(_entries(slt, torch.zeros(2))) == ("cpu", torch.device("cpu"))
+    assert slt._model_device(_entries(slt, torch.empty(2, device="meta"))) == ("cpu", None)
+
+
+def test_plain_model_on_two_devices_refused(torch, slt):
+    with pytest.raises(ValueError, match=r"several devices \['cpu', 'cuda:1'\].*model.to"):
+        slt._model_device(_entries(slt, torch.zeros(2), _On(torch.device("cuda", 1))))
+
+
+def test_report_names_the_tensors_device(torch, slt, tmp_path):
+    save_model = pytest.importorskip("safetensors.torch").save_model
+    src = _tied(torch)
+    path = str(tmp_path / "tied.safetensors")
+    save_model(src, path)
+    m = _tied(torch)
+    slt.load_model(m, path)
+    rep = slt.last_load_report()
+    assert rep["mid.weight"]["device"] == str(m.mid.weight.device) == "cpu"
+    assert rep["mid.weight"]["placed"] in ("cpu", "device")
