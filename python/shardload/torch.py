@@ -11,8 +11,9 @@ ranks (ShardloadError, a RuntimeError), nothing is left half-loaded.
 load_model (like safetensors.torch.load_model, for models sharded with FSDP2's fully_shard):
 - the plan is read from model.state_dict(): each DTensor's mesh and placements, plain tensors
   (buffers, parameters FSDP2 does not manage) whole on every rank, each entry's dtype (a
-  floating checkpoint tensor other than float8_e4m3fn is cast to it, as Accelerate does;
-  others keep the checkpoint's dtype).
+  floating checkpoint tensor other than float8_e4m3fn is cast to it, as Accelerate does; an
+  integer/bool one too, as load_state_dict's copy does, refused where a value does not fit;
+  float8_e4m3fn keeps the checkpoint's dtype).
 - the source: a path (.safetensors file, index.json or a directory holding one; no rank ever
   holds the full dict), or the process group's rank 0's full state dict (the other ranks'
   argument is ignored; rank 0's decides the form).
@@ -206,13 +207,23 @@ def _want_device(info, dev: torch.device) -> torch.device:
     return torch.device("cpu") if info.dlpack_device[0] in (1, 3, 11) else dev
 
 
+# integer and bool dtypes: a cast from one is exact or refused, never a wrap-around
+_EXACT = {"I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64", "BOOL"}
+
+
 def _finish(local: torch.Tensor, info, dev: torch.device, host_backend: bool, dt_target: str) -> torch.Tensor:
     """A loaded local shard as torch wants it: on DEV where the library staged it in host
-    memory (no device backend), in the target dtype where the library does not cast."""
+    memory (no device backend), in the target dtype where the library does not cast. An
+    integer/bool shard whose values the target cannot hold is refused, naming the tensor."""
     if info.device == "device" and host_backend and dev.type != "cpu":
         local = local.to(dev)
     if _t.torch_dtype(info.dtype) != _t.torch_dtype(dt_target):
-        local = local.to(_t.torch_dtype(dt_target))
+        cast = local.to(_t.torch_dtype(dt_target))
+        if info.dtype in _EXACT and not torch.equal(cast.to(local.dtype), local):
+            raise ValueError(f"'{info.name}': its checkpoint values ({info.dtype}) do not fit the model's dtype "
+                             f"{_t.torch_dtype(dt_target)}; give the model the checkpoint's dtype, or save "
+                             "values that fit")
+        local = cast
     return local
 
 
@@ -456,7 +467,9 @@ def _resolve_sources(entries, src, model, path, unexpected, strict, accelerate):
         fdt = src[e.src_key].dtype
         want = _t.dtype_name(e.value.dtype)
         floating = fdt in ("F64", "F32", "F16", "BF16", "F8_E5M2")
-        e.dt_target = want if floating else fdt
+        # integer/bool entries take the model's dtype, as load_state_dict's copy does (an I32
+        # buffer stays int32), where every value survives the cast (_finish checks)
+        e.dt_target = want if floating or fdt in _EXACT else fdt
         e.dt_load = _load_dtype(fdt, e.dt_target)
     return missing
 

@@ -76,3 +76,37 @@ def test_report_names_the_tensors_device(torch, slt, tmp_path):
     rep = slt.last_load_report()
     assert rep["mid.weight"]["device"] == str(m.mid.weight.device) == "cpu"
     assert rep["mid.weight"]["placed"] in ("cpu", "device")
+
+
+def _counts(torch):
+    class Counts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(2, 2)
+            self.register_buffer("ids", torch.zeros(4, dtype=torch.int32))
+            self.register_buffer("mask", torch.zeros(3, dtype=torch.bool))
+    return Counts()
+
+
+def test_integer_buffers_keep_the_models_dtype(torch, slt, tmp_path):
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    m = _counts(torch)
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    sd["ids"] = torch.tensor([5, -7, 2**31 - 1, 0], dtype=torch.int64)  # int64 on disk, fits int32
+    sd["mask"] = torch.tensor([1, 0, 1], dtype=torch.uint8)
+    path = str(tmp_path / "counts.safetensors")
+    save_file(sd, path)
+    slt.load_model(m, path)
+    assert m.ids.dtype == torch.int32 and m.ids.tolist() == [5, -7, 2**31 - 1, 0]
+    assert m.mask.dtype == torch.bool and m.mask.tolist() == [True, False, True]
+
+
+def test_integer_values_that_do_not_fit_refused(torch, slt, tmp_path):
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    m = _counts(torch)
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    sd["ids"] = torch.tensor([1, 2**40, 3, 4], dtype=torch.int64)
+    path = str(tmp_path / "big.safetensors")
+    save_file(sd, path)
+    with pytest.raises(Exception, match=r"'ids'.*I64.*do not fit.*torch.int32"):
+        slt.load_model(m, path)
