@@ -235,13 +235,27 @@ def _load_dtype(file_dtype: str, target: str) -> str:
 
 # ---- load_model: the plan from model.state_dict() -----------------------------------------
 
+def _fsdp2() -> tuple[type, type]:
+    """torch's (FSDPModule, CPUOffloadPolicy): exported from torch.distributed.fsdp since 2.6,
+    from torch.distributed._composable.fsdp in 2.4 and 2.5. Neither: an error, never "no
+    policy" (a CPU-offloaded model would load onto the accelerator)."""
+    try:
+        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+        return FSDPModule, CPUOffloadPolicy
+    except ImportError:
+        pass
+    try:
+        from torch.distributed._composable.fsdp import CPUOffloadPolicy, FSDPModule
+        return FSDPModule, CPUOffloadPolicy
+    except ImportError as e:
+        raise ImportError(f"shardload.torch: this torch ({torch.__version__}) has no FSDP2 (FSDPModule, "
+                          f"CPUOffloadPolicy: {e}); shardload.torch needs torch >= 2.4") from e
+
+
 def _fsdp_policies(model) -> dict[int, object]:
     """id(parameter) -> the offload policy of the FSDP2 group that manages it."""
     out = {}
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        return out
+    FSDPModule, _ = _fsdp2()
     for m in model.modules():
         if not isinstance(m, FSDPModule):
             continue
@@ -257,7 +271,7 @@ def _fsdp_policies(model) -> dict[int, object]:
 
 
 def _policy_key(policy) -> str:
-    if policy is None or type(policy).__name__ != "CPUOffloadPolicy":
+    if policy is None or not isinstance(policy, _fsdp2()[1]):  # a subclass offloads too
         return "none"
     return "cpu-pinned" if getattr(policy, "pin_memory", True) else "cpu"
 
@@ -267,8 +281,7 @@ def _plan_policy(key: str):
     the package's plan takes (its string spellings changed: "cpu+pin", then "cpu-pinned")."""
     if key in ("none", "plain"):
         return None
-    from torch.distributed.fsdp import CPUOffloadPolicy
-    return CPUOffloadPolicy(pin_memory=key == "cpu-pinned")
+    return _fsdp2()[1](pin_memory=key == "cpu-pinned")
 
 
 def _placement_spec(name, placements) -> str:

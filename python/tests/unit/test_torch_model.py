@@ -110,3 +110,25 @@ def test_integer_values_that_do_not_fit_refused(torch, slt, tmp_path):
     save_file(sd, path)
     with pytest.raises(Exception, match=r"'ids'.*I64.*do not fit.*torch.int32"):
         slt.load_model(m, path)
+
+
+def test_offload_policy_subclass_is_an_offload_policy(torch, slt):
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    class Mine(CPUOffloadPolicy):
+        pass
+    assert slt._policy_key(Mine(pin_memory=False)) == "cpu"
+    assert slt._policy_key(Mine()) == "cpu-pinned"
+    assert slt._policy_key(OffloadPolicy()) == "none" and slt._policy_key(None) == "none"
+
+
+def test_fsdp2_from_the_private_module_before_torch_2_6(torch, slt, monkeypatch):
+    import torch.distributed._composable.fsdp as private
+    import torch.distributed.fsdp as public
+    want = (private.FSDPModule, private.CPUOffloadPolicy)
+    monkeypatch.delattr(public, "FSDPModule")  # as torch 2.4/2.5 export it: not from here
+    monkeypatch.delattr(public, "CPUOffloadPolicy")
+    assert slt._fsdp2() == want
+    monkeypatch.delattr(private, "FSDPModule")
+    with pytest.raises(ImportError, match=r"no FSDP2.*torch >= 2.4"):
+        slt._fsdp2()  # never "no policy"
