@@ -72,6 +72,13 @@ def last_load_report() -> dict[str, dict]:
 
 # ---- arguments ---------------------------------------------------------------------------
 
+def _check_progress(progress) -> None:
+    # checked before anything collective: every rank passes the same kind of argument
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable (done_bytes, total_bytes, done_tensors, total_tensors) "
+                        f"or None, not {type(progress).__name__}")
+
+
 def _check_tri(cpu_offload) -> None:
     if cpu_offload is not None and not isinstance(cpu_offload, bool):
         raise TypeError(f"cpu_offload must be True, False or None (the offload policy decides), not {cpu_offload!r}")
@@ -487,7 +494,7 @@ def _resolve_sources(entries, src, model, path, unexpected, strict, accelerate):
     return missing
 
 
-def _load_groups(ctx, src, entries, dev, cpu_offload, results):
+def _load_groups(ctx, src, entries, dev, cpu_offload, results, progress=None):
     """One sl_load per (mesh shape, offload policy) of the entries that load under their own
     name; RESULTS[key] = the local shard."""
     host_backend = ctx.backend == "cpu"
@@ -516,7 +523,7 @@ def _load_groups(ctx, src, entries, dev, cpu_offload, results):
             e.local = e.fresh = _alloc(want, t)
             return e.local
 
-        state = ctx.load(plan, src, cpu_offload=False if plain else cpu_offload, bind=bind)
+        state = ctx.load(plan, src, cpu_offload=False if plain else cpu_offload, bind=bind, progress=progress)
         err = None
         try:
             if dev.type == "cuda":
@@ -608,7 +615,7 @@ def _open_model_source(ctx, source, path, entries):
 
 
 def _load_model(model, source, *, cpu_offload=None, process_group=None, strict=True, device=None,
-                accelerate=False) -> tuple[list[str], list[str]]:
+                accelerate=False, progress=None) -> tuple[list[str], list[str]]:
     """load_model, and the drop-in's load (ACCELERATE: a missing key fails in its wording,
     unexpected ones are ignored; DEVICE: the accelerator's device)."""
     _check_tri(cpu_offload)
@@ -645,7 +652,7 @@ def _load_model(model, source, *, cpu_offload=None, process_group=None, strict=T
             except Exception as ex:
                 err = ex
             ctx.agree(err if err is not None else True)
-            _load_groups(ctx, src, entries, dev, cpu_offload, results)
+            _load_groups(ctx, src, entries, dev, cpu_offload, results, progress)
         err = None
         try:
             _assign(model, entries, results, partial=bool(missing))
@@ -656,19 +663,25 @@ def _load_model(model, source, *, cpu_offload=None, process_group=None, strict=T
 
 
 def load_model(model: torch.nn.Module, path_or_state_dict, *, cpu_offload: bool | None = None,
-               process_group=None, strict: bool = True) -> tuple[list[str], list[str]]:
+               process_group=None, strict: bool = True,
+               progress: Callable[..., None] | None = None) -> tuple[list[str], list[str]]:
     """Loads a checkpoint into MODEL, an nn.Module whose parameters are FSDP2 DTensors (or plain
     tensors: whole on every rank), on every rank of PROCESS_GROUP (collective).
 
     path_or_state_dict: a .safetensors file, an index.json or a directory holding one, or the
     group's rank 0's full state dict (the other ranks pass None or anything).
     cpu_offload: True = CPU, False = the accelerator, None = the model's FSDP2 offload policy.
+    progress(done_bytes, total_bytes, done_tensors, total_tensors): called on the group's rank 0
+    as tensors land (Context.load's progress; a two-parameter one gets the bytes); a model whose
+    entries load in several groups (mesh shape, offload policy, plain entries) reports each
+    group's load in turn, its totals that group's.
     Returns (missing, unexpected): the model's keys the checkpoint lacks, the checkpoint's keys
     the model lacks; strict=True raises on either (RuntimeError, torch's wording, every rank)."""
     if not isinstance(strict, bool):
         raise TypeError(f"strict must be True or False, not {strict!r}")
+    _check_progress(progress)
     return _load_model(model, path_or_state_dict, cpu_offload=cpu_offload, process_group=process_group,
-                       strict=strict)
+                       strict=strict, progress=progress)
 
 
 # ---- load_sharded ------------------------------------------------------------------------
@@ -743,7 +756,8 @@ def _sharded_entries(src, placements, dtype, mesh_ndim: int) -> list[tuple]:
 
 
 def load_sharded(path, mesh, placements: Placements, *, dtype: torch.dtype | None = None,
-                 device: torch.device | None = None, cpu_offload: bool | None = None) -> dict[str, Any]:
+                 device: torch.device | None = None, cpu_offload: bool | None = None,
+                 progress: Callable[..., None] | None = None) -> dict[str, Any]:
     """Every tensor of the checkpoint at PATH (a .safetensors file, an index.json or a directory
     holding one) as a DTensor on MESH (a torch DeviceMesh) with PLACEMENTS: one list of torch
     placements (Shard(d), Replicate(); one per mesh dim) for every tensor, or a function of the
@@ -752,9 +766,11 @@ def load_sharded(path, mesh, placements: Placements, *, dtype: torch.dtype | Non
 
     dtype: floating tensors are cast to it (torch's rounding); others keep their dtype; None:
     as stored. device: where the local shards go (a torch.device of the mesh's type; None: the
-    current one). cpu_offload: True = host memory, False/None = the device (no offload policy)."""
+    current one). cpu_offload: True = host memory, False/None = the device (no offload policy).
+    progress: as Context.load's, called on the mesh's rank 0 as tensors land."""
     from torch.distributed.tensor import DTensor
     _check_tri(cpu_offload)
+    _check_progress(progress)
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a checkpoint path (a .safetensors file, an index.json or a directory), "
                         f"not {type(path).__name__}")
@@ -789,7 +805,7 @@ def load_sharded(path, mesh, placements: Placements, *, dtype: torch.dtype | Non
             locals_[t.name] = _alloc(_want_device(t, dev), t)
             return locals_[t.name]
 
-        state = ctx.load(plan, src, cpu_offload=cpu_offload, bind=bind)
+        state = ctx.load(plan, src, cpu_offload=cpu_offload, bind=bind, progress=progress)
         err = None
         try:
             if dev.type == "cuda":

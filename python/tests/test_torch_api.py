@@ -437,6 +437,11 @@ def tied(tmp):
         check(m.head.weight is m.emb.weight, f"tied ({label}): still tied after a step")
         after = m.emb.weight.full_tensor() if fsdp else m.emb.weight
         check(not torch.equal(after.detach(), ref.emb.weight.detach()), f"tied ({label}): the step moved it")
+    seen = []  # load_sharded's progress: on the mesh's rank 0, to the last tensor
+    out = slt.load_sharded(path, init_device_mesh("cpu", (WORLD,)), [Shard(0)], progress=lambda *a: seen.append(a))
+    check(sorted(out) == ["emb.weight", "mid.bias", "mid.weight"], f"load_sharded of the tied file: {sorted(out)}")
+    check((seen[-1][2:] == (3, 3) and seen[-1][0] == seen[-1][1]) if RANK == 0 else not seen,
+          f"load_sharded progress on rank {RANK}: {seen[-3:]}")
 
 
 def main():

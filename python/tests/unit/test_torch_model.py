@@ -132,3 +132,15 @@ def test_fsdp2_from_the_private_module_before_torch_2_6(torch, slt, monkeypatch)
     monkeypatch.delattr(private, "FSDPModule")
     with pytest.raises(ImportError, match=r"no FSDP2.*torch >= 2.4"):
         slt._fsdp2()  # never "no policy"
+
+
+def test_progress_callback_of_load_model(torch, slt, tmp_path):
+    save_model = pytest.importorskip("safetensors.torch").save_model
+    src = _tied(torch)
+    path = str(tmp_path / "tied.safetensors")
+    save_model(src, path)
+    seen = []
+    slt.load_model(_tied(torch), path, progress=lambda *a: seen.append(a))
+    assert seen and seen[-1][0] == seen[-1][1] > 0 and seen[-1][2] == seen[-1][3] == 3, seen
+    with pytest.raises(TypeError, match="progress must be a callable"):
+        slt.load_model(_tied(torch), path, progress="yes")
