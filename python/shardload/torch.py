@@ -601,16 +601,25 @@ def _retie(model, alias: str, source: str) -> None:
         setattr(mod, leaf, t)
 
 
-def _open_model_source(ctx, source, path, entries):
+def _pick(source: Mapping, wanted: set) -> tuple[dict, list]:
+    """(the entries of SOURCE the model names, the keys of the others): only what the model
+    names is loaded; the others are reported (never loaded, whatever their dtype)."""
+    picked, extra = {}, []
+    for k, v in source.items():
+        if k in wanted:
+            picked[k] = v
+        else:
+            extra.append(k)
+    return picked, extra
+
+
+def _open_model_source(ctx, source, path, picked):
     if path is not None:
         return ctx.open(path)
     sd = None
-    if ctx.rank == 0 and isinstance(source, Mapping):
-        # only what the model names: the others are reported (never loaded, whatever their dtype)
-        wanted = {e.key for e in entries} | {a for e in entries for a in e.aliases}
-        sd = {k: v for k, v in source.items() if k in wanted}
-    elif ctx.rank == 0:
-        sd = source  # not a mapping: open_state_dict names the problem on every rank
+    if ctx.rank == 0:
+        # not a mapping: open_state_dict names the problem on every rank
+        sd = picked if isinstance(source, Mapping) else source
     return ctx.open_state_dict(sd, label="full_sd (rank 0's state dict)")
 
 
@@ -623,18 +632,19 @@ def _load_model(model, source, *, cpu_offload=None, process_group=None, strict=T
     # rank 0's source decides the form (the other ranks' argument is ignored): a path, or its dict
     path = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
     dev_type, own = "cpu", None
-    err = None
+    err, wanted, extra, picked = None, set(), None, None
     try:
         entries = _plan_entries(model, g)
         dev_type, own = _model_device(entries)
+        wanted = {e.key for e in entries} | {a for e in entries for a in e.aliases}
+        if path is None and g.rank == 0 and isinstance(source, Mapping):
+            # rank 0's dict read once, here: a Mapping that fails to iterate fails every rank
+            # (agreed below), never rank 0 alone while the others wait in the exchange
+            picked, extra = _pick(source, wanted)
     except _MeshNotGroup:
         raise
     except Exception as e:  # agreed below, once a context exists
         err, entries = e, []
-    wanted = {e.key for e in entries} | {a for e in entries for a in e.aliases}
-    extra = None
-    if path is None and g.rank == 0 and isinstance(source, Mapping):
-        extra = [k for k in source if k not in wanted]
     if g.size > 1:
         path, extra, mismatch = _same_plan_everywhere(g, path, extra, entries if err is None else None)
         err = err or mismatch
@@ -643,7 +653,7 @@ def _load_model(model, source, *, cpu_offload=None, process_group=None, strict=T
     results: dict[str, Any] = {}
     with _context(g, dev) as ctx:
         ctx.agree(err if err is not None else True)
-        with _open_model_source(ctx, source, path, entries) as src:
+        with _open_model_source(ctx, source, path, picked) as src:
             err, missing, unexpected = None, [], []
             try:
                 unexpected = ([t.name for t in src if t.name not in wanted] if path is not None

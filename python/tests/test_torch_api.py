@@ -444,6 +444,24 @@ def tied(tmp):
           f"load_sharded progress on rank {RANK}: {seen[-3:]}")
 
 
+class _Unreadable(dict):
+    """Rank 0's state dict whose iteration fails (a lazy Mapping over a broken store)."""
+
+    def __iter__(self):
+        raise OSError("the store went away")
+
+    def items(self):
+        raise OSError("the store went away")
+
+
+def mapping_fails(tmp):
+    """Rank 0's Mapping failing to iterate fails every rank, promptly (no rank left waiting)."""
+    t0 = time.monotonic()
+    src = _Unreadable(Tied().state_dict()) if RANK == 0 else None
+    expect_error(lambda: slt.load_model(Tied(), src), "the store went away", kind=Exception)
+    check(time.monotonic() - t0 < 30, f"rank {RANK}: the failing Mapping took {time.monotonic() - t0:.0f} s")
+
+
 def main():
     global RANK, WORLD
     import faulthandler
@@ -467,6 +485,7 @@ def main():
             forms_and_offload(tmp, sd, paths)
             strictness(tmp, sd, paths)
             tied(tmp)
+            mapping_fails(tmp)
             if WORLD == 3:
                 subgroup(tmp, sd, paths)
         sharded(tmp, paths)
