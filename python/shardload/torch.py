@@ -58,9 +58,6 @@ __all__ = ["load_model", "load_sharded", "last_load_report"]
 # never rebound, so a module that imported it sees every load
 _report: dict[str, dict] = {}
 
-# contexts this module made per world size (> 1): libshardload numbers a process's contexts per
-# world size, and every rank of one must agree on its number (core/src/context.c)
-_made: dict[int, int] = defaultdict(int)
 
 
 def last_load_report() -> dict[str, dict]:
@@ -171,19 +168,18 @@ def _context(g: _Group, dev: torch.device) -> shardload.Context:
     index = dev.index if dev.type != "cpu" else None
     n = g.size
     if not g.sub:
-        if n > 1:
-            _made[n] += 1
         return shardload.Context(backend, device=index)
     # the members agree on a name and on how many contexts of this size they made: ranks that
     # differ would wait for each other under different rendezvous keys until the timeout
-    everyone = _gather(g, (_made[n], uuid.uuid4().hex))
+    # every context of world size n this process made counts (shardload.Context counts them:
+    # a direct Context(process_group=...) numbers as much as one of this module's)
+    everyone = _gather(g, (shardload._contexts_made[n], uuid.uuid4().hex))
     counts = [c for c, _ in everyone]
     if len(set(counts)) != 1:
         raise ValueError(f"process_group {g.ranks}: its ranks have made {counts} shardload contexts of world "
                          f"size {n} in this process; libshardload numbers a process's contexts per world size, "
                          f"so a subgroup's ranks must have loaded through the same groups of {n} alike (use one "
                          "subgroup per rank set, or the default group)")
-    _made[n] += 1
     name = f"sub-{'-'.join(map(str, g.ranks))}-{counts[0]}-{everyone[0][1]}"
     rendezvous, cleanup = _store_rendezvous(g, name)
     ctx = _SubgroupContext(backend, world_size=n, rank=g.rank, rendezvous=rendezvous, device=index,
