@@ -6,7 +6,13 @@
 
 Both are collective: every rank of the process group (load_model) or of the mesh
 (load_sharded) calls them with the same arguments; any failure is raised on every one of those
-ranks (ShardloadError, a RuntimeError), nothing is left half-loaded.
+ranks (ShardloadError, a RuntimeError). A load into fresh local tensors (a meta model, or
+entries whose storage cannot take the shard in place) that fails leaves the model as it was:
+nothing is assigned until every shard has landed. A load in place into a materialised model's
+own storage that fails mid-load (a read error, a rank out of memory) leaves those parameters
+partly overwritten, some with checkpoint values and some with their old ones: load it again, or
+rebuild the model, before using it. Argument, key and shape errors are raised before any
+byte is written, so they leave it as it was either way.
 
 load_model (like safetensors.torch.load_model, for models sharded with FSDP2's fully_shard):
 - the plan is read from model.state_dict(): each DTensor's mesh and placements, plain tensors
