@@ -13,8 +13,16 @@
 #    hashed names and every ELF of the package is pointed at them (patchelf); the tag is the
 #    oldest manylinux_2_xx whose symbol versions the binaries fit (auditwheel show says which).
 #    NCCL and the CUDA driver are not carried: the NCCL module opens libnccl.so.2 at run time.
+#    libibverbs and libnl (rdma-core) are carried on purpose: Debian's libgloo links
+#    libibverbs.so.1 (NEEDED), so a wheel without them would not even load on a machine
+#    without rdma-core. The risk kept: a bundled libibverbs that is asked for RDMA devices
+#    loads the host's provider plugins (/usr/lib/*/libibverbs/), which must match its version;
+#    shardload's Gloo pairs are TCP. A site whose hosts all have a matching rdma-core can leave
+#    them out: SHARDLOAD_WHEEL_EXCLUDE="libibverbs.so.1 libnl-3.so.200 libnl-route-3.so.200"
+#    (sonames, each passed to auditwheel repair --exclude; the wheel then needs them installed).
 # OUTDIR then holds exactly one wheel (an earlier shardload wheel there is replaced).
-# env: SHARDLOAD_WHEEL_TOOLS (the tools venv), CMAKE_BUILD_PARALLEL_LEVEL (default 2),
+# env: SHARDLOAD_WHEEL_TOOLS (the tools venv), SHARDLOAD_WHEEL_EXCLUDE (sonames not to carry,
+#      see 2.), CMAKE_BUILD_PARALLEL_LEVEL (default 2),
 #      CMAKE_C_COMPILER_LAUNCHER etc. (ccache), as for any CMake build.
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/.." && pwd)
@@ -62,7 +70,9 @@ raw=("$work"/raw/shardload-*.whl)
 [ "${#raw[@]}" = 1 ] && [ -f "${raw[0]}" ] || die "pip wheel made ${#raw[@]} wheels in $work/raw, not one"
 
 echo "wheel: auditwheel repair $(basename "${raw[0]}")"
-"$py" -m auditwheel repair -w "$work/fixed" "${raw[0]}" >"$work/repair.log" 2>&1 ||
+exclude=()
+for so in ${SHARDLOAD_WHEEL_EXCLUDE:-}; do exclude+=(--exclude "$so"); done
+"$py" -m auditwheel repair "${exclude[@]}" -w "$work/fixed" "${raw[0]}" >"$work/repair.log" 2>&1 ||
   { cat "$work/repair.log" >&2; die "auditwheel repair failed"; }
 fixed=("$work"/fixed/shardload-*.whl)
 [ "${#fixed[@]}" = 1 ] && [ -f "${fixed[0]}" ] || die "auditwheel made ${#fixed[@]} wheels, not one"

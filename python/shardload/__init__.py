@@ -21,6 +21,7 @@ carry a `Status` (built from the library's own table) and DLPack device kinds ar
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import os
@@ -90,6 +91,18 @@ ctypes.pythonapi.Py_IncRef.argtypes = [ctypes.py_object]
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_log_cb))  # immortal, like the DLPack callbacks
 
 
+# contexts of each world size (> 1) this process began to create (Context.__init__)
+_contexts_made: dict[int, int] = collections.defaultdict(int)
+
+
+def _launcher_world() -> int:
+    """$WORLD_SIZE as the C side reads it for a context without world_size (a bad value: C names it)."""
+    try:
+        return env_int("WORLD_SIZE", 1)
+    except ValueError:
+        return 0
+
+
 class Context:
     """A job's ranks, backend and data plane (sl_context). Collective: every rank creates it.
 
@@ -152,6 +165,11 @@ class Context:
         def undo(s, out=out, keep=(o, errbuf)):  # creation that finished after an interrupt
             if s == 0 and out:
                 lib.sl_context_destroy(out)
+        # libshardload numbers this process's contexts per world size (> 1), and a subgroup's
+        # ranks must agree on the number (shardload.torch checks): count every one made here
+        n = o.world_size if world_size is not None else _launcher_world()
+        if n > 1:
+            _contexts_made[n] += 1
         # no context to abort while the rendezvous waits: an interrupt leaves it to finish alone
         s = blocking(lib.sl_context_create, byref(o), byref(out), undo=undo)
         if s:

@@ -28,7 +28,8 @@ _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 
 def bar_wanted(arg: bool | None) -> bool:
     """progress_bar=ARG, then $SHARDLOAD_PROGRESS, then whether stderr is a terminal. Checked on
-    every rank alike (a bad value fails every rank before the load)."""
+    every rank alike (a bad argument fails every rank before the load; a bad $SHARDLOAD_PROGRESS
+    warns and gives no bar)."""
     if arg is not None:
         if not isinstance(arg, bool):
             raise TypeError(f"progress_bar must be True, False or None (a bar when stderr is a terminal), "
@@ -40,8 +41,11 @@ def bar_wanted(arg: bool | None) -> bool:
     if env in _OFF:
         return False
     if env:
-        raise ValueError(f"${_ENV}={os.environ[_ENV]!r}: give 1 (a bar on rank 0) or 0 (none), or unset it "
-                         "(a bar when stderr is a terminal)")
+        # a warning, never an error: the variable is read on each rank alone, before the ranks
+        # agree on anything, so an error here would fail one rank and leave the others waiting
+        _log.warning("shardload: $%s=%r: give 1 (a bar on rank 0) or 0 (none), or unset it (a bar when stderr "
+                     "is a terminal); no bar", _ENV, os.environ[_ENV])
+        return False
     err = sys.stderr
     try:
         return err is not None and err.isatty()
@@ -119,6 +123,10 @@ def _make_bar(total_bytes: int, total_tensors: int):
     except ImportError:
         _log.warning("shardload: a progress bar was asked for, but tqdm is not installed (pip install tqdm)")
         return None
-    return tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="shardload",
-                file=sys.stderr, disable=False, dynamic_ncols=True, leave=True,
-                postfix=f"0/{total_tensors} tensors")
+    try:
+        return tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="shardload",
+                    file=sys.stderr, disable=False, dynamic_ncols=True, leave=True,
+                    postfix=f"0/{total_tensors} tensors")
+    except Exception as e:  # a bar is never worth a load (rank 0's failing would fail every rank)
+        _log.warning("shardload: progress bar off: %s", e)
+        return None

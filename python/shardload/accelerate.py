@@ -8,10 +8,13 @@ Contract (the corrected override, docs/DESIGN.md#placement):
 - callable positionally with three arguments (legacy Accelerate) and with the `cpu_offload`
   keyword (Accelerate >= 1.14); True = CPU, False = the accelerator, None = inferred from the
   model's FSDP2 offload policy (CPUOffloadPolicy: CPU, pinned when its pin_memory is set; no
-  policy: the accelerator). The same rule for every tensor, on every rank, sharded or not.
+  policy: the accelerator), applied to every FSDP2 parameter on every rank. Entries FSDP2
+  does not manage (buffers, plain tensors) load with cpu_offload=False, on the mesh's device,
+  where fully_shard keeps them, whatever cpu_offload says (docs/DESIGN.md#placement).
 - the plan is read from model.state_dict(): each DTensor's mesh and placements, plain tensors
   replicated on every rank, each entry's dtype (a floating checkpoint tensor other than
-  float8_e4m3fn is cast to it, as Accelerate does; others keep the checkpoint's dtype).
+  float8_e4m3fn is cast to it, as Accelerate does; an integer/bool one too, where its values
+  fit; float8_e4m3fn keeps the checkpoint's dtype).
 - full_sd: rank 0's state dict (the other ranks' argument is ignored), or a path to a
   checkpoint (.safetensors, index.json or directory): the fast path, no rank ever holds the
   full dict.
@@ -38,8 +41,9 @@ __all__ = ["fsdp2_load_full_state_dict", "patch", "unpatch", "is_patched", "last
 
 
 def last_load_report() -> dict[str, dict]:
-    """This rank's account of the last load: per state-dict key, where the shard went ("cpu" or
-    "device"), the placement rule that chose it, pinned, loaded in place into the parameter's
+    """This rank's account of the last load: per state-dict key, the device the shard is on
+    (torch's name: "cpu", "cuda:1"), where the contract placed it ("placed": "cpu" or "device"),
+    the placement rule that chose it, pinned, loaded in place into the parameter's
     own storage or not, and the backend/collective used."""
     return dict(_report)
 

@@ -6,24 +6,33 @@
 
 Both are collective: every rank of the process group (load_model) or of the mesh
 (load_sharded) calls them with the same arguments; any failure is raised on every one of those
-ranks (ShardloadError, a RuntimeError), nothing is left half-loaded.
+ranks (ShardloadError, a RuntimeError). A load into fresh local tensors (a meta model, or
+entries whose storage cannot take the shard in place) that fails leaves the model as it was:
+nothing is assigned until every shard has landed. A load in place into a materialised model's
+own storage that fails mid-load (a read error, a rank out of memory) leaves those parameters
+partly overwritten, some with checkpoint values and some with their old ones: load it again, or
+rebuild the model, before using it. Argument, key and shape errors are raised before any
+byte is written, so they leave it as it was either way.
 
 load_model (like safetensors.torch.load_model, for models sharded with FSDP2's fully_shard):
 - the plan is read from model.state_dict(): each DTensor's mesh and placements, plain tensors
   (buffers, parameters FSDP2 does not manage) whole on every rank, each entry's dtype (a
-  floating checkpoint tensor other than float8_e4m3fn is cast to it, as Accelerate does;
-  others keep the checkpoint's dtype).
+  floating checkpoint tensor other than float8_e4m3fn is cast to it, as Accelerate does; an
+  integer/bool one too, as load_state_dict's copy does, refused where a value does not fit;
+  float8_e4m3fn keeps the checkpoint's dtype).
 - the source: a path (.safetensors file, index.json or a directory holding one; no rank ever
   holds the full dict), or the process group's rank 0's full state dict (the other ranks'
   argument is ignored; rank 0's decides the form).
 - cpu_offload: True = CPU, False = the accelerator, None = the model's FSDP2 offload policy
   (CPUOffloadPolicy: CPU, pinned when its pin_memory is set; none: the accelerator); the same
   rule for every parameter on every rank. Plain entries stay on the mesh's device, as
-  fully_shard keeps buffers.
+  fully_shard keeps buffers. A model without DTensors (plain, DDP-style) loads onto its
+  tensors' own device (all on one, else an error; a meta model: the CPU).
 - shards land in freshly allocated local tensors (a meta model) or in place in the
   parameters' own local storage where it has the shard's placement, dtype and shape (a
   materialised model); they are assigned as DTensors on the parameters' meshes
-  (load_state_dict(assign=True)). Tied weights saved once load under every name.
+  (load_state_dict(assign=True)). Tied weights (saved once) stay tied: every name of the tie
+  is set to the one loaded Parameter, as safetensors.torch.load_model keeps it.
 - strict=True: a key missing on either side raises, worded as torch's load_state_dict;
   strict=False: returns them, loads the rest and leaves missing entries as they are. A shape
   that differs from the model's raises either way ("size mismatch for K", as torch says).
@@ -56,19 +65,23 @@ __all__ = ["load_model", "load_sharded", "last_load_report"]
 # never rebound, so a module that imported it sees every load
 _report: dict[str, dict] = {}
 
-# contexts this module made per world size (> 1): libshardload numbers a process's contexts per
-# world size, and every rank of one must agree on its number (core/src/context.c)
-_made: dict[int, int] = defaultdict(int)
 
 
 def last_load_report() -> dict[str, dict]:
-    """This rank's account of the last load_model: per state-dict key, where the shard went
-    ("cpu" or "device"), the placement rule that chose it, pinned, loaded in place into the
+    """This rank's account of the last load_model: per state-dict key, the device the shard is on
+    (torch's name: "cpu", "cuda:1"), where the contract placed it ("placed": "cpu" or "device"), the placement rule that chose it, pinned, loaded in place into the
     parameter's own storage or not, and the backend/collective used."""
     return dict(_report)
 
 
 # ---- arguments ---------------------------------------------------------------------------
+
+def _check_progress(progress) -> None:
+    # checked before anything collective: every rank passes the same kind of argument
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable (done_bytes, total_bytes, done_tensors, total_tensors) "
+                        f"or None, not {type(progress).__name__}")
+
 
 def _check_tri(cpu_offload) -> None:
     if cpu_offload is not None and not isinstance(cpu_offload, bool):
@@ -162,19 +175,18 @@ def _context(g: _Group, dev: torch.device) -> shardload.Context:
     index = dev.index if dev.type != "cpu" else None
     n = g.size
     if not g.sub:
-        if n > 1:
-            _made[n] += 1
         return shardload.Context(backend, device=index)
     # the members agree on a name and on how many contexts of this size they made: ranks that
     # differ would wait for each other under different rendezvous keys until the timeout
-    everyone = _gather(g, (_made[n], uuid.uuid4().hex))
+    # every context of world size n this process made counts (shardload.Context counts them:
+    # a direct Context(process_group=...) numbers as much as one of this module's)
+    everyone = _gather(g, (shardload._contexts_made[n], uuid.uuid4().hex))
     counts = [c for c, _ in everyone]
     if len(set(counts)) != 1:
         raise ValueError(f"process_group {g.ranks}: its ranks have made {counts} shardload contexts of world "
                          f"size {n} in this process; libshardload numbers a process's contexts per world size, "
                          f"so a subgroup's ranks must have loaded through the same groups of {n} alike (use one "
                          "subgroup per rank set, or the default group)")
-    _made[n] += 1
     name = f"sub-{'-'.join(map(str, g.ranks))}-{counts[0]}-{everyone[0][1]}"
     rendezvous, cleanup = _store_rendezvous(g, name)
     ctx = _SubgroupContext(backend, world_size=n, rank=g.rank, rendezvous=rendezvous, device=index,
@@ -205,13 +217,23 @@ def _want_device(info, dev: torch.device) -> torch.device:
     return torch.device("cpu") if info.dlpack_device[0] in _dlpack.HOST_KINDS else dev
 
 
+# integer and bool dtypes: a cast from one is exact or refused, never a wrap-around
+_EXACT = {"I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64", "BOOL"}
+
+
 def _finish(local: torch.Tensor, info, dev: torch.device, host_backend: bool, dt_target: str) -> torch.Tensor:
     """A loaded local shard as torch wants it: on DEV where the library staged it in host
-    memory (no device backend), in the target dtype where the library does not cast."""
+    memory (no device backend), in the target dtype where the library does not cast. An
+    integer/bool shard whose values the target cannot hold is refused, naming the tensor."""
     if info.device == "device" and host_backend and dev.type != "cpu":
         local = local.to(dev)
     if _t.torch_dtype(info.dtype) != _t.torch_dtype(dt_target):
-        local = local.to(_t.torch_dtype(dt_target))
+        cast = local.to(_t.torch_dtype(dt_target))
+        if info.dtype in _EXACT and not torch.equal(cast.to(local.dtype), local):
+            raise ValueError(f"'{info.name}': its checkpoint values ({info.dtype}) do not fit the model's dtype "
+                             f"{_t.torch_dtype(dt_target)}; give the model the checkpoint's dtype, or save "
+                             "values that fit")
+        local = cast
     return local
 
 
@@ -223,13 +245,27 @@ def _load_dtype(file_dtype: str, target: str) -> str:
 
 # ---- load_model: the plan from model.state_dict() -----------------------------------------
 
+def _fsdp2() -> tuple[type, type]:
+    """torch's (FSDPModule, CPUOffloadPolicy): exported from torch.distributed.fsdp since 2.6,
+    from torch.distributed._composable.fsdp in 2.4 and 2.5. Neither: an error, never "no
+    policy" (a CPU-offloaded model would load onto the accelerator)."""
+    try:
+        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+        return FSDPModule, CPUOffloadPolicy
+    except ImportError:
+        pass
+    try:
+        from torch.distributed._composable.fsdp import CPUOffloadPolicy, FSDPModule
+        return FSDPModule, CPUOffloadPolicy
+    except ImportError as e:
+        raise ImportError(f"shardload.torch: this torch ({torch.__version__}) has no FSDP2 (FSDPModule, "
+                          f"CPUOffloadPolicy: {e}); shardload.torch needs torch >= 2.4") from e
+
+
 def _fsdp_policies(model) -> dict[int, object]:
     """id(parameter) -> the offload policy of the FSDP2 group that manages it."""
     out = {}
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        return out
+    FSDPModule, _ = _fsdp2()
     for m in model.modules():
         if not isinstance(m, FSDPModule):
             continue
@@ -245,7 +281,7 @@ def _fsdp_policies(model) -> dict[int, object]:
 
 
 def _policy_key(policy) -> str:
-    if policy is None or type(policy).__name__ != "CPUOffloadPolicy":
+    if policy is None or not isinstance(policy, _fsdp2()[1]):  # a subclass offloads too
         return "none"
     return "cpu-pinned" if getattr(policy, "pin_memory", True) else "cpu"
 
@@ -255,8 +291,7 @@ def _plan_policy(key: str):
     the package's plan takes (its string spellings changed: "cpu+pin", then "cpu-pinned")."""
     if key in ("none", "plain"):
         return None
-    from torch.distributed.fsdp import CPUOffloadPolicy
-    return CPUOffloadPolicy(pin_memory=key == "cpu-pinned")
+    return _fsdp2()[1](pin_memory=key == "cpu-pinned")
 
 
 def _placement_spec(name, placements) -> str:
@@ -335,11 +370,23 @@ def _plan_entries(model, g: _Group):
     return entries
 
 
-def _device_type(entries) -> str:
+def _model_device(entries) -> tuple[str, torch.device | None]:
+    """(device type, device or None) the model loads onto: its meshes' device type; for a model
+    without DTensors (plain, DDP-style) its tensors' own device, so that a model on cuda:1
+    stays there (a meta or empty one: the CPU)."""
     kinds = {e.mesh.device_type for e in entries if e.mesh is not None}
     if len(kinds) > 1:
         raise ValueError(f"the model's meshes are on several device types {sorted(kinds)}")
-    return kinds.pop() if kinds else "cpu"
+    if kinds:
+        return kinds.pop(), None
+    devices = {e.value.device for e in entries if e.value.device.type != "meta"}
+    if len(devices) > 1:
+        raise ValueError(f"the model's tensors are on several devices {sorted(map(str, devices))}; load_model "
+                         "loads a model without DTensors onto its one device: move it to one (model.to(device)) first")
+    if not devices:
+        return "cpu", None
+    d = devices.pop()
+    return d.type, d
 
 
 def _reusable(e, want_device: torch.device, pinned: bool):
@@ -443,12 +490,14 @@ def _resolve_sources(entries, src, model, path, unexpected, strict, accelerate):
         fdt = src[e.src_key].dtype
         want = _t.dtype_name(e.value.dtype)
         floating = fdt in ("F64", "F32", "F16", "BF16", "F8_E5M2")
-        e.dt_target = want if floating else fdt
+        # integer/bool entries take the model's dtype, as load_state_dict's copy does (an I32
+        # buffer stays int32), where every value survives the cast (_finish checks)
+        e.dt_target = want if floating or fdt in _EXACT else fdt
         e.dt_load = _load_dtype(fdt, e.dt_target)
     return missing
 
 
-def _load_groups(ctx, src, entries, dev, cpu_offload, results):
+def _load_groups(ctx, src, entries, dev, cpu_offload, results, progress=None):
     """One sl_load per (mesh shape, offload policy) of the entries that load under their own
     name; RESULTS[key] = the local shard."""
     host_backend = ctx.backend == "cpu"
@@ -477,7 +526,7 @@ def _load_groups(ctx, src, entries, dev, cpu_offload, results):
             e.local = e.fresh = _alloc(want, t)
             return e.local
 
-        state = ctx.load(plan, src, cpu_offload=False if plain else cpu_offload, bind=bind)
+        state = ctx.load(plan, src, cpu_offload=False if plain else cpu_offload, bind=bind, progress=progress)
         err = None
         try:
             if dev.type == "cuda":
@@ -486,12 +535,13 @@ def _load_groups(ctx, src, entries, dev, cpu_offload, results):
                 torch.cuda.synchronize(dev)
             for e in group:
                 t = state[e.key]
-                _report[e.key] = {"device": t.device, "rule": t.rule, "pinned": t.pinned,
+                _report[e.key] = {"placed": t.device, "rule": t.rule, "pinned": t.pinned,
                                   "in_place": e.local is not None and e.local is not e.fresh,
                                   "backend": ctx.backend, "collective": ctx.collective}
                 if plain:
                     _report[e.key]["note"] = "not an FSDP2 parameter: on the mesh's device, as fully_shard keeps it"
                 results[e.key] = _finish(e.local, t, dev, host_backend, e.dt_target)
+                _report[e.key]["device"] = str(results[e.key].device)  # where it is, e.g. "cuda:1"
                 e.local = e.fresh = None
         except Exception as ex:  # e.g. out of memory on one rank: every rank stops here
             err = ex
@@ -505,11 +555,20 @@ def _assign(model, entries, results, partial: bool):
     """The loaded shards as the model's parameters and buffers: DTensors on their meshes."""
     from torch.distributed.tensor import DTensor
     sharded_sd = {}
+    ties = []  # (alias name, the name assigned for it): one tensor under several names
+    assigned = {}  # the tensor's first name -> the name assigned for the whole tie
     for e in entries:
         if e.src_key is None:
             continue
         if e.key not in results:
             _report[e.key] = dict(_report[e.src_key], alias_of=e.src_key)
+        first = next((a for a in (e.key,) + e.aliases if a in assigned), None)
+        if first is not None:
+            # assign=True would give each name its own Parameter and untie the model; the
+            # alias takes its source's Parameter object after the load, as the tie had it
+            ties.append((e.key, assigned[first]))
+            continue
+        assigned[e.key] = e.key
         local = results[e.key] if e.key in results else results[e.src_key]
         if e.mesh is not None:
             sharded_sd[e.key] = DTensor.from_local(local, e.mesh, e.placements, run_check=False,
@@ -517,53 +576,87 @@ def _assign(model, entries, results, partial: bool):
         else:
             sharded_sd[e.key] = local
     results.clear()
-    # FSDP2 re-pads uneven shards and pins under a pinned policy here (reset_sharded_param)
-    model.load_state_dict(sharded_sd, assign=True, strict=not partial)
+    # FSDP2 re-pads uneven shards and pins under a pinned policy here (reset_sharded_param).
+    # The aliases are absent from sharded_sd on purpose: not missing keys
+    alias_names = {a for a, _ in ties}
+    res = model.load_state_dict(sharded_sd, assign=True, strict=False)
+    if not partial:
+        left = [k for k in res.missing_keys if k not in alias_names]
+        if left or res.unexpected_keys:
+            raise _key_errors(model, "the loaded shards", left, list(res.unexpected_keys))
+    for alias, source in ties:
+        _retie(model, alias, source)
 
 
-def _open_model_source(ctx, source, path, entries):
+def _retie(model, alias: str, source: str) -> None:
+    """ALIAS (a state-dict name) set to SOURCE's very tensor object, as the model tied them."""
+    def owner(name):
+        mod_path, _, leaf = name.rpartition(".")
+        return (model.get_submodule(mod_path) if mod_path else model), leaf
+    src_mod, src_leaf = owner(source)
+    t = getattr(src_mod, src_leaf)
+    mod, leaf = owner(alias)
+    if leaf in mod._parameters:
+        mod._parameters[leaf] = t
+    elif leaf in mod._buffers:
+        mod._buffers[leaf] = t
+    else:
+        setattr(mod, leaf, t)
+
+
+def _pick(source: Mapping, wanted: set) -> tuple[dict, list]:
+    """(the entries of SOURCE the model names, the keys of the others): only what the model
+    names is loaded; the others are reported (never loaded, whatever their dtype)."""
+    picked, extra = {}, []
+    for k, v in source.items():
+        if k in wanted:
+            picked[k] = v
+        else:
+            extra.append(k)
+    return picked, extra
+
+
+def _open_model_source(ctx, source, path, picked):
     if path is not None:
         return ctx.open(path)
     sd = None
-    if ctx.rank == 0 and isinstance(source, Mapping):
-        # only what the model names: the others are reported (never loaded, whatever their dtype)
-        wanted = {e.key for e in entries} | {a for e in entries for a in e.aliases}
-        sd = {k: v for k, v in source.items() if k in wanted}
-    elif ctx.rank == 0:
-        sd = source  # not a mapping: open_state_dict names the problem on every rank
+    if ctx.rank == 0:
+        # not a mapping: open_state_dict names the problem on every rank
+        sd = picked if isinstance(source, Mapping) else source
     return ctx.open_state_dict(sd, label="full_sd (rank 0's state dict)")
 
 
 def _load_model(model, source, *, cpu_offload=None, process_group=None, strict=True, device=None,
-                accelerate=False) -> tuple[list[str], list[str]]:
+                accelerate=False, progress=None) -> tuple[list[str], list[str]]:
     """load_model, and the drop-in's load (ACCELERATE: a missing key fails in its wording,
     unexpected ones are ignored; DEVICE: the accelerator's device)."""
     _check_tri(cpu_offload)
     g = _group(process_group)
     # rank 0's source decides the form (the other ranks' argument is ignored): a path, or its dict
     path = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
-    dev_type = "cpu"
-    err = None
+    dev_type, own = "cpu", None
+    err, wanted, extra, picked = None, set(), None, None
     try:
         entries = _plan_entries(model, g)
-        dev_type = _device_type(entries)
+        dev_type, own = _model_device(entries)
+        wanted = {e.key for e in entries} | {a for e in entries for a in e.aliases}
+        if path is None and g.rank == 0 and isinstance(source, Mapping):
+            # rank 0's dict read once, here: a Mapping that fails to iterate fails every rank
+            # (agreed below), never rank 0 alone while the others wait in the exchange
+            picked, extra = _pick(source, wanted)
     except _MeshNotGroup:
         raise
     except Exception as e:  # agreed below, once a context exists
         err, entries = e, []
-    wanted = {e.key for e in entries} | {a for e in entries for a in e.aliases}
-    extra = None
-    if path is None and g.rank == 0 and isinstance(source, Mapping):
-        extra = [k for k in source if k not in wanted]
     if g.size > 1:
         path, extra, mismatch = _same_plan_everywhere(g, path, extra, entries if err is None else None)
         err = err or mismatch
-    dev = _local_device(dev_type, device)
+    dev = _local_device(dev_type, device if device is not None else own)
     _report.clear()
     results: dict[str, Any] = {}
     with _context(g, dev) as ctx:
         ctx.agree(err if err is not None else True)
-        with _open_model_source(ctx, source, path, entries) as src:
+        with _open_model_source(ctx, source, path, picked) as src:
             err, missing, unexpected = None, [], []
             try:
                 unexpected = ([t.name for t in src if t.name not in wanted] if path is not None
@@ -572,7 +665,7 @@ def _load_model(model, source, *, cpu_offload=None, process_group=None, strict=T
             except Exception as ex:
                 err = ex
             ctx.agree(err if err is not None else True)
-            _load_groups(ctx, src, entries, dev, cpu_offload, results)
+            _load_groups(ctx, src, entries, dev, cpu_offload, results, progress)
         err = None
         try:
             _assign(model, entries, results, partial=bool(missing))
@@ -583,19 +676,25 @@ def _load_model(model, source, *, cpu_offload=None, process_group=None, strict=T
 
 
 def load_model(model: torch.nn.Module, path_or_state_dict, *, cpu_offload: bool | None = None,
-               process_group=None, strict: bool = True) -> tuple[list[str], list[str]]:
+               process_group=None, strict: bool = True,
+               progress: Callable[..., None] | None = None) -> tuple[list[str], list[str]]:
     """Loads a checkpoint into MODEL, an nn.Module whose parameters are FSDP2 DTensors (or plain
     tensors: whole on every rank), on every rank of PROCESS_GROUP (collective).
 
     path_or_state_dict: a .safetensors file, an index.json or a directory holding one, or the
     group's rank 0's full state dict (the other ranks pass None or anything).
     cpu_offload: True = CPU, False = the accelerator, None = the model's FSDP2 offload policy.
+    progress(done_bytes, total_bytes, done_tensors, total_tensors): called on the group's rank 0
+    as tensors land (Context.load's progress; a two-parameter one gets the bytes); a model whose
+    entries load in several groups (mesh shape, offload policy, plain entries) reports each
+    group's load in turn, its totals that group's.
     Returns (missing, unexpected): the model's keys the checkpoint lacks, the checkpoint's keys
     the model lacks; strict=True raises on either (RuntimeError, torch's wording, every rank)."""
     if not isinstance(strict, bool):
         raise TypeError(f"strict must be True or False, not {strict!r}")
+    _check_progress(progress)
     return _load_model(model, path_or_state_dict, cpu_offload=cpu_offload, process_group=process_group,
-                       strict=strict)
+                       strict=strict, progress=progress)
 
 
 # ---- load_sharded ------------------------------------------------------------------------
@@ -670,7 +769,8 @@ def _sharded_entries(src, placements, dtype, mesh_ndim: int) -> list[tuple]:
 
 
 def load_sharded(path, mesh, placements: Placements, *, dtype: torch.dtype | None = None,
-                 device: torch.device | None = None, cpu_offload: bool | None = None) -> dict[str, Any]:
+                 device: torch.device | None = None, cpu_offload: bool | None = None,
+                 progress: Callable[..., None] | None = None) -> dict[str, Any]:
     """Every tensor of the checkpoint at PATH (a .safetensors file, an index.json or a directory
     holding one) as a DTensor on MESH (a torch DeviceMesh) with PLACEMENTS: one list of torch
     placements (Shard(d), Replicate(); one per mesh dim) for every tensor, or a function of the
@@ -679,9 +779,11 @@ def load_sharded(path, mesh, placements: Placements, *, dtype: torch.dtype | Non
 
     dtype: floating tensors are cast to it (torch's rounding); others keep their dtype; None:
     as stored. device: where the local shards go (a torch.device of the mesh's type; None: the
-    current one). cpu_offload: True = host memory, False/None = the device (no offload policy)."""
+    current one). cpu_offload: True = host memory, False/None = the device (no offload policy).
+    progress: as Context.load's, called on the mesh's rank 0 as tensors land."""
     from torch.distributed.tensor import DTensor
     _check_tri(cpu_offload)
+    _check_progress(progress)
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a checkpoint path (a .safetensors file, an index.json or a directory), "
                         f"not {type(path).__name__}")
@@ -716,7 +818,7 @@ def load_sharded(path, mesh, placements: Placements, *, dtype: torch.dtype | Non
             locals_[t.name] = _alloc(_want_device(t, dev), t)
             return locals_[t.name]
 
-        state = ctx.load(plan, src, cpu_offload=cpu_offload, bind=bind)
+        state = ctx.load(plan, src, cpu_offload=cpu_offload, bind=bind, progress=progress)
         err = None
         try:
             if dev.type == "cuda":

@@ -182,7 +182,7 @@ def equivalence(tmp, ckpt_sd, ckpt_dir, dtype, policies, calls, forms):
                 check(out is m, f"{label}: returns the model")
                 want_rule = expect_rule(policy, cpu_offload)
                 for k, r in sla.last_load_report().items():
-                    check((r["device"], r["rule"]) == want_rule, f"{label}: {k} placed {r['device']} by "
+                    check((r["placed"], r["rule"]) == want_rule, f"{label}: {k} placed {r['placed']} by "
                           f"'{r['rule']}', the contract says {want_rule}")
                 compare(loaded, m, label, policy, cpu_offload)
                 runs += 1
@@ -280,7 +280,7 @@ def where_accelerate_fails(tmp, ckpt_sd):
         check(m.position_ids.device.type == DEVICE and m.logit_scale.device.type == DEVICE,
               f"buffers {form}: buffers on {m.position_ids.device}, want {DEVICE}")
         r = sla.last_load_report()
-        check(r["position_ids"]["device"] == "device" and r["model.norm.weight"]["device"] == "cpu",
+        check(r["position_ids"]["placed"] == "device" and r["model.norm.weight"]["placed"] == "cpu",
               f"buffers {form}: report {r['position_ids']} / {r['model.norm.weight']}")
         sgd_step(m)
     # rank 0's argument decides the form: a path there, None elsewhere

@@ -13,7 +13,8 @@ rank in torch's wording and leaves the model as it was; strict=False returns the
 every rank and loads the rest; a shape mismatch is refused either way; a subgroup loads alone
 (world 3: ranks [1, 2], whose rank 0 is global rank 1). load_sharded: Shard(0), Shard(1),
 Shard(-1), Replicate, a callable placements, a dtype cast and 2-D meshes, each bit-identical
-to distribute_tensor of the stored tensor; its argument errors on every rank.
+to distribute_tensor of the stored tensor; its argument errors on every rank. A tied model
+(FSDP2 and plain) loads tied: one Parameter under both names, an optimizer step moves both.
 """
 
 from __future__ import annotations
@@ -184,8 +185,11 @@ def forms_and_offload(tmp, sd, paths):
             rep = slt.last_load_report()
             for k, r in rep.items():
                 want = expect_rule(policy, cpu_offload) if "note" not in r else ("device", "cpu_offload=off")
-                check((r["device"], r["rule"]) == want, f"{label}: {k} placed {r['device']} by '{r['rule']}', "
+                check((r["placed"], r["rule"]) == want, f"{label}: {k} placed {r['placed']} by '{r['rule']}', "
                       f"want {want}")
+                t = m.state_dict()[k]
+                t = t.to_local() if isinstance(t, DTensor) else t
+                check(r["device"] == str(t.device), f"{label}: {k} reported on {r['device']}, it is on {t.device}")
             check(len(rep) == len(sd), f"{label}: {len(rep)} of {len(sd)} entries reported")
             n += 1
     # in place into a materialised model; then one training step on what was loaded
@@ -297,13 +301,16 @@ def subgroup(tmp, sd, paths):
     else:
         expect_error(lambda: slt.load_model(build(None), paths["dir"], process_group=pg), "not one of its ranks",
                      kind=ValueError)
-    # a second subgroup of 2 sharing rank 1, which has made 3 contexts of world size 2 and rank
+    # a context of shardload's own API over the subgroup counts as much as load_model's
+    if RANK in ranks:
+        shardload.Context("cpu", process_group=pg).close()
+    # a second subgroup of 2 sharing rank 1, which has made 4 contexts of world size 2 and rank
     # 0 none: libshardload would have them wait under different keys; both say so at once
     pg2 = dist.new_group([0, 1])
     if RANK in (0, 1):
         mesh2 = DeviceMesh.from_group(pg2, "cpu")
         expect_error(lambda: slt.load_model(build(None, mesh=mesh2), paths["dir"], process_group=pg2),
-                     "process_group [0, 1]", "[0, 3] shardload contexts of world size 2", kind=ValueError)
+                     "process_group [0, 1]", "[0, 4] shardload contexts of world size 2", kind=ValueError)
     dist.barrier()
     if RANK == 0:
         print(f"process_group: the subgroup {ranks} of world {WORLD} loads alone, bit-identical to torch's", flush=True)
@@ -393,6 +400,71 @@ def sharded(tmp, sd_path):
               "bit-identical to distribute_tensor's; argument errors on every rank", flush=True)
 
 
+class Tied(torch.nn.Module):
+    """Embedding and head tied (one Parameter under two names), as tied LM heads are."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(37, 8)
+        self.mid = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 37, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.mid(self.emb(ids)))
+
+
+def tied(tmp):
+    """A tied model loads tied (FSDP2 and plain): both names one Parameter, one step moves both."""
+    from safetensors.torch import save_model
+    path = os.path.join(tmp, "tied.safetensors")
+    torch.manual_seed(7)
+    ref = Tied()
+    if RANK == 0:
+        save_model(ref, path)  # the tie saved once
+    dist.barrier()
+    for fsdp in (True, False):
+        torch.manual_seed(100 + RANK)
+        m = Tied()
+        if fsdp:
+            fully_shard(m, mesh=init_device_mesh("cpu", (WORLD,)))
+        check(slt.load_model(m, path) == ([], []), "tied: nothing missing or unexpected")
+        label = "FSDP2" if fsdp else "plain"
+        check(m.head.weight is m.emb.weight, f"tied ({label}): head.weight is emb.weight after the load")
+        check(len(list(m.parameters())) == 3, f"tied ({label}): one Parameter for both names")
+        full = m.emb.weight.full_tensor() if fsdp else m.emb.weight
+        check(torch.equal(full.detach(), ref.emb.weight.detach()), f"tied ({label}): the saved values")
+        opt = torch.optim.SGD(m.parameters(), lr=1.0)
+        m(torch.tensor([[1, 2, 3]])).sum().backward()
+        opt.step()
+        check(m.head.weight is m.emb.weight, f"tied ({label}): still tied after a step")
+        after = m.emb.weight.full_tensor() if fsdp else m.emb.weight
+        check(not torch.equal(after.detach(), ref.emb.weight.detach()), f"tied ({label}): the step moved it")
+    seen = []  # load_sharded's progress: on the mesh's rank 0, to the last tensor
+    out = slt.load_sharded(path, init_device_mesh("cpu", (WORLD,)), [Shard(0)], progress=lambda *a: seen.append(a))
+    check(sorted(out) == ["emb.weight", "mid.bias", "mid.weight"], f"load_sharded of the tied file: {sorted(out)}")
+    check((seen[-1][2:] == (3, 3) and seen[-1][0] == seen[-1][1]) if RANK == 0 else not seen,
+          f"load_sharded progress on rank {RANK}: {seen[-3:]}")
+
+
+class _Unreadable(dict):
+    """Rank 0's state dict whose iteration fails (a lazy Mapping over a broken store)."""
+
+    def __iter__(self):
+        raise OSError("the store went away")
+
+    def items(self):
+        raise OSError("the store went away")
+
+
+def mapping_fails(tmp):
+    """Rank 0's Mapping failing to iterate fails every rank, promptly (no rank left waiting)."""
+    t0 = time.monotonic()
+    src = _Unreadable(Tied().state_dict()) if RANK == 0 else None
+    expect_error(lambda: slt.load_model(Tied(), src), "the store went away", kind=Exception)
+    check(time.monotonic() - t0 < 30, f"rank {RANK}: the failing Mapping took {time.monotonic() - t0:.0f} s")
+
+
 def main():
     global RANK, WORLD
     import faulthandler
@@ -415,6 +487,8 @@ def main():
         if not a.sharded_only:
             forms_and_offload(tmp, sd, paths)
             strictness(tmp, sd, paths)
+            tied(tmp)
+            mapping_fails(tmp)
             if WORLD == 3:
                 subgroup(tmp, sd, paths)
         sharded(tmp, paths)
