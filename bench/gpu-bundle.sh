@@ -198,7 +198,7 @@ def plan():
                 die(f"test {name}: {tok} still names the build or source tree")
     # what gpu-check.sh runs
     for rel in ["bench/gpu-check.sh", "bench/bench_accelerate.py", "python/tests/test_accelerate_equiv.py", "python/tests/test_api.py",
-                "python/tests/_model.py"] + sorted(os.path.relpath(p, src) for p in glob.glob(f"{src}/python/shardload/*.py")):
+                "python/tests/_model.py", "python/tests/_torchrun.py"] + sorted(os.path.relpath(p, src) for p in glob.glob(f"{src}/python/shardload/*.py")):
         files[rel] = (os.path.join(src, rel), "run by gpu-check.sh")
     return {"files": files, "runs": runs, "targets": sorted(build_targets), "library": soname}
 

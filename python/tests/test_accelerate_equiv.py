@@ -27,20 +27,11 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-if __name__ == "__main__" and "--world" in sys.argv:
-    # the ctest entry: launch this file under torchrun, or skip (77) where torch is missing
-    try:
-        import accelerate  # noqa: F401
-        import safetensors  # noqa: F401
-        import torch  # noqa: F401
-    except Exception as e:
-        print(f"skipped: torch/accelerate/safetensors not importable ({e})")
-        sys.exit(1 if os.environ.get("SHARDLOAD_REQUIRE_TORCH") == "1" else 77)
-    import subprocess
+if __name__ == "__main__" and "--world" in sys.argv:  # the ctest entry
+    import _torchrun
     i = sys.argv.index("--world")
-    world, rest = sys.argv[i + 1], sys.argv[1:i] + sys.argv[i + 2:]
-    sys.exit(subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                              "--nproc-per-node", world, os.path.abspath(__file__)] + rest, timeout=540))
+    sys.exit(_torchrun.run(__file__, [sys.argv[i + 1]], sys.argv[1:i] + sys.argv[i + 2:],
+                           ("accelerate", "safetensors", "torch")))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -27,26 +27,11 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-if __name__ == "__main__" and "--worlds" in sys.argv:
-    # the ctest entry: this file under torchrun once per world, or skip (77) where torch is missing
-    try:
-        import safetensors  # noqa: F401
-        import torch  # noqa: F401
-    except Exception as e:
-        print(f"skipped: torch/safetensors not importable ({e})")
-        sys.exit(1 if os.environ.get("SHARDLOAD_REQUIRE_TORCH") == "1" else 77)
-    import subprocess
+if __name__ == "__main__" and "--worlds" in sys.argv:  # the ctest entry: once per world
+    import _torchrun
     i = sys.argv.index("--worlds")
-    worlds, rest = sys.argv[i + 1].split(","), sys.argv[1:i] + sys.argv[i + 2:]
-    for w in worlds:
-        t0 = time.monotonic()
-        rc = subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", w,
-                              os.path.abspath(__file__)] + rest + (["--sharded-only"] if w == "4" else []),
-                             timeout=540)
-        print(f"world {w}: {time.monotonic() - t0:.1f} s wall", flush=True)
-        if rc:
-            sys.exit(rc)
-    sys.exit(0)
+    sys.exit(_torchrun.run(__file__, sys.argv[i + 1].split(","), sys.argv[1:i] + sys.argv[i + 2:],
+                           ("torch", "safetensors"), lambda w: ["--sharded-only"] if w == "4" else []))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
