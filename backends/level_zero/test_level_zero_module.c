@@ -769,32 +769,42 @@ static void test_dev_abandon_idle_stream(void **state) {
 /* fini behind 3 s of work: bounded by the timeout, leaving the work (and the context) behind
  * with a warning. A process of its own (--fini-behind): what is left behind is alive at exit,
  * which the test driver reports (ZEDRV_MISUSE must not abort there); nothing else may be. */
-static void test_dev_fini_behind_slow_work(void **state) {
+/* A backend (warnings counted, a job timeout of TIMEOUT_MS) whose stream *S has 3 s of work the
+ * test driver's engine has already taken (zedrvSetDelayUs), and the driver in *DRV; 0 where the
+ * driver lacks that switch (a real device). */
+static int busy_backend(int timeout_ms, ze_driver_handle_t *drv, void **be, void **s) {
   uint32_t n = 1;
-  ze_driver_handle_t drv = NULL;
   ze_result_t (*delay)(ze_driver_handle_t, uint32_t, uint32_t) = NULL;
-  ze_result_t (*misuse)(ze_driver_handle_t, uint64_t *) = NULL;
   assert_true(sl__ze_ready());
-  if (sl__ze.DriverGet(&n, &drv) != ZE_RESULT_SUCCESS ||
-      sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvSetDelayUs", (void **)&delay) != ZE_RESULT_SUCCESS ||
-      sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvGetMisuseCount", (void **)&misuse) != ZE_RESULT_SUCCESS ||
-      !delay || !misuse)
-    skip();
+  if (sl__ze.DriverGet(&n, drv) != ZE_RESULT_SUCCESS ||
+      sl__ze.DriverGetExtensionFunctionAddress(*drv, "zedrvSetDelayUs", (void **)&delay) != ZE_RESULT_SUCCESS || !delay)
+    return 0;
   static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
   sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
-                        .ops = ops, .timeout_ms = 300};
-  void *be = NULL, *s = NULL, *d = NULL;
+                        .ops = ops, .timeout_ms = timeout_ms};
+  void *d = NULL;
   static unsigned char h[4096];
-  OK(ops->init(&in, &be));
-  OK(ops->stream_create(be, &s));
-  OK(ops->alloc_device(be, sizeof h, &d));
-  assert_int_equal(delay(drv, 3000000, 3000000), ZE_RESULT_SUCCESS);
-  OK(ops->copy_async(be, d, h, sizeof h, SL_COPY_H2D, s));
+  OK(ops->init(&in, be));
+  OK(ops->stream_create(*be, s));
+  OK(ops->alloc_device(*be, sizeof h, &d)); /* goes with what fini leaves behind, or with the context */
+  assert_int_equal(delay(*drv, 3000000, 3000000), ZE_RESULT_SUCCESS);
+  OK(ops->copy_async(*be, d, h, sizeof h, SL_COPY_H2D, *s));
   usleep(50000); /* the engine took it with its 3 s */
-  assert_int_equal(delay(drv, 0, 0), ZE_RESULT_SUCCESS);
+  assert_int_equal(delay(*drv, 0, 0), ZE_RESULT_SUCCESS);
+  return 1;
+}
+
+static void test_dev_fini_behind_slow_work(void **state) {
+  ze_driver_handle_t drv = NULL;
+  ze_result_t (*misuse)(ze_driver_handle_t, uint64_t *) = NULL;
+  void *be = NULL, *s = NULL;
+  if (!busy_backend(300, &drv, &be, &s) ||
+      sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvGetMisuseCount", (void **)&misuse) != ZE_RESULT_SUCCESS ||
+      !misuse)
+    skip();
   warned = 0;
   double t0 = mono_s();
-  ops->fini(be); /* stream s and buffer d go with what is left behind */
+  ops->fini(be); /* stream s and its buffer go with what is left behind */
   double took = mono_s() - t0;
   uint64_t bad = 1;
   assert_int_equal(misuse(drv, &bad), ZE_RESULT_SUCCESS);
@@ -910,27 +920,15 @@ static void test_dev_fini_leaves_pools_behind_consumer_records(void **state) {
  * returns at once) and, still busy at fini, is left behind with the module's events and
  * context (a warning), nothing destroyed under it. */
 static void test_dev_abandon_busy_stream(void **state) {
-  uint32_t n = 1;
   ze_driver_handle_t drv = NULL;
-  ze_result_t (*delay)(ze_driver_handle_t, uint32_t, uint32_t) = NULL;
-  assert_true(sl__ze_ready());
-  assert_int_equal(sl__ze.DriverGet(&n, &drv), ZE_RESULT_SUCCESS);
-  assert_int_equal(sl__ze.DriverGetExtensionFunctionAddress(drv, "zedrvSetDelayUs", (void **)&delay), ZE_RESULT_SUCCESS);
-  uint64_t before = misuses(drv);
+  void *be = NULL, *s = NULL;
   sl_ext_stream_abandon_fn abandon = (sl_ext_stream_abandon_fn)ops->get_proc(SL_EXT_STREAM_ABANDON);
   assert_non_null(abandon);
-  static const sl_module_host warn_host = {sizeof(sl_module_host), NULL, count_warn, t_fail};
-  sl_backend_init in = {.size = sizeof in, .host = &warn_host, .local_rank = 0, .local_world_size = 1, .device = -1,
-                        .ops = ops, .timeout_ms = 2000};
-  void *be = NULL, *s = NULL, *d = NULL;
-  static unsigned char h[4096];
-  OK(ops->init(&in, &be));
-  OK(ops->stream_create(be, &s));
-  OK(ops->alloc_device(be, sizeof h, &d));
-  assert_int_equal(delay(drv, 3000000, 3000000), ZE_RESULT_SUCCESS);
-  OK(ops->copy_async(be, d, h, sizeof h, SL_COPY_H2D, s));
-  usleep(50000); /* the engine took it with its 3 s */
-  assert_int_equal(delay(drv, 0, 0), ZE_RESULT_SUCCESS);
+  assert_true(sl__ze_ready());
+  uint32_t n = 1;
+  assert_int_equal(sl__ze.DriverGet(&n, &drv), ZE_RESULT_SUCCESS);
+  uint64_t before = misuses(drv);
+  assert_true(busy_backend(2000, &drv, &be, &s)); /* the test driver's switch: this case is the driver's */
   abandon(be, s);
   warned = 0;
   double t0 = mono_s();
