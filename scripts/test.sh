@@ -82,4 +82,7 @@ cmake --build --preset "$preset"
 rc=0
 ctest --preset "$preset" --output-junit "$junit" || rc=$?
 "$SHARDLOAD_PYTHON" scripts/check_skips.py "build/$preset" "$junit" || rc=1
+# The tests' scratch (checkpoints, dumps, a debootstrapped root: gigabytes) goes when every test
+# passed; after a failure it stays for a look, as it does with SHARDLOAD_KEEP_TEST_TMP=1.
+if [ "$rc" = 0 ] && [ "${SHARDLOAD_KEEP_TEST_TMP:-}" != 1 ]; then rm -rf "build/$preset/test-tmp"; fi
 exit "$rc"
