@@ -270,6 +270,9 @@ static inline bool sl__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
 const sl_backend_ops *sl__backend_cpu(void);
 const sl_backend_ops *sl__backend_sim(void);
 const sl_collective_ops *sl__collective_local(void);
+#ifdef SHARDLOAD_HAVE_GLOO
+const sl_collective_ops *sl__collective_gloo(void); /* collectives/gloo/gloo.cc */
+#endif
 /* One plain SGD step x -= lr * g on host memory (F64/F32/F16/BF16), for backends whose
  * memory the host can address. */
 sl_status sl__host_sgd_step(void *x, const void *g, sl_dtype dt, size_t count, float lr);
@@ -332,9 +335,6 @@ const char *sl__nearest_name(const char *name, const char *const *names, size_t 
  * text can neither forge a line nor drive a terminal and is valid UTF-8 (JSON) wherever it goes.
  * Cut to fit, never inside an escape. */
 void sl__module_text(char *s, size_t cap);
-#ifdef SHARDLOAD_HAVE_GLOO
-const sl_collective_ops *sl__collective_gloo(void);
-#endif
 
 /* ---- context helpers (context.c) ---------------------------------------------------------- */
 bool sl__device_is_host(const sl_context *ctx);
