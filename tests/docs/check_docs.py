@@ -3,8 +3,10 @@
 
 Fails, naming FILE:LINE and what to do, when
   (a) a cited markdown anchor (docs/DESIGN.md#modules, DESIGN.md#data-flow, a markdown link's
-      `(#anchor)`) anywhere in the tree names a file or an anchor that does not exist; anchors
-      are GitHub's heading slugs and explicit <a id="..."> tags;
+      `(#anchor)`) anywhere in the tree names a file or an anchor that does not exist (anchors
+      are GitHub's heading slugs and explicit <a id="..."> tags), or a paragraph it names in
+      quotes after the anchor (`#data-flow, "Routes"`) is not a bold lead or a heading of
+      that section;
   (b) a fenced ```sh / ```bash block of README.md, docs/*.md or python/README.md does not parse
       (bash -n);
   (c) a `path/file.c:function` or `file.c:function` reference in README.md, docs/*.md,
@@ -122,6 +124,27 @@ class Checker:
             self._anchors[rel] = got
         return self._anchors[rel]
 
+    def section(self, rel, anchor):
+        """The text of REL's section ANCHOR (its heading to the next heading of its level or
+        above), or None."""
+        lines, start, level = (self.text(rel) or "").split("\n"), None, 0
+        seen, fence = {}, False
+        for i, line in enumerate(lines):
+            if re.match(r"\s*```", line):
+                fence = not fence
+            m = None if fence else re.match(r"(#{1,6})\s+(.*?)\s*#*\s*$", line)
+            if not m:
+                continue
+            if start is not None and len(m.group(1)) <= level:
+                return "\n".join(lines[start:i])
+            s = self.slug(m.group(2))
+            n = seen.get(s, 0)
+            seen[s] = n + 1
+            ids = set(re.findall(r"<a\s+(?:id|name)=\"([^\"]+)\"", line)) | {s if n == 0 else f"{s}-{n}"}
+            if start is None and anchor in ids:
+                start, level = i, len(m.group(1))
+        return "\n".join(lines[start:]) if start is not None else None
+
     def resolve_md(self, citing, target):
         for cand in (os.path.join(os.path.dirname(citing), target), target, os.path.join("docs", target)):
             cand = os.path.normpath(cand).replace(os.sep, "/")
@@ -149,6 +172,16 @@ class Checker:
                 elif anchor not in self.anchors(md):
                     self.fail(rel, line, "anchor", f"{target}#{anchor}: {md} has no heading or <a id> '{anchor}'; "
                               "cite one of its sections (a GitHub heading slug or an <a id=...>) or add it")
+                else:
+                    # a paragraph named after the anchor: docs/DESIGN.md#data-flow, "Two planes"
+                    named = re.match(r"[,:]?\s*\"([^\"\n]{3,60})\"", text[m.end():])
+                    if named:
+                        sect = self.section(md, anchor) or ""
+                        title = named.group(1)
+                        if f"**{title}" not in sect and not re.search(rf"^#+ .*{re.escape(title)}", sect, re.M):
+                            self.fail(rel, line, "anchor", f"{target}#{anchor}, \"{title}\": {md}'s section "
+                                      f"'{anchor}' has no paragraph or heading \"{title}\"; cite the section "
+                                      "that holds it")
             if rel.endswith(".md"):
                 for m in local.finditer(text):
                     if m.group(1) not in self.anchors(rel):

@@ -31,7 +31,7 @@ demo load /tmp/ck --nproc 2
 
 `core/src/demo.c` holds `demo_load`; `CMakeLists.txt` builds it.
 """,
-    "CMakeLists.txt": "# see docs/DESIGN" + MD + "#placement\n",
+    "CMakeLists.txt": "# see docs/DESIGN" + MD + "#placement\n# and docs/DESIGN" + MD + '#data-flow, "Routes"\n',
     "docs/DESIGN.md": """# Design
 
 ## <a id="placement"></a>1. Placement
@@ -39,6 +39,8 @@ demo load /tmp/ck --nproc 2
 Placement rules.
 
 ## Data flow
+
+**Routes.** Host or device.
 
 `core/src/demo.c:demo_load` reads `DEMO_HOME`; the walk: `loader_pipe.c:pipe_step`.
 """,
@@ -73,6 +75,9 @@ PLANTS = [
     ("anchor: a cited section that is gone",
      {"core/src/demo.c": ("#placement) */", "#place" + "ments) */")},
      ["core/src/demo.c:1:", "[anchor]", "DESIGN" + MD + "#placements", "has no heading or <a id> 'placements'"]),
+    ("anchor: a named paragraph that is in another section",
+     {"CMakeLists.txt": "# see docs/DESIGN" + MD + '#placement, "Routes"\n'},
+     ["CMakeLists.txt:1:", "[anchor]", "has no paragraph or heading \"Routes\""]),
     ("anchor: a cited file that is gone",
      {"CMakeLists.txt": "# see docs/LAYOUT" + MD + "#placement\n"},
      ["CMakeLists.txt:1:", "[anchor]", "no file docs/LAYOUT.md"]),
@@ -84,10 +89,10 @@ PLANTS = [
      ["README.md:", "[sh]", "does not parse", "bash -n"]),
     ("function: a file:function whose function is gone",
      {"core/src/demo.c": ("int demo_load(void)", "int demo_open(void)")},
-     ["docs/DESIGN.md:9:", "[function]", "core/src/demo.c:demo_load", "has no function demo_load"]),
+     ["docs/DESIGN.md:11:", "[function]", "core/src/demo.c:demo_load", "has no function demo_load"]),
     ("function: a bare file:function whose file was renamed",
      {"core/src/deep/loader_pipe.c": None, "core/src/deep/loader_flow.c": "int pipe_step(int x) { return x; }\n"},
-     ["docs/DESIGN.md:9:", "[function]", "loader_pipe.c:pipe_step", "no file loader_pipe.c"]),
+     ["docs/DESIGN.md:11:", "[function]", "loader_pipe.c:pipe_step", "no file loader_pipe.c"]),
     ("env: a variable read but not in the table",
      {"core/src/demo.c": ('getenv("SHARDLOAD_DEMO") != NULL;',
                           'getenv("SHARDLOAD_DEMO") != NULL && getenv("SHARDLOAD_NEW");')},
