@@ -1,4 +1,4 @@
-/* bench_pipeline: the pipelined device data path (issue 7) measured on one machine.
+/* bench_pipeline: the pipelined device data path (docs/DESIGN.md#data-flow) measured on one machine.
  *
  *   bench_pipeline [--dir DIR] [--size 512MiB] [--staging 16MiB] [--reps 5] [--parts 1,2,3]
  *                  [--bin SHARDLOAD] [--checkpoint PATH] [--sim-delay-us 0] [--timeout 300]
@@ -21,9 +21,9 @@
  *   3. HSDP 2x2 (world 4, [replicate, shard(0)]): rank 0's bytes sent against the checkpoint,
  *      scatter (within replica 0, then down the replica chain) against broadcast, beside the
  *      figure of a scatter that treats every replica as a separate target (computed from the
- *      plan's geometry: what the loader before issue 7 sent).
+ *      plan's geometry: what the serial loader before the pipeline sent).
  * --baseline-bin runs the cpu loads of every part again with another shardload command (one
- * built from the loader before issue 7) through `load --nproc --json`: rows "before7".
+ * built from the serial loader before the pipeline) through `load --nproc --json`: rows "before7".
  * Load time is the slowest rank's sl_load seconds (its own clock; the ranks start each load
  * together after a barrier). The sim backend's artificial completion delay
  * (SHARDLOAD_SIM_DELAY_US, default 200 us per operation) is set to --sim-delay-us (default 0)
@@ -74,7 +74,7 @@ static void send_record(int fd, rank_record *r) {
   (void)w; /* the parent reports a missing record as the rank's failure */
 }
 
-/* Rank 0: what the loader before issue 7 sent for this plan (every other rank's shard of every
+/* Rank 0: what the serial loader before the pipeline sent for this plan (every other rank's shard of every
  * tensor, straight from rank 0, replicas included), from the plan's own geometry. */
 static uint64_t separate_scatter_bytes(sl_plan *plan, sl_source *src, int world) {
   uint64_t sum = 0;
@@ -370,7 +370,7 @@ static uint64_t json_u64(json_t *o, const char *key) {
 }
 
 /* One `load --nproc --json` of the baseline command; fills *REC with what its JSON says (the
- * ranks' stats as they were before issue 7: no transfers, no stage times) and *SLOWEST and
+ * ranks' stats as they were before the pipeline: no transfers, no stage times) and *SLOWEST and
  * *SENT_ALL. Returns 0, or 1 with the command's error printed. */
 /* Runs ARGV (no shell: paths may hold any byte), its stdout into *OUT (NUL-terminated, to be
  * freed; OUT NULL: discarded) and its stderr into ERRPATH; killed when DEADLINE passes. Returns
@@ -429,7 +429,7 @@ static int spawn(char *const argv[], char **out, const char *errpath, double dea
 }
 
 /* One `load --nproc --json` of the baseline command; fills *RANK0 with what its JSON says (the
- * stats as they were before issue 7: no transfers, no stage times), *SLOWEST and *SENT_ALL.
+ * stats as they were before the pipeline: no transfers, no stage times), *SLOWEST and *SENT_ALL.
  * Returns 0, or 1 with the command's error printed. */
 static int cli_load(const group *g, const variant *x, const options *o, sl_load_stats *rank0, double *slowest,
                     uint64_t *sent_all, uint64_t *ckpt_bytes, uint64_t *tensors) {
@@ -620,7 +620,7 @@ static void usage(FILE *f) {
              "  --check           exit 1 when an invariant that does not depend on timing fails (rank 0\n"
              "                    reads the checkpoint once, small tensors share transfers, HSDP bytes)\n"
              "  --baseline-bin P  also run every part's cpu loads with the shardload command P (one built\n"
-             "                    from the loader before issue 7) through `load --nproc --json`: rows 'before7'\n");
+             "                    from the serial loader before the pipeline) through `load --nproc --json`: rows 'before7'\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -706,7 +706,7 @@ int main(int argc, char **argv) {
   /* part 2: 10^4 x 4 KiB against 10 x 4000 KiB; part 3: scatter (the HSDP chain) and broadcast */
 #define P2_VARIANTS {{"10^4 x 4 KiB", 0, 0, 0, 0, 0}, {"10 x 4000 KiB", 0, 0, 1, 0, 0}}
 #define P3_VARIANTS {{"scatter", 0, SL_STRATEGY_SCATTER, 0, 0, 0}, {"broadcast", 0, SL_STRATEGY_BROADCAST, 0, 0, 0}}
-  /* the loader before issue 7 had no pipeline_slots: slots 1 (serial) stands for it */
+  /* the serial loader before the pipeline had no pipeline_slots: slots 1 (serial) stands for it */
 #define P1_BASELINE {{"warm", 1, 0, 0, 0, 0}, {"cold", 1, 0, 0, 1, 0}}
 #define HSDP .world = 4, .mesh_ndim = 2, .mesh = {2, 2}, .placement = "[replicate, shard(0)]"
   static const char *const HSDP_ARGS[] = {"--mesh", "2x2", "--placement", "[replicate, shard(0)]", NULL};

@@ -30,8 +30,8 @@ typedef struct variant {
 typedef struct group {
   int part;
   const char *backend;
-  /* Non-NULL: a baseline run by another shardload command (--baseline-bin, the loader before
-   * issue 7) through `load --nproc --json`, with these extra arguments; TAG names its rows. */
+  /* Non-NULL: a baseline run by another shardload command (--baseline-bin, the serial loader
+   * before the pipeline) through `load --nproc --json`, with these extra arguments; TAG names its rows. */
   const char *const *cli_args; /* NULL-terminated */
   const char *tag;
   const char *collective; /* NULL: auto (the backend's device collective when every rank can) */

@@ -167,7 +167,7 @@ void print_part1(const results *R, json_t *ratios) {
     int vn = find_variant(&R->g[cn], 2, cold, 1), vo = find_variant(&R->g[co], 1, cold, 1);
     if (vn < 0 || vo < 0) continue;
     double tn = summarize(&R->m[cn][vn]).load, to = summarize(&R->m[co][vo]).load;
-    printf("  cpu %s, the default (slots 2) against the loader before issue 7: %.2f (%.2fx as fast)\n",
+    printf("  cpu %s, the default (slots 2) against the serial loader before the pipeline: %.2f (%.2fx as fast)\n",
            cold ? "cold" : "warm", tn / to, to / tn);
     json_array_append_new(ratios, json_pack("{s:i, s:s, s:s, s:f}", "part", 1, "backend", "cpu", "cache",
                                             cold ? "cold" : "warm", "default_over_before7", tn / to));
@@ -213,7 +213,7 @@ void print_part2(const results *R, json_t *ratios) {
   int cn = find_group(R, 2, "cpu", NULL, 0), co = find_group(R, 2, "cpu", NULL, 1);
   if (cn >= 0 && co >= 0) {
     double tn = summarize(&R->m[cn][0]).load, to = summarize(&R->m[co][0]).load;
-    printf("  cpu, 10^4 small tensors, against the loader before issue 7: %.2f (%.2fx as fast)\n", tn / to, to / tn);
+    printf("  cpu, 10^4 small tensors, against the serial loader before the pipeline: %.2f (%.2fx as fast)\n", tn / to, to / tn);
     json_array_append_new(ratios,
                           json_pack("{s:i, s:s, s:f}", "part", 2, "backend", "cpu", "small_over_before7", tn / to));
   }
@@ -250,7 +250,7 @@ void print_part3(const results *R, json_t *ratios) {
     } else {
       printf(
           "  %s/%s: rank 0 sent %.3f of the checkpoint with scatter (expected (k-1)/k + 1/k = 1), %.3f with "
-          "broadcast (W-1 = %d);\n    every replica a separate scatter target (before issue 7) sends %.3f "
+          "broadcast (W-1 = %d);\n    every replica a separate scatter target (before the pipeline) sends %.3f "
           "(this plan's geometry; (W-1)/k = %.2f)\n",
           g->backend, m[0].collective, sc, bc, W - 1, sep, (double)(W - 1) / k);
     }
@@ -273,7 +273,7 @@ static int fail(int *n, const group *g, const variant *v, const char *what, doub
 /* What must hold whatever the machine's speed (docs/DESIGN.md#data-flow): rank 0 reads the
  * checkpoint once, the stage times fit in the load, many small tensors share a transfer, and
  * HSDP's rank 0 sends its part once down the replica chain. The baseline's rows are checked
- * too and may fail (that is what the loader before issue 7 did): they are reported, not
+ * too and may fail (that is what the serial loader before the pipeline did): they are reported, not
  * counted. */
 int check_results(const results *R) {
   int failures = 0;

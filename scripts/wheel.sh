@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A wheel of shardload that runs where nothing was built (issue 18):
+# A wheel of shardload that runs where nothing was built:
 #
 #   scripts/wheel.sh [--cuda|--no-cuda] [-C KEY=VALUE ...] OUTDIR
 #

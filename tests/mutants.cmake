@@ -1,4 +1,4 @@
-# Mutation checks of the asynchronous contract (issue 7, docs/DESIGN.md#data-flow): the loader's
+# Mutation checks of the asynchronous contract (docs/DESIGN.md#data-flow): the loader's
 # data path is built again with one event wait or record removed (SL__MUTANT=n selects the
 # SL__KEEP(n) hook in core/src/loader_data.c and loader_move.c), linked ahead of the real
 # library, and the placement matrix on the sim backend (device route and host staging, world 2

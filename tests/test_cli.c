@@ -797,7 +797,7 @@ static void test_errors(void **state) {
   free(missing);
 }
 
-/* ---- outputs and errors (issue 6) ------------------------------------------------------------ */
+/* ---- outputs and errors (docs/DESIGN.md#outputs) ---------------------------------------------- */
 
 /* Entries of DIR besides . and .., so a test can say that a failed dump left nothing behind. */
 static int dir_entries(const char *dir, char *names, size_t len) {

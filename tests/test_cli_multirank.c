@@ -7,7 +7,7 @@
  * the merged JSON report's transfer statistics with what each strategy must move.
  *
  * Failures: a missing file, a rank that dies or hangs in the middle of the load (the
- * SHARDLOAD_TEST_FAIL_RANK hook of cmd_load.c), a rank whose dump cannot be written, and a
+ * SHARDLOAD_TEST_FAIL_RANK hook of the tests' build of the command, tests/cli_hooks.c), a rank whose dump cannot be written, and a
  * SIGTERM to the launcher itself: the launcher must stop the other ranks, exit quickly with
  * the failed rank's one error line, and leave no process behind. The test process makes
  * itself a child subreaper, so any rank the launcher did not wait for becomes the test's
@@ -33,6 +33,13 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The command with its test hooks (tests/cli_hooks.c; CTest names it): the shipped one has none. */
+static const char *hooks_bin(void) {
+  const char *b = getenv("SHARDLOAD_TEST_HOOKS_BIN");
+  if (!b || !*b) fail_msg("SHARDLOAD_TEST_HOOKS_BIN is not set (CTest sets it to shardload-test-hooks)");
+  return b;
 }
 
 /* No process is left over from a launcher: every rank it forked was reaped by it (one it did
@@ -333,7 +340,7 @@ static void run_dying_rank(const char *mode, const char *extra, double max_s, co
   char *out = NULL, line[4096];
   double t0 = now_s();
   int rc = sl_test_run(&out, "SHARDLOAD_TEST_FAIL_RANK=1%s %s load '%s' --nproc 3 --backend cpu %s -v",
-                       mode, sl_test_bin(), g_synth, extra);
+                       mode, hooks_bin(), g_synth, extra);
   double took = now_s() - t0;
   if (rc != 1) fail_msg("mode '%s': exit %d, want 1: %s", mode, rc, out ? out : "");
   if (took > max_s) fail_msg("mode '%s': took %.1f s, want < %.1f s", mode, took, max_s);
@@ -365,7 +372,7 @@ static void test_dump_fails_on_one_rank(void **state) {
   free(out);
   /* rank 1 ends last: rank 0's line only blames it, the launcher still prints rank 1's own */
   assert_int_equal(sl_test_run(&out, "SHARDLOAD_TEST_SLOW_EXIT_RANK=1 %s load '%s' --nproc 2 --backend cpu --dump '%s'",
-                               sl_test_bin(), g_uneven, dump), 1);
+                               hooks_bin(), g_uneven, dump), 1);
   assert_no_children();
   assert_one_error_line(the_error_line(out, line, sizeof line), blocked);
   assert_non_null(strstr(line, ": rank 1: "));
@@ -579,14 +586,14 @@ static void test_launcher_secret_and_insecure_flag(void **state) {
   char *out = NULL;
   assert_int_equal(sl_test_run(&out, "env -u SHARDLOAD_INSECURE_RENDEZVOUS SHARDLOAD_TOKEN=preset "
                                "SHARDLOAD_TEST_REPORT_ENV=1 %s load '%s' --nproc 2 --backend cpu",
-                               sl_test_bin(), g_synth), 0);
+                               hooks_bin(), g_synth), 0);
   assert_int_equal(env_reports(out, d1, ins1), 2);
   free(out);
   assert_true(d1[0] == d1[1]);
   assert_string_equal(ins1[0], "(unset)");
   assert_int_equal(sl_test_run(&out, "env -u SHARDLOAD_INSECURE_RENDEZVOUS SHARDLOAD_TEST_REPORT_ENV=1 "
                                "%s load '%s' --nproc 2 --backend cpu --insecure-rendezvous",
-                               sl_test_bin(), g_synth), 0);
+                               hooks_bin(), g_synth), 0);
   assert_int_equal(env_reports(out, d2, ins2), 2);
   free(out);
   assert_true(d2[0] == d2[1]);
@@ -600,6 +607,7 @@ static void test_launcher_secret_and_insecure_flag(void **state) {
  * and dies of the same signal. */
 static void test_launcher_terminated(void **state) {
   char *errp = sl_test_path(g_dir, "term.err");
+  const char *bin = hooks_bin(); /* before the fork: a failure here is the test's */
   fflush(NULL);
   pid_t pid = fork();
   assert_true(pid >= 0);
@@ -607,7 +615,7 @@ static void test_launcher_terminated(void **state) {
     FILE *e = freopen(errp, "w", stderr);
     if (!e || !freopen("/dev/null", "w", stdout)) _exit(100);
     setenv("SHARDLOAD_TEST_FAIL_RANK", "2:hang", 1);
-    execl(sl_test_bin(), "shardload", "load", g_synth, "--nproc", "3", "--backend", "cpu", "--timeout", "60",
+    execl(bin, "shardload", "load", g_synth, "--nproc", "3", "--backend", "cpu", "--timeout", "60",
           "-v", (char *)NULL);
     _exit(101);
   }

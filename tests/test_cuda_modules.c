@@ -1,6 +1,6 @@
-/* The CUDA backend and NCCL collective modules (issue 8), built with -DSHARDLOAD_WITH_CUDA=ON,
+/* The CUDA backend and NCCL collective modules, built with -DSHARDLOAD_WITH_CUDA=ON,
  * and with --vendor hip their twins built from the same sources, the HIP backend and the RCCL
- * collective (issue 16, -DSHARDLOAD_WITH_HIP=ON).
+ * collective (-DSHARDLOAD_WITH_HIP=ON).
  *
  *   test_cuda_modules [--vendor hip]        what needs no device: the modules load where there
  *                              is no driver and no NCCL/RCCL, their probes say why they cannot

@@ -1,4 +1,4 @@
-/* Jobs that mix vendors (docs/DESIGN.md#modules, "Jobs that mix vendors"): one job whose ranks
+/* Jobs that mix vendors (docs/DESIGN.md#data-flow, "Jobs that mix vendors"): one job whose ranks
  * run different backends (cpu, sim, sim:strict, and a GPU vendor's module where this machine
  * has one) agrees on one data collective, Gloo with host staging as soon as one rank cannot
  * run the device collective of rank 0's backend, and places every tensor by the same contract

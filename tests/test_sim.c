@@ -1,4 +1,4 @@
-/* The sim backend as a faithful asynchronous device (issue 7, "Proof on CPU machines";
+/* The sim backend as a faithful asynchronous device (docs/DESIGN.md#modules: sim;
  * shardload/module.h, "The asynchronous contract"), driven through its ops table with a host of
  * our own, and what the cpu backend's table holds of its own.
  *

@@ -210,7 +210,7 @@ typedef struct cli_load_args {
   int verbose;            /* --verbose: with --nproc, launcher detail and per-tensor tables */
   FILE *table_out;        /* also write the human table here (a rank of --nproc --verbose) */
   const char *table_out_name; /* its path, for an error line */
-  int test_hooks;         /* honour SHARDLOAD_TEST_FAIL_RANK (only in a rank of --nproc) */
+  int test_hooks;         /* a rank of --nproc: call the test hooks (cli_hook_load) */
   cli_plan_args plan;
 } cli_load_args;
 
@@ -218,6 +218,15 @@ typedef struct cli_load_args {
  * "stdout", a file's path). Returns an exit status; errors are printed as the one-line format
  * on stderr, a report that could not be written included. */
 int cli_load_rank(const cli_load_args *args, FILE *out, const char *out_name);
+
+/* Test hooks, called only in a rank of --nproc: no-ops in the shipped command (tools/hooks.c).
+ * The tests link the same objects with tests/cli_hooks.c instead (the shardload-test-hooks
+ * command), whose hooks obey SHARDLOAD_TEST_* variables, so that no variable of the shipped
+ * command kills, stalls or describes a rank. cli_hook_load runs once the context exists, before
+ * sl_load, and may set LO's bind; cli_hook_rank_exit runs after the rank's work, before it
+ * exits. */
+void cli_hook_load(sl_context *ctx, sl_load_options *lo);
+void cli_hook_rank_exit(int rank);
 /* Peak resident set of this process so far (getrusage ru_maxrss), in bytes. */
 uint64_t cli_peak_rss_bytes(void);
 

@@ -7,16 +7,12 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-/* header-only: the command links only the public library, which does not export xxhash */
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 #include "cli.h"
 
@@ -348,55 +344,6 @@ static int write_reports(const cli_load_args *a, const sl_context *ctx, const sl
   return CLI_EXIT_OK;
 }
 
-/* ---- test hook ---------------------------------------------------------------------------- */
-
-/* SHARDLOAD_TEST_FAIL_RANK=R[:exit|signal|hang] makes rank R of a `load --nproc` die (exit
- * status 9, or SIGKILL) or hang when phase 1 has succeeded on every rank and the data phase
- * begins (the first bind call), so the tests can check that the launcher stops the other
- * ranks and reports the failed one. Honoured only in a rank started by --nproc (test_hooks),
- * never in a rank of a real job. */
-typedef struct test_hook {
-  int armed;
-  char mode; /* 'e' exit, 's' signal, 'h' hang */
-} test_hook;
-
-static void test_hook_arm(test_hook *h, int rank) {
-  const char *v = getenv("SHARDLOAD_TEST_FAIL_RANK");
-  memset(h, 0, sizeof *h);
-  if (!v || !*v) return;
-  char *end = NULL;
-  long r = strtol(v, &end, 10);
-  if (end == v || r != rank) return;
-  h->armed = 1;
-  h->mode = !strcmp(end, ":signal") ? 's' : !strcmp(end, ":hang") ? 'h' : 'e';
-}
-
-static void *test_hook_bind(void *user, const sl_tensor *t) {
-  test_hook *h = user;
-  fflush(NULL);
-  if (h->mode == 's') kill(getpid(), SIGKILL);
-  if (h->mode == 'h')
-    for (;;) pause();
-  _exit(9);
-  return NULL;
-}
-
-/* SHARDLOAD_TEST_REPORT_ENV=1 makes a rank of `load --nproc` say on stderr what it received
- * from the launcher: the length of SHARDLOAD_TOKEN, whether it is hex, and a digest of it (so
- * the tests can tell that every rank of a job holds the same secret and that jobs differ,
- * without the secret itself being printed), and SHARDLOAD_INSECURE_RENDEZVOUS. */
-static void test_hook_report_env(int rank) {
-  const char *v = getenv("SHARDLOAD_TEST_REPORT_ENV");
-  if (!v || strcmp(v, "1") != 0) return;
-  const char *tok = getenv("SHARDLOAD_TOKEN"), *insecure = getenv("SHARDLOAD_INSECURE_RENDEZVOUS");
-  const char *lws = getenv("LOCAL_WORLD_SIZE");
-  size_t n = tok ? strlen(tok) : 0;
-  int hex = n && strspn(tok, "0123456789abcdef") == n;
-  fprintf(stderr, "test-hook: rank %d: SHARDLOAD_TOKEN %zu %s digits, digest %016llx; LOCAL_WORLD_SIZE=%s; "
-          "SHARDLOAD_INSECURE_RENDEZVOUS=%s\n", rank, n, hex ? "hex" : "non-hex",
-          (unsigned long long)(tok ? XXH3_64bits(tok, n) : 0), lws ? lws : "(unset)", insecure ? insecure : "(unset)");
-}
-
 /* ---- job key --------------------------------------------------------------------------------- */
 
 static void key_str(FILE *f, const char *field, const char *value) {
@@ -522,15 +469,7 @@ int cli_load_rank(const cli_load_args *a, FILE *out, const char *out_name) {
   lo.staging_bytes = (size_t)a->staging_bytes;
   lo.strategy = a->strategy;
   lo.read_mode = a->read_mode;
-  test_hook hook = {0, 0};
-  if (a->test_hooks) {
-    test_hook_arm(&hook, sl_context_rank(ctx));
-    test_hook_report_env(sl_context_rank(ctx));
-  }
-  if (hook.armed) {
-    lo.bind = test_hook_bind;
-    lo.bind_user = &hook;
-  }
+  if (a->test_hooks) cli_hook_load(ctx, &lo);
   if (a->progress) {
     lo.progress = on_progress;
     lo.progress_user = &pl;

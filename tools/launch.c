@@ -161,10 +161,7 @@ static void run_rank(launch *L, int r) {
   }
   if (table) fclose(table);
   fflush(NULL);
-  /* Test hook (ranks of --nproc only): SHARDLOAD_TEST_SLOW_EXIT_RANK=R makes rank R end 300 ms
-   * after its work, so the tests can order the ranks' exits (see reap). */
-  const char *slow = getenv("SHARDLOAD_TEST_SLOW_EXIT_RANK");
-  if (slow && *slow && atoi(slow) == r) usleep(300 * 1000);
+  cli_hook_rank_exit(r);
   /* _exit: no atexit handlers or static destructors of the launcher's copy */
   _exit(rc);
 }

@@ -46,7 +46,7 @@ static inline const char *sl_vendor_call(const char *cuda_name, const char **res
 #define SL_CCL_PRODUCT "NCCL"
 #define SL_CCL_LIB "libnccl.so.2"
 /* where the Python package names the nvidia-nccl wheel's copy, tried when the loader finds none
- * (issue 18: a torch job without a system NCCL; python/shardload/_nccl.py sets it) */
+ * (a torch job without a system NCCL: docs/MODULES.md#how-a-module-is-found; python/shardload/_nccl.py sets it) */
 #define SL_CCL_ENV "SHARDLOAD_NCCL_LIBRARY"
 #define SL_CCL_MIN_VERSION 21800
 #define SL_CCL_MIN_TEXT "NCCL 2.18"

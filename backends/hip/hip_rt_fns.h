@@ -1,7 +1,7 @@
 /* The HIP runtime functions the HIP backend and the RCCL collective call, as an X-macro list:
  * X(Name) stands for hipName. Every one must be in libamdhip64 (the runtime is refused
  * otherwise, naming the first missing one). Free of HIP headers, so that the fake runtime of
- * the tests (fake_hip.c) can export the same names. The optional ones, and those whose name
+ * the tests (fake/fake_hip.c) can export the same names. The optional ones, and those whose name
  * changed between ROCm releases, are members of their own in hip_rt.h. */
 #ifndef SHARDLOAD_HIP_RT_FNS_H
 #define SHARDLOAD_HIP_RT_FNS_H

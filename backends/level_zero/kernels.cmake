@@ -1,4 +1,4 @@
-# The Level Zero backend's kernels (issue 17): kernels.cl, the element math of the CUDA and HIP
+# The Level Zero backend's kernels: kernels.cl, the element math of the CUDA and HIP
 # kernels (backends/cuda/cuda_convert.h) through kernels_map.h, built at compile time into two
 # SPIR-V modules (ze_kernels.h names their kernels), validated by spirv-val as they are built and
 # embedded into C (ze_spirv.h) for the module:

@@ -1,5 +1,5 @@
 /* A simulated accelerator in host memory, so CPU-only machines can prove the device data path
- * (docs/DESIGN.md#modules, issue 7 "Proof on CPU machines"). This is a test instrument, never
+ * (docs/DESIGN.md#modules: sim). This is a test instrument, never
  * a stand-in for a real backend.
  *
  * - Every buffer it hands out is tagged (device or pinned host; caller ranges registered with

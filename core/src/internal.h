@@ -132,7 +132,7 @@ sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__s
 sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen);
 void sl__st_header_free(sl__st_header *h);
 
-/* ---- source (source.c, source_files.c) --------------------------------------------------- */
+/* ---- source (source.c, source_files.c, source_manifest.c) -------------------------------- */
 /* Positional read of BYTES at OFFSET of tensor I's file; loops over short reads. */
 sl_status sl__source_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, void *dst,
                            size_t bytes);
@@ -145,7 +145,7 @@ sl_status sl__source_deserialize(sl_context *ctx, const void *buf, size_t len, s
 /* Opens the files named in a manifest-built source (every-rank read mode). */
 sl_status sl__source_open_files(sl_source *src);
 sl_status sl__source_open_local(sl_context *ctx, const char *path, sl_source **out);
-/* Checkpoint identity (issue 6). XXH3-64 over every file's 8-byte header length + header
+/* Checkpoint identity (docs/DESIGN.md#identity). XXH3-64 over every file's 8-byte header length + header
  * bytes, combined in file order; rank 0's value travels in the manifest, so a source built
  * from a manifest returns rank 0's digest. 0 only for a source with no files. */
 uint64_t sl__source_headers_digest(const sl_source *src);
@@ -155,7 +155,7 @@ const char *sl__source_file_name(const sl_source *src, size_t f);
 /* Fingerprint of file F as THIS rank reads it (it must have its files open):
  * out[0] = XXH3-64 of the header length + header bytes, out[1] = XXH3-64 over sampled data
  * blocks (first, last and evenly spaced blocks of the data section plus the file size).
- * Deterministic for identical bytes; see docs/ for what it does and does not catch. */
+ * Deterministic for identical bytes; docs/DESIGN.md#identity says what it does and does not catch. */
 sl_status sl__source_file_fingerprint(sl_source *src, size_t f, uint64_t out[2]);
 
 /* ---- index.json (source_index.c) ---------------------------------------------------------- */
@@ -200,7 +200,7 @@ uint64_t sl__plan_digest(const sl_plan *plan);
 char *sl__plan_canonical(const sl_plan *plan); /* malloc'd */
 sl_context *sl__plan_context(const sl_plan *plan);
 
-/* ---- plan internals shared by plan.c and plan_json.c (added by plan.c's author) ----------- */
+/* ---- plan internals shared by plan.c and plan_json.c --------------------------------------- */
 /* Mesh dims when set explicitly (returns ndim); 0 when the plan uses the default 1-D [world]. */
 int sl__plan_mesh_explicit(const sl_plan *plan, int *dims);
 /* Moves everything SRC set explicitly into DST (SRC's settings win; rules are appended, entries
@@ -270,6 +270,9 @@ static inline bool sl__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
 const sl_backend_ops *sl__backend_cpu(void);
 const sl_backend_ops *sl__backend_sim(void);
 const sl_collective_ops *sl__collective_local(void);
+#ifdef SHARDLOAD_HAVE_GLOO
+const sl_collective_ops *sl__collective_gloo(void); /* collectives/gloo/gloo.cc */
+#endif
 /* One plain SGD step x -= lr * g on host memory (F64/F32/F16/BF16), for backends whose
  * memory the host can address. */
 sl_status sl__host_sgd_step(void *x, const void *g, sl_dtype dt, size_t count, float lr);
@@ -332,9 +335,6 @@ const char *sl__nearest_name(const char *name, const char *const *names, size_t 
  * text can neither forge a line nor drive a terminal and is valid UTF-8 (JSON) wherever it goes.
  * Cut to fit, never inside an escape. */
 void sl__module_text(char *s, size_t cap);
-#ifdef SHARDLOAD_HAVE_GLOO
-const sl_collective_ops *sl__collective_gloo(void);
-#endif
 
 /* ---- context helpers (context.c) ---------------------------------------------------------- */
 bool sl__device_is_host(const sl_context *ctx);
@@ -342,7 +342,7 @@ bool sl__has_pinned(const sl_context *ctx);
 /* The backend's largest single allocation (SL_EXT_MAX_ALLOC), 0 when it has no limit of its own. */
 uint64_t sl__backend_max_alloc(const sl_context *ctx);
 
-/* ---- loader (loader.c) ---------------------------------------------------------------------- */
+/* ---- loader (loader_plan.c) ----------------------------------------------------------------- */
 /* Canonical text of everything that decides data movement: the plan plus the load options. */
 char *sl__load_canonical(const sl_plan *plan, const sl_load_options *o);
 

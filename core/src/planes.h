@@ -1,4 +1,4 @@
-/* The two planes of a context (docs/DESIGN.md#modules, "Two planes"): a control plane in host
+/* The two planes of a context (docs/DESIGN.md#data-flow, "Two planes"): a control plane in host
  * memory for agreements, manifests and status, and a data plane for tensor bytes that the
  * ranks agree on at creation. context.c creates and destroys them; planes.c holds the rest. */
 #ifndef SHARDLOAD_PLANES_H

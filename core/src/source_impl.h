@@ -85,8 +85,8 @@ sl_status sl__source_open_memory_local(sl_context *ctx, const char *label, const
 sl_status sl__source_memory_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, void *dst, size_t bytes);
 /* The refusal of every-rank access (open files, fingerprints) to a memory source. */
 sl_status sl__source_memory_refuse(sl_source *src, const char *what);
-/* sl__source_deserialize for the ranks of a memory source: its one file is named by a label,
- * not an absolute path, and the result is marked as a memory source. */
+/* sl__source_deserialize for the ranks of a memory source (source_manifest.c): its one file is
+ * named by a label, not an absolute path, and the result is marked as a memory source. */
 sl_status sl__source_deserialize_ex(sl_context *ctx, const void *buf, size_t len, bool memory, sl_source **out);
 
 #endif

@@ -23,7 +23,7 @@ def env_int(name: str, default: int) -> int:
 
 
 # per process group (by its name, the same on every member), counted only in
-# _process_group_rendezvous: every member numbers its contexts of that group alike (a world-1
+# process_group_rendezvous: every member numbers its contexts of that group alike (a world-1
 # context one rank makes on the side, or one of another group, does not shift the others' keys)
 _serials: dict[str, Iterator[int]] = {}
 

@@ -1,4 +1,4 @@
-"""Inside a torch job the NCCL module uses the NCCL torch loaded, not a copy of its own (issue 18).
+"""Inside a torch job the NCCL module uses the NCCL torch loaded, not a copy of its own.
 
     python python/tests/test_nccl_torch.py [--decoy LIBNCCL]  # SHARDLOAD_LIBRARY: a build with libshardload-nccl.so
 

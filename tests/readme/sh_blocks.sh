@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README.md's "PyTorch users" ```sh blocks, run as a user runs them (issue 18): each block in a
+# README.md's "PyTorch users" ```sh blocks, run as a user runs them: each block in a
 # fresh venv made here, from a clean copy of the source tree (`git archive HEAD`, or a copy
 # without build/ where there is no git), line by line, in order. torch, safetensors and
 # accelerate are made visible without a download: a .pth file in the venv names the host

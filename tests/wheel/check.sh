@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wheel runs where nothing was built (issue 18): scripts/wheel.sh makes it, and inside a
+# The wheel runs where nothing was built: scripts/wheel.sh makes it, and inside a
 # root holding only the C runtime and Python (Debian 12 minbase + python3, python3-venv:
 # tests/wheel/rootfs.sh, built once and cached) a fresh venv installs it (no index, no deps):
 #   - import; the library is the wheel's own (shardload/_lib), and the root has no compiler,
