@@ -4,13 +4,14 @@
  *
  * The bound. A rank's staging is N slots (pipeline_slots, default SL__DEFAULT_SLOTS) of
  * slot_bytes each in host memory (pinned where the backend has it), and the same again in
- * device memory when the route stages on the device; only the slots transfers use are
- * allocated (setup). slot_bytes is the budget split between the slots (staging / N), or less
- * when the whole checkpoint needs less, or less under the smallest maximum allocation of any
- * rank's backend (agreed.alloc_cap); never less than SL__MIN_SLOT plus the reserve below, so
- * a budget under N * (SL__MIN_SLOT + reserve) (some KiB) is raised to that. So host staging is
- * at most max(staging, N * (SL__MIN_SLOT + reserve)), device staging the same, whatever the
- * checkpoint: no tensor is ever staged whole.
+ * device memory where the device route or a cast on the device needs it; only the slots
+ * transfers use are allocated (sl__loader_stage_setup). slot_bytes is the budget split
+ * between the slots (staging / N), or less when the whole checkpoint needs less, or less
+ * under the smallest maximum allocation of any rank's backend (agreed.alloc_cap); never less
+ * than SL__MIN_SLOT plus the reserve below, so a budget under N * (SL__MIN_SLOT + reserve)
+ * (1280 bytes + 16 a rank each) is raised to that. So host staging is at most
+ * max(staging, N * (SL__MIN_SLOT + reserve)), device staging the same, whatever the size of
+ * the checkpoint or of its largest tensor.
  *
  * Why every transfer fits its slot. A transfer's carve-up (carve_of) takes, one after another
  * at 64-byte boundaries: READ (pieces of the file dtype at multiples of 16), WIRE (dense wire
