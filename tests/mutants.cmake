@@ -1,14 +1,14 @@
-# Mutation checks of the asynchronous contract (docs/DESIGN.md#data-flow): the loader's
-# data path is built again with one event wait or record removed (SL__MUTANT=n selects the
-# SL__KEEP(n) hook in core/src/loader_data.c and loader_move.c), linked ahead of the real
+# Mutation checks of the asynchronous contract (docs/DESIGN.md#data-flow): the loader's data
+# path is built again with one event wait or record removed (SL__MUTANT=n selects the
+# SL__KEEP(n) hook; the files that carry hooks are SL_MUTANT_SOURCES, the mutants SL_MUTANTS,
+# both in CMakeLists.txt beside the core's sources, which checks them), linked ahead of the real
 # library, and the placement matrix on the sim backend (device route and host staging, world 2
 # and the 2x2 HSDP mesh) must then FAIL with a data or placement difference. A mutant that survives means the matrix cannot see that wait.
 # Not in sanitizer builds: the matrix alone takes minutes there.
 if(NOT SHARDLOAD_SANITIZE AND SHARDLOAD_WITH_GLOO)
-  foreach(m 1 2 3 4 5 6)
-    # an object library: its objects always link, ahead of the archive's real loader_data.o
-    add_library(sl_mutant_${m} OBJECT ${PROJECT_SOURCE_DIR}/core/src/loader_data.c
-                ${PROJECT_SOURCE_DIR}/core/src/loader_move.c)
+  foreach(m ${SL_MUTANTS})
+    # an object library: its objects always link, ahead of the archive's real ones
+    add_library(sl_mutant_${m} OBJECT ${SL_MUTANT_SOURCES})
     target_compile_definitions(sl_mutant_${m} PRIVATE SL__MUTANT=${m} SHARDLOAD_BUILDING)
     target_include_directories(sl_mutant_${m} PRIVATE ${PROJECT_SOURCE_DIR}/core/src
                                ${PROJECT_SOURCE_DIR}/core/include ${PROJECT_BINARY_DIR}/include)

@@ -342,10 +342,6 @@ bool sl__has_pinned(const sl_context *ctx);
 /* The backend's largest single allocation (SL_EXT_MAX_ALLOC), 0 when it has no limit of its own. */
 uint64_t sl__backend_max_alloc(const sl_context *ctx);
 
-/* ---- loader (loader_plan.c) ----------------------------------------------------------------- */
-/* Canonical text of everything that decides data movement: the plan plus the load options. */
-char *sl__load_canonical(const sl_plan *plan, const sl_load_options *o);
-
 /* ---- launcher environment and rendezvous URLs (launch.c) ----------------------------------- */
 /* Where this process sits in the job, as the launcher said (torchrun, Slurm, Open MPI). */
 typedef struct sl__launch_info {

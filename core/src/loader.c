@@ -3,8 +3,9 @@
  *            OK or on the first error before anything is allocated or any byte moves
  *            (loader_agree.c); every-rank reads also agree on the files; then shards are bound
  *            or allocated and the ranks agree again;
- *   phase 2  the pipelined data path (loader_data.c) over the schedule (loader_xfer.c);
- *   closing  every rank returns OK only if every rank placed every byte. */
+ *   phase 2  the pipeline (loader_pipe.c) through the staging slots (loader_stage.c);
+ *   closing  every rank returns OK only if every rank placed every byte.
+ * Also the rank's own failure in phase 2 (loader.fail) and rank 0's status window. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,12 +13,59 @@
 #include <time.h>
 
 #include "loader.h"
+#include "ranks_agree.h"
 
-static double now_s(void) {
+/* Rank 0 shares the outcome of its reads once per this many transfers (and at the end), not
+ * per chunk: the status round trip stays off the critical path (docs/DESIGN.md#data-flow). */
+#define SL__STATUS_WINDOW 16
+
+double sl__now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+/* ---- the rank's own failure ------------------------------------------------------------- */
+void sl__loader_defer(loader *L, const char *name, sl_status st) {
+  loader_fail *f = &L->fail;
+  if (f->deferred != SL_OK) return;
+  /* the reader reads no more: later transfers may read straight into caller buffers */
+  pthread_mutex_lock(&L->lock);
+  f->reader_halt = true;
+  pthread_mutex_unlock(&L->lock);
+  f->deferred = st;
+  if (name) snprintf(f->deferred_msg, sizeof f->deferred_msg, "%.200s: %.800s", name, L->ctx->errmsg);
+  else snprintf(f->deferred_msg, sizeof f->deferred_msg, "%s", L->ctx->errmsg);
+}
+
+void sl__loader_root_failed(loader *L, sl_status st, const char *msg) {
+  loader_fail *f = &L->fail;
+  if (f->root_st != SL_OK) return;
+  f->root_st = st;
+  snprintf(f->root_msg, sizeof f->root_msg, "%s", msg);
+  sl__fail(L->ctx, st, "%s", f->root_msg);
+  sl__loader_defer(L, NULL, st);
+}
+
+bool sl__loader_reader_halted(loader *L) {
+  pthread_mutex_lock(&L->lock);
+  bool halt = L->fail.reader_halt;
+  pthread_mutex_unlock(&L->lock);
+  return halt;
+}
+
+sl_status sl__loader_status_window(loader *L, size_t k) {
+  if (L->o.read_mode != SL_READ_RANK0 || ((k + 1) % SL__STATUS_WINDOW != 0 && k + 1 != L->stage.nxfers)) return SL_OK;
+  /* rank 0's reads of this window, told to every rank (docs/DESIGN.md#data-flow) */
+  sl_context *ctx = L->ctx;
+  if (L->rank == 0 && L->fail.root_st != SL_OK) sl__fail(ctx, L->fail.root_st, "%s", L->fail.root_msg);
+  double t0 = sl__now_s();
+  sl_status st = sl__share_root_status(ctx, L->rank == 0 ? L->fail.root_st : SL_OK, 0);
+  L->st->stats.seconds_wait += sl__now_s() - t0;
+  return st;
+}
+
+/* ---- sl_load ---------------------------------------------------------------------------- */
 
 /* The argument checks of sl_load; fills L's options, placement decision and empty state. */
 static sl_status check_args(loader *L, const sl_load_options *opts, sl_state **out) {
@@ -47,7 +95,7 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
                          sl_state **out) {
   if (!ctx) return SL_ERR_INVALID;
   if (out) *out = NULL;
-  double t0 = now_s();
+  double t0 = sl__now_s();
   loader L = {.ctx = ctx, .plan = plan, .src = src, .rank = ctx->rank, .world = ctx->world_size};
   pthread_mutex_init(&L.lock, NULL);
   pthread_cond_init(&L.cond, NULL);
@@ -65,6 +113,7 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
 
   /* phase 1: metadata, plan, agreement — nothing is allocated or bound before all agree */
   st = sl__loader_plan(&L);
+  if (st == SL_OK) sl__loader_digest(&L); /* what the agreements compare */
   if ((st = sl__loader_agree(&L, st, "planning")) != SL_OK) goto out_fail;
   if (L.o.read_mode == SL_READ_EVERY_RANK) {
     /* opens a manifest-built source's files; OK at once where they are open (rank 0); refuses a
@@ -78,38 +127,39 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
    * buffers untouched (the contract at sl_bind_fn) */
   st = sl__loader_bind(&L);
   if ((st = sl__loader_agree(&L, st, "preparation (binding and allocating shards)")) != SL_OK) goto out_fail;
-  L.st->stats.seconds_phase1 = now_s() - t0;
+  L.st->stats.seconds_phase1 = sl__now_s() - t0;
 
   /* phase 2: the data path */
-  if ((st = sl__loader_data(&L)) != SL_OK) {
+  if ((st = sl__loader_pipe(&L)) != SL_OK) {
     /* the data plane failed, so the job did. A device data plane may still run operations on
      * this rank's staging (an NCCL kernel waiting for a lost peer): abort it before the staging
      * is freed, so that nothing writes into freed memory and the peers fail at once. The
      * context's data plane is then unusable: destroy the context (sl_load's contract). */
-    if (L.data_started && !ctx->data_is_ctl && SL_HAS_OP(ctx->data, abort)) ctx->data->abort(ctx->data_comm);
+    if (L.pipe.data_started && !ctx->data_is_ctl && SL_HAS_OP(ctx->data, abort)) ctx->data->abort(ctx->data_comm);
     goto out_fail;
   }
   /* the shards are complete only once the streams drained: wherever the data path ordered its
    * work on streams (a real device, or the device route on a host-memory backend) */
-  if (L.deferred == SL_OK && (L.s_copy || L.s_comm) && (st = ctx->be->synchronize(ctx->be_ctx)) != SL_OK)
+  loader_fail *f = &L.fail;
+  if (f->deferred == SL_OK && (L.stage.s_copy || L.stage.s_comm) && (st = ctx->be->synchronize(ctx->be_ctx)) != SL_OK)
     sl__loader_defer(&L, NULL, st);
-  if (L.deferred == SL_OK && (st = sl__state_index(L.st)) != SL_OK) {
-    L.deferred = st;
-    snprintf(L.deferred_msg, sizeof L.deferred_msg, "out of memory indexing the state");
+  if (f->deferred == SL_OK && (st = sl__state_index(L.st)) != SL_OK) {
+    f->deferred = st;
+    snprintf(f->deferred_msg, sizeof f->deferred_msg, "out of memory indexing the state");
   }
   /* the closing agreement: every rank returns OK only if every rank placed every byte */
-  if (L.deferred != SL_OK) sl__fail(ctx, L.deferred, "%s", L.deferred_msg);
-  if ((st = sl__loader_agree(&L, L.deferred, "loading")) != SL_OK) goto out_fail;
-  sl__loader_data_release(&L);
+  if (f->deferred != SL_OK) sl__fail(ctx, f->deferred, "%s", f->deferred_msg);
+  if ((st = sl__loader_agree(&L, f->deferred, "loading")) != SL_OK) goto out_fail;
+  sl__loader_pipe_release(&L);
   free(L.jobs);
-  L.st->stats.seconds = now_s() - t0;
+  L.st->stats.seconds = sl__now_s() - t0;
   pthread_mutex_destroy(&L.lock);
   pthread_cond_destroy(&L.cond);
   *out = L.st;
   return SL_OK;
 
 out_fail:
-  sl__loader_data_release(&L);
+  sl__loader_pipe_release(&L);
   free(L.jobs);
   sl_state_destroy(L.st);
   pthread_mutex_destroy(&L.lock);

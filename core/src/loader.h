@@ -1,11 +1,16 @@
 /* Loader internals shared by loader*.c and state.c.
  *
- * sl_load runs in phases (docs/DESIGN.md#data-flow):
- *   loader.c        arguments, the phase sequence, closing
- *   loader_agree.c  agreements over the control plane (plan digest, files, closing)
+ * sl_load runs in phases (docs/DESIGN.md#data-flow); one file per noun:
+ *   loader.c        sl_load's arguments, the phase sequence, closing; the rank's own failure
+ *   loader_agree.c  every agreement over the control plane, the plan digest and canonical text
  *   loader_plan.c   phase 1: plan -> tensor jobs (geometry computed once), binding/allocating
- *   loader_data.c   phase 2: the pipelined data path over the data plane
- *   loader_xfer.c   phase 2's schedule: tensors cut and bucketed into transfers */
+ *   loader_stage.c  the staging slots and their memory bound: sizing, carve-up, schedule
+ *   loader_pipe.c   phase 2's pipeline: the reader thread, slot states, the main loop
+ *   loader_send.c   the sending side: rank 0 reads, casts, packs; scatter, broadcast, HSDP chain
+ *   loader_recv.c   the receiving side: placement, host finishes, every-rank reads
+ *
+ * struct loader is cut into parts, each written by the one file named at it; any loader file
+ * may read any part. Where another file must change a part it calls a function of the owner. */
 #ifndef SHARDLOAD_LOADER_H
 #define SHARDLOAD_LOADER_H
 
@@ -46,17 +51,9 @@ size_t sl__state_fence_count(sl_state *st);
 /* ---- loader ------------------------------------------------------------------------------ */
 #define SL__DEFAULT_STAGING (64u << 20)
 #define SL__MIN_STAGING 4096u
-#define SL__MIN_SLOT 1024u
 #define SL__DEFAULT_SLOTS 2
 #define SL__MAX_SLOTS 8
-/* Rank 0 shares the outcome of its reads once per this many transfers (and at the end), not
- * per chunk: the status round trip stays off the critical path (docs/DESIGN.md#data-flow). */
-#define SL__STATUS_WINDOW 16
 #define SL__A16(x) (((uint64_t)(x) + 15) & ~(uint64_t)15)
-/* per slot: room for the carve-up's 64-byte area alignment (loader_data.c) */
-#define SL__SLOT_SLACK 256
-/* per piece: its 16-byte alignment in each of the five areas */
-#define SL__PIECE_PAD 80
 
 typedef struct tensor_job {
   size_t src_index;
@@ -79,48 +76,135 @@ typedef struct piece {
 } piece;
 
 typedef struct transfer {
-  size_t first, count; /* into loader.pieces */
+  size_t first, count; /* into loader.stage.pieces */
   /* The pieces of a transfer are ordered by wire element size, largest first, so that in
    * every dense concatenation of wire-dtype parts (the send buffer, each rank's part) every
-   * element is aligned to its size. Areas local to a rank (the read area when it casts, the Y
-   * area) start each piece at a multiple of 16 instead (SL__A16). */
-  uint64_t read_bytes;  /* file dtype, pieces at multiples of 16 (an upper bound when plain) */
-  uint64_t wire_bytes;  /* wire dtype, dense: the send buffer S and a broadcast's size */
-  uint64_t y_bytes;     /* max(file, parameter) dtype where needed, pieces at multiples of 16 */
-  uint64_t file_bytes;  /* bytes read from storage */
-  bool plain;           /* no piece is cast on the way: the read area is S, dense */
+   * element is aligned to its size. Areas local to a rank (the read area when it casts, the
+   * landing area) start each piece at a multiple of 16 instead (SL__A16). */
+  uint64_t read_bytes;    /* file dtype, pieces at multiples of 16 (an upper bound when plain) */
+  uint64_t wire_bytes;    /* wire dtype, dense: the send buffer S and a broadcast's size */
+  uint64_t landing_bytes; /* max(file, parameter) dtype where needed, pieces at multiples of 16 */
+  uint64_t file_bytes;    /* bytes read from storage */
+  bool plain;             /* no piece is cast on the way: the read area is S, dense */
   bool hsdp;
 } transfer;
 
-typedef enum slot_state { SLOT_FREE = 0, SLOT_READING, SLOT_READY, SLOT_INFLIGHT } slot_state;
+/* The carve-up of a slot for one transfer (offsets into its host and device parts;
+ * loader_stage.c computes it): READ the file's bytes (file dtype), WIRE the wire bytes S where
+ * rank 0 casts, PACKED each rank's packed part, RECV this rank's received part, LANDING host
+ * casts and device-to-host landings. Every-rank reads use only READ and LANDING. */
+typedef struct carve {
+  size_t read, wire, packed, recv, landing;
+} carve;
 
-/* One staging slot of the pipeline. Host part (pinned when the backend has pinned memory):
- * rank 0 reads into it, host routes send and receive through it, and device-to-host copies of
- * CPU placements land in it. Device part (device route only): the same carve-up in device
- * memory. */
+/* One staging slot's memory (loader_stage.c). Host part (pinned when the backend has pinned
+ * memory): rank 0 reads into it, host routes send and receive through it, and device-to-host
+ * copies of CPU placements land in it. Device part (device route only): the same carve-up in
+ * device memory. */
 typedef struct slot {
   unsigned char *host;
   unsigned char *dev;
   void *ev_copy; /* recorded on the copy stream after the last op reading or writing this slot */
   void *ev_comm; /* recorded on the data stream after the last op touching this slot */
-  /* reader thread handshake (rank 0) */
+} slot;
+
+typedef enum slot_state { SLOT_FREE = 0, SLOT_READING, SLOT_READY, SLOT_INFLIGHT } slot_state;
+
+/* The reader thread's handshake over one slot (loader_pipe.c; under loader.lock). */
+typedef struct slot_read {
   slot_state state;
   size_t xfer;       /* transfer being read / ready */
-  sl_status read_st;
-  char read_msg[512];
+  sl_status st;      /* the read's outcome */
+  char msg[512];     /* its message (the reader's private error buffer) */
   bool direct;       /* the reader read straight into the tensor (world 1) */
-  /* CPU placements waiting for this slot's device-to-host copy */
-  size_t pending_first, pending_count; /* into loader.finish */
-} slot;
+} slot_read;
 
 /* A host-side placement that must wait for a device-to-host copy (device route, CPU shard). */
 typedef struct host_finish {
   size_t job;
-  size_t off;        /* in the slot's host part */
+  size_t off;         /* in the slot's host part */
   uint64_t la, count; /* local elements */
 } host_finish;
 
+/* What the ranks agreed on (loader_agree.c). */
+typedef struct loader_agreed {
+  uint64_t digest; /* of everything that decides data movement (sl__loader_digest) */
+  /* the smallest maximum allocation of any rank's backend (SL_EXT_MAX_ALLOC), 0: none; known
+   * from the planning agreement on, so that every rank sizes its slots (and so its schedule) alike */
+  uint64_t alloc_cap;
+} loader_agreed;
+
+/* The staging slots, their streams and the schedule through them (loader_stage.c). */
+typedef struct loader_stage {
+  piece *pieces;
+  size_t npieces;
+  transfer *xfers;
+  size_t nxfers;
+  int nslots;
+  slot slots[SL__MAX_SLOTS];
+  size_t slot_bytes;
+  bool host_pinned;
+  void *s_copy, *s_comm; /* backend streams: host<->device copies; data collective + device work */
+} loader_stage;
+
+/* The pipeline: its route, the reader thread and the slots' handshake (loader_pipe.c). */
+typedef struct loader_pipe {
+  bool device_route;   /* the data plane moves device memory (docs/DESIGN.md#data-flow) */
+  bool device_is_host; /* cpu backend */
+  bool can_cast_device, can_2d;
+  /* [from][to]: the backend casts the pair on the device (cast_async of 0 elements said SL_OK) */
+  bool cast_on_device[SL_DTYPE_COUNT_][SL_DTYPE_COUNT_];
+  slot_read reads[SL__MAX_SLOTS]; /* beside stage.slots, index for index */
+  size_t retired;      /* transfers [0, retired) have been retired */
+  uint64_t done_bytes; /* rank 0: of total_bytes, what progress reported done */
+  /* reader thread (rank 0) */
+  pthread_t reader;
+  bool reader_running;
+  bool stop; /* under lock */
+  bool data_started; /* every rank set up its data path: data operations may be pending */
+  double read_seconds;
+} loader_pipe;
+
+/* Rank 0's per-rank scratch and the HSDP sub-communicators (loader_send.c). */
+typedef struct loader_send {
+  size_t *counts, *displs;
+  int *group;          /* per rank: the first rank holding the same region (it packs once) */
+  int *group_of_key;
+  sl__region *regions; /* per rank, rank 0 only */
+  uint64_t *part_off;  /* per rank: where its part of the current piece starts in the send buffer */
+  /* HSDP: sub-communicators of the data plane (NULL when unused) */
+  void *g_shard0;        /* replica 0's ranks: rank 0 scatters within it */
+  void *g_pair_a, *g_pair_b; /* replica chain links (r even -> a, r odd -> b) */
+  int replicas, shard_ranks, my_replica;
+  bool hsdp_ready;
+} loader_send;
+
+/* Placements waiting for a slot's device-to-host copy (loader_recv.c). */
+typedef struct loader_recv {
+  host_finish *finish;
+  size_t nfinish, cap_finish;
+  struct {
+    size_t first, count; /* into finish */
+  } pending[SL__MAX_SLOTS]; /* per slot of stage.slots */
+} loader_recv;
+
+/* The rank's own failure in phase 2 (loader.c). DEFERRED: the first failure local to this rank
+ * (a copy to the device, a cast, a read in every-rank mode); the rank keeps taking part in
+ * every collective so the others are not left waiting, places nothing more, and reports it at
+ * the closing agreement. ROOT: rank 0's first failure of the current status window, what the
+ * window tells every rank. READER_HALT (under loader.lock): the reader reads no more. */
+typedef struct loader_fail {
+  sl_status deferred;
+  char deferred_msg[SL__ERRMSG_LEN];
+  sl_status root_st;
+  char root_msg[SL__ERRMSG_LEN];
+  bool reader_halt;
+} loader_fail;
+
 typedef struct loader {
+  /* Phase 1's facts, read-only from phase 2 on: the arguments (loader.c), the mesh, the jobs
+   * and their total (loader_plan.c). L->st is the state being built: loader_plan.c fills its
+   * tensors, and each file adds its own counters to st->stats. */
   sl_context *ctx;
   sl_plan *plan;
   sl_source *src;
@@ -134,120 +218,110 @@ typedef struct loader {
   sl_state *st;
   tensor_job *jobs;
   size_t njobs;
-  uint64_t total_bytes, done_bytes;
-  uint64_t digest;
-
-  /* phase 2 schedule */
-  piece *pieces;
-  size_t npieces;
-  transfer *xfers;
-  size_t nxfers;
-
-  /* data path */
-  bool device_route;   /* the data plane moves device memory (docs/DESIGN.md#data-flow) */
-  bool device_is_host; /* cpu backend */
-  bool can_cast_device, can_2d;
-  /* [from][to]: the backend casts the pair on the device (cast_async of 0 elements said SL_OK) */
-  bool cast_on_device[SL_DTYPE_COUNT_][SL_DTYPE_COUNT_];
-  int nslots;
-  slot slots[SL__MAX_SLOTS];
-  size_t slot_bytes;
-  /* the smallest maximum allocation of any rank's backend (SL_EXT_MAX_ALLOC), 0: none; known
-   * from the planning agreement on, so that every rank sizes its slots (and so its schedule) alike */
-  uint64_t alloc_cap;
-  bool host_pinned;
-  void *s_copy, *s_comm; /* backend streams: host<->device copies; data collective + device work */
-  /* HSDP: sub-communicators of the data plane (NULL when unused) */
-  void *g_shard0;        /* replica 0's ranks: rank 0 scatters within it */
-  void *g_pair_a, *g_pair_b; /* replica chain links (r even -> a, r odd -> b) */
-  int replicas, shard_ranks, my_replica;
-  bool hsdp_ready;
-  /* rank 0's per-rank scratch */
-  size_t *counts, *displs;
-  int *group;          /* per rank: the first rank holding the same region (it packs once) */
-  int *group_of_key;
-  sl__region *regions; /* per rank, rank 0 only */
-  uint64_t *part_off;  /* per rank: where its part of the current piece starts in the send buffer */
-  size_t retired;      /* transfers [0, retired) have been retired */
-  sl_status root_st;   /* rank 0: first read failure of the current status window */
-  char root_msg[SL__ERRMSG_LEN];
-  host_finish *finish;
-  size_t nfinish, cap_finish;
-  /* reader thread (rank 0) */
-  pthread_t reader;
-  bool reader_running;
+  uint64_t total_bytes;
+  /* created and destroyed by loader.c; guards pipe.reads, pipe.stop and fail.reader_halt */
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  bool stop;
-  bool reader_halt; /* rank 0 failed on its own: the reader reads no more (under lock) */
-  bool data_started; /* every rank set up its data path: data operations may be pending */
-  double read_seconds;
 
-  /* The first failure local to this rank in phase 2 (a copy to the device, a cast, a read in
-   * every-rank mode). The rank keeps taking part in every collective so the others are not
-   * left waiting, places nothing more, and reports it at the closing agreement. */
-  sl_status deferred;
-  char deferred_msg[SL__ERRMSG_LEN];
+  loader_agreed agreed;
+  loader_stage stage;
+  loader_pipe pipe;
+  loader_send send;
+  loader_recv recv;
+  loader_fail fail;
 } loader;
 
-/* loader_agree.c */
+/* ---- loader.c ---------------------------------------------------------------------------- */
+double sl__now_s(void); /* CLOCK_MONOTONIC seconds */
+/* Records this rank's first own failure of phase 2 (NAME: the tensor, or NULL when the
+ * context's message names it); the reader reads no more. */
+void sl__loader_defer(loader *L, const char *name, sl_status st);
+/* Rank 0's own failure in phase 2 (a read, a pack, the caller's progress callback): the first
+ * one is what the next status window tells every rank; rank 0 places nothing more from here on. */
+void sl__loader_root_failed(loader *L, sl_status st, const char *msg);
+/* Whether this rank failed on its own: the reader stops reading (called by the reader thread). */
+bool sl__loader_reader_halted(loader *L);
+/* After transfer K: at the end of a status window, rank 0 tells every rank how its reads went
+ * (rank-0 reads only); a failure there is every rank's. */
+sl_status sl__loader_status_window(loader *L, size_t k);
+
+/* ---- loader_agree.c ---------------------------------------------------------------------- */
+/* The digest of the plan, the options and the jobs (loader.agreed.digest), once planning
+ * succeeded. */
+void sl__loader_digest(loader *L);
 sl_status sl__loader_agree(loader *L, sl_status local, const char *phase);
 sl_status sl__loader_agree_files(loader *L, sl_status local);
-/* loader_plan.c */
+
+/* ---- loader_plan.c ----------------------------------------------------------------------- */
 sl_status sl__loader_plan(loader *L);
 sl_status sl__loader_bind(loader *L);
-/* loader_xfer.c */
-sl_status sl__loader_schedule(loader *L);
-uint64_t sl__loader_cost_per_elem(const loader *L, const tensor_job *j);
-/* loader_data.c */
-sl_status sl__loader_data(loader *L);
-void sl__loader_data_release(loader *L);
-/* loader_data.c: records this rank's first own failure of phase 2 (NAME: the tensor, or NULL
- * when the context's message names it) */
-void sl__loader_defer(loader *L, const char *name, sl_status st);
 
-/* ---- shared by loader_data.c and loader_move.c ------------------------------------------ */
+/* ---- loader_stage.c ---------------------------------------------------------------------- */
+/* Sizes the slots, builds the schedule, creates the streams and allocates the slots that
+ * transfers will use (after the pipe chose the route). */
+sl_status sl__loader_stage_setup(loader *L);
+/* The carve-up of a slot for transfer X in this load's read mode. */
+carve sl__loader_carve(const loader *L, const transfer *x);
+/* Waits until nothing runs on the staging any more, keeping the context's message. */
+void sl__loader_stage_drain(loader *L);
+void sl__loader_stage_release(loader *L);
+
+/* ---- loader_pipe.c ----------------------------------------------------------------------- */
+sl_status sl__loader_pipe(loader *L);
+void sl__loader_pipe_release(loader *L);
+
+/* ---- loader_send.c ----------------------------------------------------------------------- */
+sl_status sl__loader_send_setup(loader *L);
+/* collective: the HSDP sub-communicators, where a transfer chains */
+sl_status sl__loader_hsdp_setup(loader *L);
+void sl__loader_send_release(loader *L);
+/* Rank 0 (reader thread): transfer X from storage into slot S's read area, or straight into
+ * its tensor (*DIRECT). */
+sl_status sl__loader_root_read(loader *L, const transfer *x, slot *s, bool *direct);
+/* Rank 0: the wire bytes *S of transfer X, after the read RD; true when nothing is left to move
+ * (world 1, read in place). A failure is rank 0's own: it still takes part. */
+bool sl__loader_root_wire(loader *L, const transfer *x, slot *s, const carve *c, const slot_read *rd,
+                          const unsigned char **S);
+/* Every rank: the scatter of transfer X (HSDP: in replica 0, then the chain) into RECV, MINE
+ * bytes; the broadcast of X into *BUF. A failure is the data plane's. */
+sl_status sl__loader_scatter(loader *L, const transfer *x, slot *s, const carve *c, const unsigned char *S,
+                             unsigned char *recv, uint64_t mine);
+sl_status sl__loader_broadcast(loader *L, const transfer *x, slot *s, const carve *c, const unsigned char *S,
+                               const unsigned char **buf);
+/* Region R's elements of [a, b) from SRC (the piece's data) to DST, on the device or the host;
+ * *COUNT: how many. */
+sl_status sl__loader_pack(loader *L, const sl__region *r, size_t es, const unsigned char *src, uint64_t a, uint64_t b,
+                          unsigned char *dst, bool device, uint64_t *count);
+/* Whether region R's part of [a, b) is one contiguous run, and where it starts. */
+bool sl__loader_single_run(const sl__region *r, uint64_t a, uint64_t b, uint64_t *first);
+
+/* ---- loader_recv.c ----------------------------------------------------------------------- */
+/* This rank's part of transfer X: its bytes (the return) and *DIRECT, the shard address when
+ * the part can land in place. */
+uint64_t sl__loader_my_part(loader *L, const transfer *x, unsigned char **direct);
+/* Places this rank's parts from RECV (a scatter's layout) or from BUF (a whole broadcast). */
+void sl__loader_place_parts(loader *L, const transfer *x, slot *s, const carve *c, const unsigned char *recv);
+void sl__loader_place_broadcast(loader *L, const transfer *x, slot *s, const carve *c, const unsigned char *buf);
+/* Every-rank reads: this rank reads its own runs of X and places them. */
+void sl__loader_read_own(loader *L, const transfer *x, slot *s, const carve *c);
+/* Once slot S's last use completed: places the CPU shards whose bytes came down into it. */
+void sl__loader_finish_host(loader *L, const slot *s);
+void sl__loader_recv_release(loader *L);
+
+/* ---- shared by the data path ------------------------------------------------------------- */
 /* Mutation hooks for the test that proves the matrix catches a missing wait or record
- * (tests/mutants.cmake builds the data path again with SL__MUTANT=n). 0 in every real build. */
+ * (tests/mutants.cmake builds SL_MUTANT_SOURCES again with SL__MUTANT=n). 0 in every real build. */
 #ifndef SL__MUTANT
 #define SL__MUTANT 0
 #endif
 #define SL__KEEP(n) (SL__MUTANT != (n))
 
-double sl__now_s(void); /* CLOCK_MONOTONIC seconds */
-
-/* The carve-up of a slot for one transfer (offsets into its host and device parts): R the
- * read (file dtype), W the wire bytes S, P packed parts, V this rank's received part, Y host
- * casts and device-to-host landings. Every-rank reads use only R and Y (at W). */
-typedef struct carve {
-  size_t R, W, P, V, Y;
-} carve;
-
-static inline size_t sl__align64(uint64_t x) { return (size_t)((x + 63) & ~(uint64_t)63); }
-
-static inline carve sl__carve_of(const transfer *x, int world) {
-  carve c;
-  c.R = 0;
-  c.W = sl__align64(x->read_bytes);
-  c.P = c.W + (x->plain ? 0 : sl__align64(x->wire_bytes)); /* W: only where rank 0 casts */
-  c.V = c.P + sl__align64(x->wire_bytes + 16 * (uint64_t)world); /* packed blocks start at multiples of 16 */
-  c.Y = c.V + sl__align64(x->wire_bytes);
-  return c;
-}
-
 /* Where shard bytes live as the host sees them: host memory (CPU placement, or the cpu
  * backend's "device") or device memory only the backend may touch. */
 static inline bool sl__shard_on_host(const loader *L, const tensor_job *j) {
-  return j->out->device == SL_DEVICE_CPU || L->device_is_host;
+  return j->out->device == SL_DEVICE_CPU || L->pipe.device_is_host;
 }
 
 static inline const tensor_job *sl__job_of(const loader *L, const piece *p) { return &L->jobs[p->job]; }
-
-/* loader_move.c: rank 0's own failure in phase 2 (a read, a pack, the caller's progress
- * callback): the first one is what the next status window tells every rank; rank 0 places
- * nothing more from here on. */
-void sl__loader_root_failed(loader *L, sl_status st, const char *msg);
-/* loader_move.c: one transfer through slot S (rank 0 sends, every rank receives and places) */
-sl_status sl__loader_run_transfer(loader *L, size_t k, slot *s);
 
 #endif

@@ -1,5 +1,7 @@
 /* Agreements of sl_load over the control plane (docs/DESIGN.md#data-flow): every rank ends each
- * phase with the same verdict, and a difference in what ranks would move is named, not hung on. */
+ * phase with the same verdict, and a difference in what ranks would move is named, not hung on.
+ * What the ranks compare lives here too: the digest of the plan, the options and the jobs, and
+ * the canonical text that names the first difference when the digests differ. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,6 +9,42 @@
 
 #include "loader.h"
 #include "ranks_agree.h"
+
+/* ---- what the ranks compare ------------------------------------------------------------- */
+static uint64_t mix64(uint64_t h, uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xBF58476D1CE4E5B9ull;
+  return h ^ (h >> 29);
+}
+
+void sl__loader_digest(loader *L) {
+  uint64_t h = sl__plan_digest(L->plan);
+  h = mix64(h, (uint64_t)L->o.cpu_offload);
+  h = mix64(h, (uint64_t)L->o.strategy);
+  h = mix64(h, (uint64_t)L->o.read_mode);
+  h = mix64(h, (uint64_t)L->o.staging_bytes);
+  h = mix64(h, (uint64_t)L->o.pipeline_slots);
+  for (size_t i = 0; i < L->njobs; i++) {
+    const tensor_job *j = &L->jobs[i];
+    h = mix64(h, j->src_index);
+    h = mix64(h, (uint64_t)j->res.dtype);
+    for (int m = 0; m < L->mesh_ndim; m++)
+      h = mix64(h, (uint64_t)(j->res.placements[m].kind * 64 + j->res.placements[m].dim));
+  }
+  L->agreed.digest = h;
+}
+
+/* Canonical text of everything that decides data movement: the plan plus the load options. */
+static char *load_canonical(const sl_plan *plan, const sl_load_options *o) {
+  char *p = sl__plan_canonical(plan), *out = NULL;
+  if (!p) return NULL;
+  if (asprintf(&out, "%scpu_offload %d\nstrategy %d\nread_mode %d\nstaging %zu\npipeline_slots %d\n", p,
+               (int)o->cpu_offload, (int)o->strategy, (int)o->read_mode, o->staging_bytes, o->pipeline_slots) < 0)
+    out = NULL;
+  free(p);
+  return out;
+}
 
 /* ---- agreement ---------------------------------------------------------------------------- */
 /* Finds the first line where A and B differ and writes it (from B) into OUT. */
@@ -28,29 +66,30 @@ static void first_difference(const char *a, const char *b, int rank_b, char *out
 /* Every rank contributes its local status and a digest of what decides data movement; all
  * return the first failing rank's status (with its message) or SL_ERR_MISMATCH naming the
  * first difference, or SL_OK together. Each rank also tells its backend's maximum allocation
- * (SL_EXT_MAX_ALLOC), and every rank keeps the smallest (L->alloc_cap): staging slots are sized
+ * (SL_EXT_MAX_ALLOC), and every rank keeps the smallest (agreed.alloc_cap): staging slots are sized
  * under it alike on every rank, so that all schedule the same transfers. */
 sl_status sl__loader_agree(loader *L, sl_status local, const char *phase) {
-  uint64_t digest = L->digest;
+  uint64_t digest = L->agreed.digest;
   sl_context *ctx = L->ctx;
   uint64_t facts[SL__AGREE_FACTS] = {digest, sl__backend_max_alloc(ctx)}, *table = NULL;
   sl_status st = sl__agree(ctx, local, facts, phase, &table);
   if (st != SL_OK) return st;
-  L->alloc_cap = 0;
+  loader_agreed *a = &L->agreed;
+  a->alloc_cap = 0;
   for (int r = 0; r < ctx->world_size; r++) {
     uint64_t cap = table[(size_t)r * SL__AGREE_FACTS + 1];
-    if (cap && (!L->alloc_cap || cap < L->alloc_cap)) L->alloc_cap = cap;
+    if (cap && (!a->alloc_cap || cap < a->alloc_cap)) a->alloc_cap = cap;
   }
   int bad = sl__agree_first_differing(ctx, table, 0);
   free(table);
   if (bad < 0) return SL_OK;
   /* Ranks disagree on what to move (different plan, dtype or options: the mismatch that
    * deadlocks broadcast-based loaders). Name the first difference on every rank. */
-  char *ref = L->rank == 0 ? sl__load_canonical(L->plan, &L->o) : NULL;
+  char *ref = L->rank == 0 ? load_canonical(L->plan, &L->o) : NULL;
   st = sl__bcast_text(ctx, &ref, 0);
   char *diff = NULL;
   if (L->rank == bad) {
-    char *own = sl__load_canonical(L->plan, &L->o);
+    char *own = load_canonical(L->plan, &L->o);
     diff = malloc(512);
     if (own && ref && diff) first_difference(ref, own, bad, diff, 512);
     else if (diff) snprintf(diff, 512, "(out of memory describing it)");

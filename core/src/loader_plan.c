@@ -10,23 +10,6 @@
 
 #include "loader.h"
 
-static uint64_t mix64(uint64_t h, uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  h ^= h >> 31;
-  h *= 0xBF58476D1CE4E5B9ull;
-  return h ^ (h >> 29);
-}
-
-char *sl__load_canonical(const sl_plan *plan, const sl_load_options *o) {
-  char *p = sl__plan_canonical(plan), *out = NULL;
-  if (!p) return NULL;
-  if (asprintf(&out, "%scpu_offload %d\nstrategy %d\nread_mode %d\nstaging %zu\npipeline_slots %d\n", p,
-               (int)o->cpu_offload, (int)o->strategy, (int)o->read_mode, o->staging_bytes, o->pipeline_slots) < 0)
-    out = NULL;
-  free(p);
-  return out;
-}
-
 /* DLPack's device of a tensor placed by this backend (sl_tensor.device_type), as the backend's
  * table gives it (module.h: dlpack_device_type, dlpack_pinned_type), whatever it is called. */
 #define SL__KDL_CPU 1
@@ -57,12 +40,6 @@ sl_status sl__loader_plan(loader *L) {
     st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory planning %zu tensors", n);
     goto out_free_take;
   }
-  uint64_t h = sl__plan_digest(L->plan);
-  h = mix64(h, (uint64_t)L->o.cpu_offload);
-  h = mix64(h, (uint64_t)L->o.strategy);
-  h = mix64(h, (uint64_t)L->o.read_mode);
-  h = mix64(h, (uint64_t)L->o.staging_bytes);
-  h = mix64(h, (uint64_t)L->o.pipeline_slots);
   for (size_t i = 0; i < n; i++) {
     const sl_source_tensor *t = sl_source_tensor_at(L->src, i);
     if (!take[i]) {
@@ -110,12 +87,7 @@ sl_status sl__loader_plan(loader *L) {
     o->device_type = dlpack_device_type(ctx, o->device, o->pinned);
     o->device_id = o->device == SL_DEVICE_ACCELERATOR || o->device_type != 1 ? ctx->device_ordinal : 0;
     L->total_bytes += t->nbytes;
-    h = mix64(h, i);
-    h = mix64(h, (uint64_t)j->res.dtype);
-    for (int m = 0; m < L->mesh_ndim; m++)
-      h = mix64(h, (uint64_t)(j->res.placements[m].kind * 64 + j->res.placements[m].dim));
   }
-  L->digest = h;
 out_free_take:
   free(take);
   return st;

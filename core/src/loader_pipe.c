@@ -1,0 +1,305 @@
+/* Phase 2 of sl_load: the pipeline (docs/DESIGN.md#data-flow).
+ *
+ * The schedule (loader_stage.c) is a list of transfers; each runs through one of N staging
+ * slots, so rank 0's reader thread reads transfer k+1 while transfer k is copied up, cast,
+ * packed and sent (loader_send.c) and placed (loader_recv.c). A slot's memory is rewritten
+ * only after the events recorded after its last use completed (retire_slot), as module.h's
+ * asynchronous contract requires.
+ *
+ * Rank 0 shares the outcome of its reads once per status window (loader.c); a transfer whose
+ * read failed is sent as zeros, rank 0 places nothing more, and the window's verdict fails
+ * every rank (sl_bind_fn's contract says what that leaves). */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader.h"
+
+/* ---- slots --------------------------------------------------------------------------------- */
+/* Whether a failure that a wait on the streams reported (the sticky error of enqueued work) is
+ * the data plane's verdict rather than this rank's own: a stream-ordered collective's op fails
+ * there with SL_ERR_PEER or SL_ERR_TIMEOUT naming the rank it lost, or SL_ERR_COMM once aborted
+ * (module.h), and a backend's wait that ran past the job's timeout is SL_ERR_TIMEOUT too. Like
+ * a data op that fails at the call, it ends phase 2 at once: deferring it to the closing
+ * agreement would wait a second timeout there for the rank already lost, and the others learn
+ * of the failure on their own data plane (or from this rank's, which sl_load aborts). */
+static bool data_plane_verdict(const loader *L, sl_status st) {
+  /* only a stream-ordered collective leaves its verdict on the streams: behind a synchronous
+   * one (Gloo, the host route) the streams hold this rank's own work alone, and its failure
+   * (a device past its timeout) is this rank's, for the closing agreement */
+  if (L->ctx->data->flags & SL_COLL_SYNC) return false;
+  return st == SL_ERR_PEER || st == SL_ERR_TIMEOUT || st == SL_ERR_COMM;
+}
+
+/* A wait on EVENT: OK; a local failure, deferred (OK); or the data plane's verdict. */
+static sl_status sync_event(loader *L, void *event) {
+  sl_status st = L->ctx->be->event_sync(L->ctx->be_ctx, event);
+  if (st == SL_OK || data_plane_verdict(L, st)) return st;
+  sl__loader_defer(L, NULL, st);
+  return SL_OK;
+}
+
+static slot_read *read_of(loader *L, const slot *s) { return &L->pipe.reads[s - L->stage.slots]; }
+
+/* Waits until the slot's last use completed (both streams), then places the CPU shards whose
+ * bytes came down into it. A local failure here is this rank's own: deferred. A verdict of the
+ * data plane is returned (data_plane_verdict); the slot stays in flight, and sl_load aborts the
+ * data plane before its staging is released. */
+static sl_status retire_slot(loader *L, slot *s) {
+  double t0 = sl__now_s();
+  sl_status st = SL_OK;
+  if (SL__KEEP(1) && s->ev_copy) st = sync_event(L, s->ev_copy);
+  if (st == SL_OK && SL__KEEP(2) && s->ev_comm) st = sync_event(L, s->ev_comm);
+  L->st->stats.seconds_wait += sl__now_s() - t0;
+  if (st != SL_OK) return st;
+  sl__loader_finish_host(L, s);
+  pthread_mutex_lock(&L->lock);
+  read_of(L, s)->state = SLOT_FREE;
+  pthread_cond_broadcast(&L->cond);
+  pthread_mutex_unlock(&L->lock);
+  return SL_OK;
+}
+
+static sl_status record_slot(loader *L, slot *s) {
+  sl_context *ctx = L->ctx;
+  sl_status st = SL_OK;
+  if (SL__KEEP(5) && s->ev_copy) st = ctx->be->event_record(ctx->be_ctx, s->ev_copy, L->stage.s_copy);
+  if (st == SL_OK && SL__KEEP(6) && s->ev_comm) st = ctx->be->event_record(ctx->be_ctx, s->ev_comm, L->stage.s_comm);
+  pthread_mutex_lock(&L->lock);
+  read_of(L, s)->state = SLOT_INFLIGHT;
+  pthread_mutex_unlock(&L->lock);
+  return st;
+}
+
+/* ---- the reader (rank 0) ----------------------------------------------------------------- */
+static void *reader_main(void *arg) {
+  loader *L = arg;
+  loader_pipe *p = &L->pipe;
+  sl_status failed = SL_OK;
+  for (size_t k = 0; k < L->stage.nxfers; k++) {
+    slot *s = &L->stage.slots[k % (size_t)L->stage.nslots];
+    slot_read *rd = read_of(L, s);
+    pthread_mutex_lock(&L->lock);
+    while (rd->state != SLOT_FREE && !p->stop) pthread_cond_wait(&L->cond, &L->lock);
+    if (p->stop) {
+      pthread_mutex_unlock(&L->lock);
+      break;
+    }
+    rd->state = SLOT_READING;
+    pthread_mutex_unlock(&L->lock);
+    double t0 = sl__now_s();
+    /* The source reports through the context's message buffer, which belongs to the main
+     * thread: read with a private copy of the message and hand it over in the slot. */
+    sl__thread_errbuf(rd->msg, sizeof rd->msg);
+    rd->msg[0] = 0;
+    /* after a failed read nothing more is read: later transfers may read straight into caller
+     * buffers, which must stay untouched (sl_bind_fn's contract) */
+    sl_status st = failed;
+    bool direct = false;
+    bool halt = sl__loader_reader_halted(L);
+    if (halt && st == SL_OK) st = failed = SL_ERR_PEER;
+    if (st == SL_OK) st = failed = sl__loader_root_read(L, &L->stage.xfers[k], s, &direct);
+    else snprintf(rd->msg, sizeof rd->msg, "not read after an earlier failure on rank 0");
+    rd->direct = direct;
+    sl__thread_errbuf(NULL, 0);
+    double dt = sl__now_s() - t0;
+    pthread_mutex_lock(&L->lock);
+    p->read_seconds += dt;
+    rd->st = st;
+    rd->xfer = k;
+    rd->state = SLOT_READY;
+    pthread_cond_broadcast(&L->cond);
+    pthread_mutex_unlock(&L->lock);
+  }
+  return NULL;
+}
+
+static void stop_reader(loader *L) {
+  loader_pipe *p = &L->pipe;
+  if (!p->reader_running) return;
+  pthread_mutex_lock(&L->lock);
+  p->stop = true;
+  pthread_cond_broadcast(&L->cond);
+  pthread_mutex_unlock(&L->lock);
+  pthread_join(p->reader, NULL);
+  p->reader_running = false;
+}
+
+/* Rank 0: waits for the reader to have transfer K ready in its slot. */
+static void wait_ready(loader *L, slot *s, size_t k) {
+  double t0 = sl__now_s();
+  const slot_read *rd = read_of(L, s);
+  pthread_mutex_lock(&L->lock);
+  while (!(rd->state == SLOT_READY && rd->xfer == k)) pthread_cond_wait(&L->cond, &L->lock);
+  pthread_mutex_unlock(&L->lock);
+  L->st->stats.seconds_wait += sl__now_s() - t0;
+}
+
+/* ---- the pipeline ----------------------------------------------------------------------- */
+/* Retires every transfer before UPTO (exclusive) that is still in flight, oldest first; stops
+ * at a verdict of the data plane. */
+static sl_status retire_until(loader *L, size_t upto) {
+  loader_pipe *p = &L->pipe;
+  while (p->retired < upto) {
+    slot *s = &L->stage.slots[p->retired % (size_t)L->stage.nslots];
+    sl_status st = read_of(L, s)->state == SLOT_INFLIGHT ? retire_slot(L, s) : SL_OK;
+    if (st != SL_OK) return st;
+    p->retired++;
+  }
+  return SL_OK;
+}
+
+/* Which pairs the backend casts on its device: cast_async of no elements asks (module.h); a
+ * pair it refuses is cast on the host. */
+static void ask_device_casts(loader *L) {
+  sl_context *ctx = L->ctx;
+  loader_pipe *p = &L->pipe;
+  memset(p->cast_on_device, 0, sizeof p->cast_on_device);
+  if (!p->can_cast_device) return;
+  const sl_dtype f[] = {SL_DTYPE_F64, SL_DTYPE_F32, SL_DTYPE_F16, SL_DTYPE_BF16};
+  for (size_t a = 0; a < 4; a++)
+    for (size_t b = 0; b < 4; b++)
+      p->cast_on_device[f[a]][f[b]] =
+          a == b || ctx->be->cast_async(ctx->be_ctx, NULL, f[b], NULL, f[a], 0, NULL) == SL_OK;
+}
+
+/* The route the bytes take and what the backend casts on its device. */
+static sl_status choose_route(loader *L) {
+  sl_context *ctx = L->ctx;
+  const sl_backend_ops *be = ctx->be;
+  loader_pipe *p = &L->pipe;
+  p->device_is_host = sl__device_is_host(ctx);
+  /* the route by what both tables declare; the data-plane agreement refused a pair no route
+   * serves (sl__collective_probe), so this is the same verdict, said again for safety */
+  char why[384];
+  sl__route route = sl__data_route(ctx->data, be, why, sizeof why);
+  if (route == SL__ROUTE_NONE) return sl__fail(ctx, SL_ERR_UNSUPPORTED, "%s", why);
+  p->device_route = route == SL__ROUTE_DEVICE && L->o.read_mode == SL_READ_RANK0;
+  p->can_cast_device = SL_HAS_OP(be, cast_async);
+  p->can_2d = SL_HAS_OP(be, copy_2d_async);
+  ask_device_casts(L);
+  if (p->device_route)
+    for (size_t i = 0; i < L->njobs; i++) {
+      const tensor_job *j = &L->jobs[i];
+      if ((j->wire != j->res.dtype && !p->cast_on_device[j->wire][j->res.dtype]) ||
+          (j->wire != j->src->dtype && !p->cast_on_device[j->src->dtype][j->wire]))
+        return sl__fail(ctx, SL_ERR_UNSUPPORTED,
+                        "%s: the data collective %s moves device memory and needs device casts (%s to %s to %s), "
+                        "which backend %s %s; choose host staging (--collective gloo)",
+                        j->src->name, ctx->data->name, sl_dtype_name(j->src->dtype), sl_dtype_name(j->wire),
+                        sl_dtype_name(j->res.dtype), be->name,
+                        p->can_cast_device ? "does not run on its device" : "lacks");
+    }
+  return SL_OK;
+}
+
+static sl_status setup(loader *L) {
+  sl_status st = choose_route(L);
+  if (st == SL_OK) st = sl__loader_stage_setup(L);
+  if (st == SL_OK) st = sl__loader_send_setup(L);
+  return st;
+}
+
+/* Rank 0, after transfer X: the caller's progress callback for every tensor X completed. A
+ * progress_status callback that fails is rank 0's own failure: the status window tells every
+ * rank, and it is not called again. */
+static void report_progress(loader *L, const transfer *x) {
+  loader_pipe *pp = &L->pipe;
+  if (!L->o.progress && !L->o.progress_status) return;
+  for (size_t i = x->first; i < x->first + x->count; i++) {
+    const piece *p = &L->stage.pieces[i];
+    if (p->b != L->jobs[p->job].elems) continue;
+    pp->done_bytes += L->jobs[p->job].src->nbytes;
+    if (!L->o.progress_status) {
+      L->o.progress(L->o.progress_user, pp->done_bytes, L->total_bytes);
+      continue;
+    }
+    if (L->fail.root_st != SL_OK) continue;
+    char msg[512] = "";
+    sl_status st = L->o.progress_status(L->o.progress_user, pp->done_bytes, L->total_bytes, msg, sizeof msg);
+    if (st == SL_OK) continue;
+    msg[sizeof msg - 1] = 0;
+    char why[SL__ERRMSG_LEN];
+    snprintf(why, sizeof why, "the caller's progress callback failed after %llu of %llu bytes: %s",
+             (unsigned long long)pp->done_bytes, (unsigned long long)L->total_bytes, msg[0] ? msg : sl_strerror(st));
+    sl__loader_root_failed(L, st, why);
+  }
+}
+
+/* One transfer through slot S: rank 0 readies the wire bytes and every rank takes part in the
+ * collective (loader_send.c), then places its part (loader_recv.c). */
+static sl_status run_transfer(loader *L, size_t k, slot *s) {
+  const transfer *x = &L->stage.xfers[k];
+  carve c = sl__loader_carve(L, x);
+  if (L->o.read_mode == SL_READ_EVERY_RANK) {
+    sl__loader_read_own(L, x, s, &c);
+    return SL_OK;
+  }
+  const unsigned char *S = NULL;
+  if (L->rank == 0 && sl__loader_root_wire(L, x, s, &c, read_of(L, s), &S)) return SL_OK;
+  sl_status st;
+  if (L->o.strategy == SL_STRATEGY_BROADCAST) {
+    const unsigned char *buf;
+    if ((st = sl__loader_broadcast(L, x, s, &c, S, &buf)) != SL_OK) return st;
+    sl__loader_place_broadcast(L, x, s, &c, buf);
+    return SL_OK;
+  }
+  unsigned char *direct, *stage = L->pipe.device_route ? s->dev : s->host;
+  uint64_t mine = sl__loader_my_part(L, x, &direct);
+  unsigned char *recv = direct ? direct : stage + c.recv;
+  if ((st = sl__loader_scatter(L, x, s, &c, S, recv, mine)) != SL_OK) return st;
+  if (!direct) sl__loader_place_parts(L, x, s, &c, recv);
+  return SL_OK;
+}
+
+sl_status sl__loader_pipe(loader *L) {
+  sl_context *ctx = L->ctx;
+  loader_pipe *p = &L->pipe;
+  const loader_stage *g = &L->stage;
+  sl_status st = setup(L);
+  bool reader = L->rank == 0 && L->o.read_mode == SL_READ_RANK0 && g->nxfers > 0;
+  if (st == SL_OK && reader) {
+    if (pthread_create(&p->reader, NULL, reader_main, L) != 0)
+      st = sl__fail(ctx, SL_ERR_NOMEM, "cannot start the reader thread");
+    else p->reader_running = true;
+  }
+  /* staging, streams and the reader are local: a rank that could not set them up (its device
+   * out of memory) fails every rank here, before any of them waits in a data operation */
+  if ((st = sl__loader_agree(L, st, "preparing the data path (staging, streams)")) != SL_OK) goto out_fail;
+  p->data_started = true;
+  if ((st = sl__loader_hsdp_setup(L)) != SL_OK) goto out_fail; /* collective: a failure is every rank's */
+  for (size_t k = 0; k < g->nxfers; k++) {
+    slot *s = &L->stage.slots[k % (size_t)g->nslots];
+    /* free this transfer's slot (it held transfer k-N) and, on rank 0, the one the reader fills
+     * while this transfer moves (it held k+1-N) */
+    size_t ahead = reader && g->nslots >= 2 ? 2 : 1; /* one slot: strictly one stage after another */
+    if ((st = retire_until(L, k + ahead > (size_t)g->nslots ? k + ahead - (size_t)g->nslots : 0)) != SL_OK)
+      goto out_fail;
+    if (reader) wait_ready(L, s, k);
+    if ((st = run_transfer(L, k, s)) != SL_OK) goto out_fail;
+    if ((st = record_slot(L, s)) != SL_OK) sl__loader_defer(L, NULL, st);
+    if (L->rank == 0) report_progress(L, &g->xfers[k]);
+    if ((st = sl__loader_status_window(L, k)) != SL_OK) goto out_fail;
+  }
+  if ((st = retire_until(L, g->nxfers)) != SL_OK) goto out_fail;
+  stop_reader(L);
+  L->st->stats.seconds_read += p->read_seconds;
+  /* A stream-ordered data collective may report a failure of its last operations only at its
+   * next call (an NCCL watchdog's abort lets the stream drain): its barrier is that call. */
+  if (!(ctx->data->flags & SL_COLL_SYNC) && L->o.read_mode == SL_READ_RANK0 && g->nxfers &&
+      (st = ctx->data->barrier(ctx->data_comm)) != SL_OK)
+    return st;
+  return SL_OK;
+out_fail:
+  stop_reader(L);
+  return st;
+}
+
+void sl__loader_pipe_release(loader *L) {
+  stop_reader(L);
+  sl__loader_stage_drain(L);
+  sl__loader_send_release(L);
+  sl__loader_stage_release(L);
+  sl__loader_recv_release(L);
+}
