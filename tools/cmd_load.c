@@ -13,7 +13,6 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-
 #include "cli.h"
 
 _Static_assert(SL_MAX_WORLD_SIZE == 4096 && CLI_MAX_NPROC == 1024, "HELP states both bounds");

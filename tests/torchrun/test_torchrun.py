@@ -72,7 +72,6 @@ def clean_env():
         if k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") or \
                 k.startswith(("TORCHELASTIC_", "SHARDLOAD_RENDEZVOUS", "SLURM_", "OMPI_")):
             del env[k]
-    env.pop("SHARDLOAD_TEST_FAIL_RANK", None)
     return env
 
 
