@@ -22,7 +22,7 @@
 #endif
 
 static const char HELP[] =
-    "usage: shardload synth OUT [--size 1GiB] [--dtype BF16] [--shards N] [--seed S]\n"
+    "usage: shardload synth OUT [--size 1GiB] [--dtype BF16] [--shards N] [--seed S] [--tensors N]\n"
     "\n"
     "Write a deterministic synthetic checkpoint with a transformer layout (embeddings, per\n"
     "layer attention q/k/v/o with q/k/v biases, MLP gate/up/down, two norms; final norm,\n"
@@ -33,11 +33,17 @@ static const char HELP[] =
     "OUT/model.safetensors). With --shards N > 1, OUT is a directory that receives\n"
     "model-0000k-of-0000N.safetensors and model.safetensors.index.json.\n"
     "\n"
+    "With --tensors N, the layout is flat instead: N 1-D tensors tensor.0000000, ... of\n"
+    "equal size that together hold --size bytes (rounded down to whole elements; the\n"
+    "first ones take one element more where N does not divide it), for measuring\n"
+    "per-tensor costs against one tensor of the same bytes.\n"
+    "\n"
     "options:\n"
     "  --size SIZE     total tensor bytes to aim at, e.g. 2MiB, 1GiB (default 1GiB)\n"
     "  --dtype DT      F32, BF16, F16 or F64 (default BF16)\n"
     "  --shards N      number of files (default 1)\n"
     "  --seed S        seed of the values (default 0)\n"
+    "  --tensors N     N equal 1-D tensors instead of a transformer (1 to 100000000)\n"
     "  -h, --help      show this help\n";
 
 #define WRITE_BUF (8u << 20)
@@ -170,6 +176,18 @@ static int build_layout(synth_layout *L, const char *dt, size_t e) {
   return rc;
 }
 
+/* --tensors N: N 1-D tensors sharing the elements of SIZE bytes (the first ones one more where N
+ * does not divide them). Returns -1 when out of memory. */
+static int build_flat(synth_layout *L, uint64_t size, const char *dt, size_t e, size_t n) {
+  uint64_t elems = size / e, each = elems / n, extra = elems % n;
+  char name[64];
+  for (size_t i = 0; i < n; i++) {
+    snprintf(name, sizeof name, "tensor.%07zu", i);
+    if (add_tensor(L, name, dt, e, 1, (int64_t)(each + (i < extra)), 0, V_WEIGHT) != 0) return -1;
+  }
+  return 0;
+}
+
 /* Spreads tensors over N files by cumulative bytes, keeping file order and every file
  * non-empty (N <= count is checked by the caller). */
 static void assign_files(synth_layout *L, int nfiles) {
@@ -295,10 +313,12 @@ static json_t *file_header(const synth_layout *L, int file, const char *dt, uint
     bad |= json_object_set_new(meta, key, json_string(v));             \
   } while (0)
   META_INT("seed", seed);
-  META_INT("hidden_size", L->hidden);
-  META_INT("intermediate_size", L->inter);
-  META_INT("num_hidden_layers", L->layers);
-  META_INT("vocab_size", L->vocab);
+  if (L->hidden) { /* a transformer's; a flat layout (--tensors) has none */
+    META_INT("hidden_size", L->hidden);
+    META_INT("intermediate_size", L->inter);
+    META_INT("num_hidden_layers", L->layers);
+    META_INT("vocab_size", L->vocab);
+  }
 #undef META_INT
   bad |= json_object_set_new(hdr, "__metadata__", meta);
   uint64_t off = 0;
@@ -392,11 +412,12 @@ int cli_cmd_synth(int argc, char **argv) {
       {"dtype", required_argument, NULL, 'd'},
       {"shards", required_argument, NULL, 'n'},
       {"seed", required_argument, NULL, 'S'},
+      {"tensors", required_argument, NULL, 't'},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0},
   };
   uint64_t size = 1ull << 30, seed = 0;
-  long shards = 1;
+  long shards = 1, flat = 0;
   const char *dt = "BF16";
   size_t esize = 2;
   int c;
@@ -423,6 +444,10 @@ int cli_cmd_synth(int argc, char **argv) {
       if (cli_parse_int(optarg, 1, 99999, &shards))
         return cli_usage_error("--shards", "'%s' is not a file count; give 1 to 99999", optarg);
       break;
+    case 't':
+      if (cli_parse_int(optarg, 1, 100000000, &flat))
+        return cli_usage_error("--tensors", "'%s' is not a tensor count; give 1 to 100000000", optarg);
+      break;
     case 'S': {
       char *end = NULL;
       errno = 0;
@@ -442,7 +467,10 @@ int cli_cmd_synth(int argc, char **argv) {
 
   synth_layout L;
   memset(&L, 0, sizeof L);
-  if (choose_dims(size, esize, &L) != 0)
+  if (flat && size / esize < (uint64_t)flat)
+    return cli_usage_error("--tensors", "%ld tensors of %s do not fit in %llu bytes; give at most %llu", flat, dt,
+                           (unsigned long long)size, (unsigned long long)(size / esize));
+  if (!flat && choose_dims(size, esize, &L) != 0)
     return cli_usage_error("--size", "%llu bytes is too small for a model; give at least %llu bytes",
                            (unsigned long long)size,
                            (unsigned long long)(fixed_bytes(16, esize) + layer_bytes(16, inter_for(16), esize)));
@@ -450,7 +478,7 @@ int cli_cmd_synth(int argc, char **argv) {
   unsigned char *buf = NULL;
   char **names = NULL;
   char *path = NULL;
-  if (build_layout(&L, dt, esize) != 0) {
+  if ((flat ? build_flat(&L, size, dt, esize, (size_t)flat) : build_layout(&L, dt, esize)) != 0) {
     cli_error(out, SL_ERR_NOMEM, "out of memory for the tensor table");
     goto out_layout;
   }
@@ -499,11 +527,14 @@ int cli_cmd_synth(int argc, char **argv) {
   cli_out_init(&o, cli_report(), "stdout");
   cli_out_puts(&o, "synth: wrote ");
   cli_out_escaped(&o, shards == 1 ? path : out, 0);
-  cli_out_printf(&o, ": %zu tensors, %llu bytes (%s) in %ld file%s; hidden %lld, layers %lld, vocab %lld, "
-                 "intermediate %lld, %s, seed %llu\n",
-                 L.count, (unsigned long long)L.total, cli_human_bytes(hb, sizeof hb, L.total), shards,
-                 shards == 1 ? "" : "s", (long long)L.hidden, (long long)L.layers, (long long)L.vocab,
-                 (long long)L.inter, dt, (unsigned long long)seed);
+  cli_out_printf(&o, ": %zu tensors, %llu bytes (%s) in %ld file%s; ", L.count, (unsigned long long)L.total,
+                 cli_human_bytes(hb, sizeof hb, L.total), shards, shards == 1 ? "" : "s");
+  if (flat)
+    cli_out_puts(&o, "flat layout, ");
+  else
+    cli_out_printf(&o, "hidden %lld, layers %lld, vocab %lld, intermediate %lld, ", (long long)L.hidden,
+                   (long long)L.layers, (long long)L.vocab, (long long)L.inter);
+  cli_out_printf(&o, "%s, seed %llu\n", dt, (unsigned long long)seed);
   rc = cli_out_flush(&o) == 0 ? CLI_EXIT_OK : cli_out_fail(out, &o, "the summary");
 
 out_names:
