@@ -130,6 +130,11 @@ sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__s
                        char *err, size_t errlen);
 /* Reads the header of an open file descriptor and parses it. */
 sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen);
+/* Reads the header of FD without parsing it: *DIGEST is what sl__st_read would give as
+ * header_digest, *DATA_OFFSET 8 + N, *FILE_SIZE the file's size. Only the length is checked (a
+ * rank whose header must equal rank 0's byte for byte needs no parse to tell: source.c). */
+sl_status sl__st_read_digest(int fd, uint64_t *digest, uint64_t *data_offset, uint64_t *file_size, char *err,
+                             size_t errlen);
 void sl__st_header_free(sl__st_header *h);
 
 /* ---- source (source.c, source_files.c, source_manifest.c) -------------------------------- */
@@ -145,6 +150,12 @@ sl_status sl__source_deserialize(sl_context *ctx, const void *buf, size_t len, s
 /* Opens the files named in a manifest-built source (every-rank read mode). */
 sl_status sl__source_open_files(sl_source *src);
 sl_status sl__source_open_local(sl_context *ctx, const char *path, sl_source **out);
+/* This rank's own copy at PATH of the checkpoint rank 0 validated (REF, built from its
+ * manifest): opened as sl__source_open_local resolves PATH (a file, an index, a directory), but
+ * each file's header is hashed, not parsed. When the headers digest equals REF's, the copy takes
+ * REF's tensor table (REF is left without one), once each file's size and the copy's own index
+ * agree with it; any other outcome fails (the caller then parses the copy to learn what it is). */
+sl_status sl__source_open_copy(sl_context *ctx, const char *path, sl_source *ref, sl_source **out);
 /* Checkpoint identity (docs/DESIGN.md#identity). XXH3-64 over every file's 8-byte header length + header
  * bytes, combined in file order; rank 0's value travels in the manifest, so a source built
  * from a manifest returns rank 0's digest. 0 only for a source with no files. */

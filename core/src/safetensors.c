@@ -376,34 +376,71 @@ sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__s
 }
 
 
-sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen) {
-  memset(out, 0, sizeof *out);
+/* Reads the 8 + N header bytes of FD into *BUF (malloc'd; *LEN bytes) and its size into *SIZE.
+ * A file too short for a length, or whose length is past the limit or the file, is not read
+ * further: *BUF then holds only the bytes there are (at most 8) and the caller's sl__st_parse
+ * words what is wrong. */
+static sl_status read_header_bytes(int fd, uint8_t **buf, size_t *len, uint64_t *size, char *err, size_t errlen) {
+  *buf = NULL;
+  *len = 0;
   struct stat st;
   if (fstat(fd, &st) != 0) return sl__errbuf(err, errlen, SL_ERR_IO, "cannot stat: %s", strerror(errno));
-  uint64_t size = (uint64_t)st.st_size;
+  *size = (uint64_t)st.st_size;
   uint8_t head[8];
-  size_t first = size < 8 ? (size_t)size : 8;
+  size_t first = *size < 8 ? (size_t)*size : 8;
   ssize_t r = sl__pread_full(fd, head, first, 0);
   if (r < 0) return sl__errbuf(err, errlen, SL_ERR_IO, "cannot read: %s", strerror(errno));
-  if ((size_t)r < first) size = (uint64_t)r; /* shrank under us */
-  if (size < 8) return sl__st_parse(head, (size_t)size, size, out, err, errlen);
-
+  if ((size_t)r < first) *size = (uint64_t)r; /* shrank under us */
   /* Check N against the limit and the file before allocating N bytes: a hostile length must
    * not cost memory. sl__st_parse repeats the checks and words the message. */
-  uint64_t n = le64(head);
-  if (n > SL__ST_MAX_HEADER || n > size - 8) return sl__st_parse(head, 8, size, out, err, errlen);
-  size_t total = (size_t)(8 + n);
-  uint8_t *buf = malloc(total);
-  if (!buf) return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory for a %" PRIu64 "-byte header", n);
-  memcpy(buf, head, 8);
-  r = sl__pread_full(fd, buf + 8, (size_t)n, 8);
-  sl_status s;
+  uint64_t n = *size < 8 ? 0 : le64(head);
+  size_t total = *size < 8 ? (size_t)*size : n > SL__ST_MAX_HEADER || n > *size - 8 ? 8 : (size_t)(8 + n);
+  if (!(*buf = malloc(total ? total : 1)))
+    return sl__errbuf(err, errlen, SL_ERR_NOMEM, "out of memory for a %zu-byte header", total);
+  memcpy(*buf, head, total < 8 ? total : 8);
+  *len = total;
+  if (total <= 8) return SL_OK;
+  r = sl__pread_full(fd, *buf + 8, (size_t)n, 8);
+  sl_status s = SL_OK;
   if (r < 0)
     s = sl__errbuf(err, errlen, SL_ERR_IO, "cannot read the header: %s", strerror(errno));
   else if ((size_t)r < n)
     s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "file truncated while reading the header (%zd of %" PRIu64 " bytes)", r, n);
-  else
-    s = sl__st_parse(buf, total, size, out, err, errlen);
+  if (s != SL_OK) {
+    free(*buf);
+    *buf = NULL;
+  }
+  return s;
+}
+
+sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  uint8_t *buf;
+  size_t len;
+  uint64_t size;
+  sl_status s = read_header_bytes(fd, &buf, &len, &size, err, errlen);
+  if (s == SL_OK) s = sl__st_parse(buf, len, size, out, err, errlen);
+  free(buf);
+  return s;
+}
+
+sl_status sl__st_read_digest(int fd, uint64_t *digest, uint64_t *data_offset, uint64_t *file_size, char *err,
+                             size_t errlen) {
+  uint8_t *buf;
+  size_t len;
+  sl_status s = read_header_bytes(fd, &buf, &len, file_size, err, errlen);
+  if (s != SL_OK) return s;
+  if (len <= 8) { /* no header to hash: the parse says why */
+    sl__st_header h;
+    s = sl__st_parse(buf, len, *file_size, &h, err, errlen);
+    if (s == SL_OK) { /* cannot be: a header of 8 + N bytes was not read */
+      sl__st_header_free(&h);
+      s = sl__errbuf(err, errlen, SL_ERR_FORMAT, "header truncated");
+    }
+  } else {
+    *digest = XXH3_64bits(buf, len);
+    *data_offset = len;
+  }
   free(buf);
   return s;
 }

@@ -37,11 +37,19 @@ enum { ID_WORLD = 0, ID_PATH = 1, ID_HEADERS = 2 /* 0: this rank could not read 
 
 /* A rank other than 0 tries its own path: when it can read it, it reads its own copy from then
  * on (every-rank reads) and its headers prove which checkpoint it was given. Not being able to
- * is no error here; rank 0 reads for it. */
-static sl_source *open_own_copy(sl_context *ctx, const char *path) {
+ * is no error here; rank 0 reads for it.
+ *
+ * Its headers are hashed first, not parsed: when they are rank 0's byte for byte (the usual
+ * case) the copy takes the table rank 0 validated (REF, from its manifest), which a parse would
+ * only rebuild, at a cost that grows with the tensor count. Anything else (other headers, a file
+ * of another size, an index that does not fit) is parsed as before, so the verdict is the same:
+ * a copy that cannot be read, or one with headers of its own. */
+static sl_source *open_own_copy(sl_context *ctx, const char *path, sl_source *ref) {
   struct stat sb;
   if (!path || !*path || stat(path, &sb) != 0) return NULL;
   sl_source *own = NULL;
+  if (sl__source_open_copy(ctx, path, ref, &own) == SL_OK) return own;
+  ctx->errmsg[0] = 0;
   if (sl__source_open_local(ctx, path, &own) != SL_OK) {
     sl__log(ctx, SL_LOG_INFO, "rank %d: cannot read %s itself (%s); rank 0's reading stands for it", ctx->rank,
             path, ctx->errmsg);
@@ -178,7 +186,7 @@ static sl_status open_collective(sl_context *ctx, const char *path, bool memory,
   if (st == SL_OK && ctx->rank != 0)
     st = sl__source_deserialize_ex(ctx, manifest, (size_t)v.manifest_len, memory, &src);
   if (bs != SL_OK) goto out_free;
-  if (st == SL_OK && ctx->rank != 0 && !memory) own = open_own_copy(ctx, path);
+  if (st == SL_OK && ctx->rank != 0 && !memory) own = open_own_copy(ctx, path, src);
 
   /* agree: a rank that could not take the manifest fails everyone, with its message; then the
    * identity (see the head of this file) */

@@ -26,6 +26,7 @@ typedef struct src_file {
    * freed inode number back (ext4, tmpfs); its times still differ. */
   struct timespec mtime, ctime;
   uint64_t header_digest; /* XXH3-64 of 8 + N header bytes as first read; 0 if not read here */
+  uint64_t data_offset;   /* 8 + N as first read; 0 if not read here */
 } src_file;
 
 struct sl_source {
@@ -51,6 +52,9 @@ struct sl_source {
   const void **mem_data;
   sl_source_read_fn mem_read;
   void *mem_user;
+  /* While sl__source_open_copy opens this rank's own copy: the source rank 0's manifest built,
+   * whose headers each file must have byte for byte (hashed, not parsed); NULL otherwise. */
+  sl_source *copy_of;
 };
 
 sl_source *sl__source_new(sl_context *ctx);
