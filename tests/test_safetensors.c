@@ -506,6 +506,7 @@ static void header_out_of_memory_every_allocation(void **state) {
   snprintf(want, sizeof want, "out of memory parsing its %zu-byte header", hlen);
   sl__st_header h;
   long budget = 0;
+  sl__st_scan = false; /* the tree's allocations, which the scan would spare */
   for (;; budget++) {
     sl_test_json_alloc_budget(budget);
     sl_status s = sl__st_parse(b, len, len, &h, g_err, sizeof g_err);
@@ -519,6 +520,7 @@ static void header_out_of_memory_every_allocation(void **state) {
     assert_null(h.tensors);
     assert_null(h.meta_keys);
   }
+  sl__st_scan = true;
   assert_true(budget > 10); /* the header's parse took that many allocations, each failed once */
   assert_int_equal(h.count, 6);
   sl__st_header_free(&h);
@@ -537,7 +539,8 @@ static long vm_data_bytes(void) {
 }
 
 /* The same under a real memory limit: a child whose data limit holds the header's bytes but not
- * jansson's tree of it (some 20 MiB). Not under ASan, whose shadow memory counts as data. */
+ * jansson's tree of it (some 20 MiB), nor the scan's table (some 10 MiB: the scan gives up and
+ * the tree says what failed). Not under ASan, whose shadow memory counts as data. */
 static void header_out_of_memory_under_a_data_limit(void **state) {
 #ifdef SL_TEST_ASAN
   skip();
@@ -578,6 +581,149 @@ static void header_out_of_memory_under_a_data_limit(void **state) {
   free(b);
 }
 
+/* ---- the scan and the tree agree ----------------------------------------------------------- */
+
+/* Parses HDR (with DATA_LEN data bytes) with the scan and with jansson's tree alone: the same
+ * status, message and table. Returns the status. */
+static sl_status parse_both(const char *hdr, size_t data_len) {
+  size_t n = strlen(hdr), len = 8 + n + data_len;
+  unsigned char *b = calloc(1, len);
+  assert_non_null(b);
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)n >> (8 * i));
+  memcpy(b + 8, hdr, n);
+  sl__st_header a, t;
+  char ea[1024], et[1024];
+  sl_status sa = sl__st_parse(b, len, len, &a, ea, sizeof ea);
+  sl__st_scan = false;
+  sl_status st = sl__st_parse(b, len, len, &t, et, sizeof et);
+  sl__st_scan = true;
+  if (sa != st || (sa != SL_OK && strcmp(ea, et)))
+    fail_msg("%s: scan %s '%s', tree %s '%s'", hdr, sl_status_name(sa), sa ? ea : "", sl_status_name(st), st ? et : "");
+  if (sa == SL_OK) {
+    assert_int_equal(a.count, t.count);
+    assert_int_equal(a.data_offset, t.data_offset);
+    assert_int_equal(a.data_size, t.data_size);
+    assert_int_equal(a.header_digest, t.header_digest);
+    for (size_t i = 0; i < a.count; i++) {
+      assert_string_equal(a.tensors[i].name, t.tensors[i].name);
+      assert_int_equal(a.tensors[i].dtype, t.tensors[i].dtype);
+      assert_int_equal(a.tensors[i].ndim, t.tensors[i].ndim);
+      assert_memory_equal(a.tensors[i].shape, t.tensors[i].shape, sizeof a.tensors[i].shape);
+      assert_int_equal(a.tensors[i].begin, t.tensors[i].begin);
+      assert_int_equal(a.tensors[i].end, t.tensors[i].end);
+    }
+    assert_int_equal(a.meta_count, t.meta_count);
+    for (size_t i = 0; i < a.meta_count; i++) {
+      assert_string_equal(a.meta_keys[i], t.meta_keys[i]);
+      assert_string_equal(a.meta_values[i], t.meta_values[i]);
+    }
+    sl__st_header_free(&a);
+    sl__st_header_free(&t);
+  }
+  free(b);
+  return sa;
+}
+
+/* The scan takes HDR itself: it parses with every jansson allocation failing. */
+static void scan_takes(const char *hdr, size_t data_len) {
+  assert_int_equal(parse_both(hdr, data_len), SL_OK);
+  size_t n = strlen(hdr), len = 8 + n + data_len;
+  unsigned char *b = calloc(1, len);
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)n >> (8 * i));
+  memcpy(b + 8, hdr, n);
+  sl__st_header h;
+  sl_test_json_alloc_budget(0);
+  sl_status s = sl__st_parse(b, len, len, &h, g_err, sizeof g_err);
+  sl_test_json_alloc_budget(-1);
+  if (s != SL_OK) fail_msg("the scan did not take %s: %s", hdr, g_err);
+  sl__st_header_free(&h);
+  free(b);
+}
+
+#define E3(name) "\"" name "\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}"
+
+/* The scan (the common header read without a JSON tree) takes what writers write, and gives
+ * back to the tree, whose verdict and message stand, everything it does not read itself: each
+ * case here is parsed both ways and must come out the same. */
+static void scan_agrees_with_tree(void **state) {
+  /* taken by the scan */
+  scan_takes("{}", 0);
+  scan_takes(" { } ", 0);
+  scan_takes("{" E3("a") "}", 3);
+  scan_takes("{\"__metadata__\":{},\"a\":{\"data_offsets\":[0,12],\"shape\":[3],\"dtype\":\"F32\"}}", 12);
+  scan_takes("{\"__metadata__\":{\"format\":\"pt\",\"k\\n\\u00e9\\u4e2d\":\"v\\\"\\\\\\/\\b\\f\\r\\t\"}," E3("a") "}", 3);
+  scan_takes("{\t\"x\\u0041\\u00ff\\u0800\" :\r\n{ \"dtype\" : \"BF16\" , \"shape\" : [ 2 , 0 ] , "
+             "\"data_offsets\" : [ 0 , 0 ] } , " E3("a") " }   ", 3);
+  scan_takes("{\"s\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]},"
+             "\"e\":{\"dtype\":\"I8\",\"shape\":[0,7],\"data_offsets\":[8,8]}}", 8);
+  scan_takes("{\"__metadata__\":{\"a\":\"1\"},\"\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1);
+  scan_takes("{\"\\u005f_metadata__\":{\"a\":\"b\"}}", 0); /* an escaped __metadata__ is the metadata */
+  /* the tree's to read (its verdict, accepted or refused, is the one given) */
+  static const struct {
+    const char *hdr;
+    size_t data;
+  } cases[] = {
+      {"{\"a\\ud83d\\ude00\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}", 3}, /* a pair */
+      {"{\"a\\ud83d\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}", 3},          /* a lone one */
+      {"{\"a\\u0000\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\\x\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\\u00g0\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\tb\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}", 3}, /* a raw control */
+      {"{" E3("a") "," E3("a") "}", 3},
+      {"{\"__metadata__\":{},\"__metadata__\":{}}", 0},
+      {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0},
+      {"{\"__metadata__\":{\"k\":1}}", 0},
+      {"{\"__metadata__\":[]}", 0},
+      {"{\"a\":{\"dtype\":\"U8\",\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3],\"x\":1}}", 3},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[3]}}", 3},
+      {"{\"a\":{}}", 0},
+      {"{\"a\":{\"dtype\":\"U9\",\"shape\":[3],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\":{\"dtype\":\"a very long dtype name\",\"shape\":[3],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\":{\"dtype\":3,\"shape\":[3],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[03],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[3.0],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[3e0],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[-0,3],\"data_offsets\":[0,0]}}", 0},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[-3],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[3,],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[3 1],\"data_offsets\":[0,3]}}", 3},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[9223372036854775807,0],\"data_offsets\":[0,0]}}", 0},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[9223372036854775808,0],\"data_offsets\":[0,0]}}", 0},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,0],\"data_offsets\":[0,0]}}", 0},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,0]}}", 0},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3,3]}}", 3},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[3,0]}}", 3},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,4]}}", 4},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[1,4]}}", 4},   /* a hole: the layout */
+      {"{" E3("a") "}", 4},                                                            /* trailing data */
+      {"{" E3("a") "} x", 3},
+      {"{" E3("a") ",}", 3},
+      {"{" E3("a") "", 3},
+      {"[]", 0},
+      {"{\"a\":null}", 0},
+      {"{\"a\" {}}", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) parse_both(cases[i].hdr, cases[i].data);
+  /* every prefix of a header the scan takes is refused alike */
+  const char *full = "{\"__metadata__\":{\"k\\u00e9\":\"v\"},\"b\\n\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[3,5]},"
+                     E3("a") "}";
+  scan_takes(full, 5);
+  char cut[256];
+  for (size_t k = 1; k < strlen(full); k++) {
+    snprintf(cut, sizeof cut, "%.*s", (int)k, full);
+    assert_int_not_equal(parse_both(cut, 5), SL_OK);
+  }
+  /* and a large one, as writers lay it out */
+  size_t len, hlen;
+  unsigned char *b = image_of(2000, &len, &hlen);
+  char *hdr = strndup((const char *)b + 8, hlen);
+  scan_takes(hdr, len - 8 - hlen);
+  free(hdr);
+  free(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(valid_minimal),   cmocka_unit_test(empty_header),
@@ -593,6 +739,7 @@ int main(void) {
       cmocka_unit_test(negative_zero),   cmocka_unit_test(nul_bytes),
       cmocka_unit_test(header_out_of_memory_every_allocation),
       cmocka_unit_test(header_out_of_memory_under_a_data_limit),
+      cmocka_unit_test(scan_agrees_with_tree),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -128,6 +128,10 @@ typedef struct sl__st_header {
  * On failure writes a specific message to err (no file name; the caller adds it). */
 sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__st_header *out,
                        char *err, size_t errlen);
+/* Whether sl__st_parse and sl__st_read try the scan that reads the common header without a JSON
+ * tree (safetensors.c) before jansson's tree; true unless a test turns it off, to compare the
+ * two (fuzz/fuzz_header.c) or to fail jansson's allocations one by one. */
+extern bool sl__st_scan;
 /* Reads the header of an open file descriptor and parses it. */
 sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen);
 /* Reads the header of FD without parsing it: *DIGEST is what sl__st_read would give as

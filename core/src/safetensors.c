@@ -275,7 +275,323 @@ static sl_status header_nomem(char *err, size_t errlen, const char *doing, size_
   return sl__errbuf_nomem(err, errlen, doing, n, "header");
 }
 
-static sl_status parse_json(const char *text, size_t n, sl__st_header *out, char *err, size_t errlen) {
+/* ---- the scan: the common header without a JSON tree ---------------------------------------
+ * jansson builds a tree of the whole header (an object, its table and pairs, strings, arrays
+ * and integers for every tensor: a dozen allocations and some 25,000 instructions a tensor),
+ * which a checkpoint of tens of thousands of tensors pays for on every open. The scan reads
+ * the headers writers produce straight into the tensor table: a top-level object of tensor
+ * entries {dtype, shape, data_offsets} in any key order and an optional __metadata__ object of
+ * strings, with JSON's whitespace, plain non-negative integers and strings whose escapes are
+ * the short ones or \uXXXX of a code point of the basic plane other than U+0000 and the
+ * surrogates. It accepts only a header that parse_json's tree would accept with the same
+ * table: anything else it does not take (another JSON value, a sign, a fraction or exponent,
+ * an integer past int64, a duplicate key, an unknown key, a dtype, shape or offsets the
+ * validation refuses, running out of memory), and the tree then reads the header and words
+ * its verdict, so that every message is the tree's. fuzz/fuzz_header.c checks that both agree
+ * on every input the scan takes. */
+
+typedef struct scan {
+  const char *p, *end;
+} scan;
+
+static void scan_ws(scan *s) {
+  while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r')) s->p++;
+}
+
+static bool scan_char(scan *s, char c) {
+  scan_ws(s);
+  if (s->p >= s->end || *s->p != c) return false;
+  s->p++;
+  return true;
+}
+
+static int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+/* A string at the cursor: *V, *LEN point into the text when it has no escape, else into *OWNED
+ * (malloc'd, NUL-terminated, which the caller frees). The text is valid UTF-8 already. */
+static bool scan_string(scan *s, const char **v, size_t *len, char **owned) {
+  *owned = NULL;
+  if (!scan_char(s, '"')) return false;
+  const char *start = s->p;
+  while (s->p < s->end && *s->p != '"' && *s->p != '\\' && (unsigned char)*s->p >= 0x20) s->p++;
+  if (s->p >= s->end || (unsigned char)*s->p < 0x20) return false;
+  if (*s->p == '"') {
+    *v = start;
+    *len = (size_t)(s->p - start);
+    s->p++;
+    return true;
+  }
+  /* escapes: the decoded text is never longer than the escaped one */
+  const char *q = start;
+  while (q < s->end && *q != '"') q += *q == '\\' ? 2 : 1;
+  if (q >= s->end) return false;
+  char *o = malloc((size_t)(q - start) + 1);
+  if (!o) return false;
+  size_t k = (size_t)(s->p - start);
+  memcpy(o, start, k);
+  while (s->p < s->end && *s->p != '"') {
+    unsigned char c = (unsigned char)*s->p;
+    if (c < 0x20) goto bad;
+    if (c != '\\') {
+      o[k++] = (char)c;
+      s->p++;
+      continue;
+    }
+    if (s->end - s->p < 2) goto bad;
+    char e = s->p[1];
+    s->p += 2;
+    switch (e) {
+    case '"': o[k++] = '"'; break;
+    case '\\': o[k++] = '\\'; break;
+    case '/': o[k++] = '/'; break;
+    case 'b': o[k++] = '\b'; break;
+    case 'f': o[k++] = '\f'; break;
+    case 'n': o[k++] = '\n'; break;
+    case 'r': o[k++] = '\r'; break;
+    case 't': o[k++] = '\t'; break;
+    case 'u': {
+      if (s->end - s->p < 4) goto bad;
+      unsigned cp = 0;
+      for (int i = 0; i < 4; i++) {
+        int h = hex_value(s->p[i]);
+        if (h < 0) goto bad;
+        cp = cp << 4 | (unsigned)h;
+      }
+      s->p += 4;
+      if (cp == 0 || (cp >= 0xd800 && cp <= 0xdfff)) goto bad; /* the tree's to judge */
+      if (cp < 0x80) {
+        o[k++] = (char)cp;
+      } else if (cp < 0x800) {
+        o[k++] = (char)(0xc0 | cp >> 6);
+        o[k++] = (char)(0x80 | (cp & 0x3f));
+      } else {
+        o[k++] = (char)(0xe0 | cp >> 12);
+        o[k++] = (char)(0x80 | ((cp >> 6) & 0x3f));
+        o[k++] = (char)(0x80 | (cp & 0x3f));
+      }
+      break;
+    }
+    default: goto bad;
+    }
+  }
+  if (s->p >= s->end) goto bad;
+  s->p++;
+  o[k] = 0;
+  *v = o;
+  *len = k;
+  *owned = o;
+  return true;
+bad:
+  free(o);
+  return false;
+}
+
+static bool is_key(const char *v, size_t len, const char *key) { return len == strlen(key) && !memcmp(v, key, len); }
+
+static char *dup_view(const char *v, size_t len, char **owned) {
+  if (*owned) { /* already a NUL-terminated copy of its own */
+    char *o = *owned;
+    *owned = NULL;
+    return o;
+  }
+  return strndup(v, len);
+}
+
+/* A non-negative integer as JSON writes it (no sign, no leading zero, no fraction or exponent)
+ * within int64, as jansson reads one. */
+static bool scan_uint(scan *s, uint64_t *out) {
+  scan_ws(s);
+  const char *d = s->p;
+  uint64_t v = 0;
+  while (s->p < s->end && *s->p >= '0' && *s->p <= '9') {
+    unsigned digit = (unsigned)(*s->p - '0');
+    if (v > (uint64_t)(INT64_MAX - digit) / 10) return false;
+    v = v * 10 + digit;
+    s->p++;
+  }
+  if (s->p == d || (*d == '0' && s->p - d > 1)) return false;
+  if (s->p < s->end && (*s->p == '.' || *s->p == 'e' || *s->p == 'E')) return false;
+  *out = v;
+  return true;
+}
+
+/* [u, u, ...] with at most MAX entries. */
+static bool scan_uints(scan *s, uint64_t *vals, int max, int *n) {
+  *n = 0;
+  if (!scan_char(s, '[')) return false;
+  if (scan_char(s, ']')) return true;
+  do {
+    if (*n == max || !scan_uint(s, &vals[*n])) return false;
+    (*n)++;
+  } while (scan_char(s, ','));
+  return scan_char(s, ']');
+}
+
+/* One tensor entry, validated as parse_tensor validates it (the tree words any refusal). */
+static bool scan_tensor(scan *s, sl__st_tensor *t) {
+  if (!scan_char(s, '{')) return false;
+  char dtype[16] = "";
+  uint64_t shape[SL_MAX_DIMS], offs[2];
+  int nd = 0, noffs = 0;
+  unsigned seen = 0;
+  do {
+    const char *k;
+    size_t klen;
+    char *owned;
+    if (!scan_string(s, &k, &klen, &owned)) return false;
+    unsigned bit = is_key(k, klen, "dtype") ? 1 : is_key(k, klen, "shape") ? 2 : is_key(k, klen, "data_offsets") ? 4 : 0;
+    free(owned);
+    if (!bit || (seen & bit) || !scan_char(s, ':')) return false;
+    seen |= bit;
+    bool ok;
+    if (bit == 1) {
+      const char *v;
+      size_t vlen;
+      ok = scan_string(s, &v, &vlen, &owned) && vlen < sizeof dtype;
+      if (ok) memcpy(dtype, v, vlen), dtype[vlen] = 0;
+      free(owned);
+    } else if (bit == 2) {
+      ok = scan_uints(s, shape, SL_MAX_DIMS, &nd);
+    } else {
+      ok = scan_uints(s, offs, 2, &noffs) && noffs == 2;
+    }
+    if (!ok) return false;
+  } while (scan_char(s, ','));
+  if (!scan_char(s, '}') || seen != 7) return false;
+  if ((t->dtype = sl__dtype_from_st(dtype)) == SL_DTYPE_INVALID) return false;
+  t->ndim = nd;
+  uint64_t nbytes = sl_dtype_size(t->dtype);
+  for (int d = 0; d < nd; d++) {
+    t->shape[d] = (int64_t)shape[d];
+    if (!sl__mul_u64(nbytes, shape[d], &nbytes)) return false; /* the tree tells overflow from order */
+  }
+  t->begin = offs[0];
+  t->end = offs[1];
+  return t->begin <= t->end && t->end - t->begin == nbytes;
+}
+
+/* __metadata__: an object of strings, no key twice. */
+static bool scan_metadata(scan *s, sl__st_header *out) {
+  if (!scan_char(s, '{')) return false;
+  if (scan_char(s, '}')) return true;
+  size_t cap = 0;
+  do {
+    const char *k, *v;
+    size_t klen, vlen;
+    char *ko, *vo;
+    if (!scan_string(s, &k, &klen, &ko)) return false;
+    bool ok = scan_char(s, ':') && scan_string(s, &v, &vlen, &vo);
+    if (!ok) {
+      free(ko);
+      return false;
+    }
+    if (out->meta_count == cap) {
+      cap = cap ? 2 * cap : 8;
+      char **nk = realloc(out->meta_keys, cap * sizeof *nk);
+      if (nk) out->meta_keys = nk;
+      char **nv = nk ? realloc(out->meta_values, cap * sizeof *nv) : NULL;
+      if (nv) out->meta_values = nv;
+      if (!nk || !nv) ok = false;
+    }
+    size_t i = out->meta_count;
+    char *key = ok ? dup_view(k, klen, &ko) : NULL, *val = key ? dup_view(v, vlen, &vo) : NULL;
+    free(ko);
+    free(vo);
+    if (!val) {
+      free(key);
+      return false;
+    }
+    out->meta_keys[i] = key;
+    out->meta_values[i] = val;
+    out->meta_count++;
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(out->meta_keys[j], key)) return false; /* metadata are few */
+  } while (scan_char(s, ','));
+  return scan_char(s, '}');
+}
+
+/* No tensor name twice (the tree refuses a duplicate key): a table of name hashes. */
+static bool names_distinct(const sl__st_header *h) {
+  size_t cap = 16;
+  while (cap < 2 * h->count) cap <<= 1;
+  size_t *slot = calloc(cap, sizeof *slot);
+  if (!slot) return false;
+  bool ok = true;
+  for (size_t i = 0; i < h->count && ok; i++) {
+    size_t k = (size_t)XXH3_64bits(h->tensors[i].name, strlen(h->tensors[i].name)) & (cap - 1);
+    while (slot[k] && ok) {
+      ok = strcmp(h->tensors[slot[k] - 1].name, h->tensors[i].name) != 0;
+      k = (k + 1) & (cap - 1);
+    }
+    slot[k] = i + 1;
+  }
+  free(slot);
+  return ok;
+}
+
+/* The scan of TEXT into OUT (tensors in the header's order, metadata): true when it takes the
+ * header, else false with OUT empty, for the tree to read. */
+static bool scan_header(const char *text, size_t n, sl__st_header *out) {
+  scan s = {text, text + n};
+  size_t cap = 0;
+  bool meta = false, ok = scan_char(&s, '{');
+  if (ok && !scan_char(&s, '}')) {
+    do {
+      const char *k;
+      size_t klen;
+      char *owned;
+      if (!(ok = scan_string(&s, &k, &klen, &owned) && scan_char(&s, ':'))) {
+        free(owned);
+        break;
+      }
+      if (is_key(k, klen, "__metadata__")) {
+        free(owned);
+        ok = !meta && scan_metadata(&s, out);
+        meta = true;
+        continue;
+      }
+      if (out->count == cap) {
+        cap = cap ? 2 * cap : 64;
+        sl__st_tensor *nt = realloc(out->tensors, cap * sizeof *nt);
+        if (!nt) {
+          free(owned);
+          ok = false;
+          break;
+        }
+        out->tensors = nt;
+      }
+      sl__st_tensor *t = &out->tensors[out->count];
+      memset(t, 0, sizeof *t);
+      if (!(t->name = dup_view(k, klen, &owned))) {
+        free(owned);
+        ok = false;
+        break;
+      }
+      out->count++;
+      ok = scan_tensor(&s, t);
+    } while (ok && scan_char(&s, ','));
+    ok = ok && scan_char(&s, '}');
+  }
+  scan_ws(&s);
+  if (ok && s.p == s.end && names_distinct(out)) return true;
+  uint64_t off = out->data_offset, size = out->data_size; /* the caller's */
+  sl__st_header_free(out);
+  out->data_offset = off;
+  out->data_size = size;
+  return false;
+}
+
+static sl_status parse_json(const char *text, size_t n, bool try_scan, sl__st_header *out, char *err,
+                            size_t errlen) {
+  if (try_scan && scan_header(text, n, out)) {
+    if (out->count > 1) qsort(out->tensors, out->count, sizeof *out->tensors, tensor_cmp);
+    return check_layout(out, err, errlen);
+  }
   json_error_t jerr;
   bool nomem;
   json_t *root = sl__json_loadb(text, n, &jerr, &nomem);
@@ -329,8 +645,18 @@ out_root:
   return s;
 }
 
+bool sl__st_scan = true;
+
+static sl_status parse_image(const uint8_t *buf, size_t len, uint64_t file_size, bool try_scan, sl__st_header *out,
+                             char *err, size_t errlen);
+
 sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__st_header *out, char *err,
                        size_t errlen) {
+  return parse_image(buf, len, file_size, sl__st_scan, out, err, errlen);
+}
+
+static sl_status parse_image(const uint8_t *buf, size_t len, uint64_t file_size, bool try_scan, sl__st_header *out,
+                             char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   if (err && errlen) err[0] = 0;
   if (file_size < 8)
@@ -366,7 +692,7 @@ sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__s
 
   out->data_offset = 8 + n;
   out->data_size = file_size - out->data_offset;
-  sl_status s = parse_json((const char *)buf + 8, (size_t)n, out, err, errlen);
+  sl_status s = parse_json((const char *)buf + 8, (size_t)n, try_scan, out, err, errlen);
   if (s != SL_OK) {
     sl__st_header_free(out);
     return s;
