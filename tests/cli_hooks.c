@@ -10,7 +10,9 @@
  *     tell that every rank of a job holds the same secret and that jobs differ, without the
  *     secret being printed), LOCAL_WORLD_SIZE and SHARDLOAD_INSECURE_RENDEZVOUS;
  *   SHARDLOAD_TEST_SLOW_EXIT_RANK=R makes rank R end 300 ms after its work, so the tests can
- *     order the ranks' exits. */
+ *     order the ranks' exits;
+ *   SHARDLOAD_TEST_KEEP_REPORTS=DIR makes each rank copy the report it hands the launcher to
+ *     DIR/rank-R.json (the launcher removes its own), so the tests can see what it holds. */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -63,7 +65,22 @@ void cli_hook_load(sl_context *ctx, sl_load_options *lo) {
   lo->bind_user = NULL;
 }
 
-void cli_hook_rank_exit(int rank) {
+static void keep_report(int rank, const char *report_path) {
+  const char *dir = getenv("SHARDLOAD_TEST_KEEP_REPORTS");
+  if (!dir || !*dir) return;
+  char dst[4096];
+  snprintf(dst, sizeof dst, "%s/rank-%d.json", dir, rank);
+  FILE *in = fopen(report_path, "rb"), *out = fopen(dst, "wb");
+  char buf[8192];
+  size_t n;
+  while (in && out && (n = fread(buf, 1, sizeof buf, in)) > 0)
+    if (fwrite(buf, 1, n, out) != n) break;
+  if (in) fclose(in);
+  if (out) fclose(out);
+}
+
+void cli_hook_rank_exit(int rank, const char *report_path) {
+  keep_report(rank, report_path);
   const char *slow = getenv("SHARDLOAD_TEST_SLOW_EXIT_RANK");
   if (slow && *slow && atoi(slow) == rank) usleep(300 * 1000);
 }

@@ -291,6 +291,76 @@ static void test_human_output(void **state) {
   free(out);
 }
 
+/* What each rank hands the launcher (kept by the test hook): without --json a summary of a size
+ * that does not grow with the tensor count (no entry per tensor, nor per skipped name: a
+ * checkpoint of tens of thousands of tensors must not cost a report of megabytes written, read
+ * and parsed per rank), whose placement groups the launcher's table prints; with --json every
+ * tensor, as the merged report holds it. */
+static void test_rank_reports_scale_with_json_only(void **state) {
+  enum { N = 3000 };
+  char *ck = sl_test_path(g_dir, "many.safetensors"), *keep = sl_test_path(g_dir, "reports");
+  char *merged = sl_test_path(g_dir, "many.out"), *out = NULL;
+  assert_int_equal(sl_test_run(&out, "%s synth '%s' --size 64KiB --tensors %d", sl_test_bin(), ck, N), 0);
+  free(out);
+  static const char *const modes[] = {"", "--verbose", "--json"};
+  for (size_t m = 0; m < 3; m++) {
+    int json = !strcmp(modes[m], "--json");
+    assert_int_equal(sl_test_run(&out, "rm -rf '%s' && mkdir '%s'", keep, keep), 0);
+    free(out);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "SHARDLOAD_TEST_KEEP_REPORTS='%s' %s load '%s' --nproc 2 --backend cpu %s", keep,
+             hooks_bin(), ck, modes[m]);
+    assert_int_equal(run_to_file(merged, cmd), 0);
+    assert_no_children();
+    json_t *all = json ? load_json_file(merged) : NULL;
+    for (int r = 0; r < 2; r++) {
+      char name[32];
+      snprintf(name, sizeof name, "rank-%d.json", r);
+      char *rp = sl_test_path(keep, name);
+      struct stat st;
+      assert_int_equal(stat(rp, &st), 0);
+      json_t *j = load_json_file(rp);
+      assert_int_equal(jint(j, "totals", "tensors"), N); /* every tensor has a shard on every rank */
+      json_t *ts = json_object_get(j, "tensors"), *groups = json_object_get(j, "placements");
+      if (json) {
+        assert_int_equal(json_array_size(ts), N);
+        assert_true(json_is_array(json_object_get(j, "skipped")));
+        assert_null(groups);
+        /* the merged report holds the rank's report as it is */
+        assert_true(json_equal(j, json_array_get(json_object_get(all, "ranks"), (size_t)r)));
+      } else {
+        if (ts || json_object_get(j, "skipped")) fail_msg("%s %s: rank %d's report lists tensors", ck, modes[m], r);
+        if (st.st_size > 4096) fail_msg("%s %s: rank %d's report is %lld bytes", ck, modes[m], r, (long long)st.st_size);
+        assert_int_equal(json_array_size(groups), 1);
+        json_t *g = json_array_get(groups, 0);
+        assert_int_equal(jint(g, "tensors", NULL), N);
+        assert_int_equal(jint(g, "pinned", NULL), 0);
+        assert_string_equal(json_string_value(json_object_get(g, "placement")), "device");
+      }
+      json_decref(j);
+      free(rp);
+    }
+    if (!json) {
+      FILE *f = fopen(merged, "r");
+      assert_non_null(f);
+      fseek(f, 0, SEEK_END);
+      long size = ftell(f);
+      rewind(f);
+      char *text = malloc((size_t)size + 1);
+      assert_non_null(text);
+      text[fread(text, 1, (size_t)size, f)] = 0;
+      fclose(f);
+      assert_non_null(strstr(text, "rank 0: 3000 tensors"));
+      assert_non_null(strstr(text, "3000 x device by rule \"inferred: no offload policy\""));
+      free(text);
+    }
+    json_decref(all);
+  }
+  free(merged);
+  free(keep);
+  free(ck);
+}
+
 /* The merged report prints the user's checkpoint path and dump directory escaped: a newline in
  * either cannot forge a line of the report (here a "shardload: " error line). */
 static void test_report_escapes_paths(void **state) {
@@ -666,6 +736,7 @@ int main(void) {
       cmocka_unit_test(test_matrix),
       cmocka_unit_test(test_cast_and_one_rank),
       cmocka_unit_test(test_human_output),
+      cmocka_unit_test(test_rank_reports_scale_with_json_only),
       cmocka_unit_test(test_report_escapes_paths),
       cmocka_unit_test(test_missing_file),
       cmocka_unit_test(test_rank_dies),

@@ -211,6 +211,9 @@ typedef struct cli_load_args {
   FILE *table_out;        /* also write the human table here (a rank of --nproc --verbose) */
   const char *table_out_name; /* its path, for an error line */
   int test_hooks;         /* a rank of --nproc: call the test hooks (cli_hook_load) */
+  int report_summary;     /* a rank of --nproc without --json: its JSON report holds no entry per
+                           * tensor (nor skipped name), only "placements", what the launcher's
+                           * table prints (per-tensor cost stays out of the launcher's path) */
   cli_plan_args plan;
 } cli_load_args;
 
@@ -224,9 +227,9 @@ int cli_load_rank(const cli_load_args *args, FILE *out, const char *out_name);
  * command), whose hooks obey SHARDLOAD_TEST_* variables, so that no variable of the shipped
  * command kills, stalls or describes a rank. cli_hook_load runs once the context exists, before
  * sl_load, and may set LO's bind; cli_hook_rank_exit runs after the rank's work, before it
- * exits. */
+ * exits, with its report for the launcher (REPORT_PATH) complete. */
 void cli_hook_load(sl_context *ctx, sl_load_options *lo);
-void cli_hook_rank_exit(int rank);
+void cli_hook_rank_exit(int rank, const char *report_path);
 /* Peak resident set of this process so far (getrusage ru_maxrss), in bytes. */
 uint64_t cli_peak_rss_bytes(void);
 

@@ -188,11 +188,46 @@ static json_t *tensor_json(const sl_context *ctx, const sl_tensor *t) {
   return NULL;
 }
 
+/* The summary of where the rank's tensors went, for the launcher's one line per rank: one entry
+ * {placement, rule, tensors, pinned} for each (placement, rule) pair the tensors used, in the
+ * order of their first tensor. A few pairs at most, whatever the tensor count. */
+static json_t *placements_json(const sl_state *st) {
+  typedef struct group {
+    const char *placement, *rule;
+    size_t count, pinned;
+  } group;
+  size_t n = sl_state_count(st), ng = 0;
+  group *g = calloc(n ? n : 1, sizeof *g);
+  json_t *arr = json_array();
+  int bad = !g || !arr;
+  for (size_t i = 0; i < n && !bad; i++) {
+    const sl_tensor *t = sl_state_tensor(st, i);
+    const char *pl = sl_device_kind_name(t->device), *rule = sl_placement_rule_describe(t->rule);
+    size_t k = 0;
+    while (k < ng && (strcmp(g[k].placement, pl) || strcmp(g[k].rule, rule))) k++;
+    if (k == ng) g[ng++] = (group){pl, rule, 0, 0};
+    g[k].count++;
+    g[k].pinned += t->pinned != 0;
+  }
+  for (size_t k = 0; k < ng && !bad; k++) {
+    json_t *o = json_object();
+    bad |= json_object_set_new(o, "placement", json_string(g[k].placement));
+    bad |= json_object_set_new(o, "rule", json_string(g[k].rule));
+    bad |= json_object_set_new(o, "tensors", json_integer((json_int_t)g[k].count));
+    bad |= json_object_set_new(o, "pinned", json_integer((json_int_t)g[k].pinned));
+    bad |= json_array_append_new(arr, o);
+  }
+  free(g);
+  if (!bad) return arr;
+  json_decref(arr);
+  return NULL;
+}
+
 /* The rank's JSON report; NULL when out of memory (a report with parts left out would be read
  * as the load's). Text that a backend or collective module gives is kept as valid UTF-8. */
 static json_t *report_json(const sl_context *ctx, const cli_load_args *a, const sl_state *st, const load_totals *tot,
                            const char *dump_path) {
-  json_t *root = json_object(), *cj = json_object(), *ts = json_array(), *sk = json_array(), *to = json_object();
+  json_t *root = json_object(), *cj = json_object(), *to = json_object();
   int bad = json_object_set_new(root, "rank", json_integer(sl_context_rank(ctx)));
   bad |= json_object_set_new(root, "world_size", json_integer(sl_context_world_size(ctx)));
   bad |= cli_json_set_path(root, "path", a->path);
@@ -205,13 +240,19 @@ static json_t *report_json(const sl_context *ctx, const cli_load_args *a, const 
   bad |= json_object_set_new(root, "strategy", json_string(strategy_name(a->strategy)));
   bad |= json_object_set_new(root, "source", json_string(source_name(a->read_mode)));
 
-  for (size_t i = 0; i < sl_state_count(st) && !bad; i++)
-    bad |= json_array_append_new(ts, tensor_json(ctx, sl_state_tensor(st, i)));
-  bad |= json_object_set_new(root, "tensors", ts);
+  if (a->report_summary) {
+    /* for the launcher's table: what it prints, never a line per tensor */
+    bad |= json_object_set_new(root, "placements", placements_json(st));
+  } else {
+    json_t *ts = json_array(), *sk = json_array();
+    for (size_t i = 0; i < sl_state_count(st) && !bad; i++)
+      bad |= json_array_append_new(ts, tensor_json(ctx, sl_state_tensor(st, i)));
+    bad |= json_object_set_new(root, "tensors", ts);
 
-  for (size_t i = 0; i < sl_state_skipped_count(st) && !bad; i++)
-    bad |= json_array_append_new(sk, json_string(sl_state_skipped_at(st, i)));
-  bad |= json_object_set_new(root, "skipped", sk);
+    for (size_t i = 0; i < sl_state_skipped_count(st) && !bad; i++)
+      bad |= json_array_append_new(sk, json_string(sl_state_skipped_at(st, i)));
+    bad |= json_object_set_new(root, "skipped", sk);
+  }
 
   bad |= json_object_set_new(to, "tensors", json_integer((json_int_t)sl_state_count(st)));
   bad |= json_object_set_new(to, "bytes", json_integer((json_int_t)tot->bytes));

@@ -6,7 +6,10 @@
  * locks do not survive a fork), so each rank starts from a clean single-threaded copy and runs
  * cli_load_rank() with an explicit rank, world and rendezvous. A rank writes its JSON report
  * (and, with --verbose, its per-tensor table) to a file in the private directory and its
- * stderr to another; the launcher reads them only after every rank has ended.
+ * stderr to another; the launcher reads them only after every rank has ended. Without --json
+ * the report is a summary (totals, stats and a few placement groups, no entry per tensor): the
+ * launcher's table needs no more, and tens of thousands of tensors must not cost a JSON
+ * document of megabytes written, read and parsed per rank.
  *
  * Failure: the first rank to fail (non-zero exit or a signal) decides the outcome. The others
  * are asked to stop (SIGTERM) and killed after a grace period, so a rank stuck in a
@@ -149,6 +152,7 @@ static void run_rank(launch *L, int r) {
   a.local_rank = r;
   a.rendezvous = L->rdv;
   a.json = 1;
+  a.report_summary = !L->a->json; /* per-tensor entries only where the merged --json holds them */
   a.progress = 0;
   a.nproc = 0;
   a.table_out = table;
@@ -161,7 +165,7 @@ static void run_rank(launch *L, int r) {
   }
   if (table) fclose(table);
   fflush(NULL);
-  cli_hook_rank_exit(r);
+  cli_hook_rank_exit(r, p->json_path);
   /* _exit: no atexit handlers or static destructors of the launcher's copy */
   _exit(rc);
 }
@@ -340,31 +344,20 @@ static const char *jget_str2(json_t *o, const char *k1, const char *k2) {
   return jget_str(json_object_get(o, k1), k2);
 }
 
-/* '97 x cpu by rule "cpu_offload=on"' for each (placement, rule) the rank's tensors used. */
+/* '97 x cpu by rule "cpu_offload=on"' for each (placement, rule) the rank's tensors used: its
+ * report's "placements" (cmd_load.c), in the order of their first tensor. */
 static void placement_summary(json_t *rank, char *buf, size_t len) {
-  json_t *ts = json_object_get(rank, "tensors");
-  size_t n = json_array_size(ts), used = 0;
-  char *done = calloc(n ? n : 1, 1);
+  json_t *groups = json_object_get(rank, "placements");
+  size_t n = json_array_size(groups), used = 0;
   buf[0] = 0;
-  if (!done) return;
   for (size_t i = 0; i < n && used < len; i++) {
-    if (done[i]) continue;
-    json_t *t = json_array_get(ts, i);
-    const char *pl = jget_str(t, "placement"), *rule = jget_str(t, "rule");
-    size_t count = 0, pinned = 0;
-    for (size_t k = i; k < n; k++) {
-      json_t *u = json_array_get(ts, k);
-      if (done[k] || strcmp(pl, jget_str(u, "placement")) || strcmp(rule, jget_str(u, "rule"))) continue;
-      done[k] = 1;
-      count++;
-      pinned += json_is_true(json_object_get(u, "pinned"));
-    }
-    used += (size_t)snprintf(buf + used, len - used, "%s%zu x %s by rule \"%s\"", used ? ", " : "", count,
-                             pl, rule);
-    if (pinned && used < len) used += (size_t)snprintf(buf + used, len - used, " (%zu pinned)", pinned);
+    json_t *g = json_array_get(groups, i);
+    uint64_t count = jget_u64(g, "tensors", NULL), pinned = jget_u64(g, "pinned", NULL);
+    used += (size_t)snprintf(buf + used, len - used, "%s%llu x %s by rule \"%s\"", used ? ", " : "",
+                             (unsigned long long)count, jget_str(g, "placement"), jget_str(g, "rule"));
+    if (pinned && used < len) used += (size_t)snprintf(buf + used, len - used, " (%llu pinned)", (unsigned long long)pinned);
   }
   if (!n) snprintf(buf, len, "no tensors");
-  free(done);
 }
 
 static void print_table_file(cli_out *o, const char *path) {
