@@ -11,8 +11,9 @@
  *     secret being printed), LOCAL_WORLD_SIZE and SHARDLOAD_INSECURE_RENDEZVOUS;
  *   SHARDLOAD_TEST_SLOW_EXIT_RANK=R makes rank R end 300 ms after its work, so the tests can
  *     order the ranks' exits;
- *   SHARDLOAD_TEST_KEEP_REPORTS=DIR makes each rank copy the report it hands the launcher to
- *     DIR/rank-R.json (the launcher removes its own), so the tests can see what it holds. */
+ *   SHARDLOAD_TEST_KEEP_REPORTS=DIR makes each rank copy the reports it hands the launcher to
+ *     DIR/rank-R.json (the summary) and, with --json, DIR/rank-R.full.json (the launcher
+ *     removes its own), so the tests can see what they hold. */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -65,11 +66,11 @@ void cli_hook_load(sl_context *ctx, sl_load_options *lo) {
   lo->bind_user = NULL;
 }
 
-static void keep_report(int rank, const char *report_path) {
+static void keep_report(int rank, const char *report_path, const char *kind) {
   const char *dir = getenv("SHARDLOAD_TEST_KEEP_REPORTS");
-  if (!dir || !*dir) return;
+  if (!dir || !*dir || !report_path) return;
   char dst[4096];
-  snprintf(dst, sizeof dst, "%s/rank-%d.json", dir, rank);
+  snprintf(dst, sizeof dst, "%s/rank-%d%s.json", dir, rank, kind);
   FILE *in = fopen(report_path, "rb"), *out = fopen(dst, "wb");
   char buf[8192];
   size_t n;
@@ -79,8 +80,9 @@ static void keep_report(int rank, const char *report_path) {
   if (out) fclose(out);
 }
 
-void cli_hook_rank_exit(int rank, const char *report_path) {
-  keep_report(rank, report_path);
+void cli_hook_rank_exit(int rank, const char *report_path, const char *full_path) {
+  keep_report(rank, report_path, "");
+  keep_report(rank, full_path, ".full");
   const char *slow = getenv("SHARDLOAD_TEST_SLOW_EXIT_RANK");
   if (slow && *slow && atoi(slow) == rank) usleep(300 * 1000);
 }

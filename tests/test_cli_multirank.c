@@ -291,11 +291,25 @@ static void test_human_output(void **state) {
   free(out);
 }
 
-/* What each rank hands the launcher (kept by the test hook): without --json a summary of a size
- * that does not grow with the tensor count (no entry per tensor, nor per skipped name: a
- * checkpoint of tens of thousands of tensors must not cost a report of megabytes written, read
- * and parsed per rank), whose placement groups the launcher's table prints; with --json every
- * tensor, as the merged report holds it. */
+/* The whole text of PATH (malloc'd). */
+static char *read_text(const char *path) {
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  rewind(f);
+  char *text = malloc((size_t)size + 1);
+  assert_non_null(text);
+  text[fread(text, 1, (size_t)size, f)] = 0;
+  fclose(f);
+  return text;
+}
+
+/* What each rank hands the launcher (kept by the test hook): a summary of a size that does not
+ * grow with the tensor count (no entry per tensor, nor per skipped name: a checkpoint of tens of
+ * thousands of tensors must not cost a report of megabytes written, read and parsed per rank),
+ * whose placement groups the launcher's table prints; with --json also the whole report, which
+ * the merged report holds as it is, byte for byte what jansson writes for it. */
 static void test_rank_reports_scale_with_json_only(void **state) {
   enum { N = 3000 };
   char *ck = sl_test_path(g_dir, "many.safetensors"), *keep = sl_test_path(g_dir, "reports");
@@ -312,6 +326,7 @@ static void test_rank_reports_scale_with_json_only(void **state) {
              hooks_bin(), ck, modes[m]);
     assert_int_equal(run_to_file(merged, cmd), 0);
     assert_no_children();
+    char *text = read_text(merged);
     json_t *all = json ? load_json_file(merged) : NULL;
     for (int r = 0; r < 2; r++) {
       char name[32];
@@ -321,39 +336,42 @@ static void test_rank_reports_scale_with_json_only(void **state) {
       assert_int_equal(stat(rp, &st), 0);
       json_t *j = load_json_file(rp);
       assert_int_equal(jint(j, "totals", "tensors"), N); /* every tensor has a shard on every rank */
-      json_t *ts = json_object_get(j, "tensors"), *groups = json_object_get(j, "placements");
+      if (json_object_get(j, "tensors") || json_object_get(j, "skipped"))
+        fail_msg("%s %s: rank %d's report lists tensors", ck, modes[m], r);
+      if (st.st_size > 4096) fail_msg("%s %s: rank %d's report is %lld bytes", ck, modes[m], r, (long long)st.st_size);
+      json_t *groups = json_object_get(j, "placements");
+      assert_int_equal(json_array_size(groups), 1);
+      json_t *g = json_array_get(groups, 0);
+      assert_int_equal(jint(g, "tensors", NULL), N);
+      assert_int_equal(jint(g, "pinned", NULL), 0);
+      assert_string_equal(json_string_value(json_object_get(g, "placement")), "device");
+      snprintf(name, sizeof name, "rank-%d.full.json", r);
+      char *fp = sl_test_path(keep, name);
       if (json) {
-        assert_int_equal(json_array_size(ts), N);
-        assert_true(json_is_array(json_object_get(j, "skipped")));
-        assert_null(groups);
-        /* the merged report holds the rank's report as it is */
-        assert_true(json_equal(j, json_array_get(json_object_get(all, "ranks"), (size_t)r)));
+        json_t *full = load_json_file(fp), *mine = json_array_get(json_object_get(all, "ranks"), (size_t)r);
+        assert_int_equal(json_array_size(json_object_get(full, "tensors")), N);
+        assert_true(json_is_array(json_object_get(full, "skipped")));
+        assert_true(json_equal(full, mine));
+        json_decref(full);
       } else {
-        if (ts || json_object_get(j, "skipped")) fail_msg("%s %s: rank %d's report lists tensors", ck, modes[m], r);
-        if (st.st_size > 4096) fail_msg("%s %s: rank %d's report is %lld bytes", ck, modes[m], r, (long long)st.st_size);
-        assert_int_equal(json_array_size(groups), 1);
-        json_t *g = json_array_get(groups, 0);
-        assert_int_equal(jint(g, "tensors", NULL), N);
-        assert_int_equal(jint(g, "pinned", NULL), 0);
-        assert_string_equal(json_string_value(json_object_get(g, "placement")), "device");
+        assert_int_not_equal(access(fp, F_OK), 0); /* no whole report where nothing prints it */
       }
+      free(fp);
       json_decref(j);
       free(rp);
     }
-    if (!json) {
-      FILE *f = fopen(merged, "r");
-      assert_non_null(f);
-      fseek(f, 0, SEEK_END);
-      long size = ftell(f);
-      rewind(f);
-      char *text = malloc((size_t)size + 1);
-      assert_non_null(text);
-      text[fread(text, 1, (size_t)size, f)] = 0;
-      fclose(f);
+    if (json) {
+      /* as the launcher wrote it when it parsed the ranks' reports and dumped them again */
+      char *again = json_dumps(all, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+      assert_non_null(again);
+      size_t n = strlen(again);
+      if (strncmp(text, again, n) || strcmp(text + n, "\n")) fail_msg("the merged --json report is not jansson's text");
+      free(again);
+    } else {
       assert_non_null(strstr(text, "rank 0: 3000 tensors"));
       assert_non_null(strstr(text, "3000 x device by rule \"inferred: no offload policy\""));
-      free(text);
     }
+    free(text);
     json_decref(all);
   }
   free(merged);

@@ -105,6 +105,15 @@ int cli_out_escaped(cli_out *o, const char *s, int width);
 /* V as indented JSON (JSON_INDENT(2) | JSON_PRESERVE_ORDER), streamed: 0, or -1 when a write
  * failed (O->err set) or jansson ran out of memory (O->err still 0). */
 int cli_out_json(cli_out *o, const json_t *v);
+/* BUF with O->indent after each newline, through a buffer (text copied into an indented
+ * document: a whole value that cli_out_json wrote elsewhere). 0, or -1 when a write failed or
+ * (O->err ENOMEM) no buffer could be had. */
+int cli_out_write_indented(cli_out *o, const void *buf, size_t len);
+/* HEAD, an object, as cli_out_json_document would write it with one more member KEY, an
+ * array, up to that array's opening bracket ("...,\n  \"KEY\": ["), for the caller to stream
+ * its elements (each on a new line indented by four spaces, the last followed by "\n  ]\n}\n",
+ * or "]\n}\n" for none). 0, or -1 as cli_out_json. */
+int cli_out_json_open_array(cli_out *o, const json_t *head, const char *key);
 /* V as a whole document: cli_out_json, a newline, and the flush. */
 int cli_out_json_document(cli_out *o, const json_t *v);
 /* Flushes and checks the stream (a failure buffered earlier shows here too). */
@@ -211,9 +220,12 @@ typedef struct cli_load_args {
   FILE *table_out;        /* also write the human table here (a rank of --nproc --verbose) */
   const char *table_out_name; /* its path, for an error line */
   int test_hooks;         /* a rank of --nproc: call the test hooks (cli_hook_load) */
-  int report_summary;     /* a rank of --nproc without --json: its JSON report holds no entry per
-                           * tensor (nor skipped name), only "placements", what the launcher's
-                           * table prints (per-tensor cost stays out of the launcher's path) */
+  int report_summary;     /* a rank of --nproc: its JSON report holds no entry per tensor (nor
+                           * skipped name), only "placements", what the launcher's table prints
+                           * (per-tensor cost stays out of the launcher's path) */
+  FILE *full_out;         /* a rank of --nproc --json: the whole JSON report too, which the
+                           * launcher copies into its merged report as it is */
+  const char *full_out_name; /* its path, for an error line */
   cli_plan_args plan;
 } cli_load_args;
 
@@ -227,9 +239,10 @@ int cli_load_rank(const cli_load_args *args, FILE *out, const char *out_name);
  * command), whose hooks obey SHARDLOAD_TEST_* variables, so that no variable of the shipped
  * command kills, stalls or describes a rank. cli_hook_load runs once the context exists, before
  * sl_load, and may set LO's bind; cli_hook_rank_exit runs after the rank's work, before it
- * exits, with its report for the launcher (REPORT_PATH) complete. */
+ * exits, with its reports for the launcher complete (REPORT_PATH, the summary; FULL_PATH, the
+ * whole --json report, or NULL). */
 void cli_hook_load(sl_context *ctx, sl_load_options *lo);
-void cli_hook_rank_exit(int rank, const char *report_path);
+void cli_hook_rank_exit(int rank, const char *report_path, const char *full_path);
 /* Peak resident set of this process so far (getrusage ru_maxrss), in bytes. */
 uint64_t cli_peak_rss_bytes(void);
 

@@ -226,7 +226,7 @@ static json_t *placements_json(const sl_state *st) {
 /* The rank's JSON report; NULL when out of memory (a report with parts left out would be read
  * as the load's). Text that a backend or collective module gives is kept as valid UTF-8. */
 static json_t *report_json(const sl_context *ctx, const cli_load_args *a, const sl_state *st, const load_totals *tot,
-                           const char *dump_path) {
+                           const char *dump_path, int summary) {
   json_t *root = json_object(), *cj = json_object(), *to = json_object();
   int bad = json_object_set_new(root, "rank", json_integer(sl_context_rank(ctx)));
   bad |= json_object_set_new(root, "world_size", json_integer(sl_context_world_size(ctx)));
@@ -240,7 +240,7 @@ static json_t *report_json(const sl_context *ctx, const cli_load_args *a, const 
   bad |= json_object_set_new(root, "strategy", json_string(strategy_name(a->strategy)));
   bad |= json_object_set_new(root, "source", json_string(source_name(a->read_mode)));
 
-  if (a->report_summary) {
+  if (summary) {
     /* for the launcher's table: what it prints, never a line per tensor */
     bad |= json_object_set_new(root, "placements", placements_json(st));
   } else {
@@ -356,32 +356,45 @@ static void report_table(cli_out *o, const sl_context *ctx, const sl_state *st, 
   }
 }
 
-/* The rank's report on OUT (JSON or the table), and the table on A->table_out too when set.
- * A report that cannot be written fails the command with the reason: the load is done, but a
- * caller reading the report would read a part of it. */
+/* The JSON report (the summary, or every tensor) as a whole document on F (called NAME). */
+static int write_json_report(const cli_load_args *a, const sl_context *ctx, const sl_state *st,
+                             const load_totals *tot, const char *dump_path, int summary, FILE *f, const char *name) {
+  cli_out o;
+  cli_out_init(&o, f, name);
+  json_t *root = report_json(ctx, a, st, tot, dump_path, summary);
+  if (!root) {
+    cli_error(a->path, SL_ERR_NOMEM, "out of memory writing the JSON report of %zu tensors", sl_state_count(st));
+    return CLI_EXIT_ERROR;
+  }
+  int r = cli_out_json_document(&o, root);
+  json_decref(root);
+  return r == 0 ? CLI_EXIT_OK : cli_out_fail(a->path, &o, "the JSON report");
+}
+
+/* The rank's report on OUT (JSON, its summary for the launcher, or the table), the whole JSON
+ * report on A->full_out and the table on A->table_out too when set. A report that cannot be
+ * written fails the command with the reason: the load is done, but a caller reading the
+ * report would read a part of it. */
 static int write_reports(const cli_load_args *a, const sl_context *ctx, const sl_state *st, const load_totals *tot,
                          const char *dump_path, FILE *out, const char *out_name) {
   cli_out o;
-  cli_out_init(&o, out, out_name);
+  int rc = CLI_EXIT_OK;
   if (a->json) {
-    json_t *root = report_json(ctx, a, st, tot, dump_path);
-    if (!root) {
-      cli_error(a->path, SL_ERR_NOMEM, "out of memory writing the JSON report of %zu tensors", sl_state_count(st));
-      return CLI_EXIT_ERROR;
-    }
-    int r = cli_out_json_document(&o, root);
-    json_decref(root);
-    if (r != 0) return cli_out_fail(a->path, &o, "the JSON report");
+    rc = write_json_report(a, ctx, st, tot, dump_path, a->report_summary, out, out_name);
   } else {
+    cli_out_init(&o, out, out_name);
     report_table(&o, ctx, st, tot, dump_path);
     if (cli_out_flush(&o) != 0) return cli_out_fail(a->path, &o, "the report");
   }
-  if (a->table_out) {
+  if (rc == CLI_EXIT_OK && a->full_out)
+    rc = write_json_report(a, ctx, st, tot, dump_path, 0, a->full_out,
+                           a->full_out_name ? a->full_out_name : "the JSON report file");
+  if (rc == CLI_EXIT_OK && a->table_out) {
     cli_out_init(&o, a->table_out, a->table_out_name ? a->table_out_name : "the per-tensor table file");
     report_table(&o, ctx, st, tot, dump_path);
     if (cli_out_flush(&o) != 0) return cli_out_fail(a->path, &o, "the per-tensor table");
   }
-  return CLI_EXIT_OK;
+  return rc;
 }
 
 /* ---- job key --------------------------------------------------------------------------------- */

@@ -241,18 +241,8 @@ static int json_stream_head(cli_out *o, const char *path, long world, int mesh_n
   if (hex) bad |= json_object_set_new(head, "path_bytes_hex", hex);
   bad |= json_object_set_new(head, "world_size", json_integer(world));
   bad |= json_object_set_new(head, "mesh", cli_json_dims(mesh_ndim, mesh));
-  char *text = bad ? NULL : json_dumps(head, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  int rc = bad ? -1 : cli_out_json_open_array(o, head, "ranks");
   json_decref(head);
-  if (!text) {
-    cli_error(path, SL_ERR_NOMEM, "out of memory writing the JSON report");
-    return CLI_EXIT_ERROR;
-  }
-  size_t len = strlen(text);
-  /* an indented object ends "\n}": the ranks go before that brace */
-  int rc = len >= 2 && text[len - 1] == '}' && text[len - 2] == '\n' ? 0 : -1;
-  if (rc == 0) rc = cli_out_write(o, text, len - 2);
-  if (rc == 0) rc = cli_out_puts(o, ",\n  \"ranks\": [");
-  free(text);
   return rc == 0 ? CLI_EXIT_OK : cli_out_fail(path, o, "the JSON report");
 }
 

@@ -6,10 +6,11 @@
  * locks do not survive a fork), so each rank starts from a clean single-threaded copy and runs
  * cli_load_rank() with an explicit rank, world and rendezvous. A rank writes its JSON report
  * (and, with --verbose, its per-tensor table) to a file in the private directory and its
- * stderr to another; the launcher reads them only after every rank has ended. Without --json
- * the report is a summary (totals, stats and a few placement groups, no entry per tensor): the
- * launcher's table needs no more, and tens of thousands of tensors must not cost a JSON
- * document of megabytes written, read and parsed per rank.
+ * stderr to another; the launcher reads them only after every rank has ended. The report it
+ * parses is a summary (totals, stats and a few placement groups, no entry per tensor): its table
+ * needs no more, and tens of thousands of tensors must not cost a JSON document of megabytes
+ * written, read and parsed per rank. With --json a rank also writes its whole report, which the
+ * launcher copies into the merged one as it is.
  *
  * Failure: the first rank to fail (non-zero exit or a signal) decides the outcome. The others
  * are asked to stop (SIGTERM) and killed after a grace period, so a rank stuck in a
@@ -42,7 +43,7 @@ typedef struct rank_proc {
   pid_t pid;  /* 0: not started, or reaped */
   int status; /* waitpid status once reaped */
   int ended;
-  char json_path[PATH_MAX], err_path[PATH_MAX], table_path[PATH_MAX];
+  char json_path[PATH_MAX], err_path[PATH_MAX], table_path[PATH_MAX], full_path[PATH_MAX];
 } rank_proc;
 
 typedef struct launch {
@@ -90,6 +91,7 @@ static int make_private_dir(launch *L) {
     snprintf(p->json_path, sizeof p->json_path, "%s/rank-%d.json", L->dir, r);
     snprintf(p->err_path, sizeof p->err_path, "%s/rank-%d.err", L->dir, r);
     snprintf(p->table_path, sizeof p->table_path, "%s/rank-%d.txt", L->dir, r);
+    snprintf(p->full_path, sizeof p->full_path, "%s/rank-%d.full.json", L->dir, r);
   }
   return 0;
 }
@@ -126,8 +128,9 @@ static void run_rank(launch *L, int r) {
   snprintf(tag, sizeof tag, "rank %d: ", r);
   cli_set_error_tag(tag);
 
-  FILE *out = fopen(p->json_path, "w"), *table = NULL;
-  if (!out || (L->a->verbose && !(table = fopen(p->table_path, "w")))) {
+  FILE *out = fopen(p->json_path, "w"), *table = NULL, *full = NULL;
+  if (!out || (L->a->verbose && !(table = fopen(p->table_path, "w"))) ||
+      (L->a->json && !(full = fopen(p->full_path, "w")))) {
     cli_error(L->dir, SL_ERR_IO, "cannot write the rank's report: %s", strerror(errno));
     _exit(CLI_EXIT_ERROR);
   }
@@ -152,7 +155,9 @@ static void run_rank(launch *L, int r) {
   a.local_rank = r;
   a.rendezvous = L->rdv;
   a.json = 1;
-  a.report_summary = !L->a->json; /* per-tensor entries only where the merged --json holds them */
+  a.report_summary = 1; /* what the launcher reads; the whole report only for --json, to copy */
+  a.full_out = full;
+  a.full_out_name = p->full_path;
   a.progress = 0;
   a.nproc = 0;
   a.table_out = table;
@@ -163,9 +168,13 @@ static void run_rank(launch *L, int r) {
     cli_error(p->json_path, SL_ERR_IO, "cannot write the rank's report: %s", strerror(errno));
     rc = CLI_EXIT_ERROR;
   }
+  if (full && fclose(full) != 0 && rc == CLI_EXIT_OK) {
+    cli_error(p->full_path, SL_ERR_IO, "cannot write the rank's report: %s", strerror(errno));
+    rc = CLI_EXIT_ERROR;
+  }
   if (table) fclose(table);
   fflush(NULL);
-  cli_hook_rank_exit(r, p->json_path);
+  cli_hook_rank_exit(r, p->json_path, full ? p->full_path : NULL);
   /* _exit: no atexit handlers or static destructors of the launcher's copy */
   _exit(rc);
 }
@@ -410,9 +419,10 @@ static void print_human(cli_out *o, const launch *L, json_t **reports, uint64_t 
   }
 }
 
-/* The merged JSON report; NULL when out of memory (never a report with parts left out). */
-static json_t *merged_json(const launch *L, json_t **reports, uint64_t ckpt) {
-  json_t *root = json_object(), *ranks = json_array();
+/* The merged JSON report without its "ranks" (those are copied in by print_json); NULL when out
+ * of memory (never a report with parts left out). */
+static json_t *merged_head(const launch *L, json_t **reports, uint64_t ckpt) {
+  json_t *root = json_object();
   uint64_t sent0 = jget_u64(reports[0], "stats", "bytes_sent");
   int bad = json_object_set_new(root, "world_size", json_integer(L->n));
   bad |= cli_json_set_path(root, "path", L->a->path);
@@ -426,11 +436,67 @@ static json_t *merged_json(const launch *L, json_t **reports, uint64_t ckpt) {
   bad |= json_object_set_new(root, "rank0_bytes_sent", json_integer((json_int_t)sent0));
   bad |= json_object_set_new(root, "rank0_sent_per_checkpoint_byte",
                              json_real(ckpt ? (double)sent0 / (double)ckpt : 0.0));
-  for (int r = 0; r < L->n && !bad; r++) bad |= json_array_append(ranks, reports[r]);
-  bad |= json_object_set_new(root, "ranks", ranks);
   if (!bad) return root;
   json_decref(root);
   return NULL;
+}
+
+/* Rank R's whole report (its --json document, rank-R.full.json) as the last member of the
+ * merged report's "ranks", copied as it is with each line indented to its depth: the text
+ * jansson would write for the parsed report, without parsing megabytes of it again. The rank
+ * wrote and closed it whole before it exited 0; a file that is not one object fails. */
+static int copy_rank_report(cli_out *o, const launch *L, int r) {
+  FILE *f = fopen(L->ranks[r].full_path, "r");
+  if (!f) {
+    cli_error(L->a->path, SL_ERR_IO, "rank %d: its report is unreadable: %s; run again with --verbose", r,
+              strerror(errno));
+    return -1;
+  }
+  /* all but the document's last byte, its final newline (the merged report's own comes later),
+   * each newline followed by the indent of "ranks" */
+  char buf[65536];
+  size_t k;
+  int first = -1, held = -1, before = -1, rc = 0;
+  o->indent = "    ";
+  while (rc == 0 && (k = fread(buf, 1, sizeof buf, f)) > 0) {
+    if (first < 0) first = (unsigned char)buf[0];
+    if (held >= 0) {
+      char c = (char)held;
+      rc = cli_out_write_indented(o, &c, 1);
+    }
+    before = k > 1 ? (unsigned char)buf[k - 2] : held;
+    held = (unsigned char)buf[k - 1];
+    if (rc == 0) rc = cli_out_write_indented(o, buf, k - 1);
+  }
+  o->indent = "";
+  int err = ferror(f);
+  fclose(f);
+  if (rc != 0) {
+    cli_out_fail(L->a->path, o, "the JSON report");
+    return -1;
+  }
+  if (err || first != '{' || held != '\n' || before != '}') {
+    cli_error(L->a->path, SL_ERR_IO, "rank %d: its report is unreadable: %s; run again with --verbose", r,
+              err ? "a read failed" : "not one JSON object");
+    return -1;
+  }
+  return 0;
+}
+
+/* The merged --json report: the head from the ranks' summaries, then every rank's whole report,
+ * as jansson writes the whole document (cli_out_json_document). */
+static int print_json(cli_out *o, const launch *L, json_t **reports, uint64_t ckpt) {
+  json_t *head = merged_head(L, reports, ckpt);
+  int rc = head ? cli_out_json_open_array(o, head, "ranks") : -1;
+  json_decref(head);
+  for (int r = 0; r < L->n && rc == 0; r++) {
+    if ((rc = cli_out_puts(o, r ? ",\n    " : "\n    ")) != 0) break;
+    if (copy_rank_report(o, L, r) != 0) return -1; /* it printed why */
+  }
+  if (rc == 0) rc = cli_out_puts(o, "\n  ]\n}\n");
+  if (rc == 0) rc = cli_out_flush(o);
+  if (rc != 0) cli_out_fail(L->a->path, o, "the JSON report");
+  return rc;
 }
 
 /* Every rank succeeded: read their reports and print the merged one. */
@@ -463,17 +529,7 @@ static int report(launch *L) {
   cli_out o;
   cli_out_init(&o, cli_report(), "stdout");
   if (L->a->json) {
-    json_t *root = merged_json(L, reports, ckpt);
-    if (!root) {
-      cli_error(L->a->path, SL_ERR_NOMEM, "out of memory writing the JSON report of %d ranks", L->n);
-      goto out_reports;
-    }
-    int r = cli_out_json_document(&o, root);
-    json_decref(root);
-    if (r != 0) {
-      cli_out_fail(L->a->path, &o, "the JSON report");
-      goto out_reports;
-    }
+    if (print_json(&o, L, reports, ckpt) != 0) goto out_reports;
   } else {
     print_human(&o, L, reports, ckpt);
     if (cli_out_flush(&o) != 0) {

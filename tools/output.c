@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdio_ext.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -64,24 +65,89 @@ int cli_out_escaped(cli_out *o, const char *s, int width) {
   return 0;
 }
 
-/* json_dump_callback's sink: the text, with O->indent after each newline (a value dumped on
- * its own, indented to its depth in a document being streamed). */
-static int json_sink(const char *buf, size_t size, void *data) {
-  cli_out *o = data;
+/* Text on its way to O with O->indent after each newline (a value dumped on its own, indented
+ * to its depth in a document being streamed), gathered in a buffer: jansson hands its dump
+ * over a token at a time, and a write per token cost more than the dump of a report of tens of
+ * thousands of tensors. */
+typedef struct sink {
+  cli_out *o;
+  size_t used;
+  char buf[1 << 16];
+} sink;
+
+static int sink_flush(sink *s) {
+  int r = cli_out_write(s->o, s->buf, s->used);
+  s->used = 0;
+  return r;
+}
+
+static int sink_put(sink *s, const char *p, size_t n) {
+  while (n) {
+    if (s->used == sizeof s->buf && sink_flush(s) != 0) return -1;
+    size_t k = n < sizeof s->buf - s->used ? n : sizeof s->buf - s->used;
+    memcpy(s->buf + s->used, p, k);
+    s->used += k;
+    p += k;
+    n -= k;
+  }
+  return 0;
+}
+
+static int sink_put_indented(sink *s, const char *buf, size_t size) {
+  size_t ilen = strlen(s->o->indent);
   for (size_t i = 0; i < size;) {
-    const char *nl = memchr(buf + i, '\n', size - i);
+    const char *nl = ilen ? memchr(buf + i, '\n', size - i) : NULL;
     size_t end = nl ? (size_t)(nl - buf) + 1 : size;
-    if (cli_out_write(o, buf + i, end - i) != 0) return -1;
-    if (nl && *o->indent && cli_out_puts(o, o->indent) != 0) return -1;
+    if (sink_put(s, buf + i, end - i) != 0) return -1;
+    if (nl && sink_put(s, s->o->indent, ilen) != 0) return -1;
     i = end;
   }
   return 0;
 }
 
+/* json_dump_callback's sink. */
+static int json_sink(const char *buf, size_t size, void *data) { return sink_put_indented(data, buf, size); }
+
 int cli_out_json(cli_out *o, const json_t *v) {
   if (o->err) return -1;
   if (!v) return -1; /* a value that could not be made: out of memory */
-  return json_dump_callback(v, json_sink, o, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0 ? 0 : -1;
+  sink *s = malloc(sizeof *s);
+  if (!s) return -1; /* out of memory, no write failed */
+  s->o = o;
+  s->used = 0;
+  int r = json_dump_callback(v, json_sink, s, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  /* what the dump handed over goes out even when it failed: a write error is the one to tell */
+  if (sink_flush(s) != 0) r = -1;
+  free(s);
+  return r == 0 ? 0 : -1;
+}
+
+int cli_out_write_indented(cli_out *o, const void *buf, size_t len) {
+  if (o->err) return -1;
+  sink *s = malloc(sizeof *s);
+  if (!s) {
+    o->err = ENOMEM; /* cli_out_fail words it as out of memory */
+    return -1;
+  }
+  s->o = o;
+  s->used = 0;
+  int r = sink_put_indented(s, buf, len);
+  if (sink_flush(s) != 0) r = -1;
+  free(s);
+  return r;
+}
+
+int cli_out_json_open_array(cli_out *o, const json_t *head, const char *key) {
+  if (o->err) return -1;
+  char *text = head ? json_dumps(head, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+  if (!text) return -1; /* out of memory, no write failed */
+  size_t len = strlen(text);
+  /* an indented object ends "\n}": the last member goes before that brace */
+  int rc = len >= 2 && text[len - 1] == '}' && text[len - 2] == '\n' ? 0 : -1;
+  if (rc == 0) rc = cli_out_write(o, text, len - 2);
+  if (rc == 0) rc = cli_out_printf(o, ",\n  \"%s\": [", key);
+  free(text);
+  return rc;
 }
 
 int cli_out_json_document(cli_out *o, const json_t *v) {
