@@ -180,9 +180,9 @@ static sl_status open_st(sl_source *src, const char *path, const char *name, sl_
   char err[SL__ERRMSG_LEN - 128];
   if (src->copy_of) { /* a copy of rank 0's: its header bytes are hashed, its table is rank 0's */
     memset(h, 0, sizeof *h);
-    uint64_t size;
+    uint64_t size = 0;
     s = sl__st_read_digest(fd, &h->header_digest, &h->data_offset, &size, err, sizeof err);
-    h->data_size = size - h->data_offset;
+    if (s == SL_OK) h->data_size = size - h->data_offset;
   } else {
     s = sl__st_read(fd, h, err, sizeof err);
   }
