@@ -2,7 +2,7 @@
  * plain loopback TCP stream, and the data collectives by name doing the loader's operations.
  *
  *   bench_wire [--nproc 2,4] [--collectives gloo,shm] [--rounds 5] [--bytes 256MiB]
- *              [--sizes loader,32MiB,128MiB] [--timeout S] [--check]
+ *              [--sizes loader,32MiB,128MiB] [--ops broadcast,scatterv] [--timeout S] [--check]
  *
  * The parent forks the ranks of each world (loopback, a private file:// rendezvous); every rank
  * opens one sl_context per collective (sl_context_options.collective: the registry, the
@@ -18,8 +18,10 @@
  * second (every receiver done): S * (N-1) per operation. "loader" stands for the sizes the
  * loader's operations have with the default staging (loader_stage.c: a transfer of plain
  * tensors is a third of a slot; a rank's part of its scatter a world's share of that).
- * Medians over the rounds; a ratio is the median of the rounds' item / tcp ratios.
- * --check: small sizes, every operation's bytes verified on every rank; exit 1 on a mismatch. */
+ * Medians over the rounds; a ratio is the median of the rounds' item / tcp ratios; cpu s/GB and
+ * csw/MB are every rank's CPU time (all threads) and context switches per byte moved.
+ * --check: three operations per item, each one's bytes verified on every rank (the root's own
+ * part apart, in place, and over bytes it sends rank 1); exit 1 on a mismatch. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -65,6 +67,7 @@ typedef struct opts {
   char sizes[256];
   int timeout_s;
   int check;
+  int ops; /* bit 0: broadcast, bit 1: scatterv */
 } opts;
 
 static double now(void) {
@@ -137,7 +140,8 @@ static double cpu_seconds(double *csw) {
   struct rusage u;
   getrusage(RUSAGE_SELF, &u);
   *csw = (double)u.ru_nvcsw + (double)u.ru_nivcsw;
-  return (double)u.ru_utime.tv_sec + (double)u.ru_stime.tv_sec + 1e-6 * (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  return (double)u.ru_utime.tv_sec + (double)u.ru_stime.tv_sec +
+         1e-6 * (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 static void barrier(rank_ctx *r) {
@@ -280,10 +284,8 @@ static double run_item(rank_ctx *r, item *it, uint64_t *seed, uint64_t *moved) {
     unsigned char *own = r->copy;
     if (r->o->check && sd % 3 == 1) own = r->send + displs[0];
     if (r->o->check && sd % 3 == 2) own = r->send + displs[1];
-    if (it->k == K_BCAST)
-      st = ctx->data->broadcast(ctx->data_comm, r->rank == 0 ? r->send : r->recv, S, 0, NULL);
-    else
-      st = ctx->data->scatterv(ctx->data_comm, r->send, counts, displs, r->rank == 0 ? own : r->recv, S, 0, NULL);
+    if (it->k == K_BCAST) st = ctx->data->broadcast(ctx->data_comm, r->rank == 0 ? r->send : r->recv, S, 0, NULL);
+    else st = ctx->data->scatterv(ctx->data_comm, r->send, counts, displs, r->rank == 0 ? own : r->recv, S, 0, NULL);
     if (st != SL_OK) die(r, what, sl_context_errmsg(ctx));
     if (r->o->check) {
       if (r->rank == 0 && it->k == K_SCATTER) verify(r, own, S, sd, 0, what);
@@ -303,10 +305,11 @@ static void print_table(const rank_ctx *r, item *items, int nitems) {
     if (items[i].k == K_FAN) fan = i;
   }
   char hb[32];
-  printf("\nworld %d: %d rounds of %s per item (GB/s: bytes rank 0 moves to the other ranks / s; median "
-         "[min-max] of the rounds; x tcp: median of the rounds' ratios; cpu s/GB: every rank's CPU time, all "
-         "threads, per GB moved; csw/MB: their context switches per MB)\n",
-         r->world, o->rounds, human((size_t)o->bytes, hb, sizeof hb));
+  printf(
+      "\nworld %d: %d rounds of %s per item (GB/s: bytes rank 0 moves to the other ranks / s; median "
+      "[min-max] of the rounds; x tcp: median of the rounds' ratios; cpu s/GB: every rank's CPU time, all "
+      "threads, per GB moved; csw/MB: their context switches per MB)\n",
+      r->world, o->rounds, human((size_t)o->bytes, hb, sizeof hb));
   printf("%-26s %10s %7s %15s %8s %9s %7s%s\n", "item", "size", "GB/s", "[min-max]", "x tcp", "cpu s/GB", "csw/MB",
          fan >= 0 ? "  x fan-out" : "");
   for (int i = 0; i < nitems; i++) {
@@ -334,8 +337,8 @@ static void print_table(const rank_ctx *r, item *items, int nitems) {
       if (fan >= 0) rf[k] = it->gbs[k] / items[fan].gbs[k];
     }
     printf("%-26s %10s %7.2f %15s %7.2fx %9.2f %7.2f", name,
-           it->k == K_TCP || it->k == K_FAN ? "1 MiB wr" : human(it->size, hb, sizeof hb), median(it->gbs, o->rounds), lo,
-           median(rt, o->rounds), median(it->cpu, o->rounds), median(it->csw, o->rounds));
+           it->k == K_TCP || it->k == K_FAN ? "1 MiB wr" : human(it->size, hb, sizeof hb), median(it->gbs, o->rounds),
+           lo, median(rt, o->rounds), median(it->cpu, o->rounds), median(it->csw, o->rounds));
     if (fan >= 0) printf("  %9.2fx", median(rf, o->rounds));
     printf("\n");
   }
@@ -371,7 +374,7 @@ static int rank_main(int rank, int world, int listener, const char *dir, const o
   }
   for (int c = 0; c < o->ncolls; c++)
     for (int op = 0; op < 2; op++)
-      for (int i = 0; i < nsizes && n < MAX_ITEMS; i++) {
+      for (int i = 0; i < nsizes && n < MAX_ITEMS && (o->ops >> op & 1); i++) {
         size_t s = sizes[i];
         /* the loader broadcasts whole transfers and scatters a world's share of one */
         if (!s) s = op == 0 ? loader_transfer(world) : loader_transfer(world) / (size_t)world & ~(size_t)15;
@@ -498,29 +501,36 @@ static int run_world(int world, const opts *o) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: bench_wire [--nproc 2,4] [--collectives gloo,...] [--rounds 5] [--bytes 256MiB]\n"
-             "                  [--sizes loader,32MiB,128MiB] [--timeout S] [--check]\n"
-             "  --nproc LIST        worlds to measure, ranks forked on this host (default 2)\n"
-             "  --collectives LIST  data collectives by name, as --collective takes them (default gloo)\n"
-             "  --rounds N          measured rounds after a warm-up round (default 5)\n"
-             "  --bytes SIZE        bytes rank 0 sends per item and round (default 256MiB)\n"
-             "  --sizes LIST        operation sizes; loader: the loader's own (default loader,32MiB,128MiB)\n"
-             "  --timeout S         the collectives' timeout (default 60)\n"
-             "  --check             verify every operation's bytes on every rank instead of timing\n");
+  fprintf(f,
+          "usage: bench_wire [--nproc 2,4] [--collectives gloo,...] [--rounds 5] [--bytes 256MiB]\n"
+          "                  [--sizes loader,32MiB,128MiB] [--ops broadcast,scatterv] [--timeout S] [--check]\n"
+          "  --nproc LIST        worlds to measure, ranks forked on this host (default 2)\n"
+          "  --collectives LIST  data collectives by name, as --collective takes them (default gloo)\n"
+          "  --rounds N          measured rounds after a warm-up round (default 5)\n"
+          "  --bytes SIZE        bytes rank 0 sends per item and round (default 256MiB)\n"
+          "  --sizes LIST        operation sizes; loader: the loader's own (default loader,32MiB,128MiB)\n"
+          "  --ops LIST          broadcast, scatterv or both (default)\n"
+          "  --timeout S         the collectives' timeout (default 60)\n"
+          "  --check             verify every operation's bytes on every rank instead of timing\n");
 }
 
 /* Splits S at commas into OUT (pointers into KEEP, which holds a copy of S). */
 static int split_list(const char *s, char *keep, size_t len, const char **out, int max) {
   snprintf(keep, len, "%s", s);
   int n = 0;
-  for (char *save = NULL, *t = strtok_r(keep, ",", &save); t && n < max; t = strtok_r(NULL, ",", &save))
-    out[n++] = t;
+  for (char *save = NULL, *t = strtok_r(keep, ",", &save); t && n < max; t = strtok_r(NULL, ",", &save)) out[n++] = t;
   return n;
 }
 
 int main(int argc, char **argv) {
-  opts o = {.worlds = {2}, .nworlds = 1, .colls = {"gloo"}, .ncolls = 1, .rounds = 5, .bytes = 256ull << 20,
-            .timeout_s = 60};
+  opts o = {.worlds = {2},
+            .nworlds = 1,
+            .colls = {"gloo"},
+            .ncolls = 1,
+            .rounds = 5,
+            .bytes = 256ull << 20,
+            .timeout_s = 60,
+            .ops = 3};
   snprintf(o.sizes, sizeof o.sizes, "loader,32MiB,128MiB");
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -545,6 +555,20 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--collectives")) {
       static char keep[512]; /* o.colls points into it */
       o.ncolls = split_list(v, keep, sizeof keep, o.colls, MAX_LIST);
+      i++;
+    } else if (!strcmp(a, "--ops")) {
+      const char *w[MAX_LIST];
+      char keep[256];
+      int nw = split_list(v, keep, sizeof keep, w, MAX_LIST);
+      o.ops = 0;
+      for (int k = 0; k < nw; k++) {
+        if (!strcmp(w[k], "broadcast")) o.ops |= 1;
+        else if (!strcmp(w[k], "scatterv")) o.ops |= 2;
+        else {
+          fprintf(stderr, "bench_wire: --ops: broadcast and scatterv, not %s\n", w[k]);
+          return 2;
+        }
+      }
       i++;
     } else if (!strcmp(a, "--rounds")) {
       o.rounds = atoi(v);
