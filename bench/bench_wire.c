@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "internal.h" /* sl_context's data plane: the module table and its communicator */
 #include "loader.h"   /* the default staging and slots */
 
@@ -69,39 +70,6 @@ typedef struct opts {
   int check;
   int ops; /* bit 0: broadcast, bit 1: scatterv */
 } opts;
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(const double *v, int n) {
-  double s[MAX_ROUNDS];
-  memcpy(s, v, (size_t)n * sizeof *s);
-  qsort(s, (size_t)n, sizeof *s, cmp_double);
-  return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
-}
-
-static int parse_size(const char *s, uint64_t *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || v <= 0) return -1;
-  uint64_t mul = 1;
-  if (!*end || !strcasecmp(end, "b")) mul = 1;
-  else if (!strcasecmp(end, "kib") || !strcasecmp(end, "k")) mul = 1ull << 10;
-  else if (!strcasecmp(end, "mib") || !strcasecmp(end, "m")) mul = 1ull << 20;
-  else if (!strcasecmp(end, "gib") || !strcasecmp(end, "g")) mul = 1ull << 30;
-  else return -1;
-  *out = (uint64_t)(v * (double)mul);
-  return 0;
-}
 
 static const char *human(size_t b, char *buf, size_t len) {
   if (b >= (1u << 20)) snprintf(buf, len, "%.1f MiB", (double)b / (1u << 20));
@@ -173,7 +141,7 @@ static void read_all(rank_ctx *r, int fd, unsigned char *p, size_t n) {
 static double tcp_stream(rank_ctx *r, uint64_t total, bool fan) {
   int peers = fan ? r->world - 1 : 1;
   uint64_t each = total / (uint64_t)peers;
-  double t0 = now();
+  double t0 = bench_now();
   if (r->rank == 0 && peers == 1) { /* blocking writes: one stream needs no poll */
     for (uint64_t at = 0; at < each;) {
       size_t n1 = (size_t)(each - at < r->max_size ? each - at : r->max_size);
@@ -205,7 +173,7 @@ static double tcp_stream(rank_ctx *r, uint64_t total, bool fan) {
       unsigned char ack;
       read_all(r, r->tcp[i + 1], &ack, 1);
     }
-    return now() - t0;
+    return bench_now() - t0;
   }
   if (r->rank <= peers) {
     for (uint64_t at = 0; at < each;) {
@@ -216,7 +184,7 @@ static double tcp_stream(rank_ctx *r, uint64_t total, bool fan) {
     unsigned char ack = 1;
     write_all(r, r->tcp[0], &ack, 1);
   }
-  return now() - t0;
+  return bench_now() - t0;
 }
 
 /* --check: the bytes of operation SEED at global offset I */
@@ -246,11 +214,11 @@ static double run_item(rank_ctx *r, item *it, uint64_t *seed, uint64_t *moved) {
   const uint64_t total = r->o->bytes;
   if (it->k == K_MEMCPY) {
     barrier(r);
-    double t0 = now();
+    double t0 = bench_now();
     uint64_t at = 0;
     for (; at < total; at += it->size)
       if (r->rank == 0) memcpy(r->copy, r->send, it->size);
-    double t = now() - t0;
+    double t = bench_now() - t0;
     *moved = at;
     barrier(r);
     return t;
@@ -271,7 +239,7 @@ static double run_item(rank_ctx *r, item *it, uint64_t *seed, uint64_t *moved) {
   for (int i = 0; i < N; i++) counts[i] = S, displs[i] = (size_t)i * S;
   const char *what = it->k == K_BCAST ? "broadcast" : "scatterv";
   barrier(r);
-  double t0 = now();
+  double t0 = bench_now();
   for (uint64_t k = 0; k < ops; k++) {
     uint64_t sd = ++*seed;
     sl_status st;
@@ -294,7 +262,7 @@ static double run_item(rank_ctx *r, item *it, uint64_t *seed, uint64_t *moved) {
   }
   barrier(r);
   *moved = ops * per_op;
-  return now() - t0;
+  return bench_now() - t0;
 }
 
 static void print_table(const rank_ctx *r, item *items, int nitems) {
@@ -337,9 +305,10 @@ static void print_table(const rank_ctx *r, item *items, int nitems) {
       if (fan >= 0) rf[k] = it->gbs[k] / items[fan].gbs[k];
     }
     printf("%-26s %10s %7.2f %15s %7.2fx %9.2f %7.2f", name,
-           it->k == K_TCP || it->k == K_FAN ? "1 MiB wr" : human(it->size, hb, sizeof hb), median(it->gbs, o->rounds),
-           lo, median(rt, o->rounds), median(it->cpu, o->rounds), median(it->csw, o->rounds));
-    if (fan >= 0) printf("  %9.2fx", median(rf, o->rounds));
+           it->k == K_TCP || it->k == K_FAN ? "1 MiB wr" : human(it->size, hb, sizeof hb),
+           bench_median(it->gbs, o->rounds), lo, bench_median(rt, o->rounds), bench_median(it->cpu, o->rounds),
+           bench_median(it->csw, o->rounds));
+    if (fan >= 0) printf("  %9.2fx", bench_median(rf, o->rounds));
     printf("\n");
   }
   fflush(stdout);
@@ -359,7 +328,7 @@ static int rank_main(int rank, int world, int listener, const char *dir, const o
     uint64_t v = 0;
     labels[nsizes] = NULL;
     if (!strcmp(t, "loader")) labels[nsizes] = "loader", v = 0;
-    else if (parse_size(t, &v) || v == 0 || v > (1ull << 32)) die(&r, "--sizes", "not a size list");
+    else if (bench_parse_size(t, &v) || v == 0 || v > (1ull << 32)) die(&r, "--sizes", "not a size list");
     sizes[nsizes++] = (size_t)v;
   }
   r.max_size = 1u << 20;
@@ -475,7 +444,7 @@ static int run_world(int world, const opts *o) {
   }
   close(listener);
   int bad = 0;
-  double deadline = now() + (double)o->timeout_s * (o->rounds + 2) * 4;
+  double deadline = bench_now() + (double)o->timeout_s * (o->rounds + 2) * 4;
   for (int left = world; left > 0;) {
     int status;
     pid_t p = waitpid(-1, &status, WNOHANG);
@@ -486,7 +455,7 @@ static int run_world(int world, const opts *o) {
         for (int i = 0; i < world; i++) kill(pids[i], SIGKILL); /* no rank waits out a timeout */
       continue;
     }
-    if (now() > deadline) {
+    if (bench_now() > deadline) {
       fprintf(stderr, "bench_wire: world %d still running past %.0f s: killed\n", world, deadline);
       for (int i = 0; i < world; i++) kill(pids[i], SIGKILL);
       bad = 1;
@@ -574,7 +543,7 @@ int main(int argc, char **argv) {
       o.rounds = atoi(v);
       i++;
     } else if (!strcmp(a, "--bytes")) {
-      if (parse_size(v, &o.bytes)) {
+      if (bench_parse_size(v, &o.bytes)) {
         fprintf(stderr, "bench_wire: --bytes: not a size: %s\n", v);
         return 2;
       }
