@@ -621,9 +621,10 @@ sl_status scatterv_impl(void *comm, const void *sendbuf, const size_t *counts, c
       // The root's own part is copied while Gloo's event loop writes the others' (the sends
       // go out as the peers' receives arrive), unless it lands on bytes still to be sent.
       bool copy_early = recvbytes && own != recvbuf;
+      const uintptr_t d = reinterpret_cast<uintptr_t>(recvbuf);
       for (int r = 0; r < c.world; r++) {
         if (r == root || counts[r] == 0) continue;
-        const char *b = base + displs[r], *d = static_cast<const char *>(recvbuf);
+        const uintptr_t b = reinterpret_cast<uintptr_t>(base + displs[r]);
         if (d < b + counts[r] && b < d + recvbytes) copy_early = false;
         bufs[size_t(r)] = c.ctx->createUnboundBuffer(base + displs[r], counts[r]);
         for (size_t off = 0; off < counts[r]; off += c.chunk)
