@@ -19,27 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "shardload/shardload.h"
 
-#define MAX_REPS 1000
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(const double *v, int n) {
-  double s[MAX_REPS];
-  memcpy(s, v, (size_t)n * sizeof *s);
-  qsort(s, (size_t)n, sizeof *s, cmp_double);
-  return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
-}
+#define MAX_REPS BENCH_MAX_SAMPLES
 
 typedef struct bench {
   sl_context *ctx;
@@ -58,7 +41,7 @@ static int file_index(const bench *b, const sl_source_tensor *t) {
 /* Baseline: the bytes any loader must move from the files, with nothing else done. Returns
  * seconds, or a negative value on failure. */
 static double run_baseline(const bench *b) {
-  double t0 = now();
+  double t0 = bench_now();
   unsigned char *buf = malloc(b->total ? b->total : 1);
   if (!buf) return -1;
   uint64_t pos = 0;
@@ -75,7 +58,7 @@ static double run_baseline(const bench *b) {
     }
     pos += t->nbytes;
   }
-  double secs = now() - t0;
+  double secs = bench_now() - t0;
   /* Keep the reads from being optimised away and touch the result like a consumer would. */
   volatile unsigned char sink = buf[b->total ? b->total - 1 : 0];
   (void)sink;
@@ -94,9 +77,9 @@ static double run_load(const bench *b, sl_dtype dt) {
   memset(&o, 0, sizeof o);
   o.size = sizeof o;
   o.cpu_offload = SL_CPU_OFFLOAD_ON;
-  double t0 = now();
+  double t0 = bench_now();
   s = sl_load(b->ctx, plan, b->src, &o, &st);
-  double secs = now() - t0;
+  double secs = bench_now() - t0;
   if (s != SL_OK) goto out_fail;
   sl_state_destroy(st);
   sl_plan_destroy(plan);
@@ -192,7 +175,7 @@ int main(int argc, char **argv) {
     }
     printf("%-5d  %14.2f  %14.2f  %14.2f\n", r + 1, gb / base[r], gb / load[r], gb / cast[r]);
   }
-  double mb = median(base, reps), ml = median(load, reps), mc = median(cast, reps);
+  double mb = bench_median(base, reps), ml = bench_median(load, reps), mc = bench_median(cast, reps);
   printf("median %13.2f  %14.2f  %14.2f\n", gb / mb, gb / ml, gb / mc);
   printf("vs baseline median: load %.2fx, cast %.2fx (1.00x = as fast as pread into one buffer)\n", mb / ml,
          mb / mc);

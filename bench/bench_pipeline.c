@@ -46,12 +46,7 @@
 #include <unistd.h>
 
 #include "bench_pipeline.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "bench_util.h"
 
 /* What a rank tells the parent after each load (one write, below PIPE_BUF: atomic). */
 typedef struct rank_record {
@@ -216,7 +211,7 @@ static void kill_ranks(pid_t *pids, int world) {
 static int read_full(int fd, void *buf, size_t n, double deadline) {
   size_t got = 0;
   while (got < n) {
-    int ms = (int)((deadline - now()) * 1000);
+    int ms = (int)((deadline - bench_now()) * 1000);
     if (ms <= 0) return -1;
     struct pollfd p = {.fd = fd, .events = POLLIN};
     int pr = poll(&p, 1, ms);
@@ -282,7 +277,7 @@ static int run_group(const group *g, const options *o, measured *m) {
   static int seen[MAX_VARIANTS][MAX_REPS + 1];
   memset(seen, 0, sizeof seen);
   int expected = g->world * g->nv * (o->reps + 1), got = 0, rc = 0;
-  double deadline = now() + o->timeout_s;
+  double deadline = bench_now() + o->timeout_s;
   rank_record rec;
   while (got < expected) {
     int rr = read_full(fds[0], &rec, sizeof rec, deadline);
@@ -398,7 +393,7 @@ static int spawn(char *const argv[], char **out, const char *errpath, double dea
   char *buf = malloc(cap);
   int timed_out = 0;
   for (;;) {
-    int ms = (int)((deadline - now()) * 1000);
+    int ms = (int)((deadline - bench_now()) * 1000);
     struct pollfd p = {.fd = fds[0], .events = POLLIN};
     int pr = ms > 0 ? poll(&p, 1, ms) : 0;
     if (pr < 0 && errno == EINTR) continue;
@@ -447,7 +442,7 @@ static int cli_load(const group *g, const variant *x, const options *o, sl_load_
   argv[argc] = NULL;
   if (x->cold) evict_path(g->ckpt[x->ckpt]);
   char *text = NULL;
-  int st = spawn((char *const *)argv, &text, err, now() + o->timeout_s);
+  int st = spawn((char *const *)argv, &text, err, bench_now() + o->timeout_s);
   json_error_t je;
   json_t *root = text ? json_loads(text, 0, &je) : NULL;
   free(text);
@@ -576,7 +571,7 @@ static int synth(const options *o, const char *path) {
   snprintf(err, sizeof err, "%s/synth.err", o->dir);
   const char *argv[] = {bin, "synth", tmp, "--size", size, NULL};
   fprintf(stderr, "bench_pipeline: writing %s (%s synth --size %s)\n", path, bin, size);
-  int st = spawn((char *const *)argv, NULL, err, now() + o->timeout_s);
+  int st = spawn((char *const *)argv, NULL, err, bench_now() + o->timeout_s);
   if (st != 0 || rename(tmp, path) != 0) {
     fprintf(stderr, "bench_pipeline: %s synth %s failed (status %d%s%s); see %s\n", bin, tmp, st,
             st == 0 ? ", rename: " : "", st == 0 ? strerror(errno) : "", err);
@@ -587,21 +582,6 @@ static int synth(const options *o, const char *path) {
 }
 
 /* ---- main ------------------------------------------------------------------------------ */
-
-static int parse_size(const char *s, uint64_t *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || v <= 0) return -1;
-  uint64_t mul = 1;
-  if (!strcasecmp(end, "") || !strcasecmp(end, "b")) mul = 1;
-  else if (!strcasecmp(end, "kib") || !strcasecmp(end, "k")) mul = 1ull << 10;
-  else if (!strcasecmp(end, "mib") || !strcasecmp(end, "m")) mul = 1ull << 20;
-  else if (!strcasecmp(end, "gib") || !strcasecmp(end, "g")) mul = 1ull << 30;
-  else return -1;
-  *out = (uint64_t)(v * (double)mul);
-  return 0;
-}
 
 static void usage(FILE *f) {
   fprintf(f, "usage: bench_pipeline [--dir DIR] [--size 512MiB] [--staging 16MiB] [--reps N] [--parts 1,2,3]\n"
@@ -642,9 +622,9 @@ static int parse_args(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--json")) o->json = val;
     else if (!strcmp(a, "--baseline-bin")) o->baseline = val;
     else if (!strcmp(a, "--size")) {
-      if (parse_size(val, &o->size)) goto bad_value;
+      if (bench_parse_size(val, &o->size)) goto bad_value;
     } else if (!strcmp(a, "--staging")) {
-      if (parse_size(val, &o->staging)) goto bad_value;
+      if (bench_parse_size(val, &o->staging)) goto bad_value;
     } else if (!strcmp(a, "--reps")) {
       o->reps = atoi(val);
       if (o->reps < 1 || o->reps >= MAX_REPS) goto bad_value;
@@ -735,7 +715,7 @@ int main(int argc, char **argv) {
   enum { NG = sizeof groups / sizeof groups[0] };
   static measured res[NG][MAX_VARIANTS];
   int ran[NG] = {0};
-  double t0 = now();
+  double t0 = bench_now();
   int rc = 0;
   printf("staging %llu MiB per rank, %d measured rounds after one warm-up round (medians), "
          "SHARDLOAD_SIM_DELAY_US=%d\n", (unsigned long long)(o.staging >> 20), o.reps, o.sim_delay_us);
@@ -743,11 +723,11 @@ int main(int argc, char **argv) {
   for (size_t gi = 0; gi < NG && !rc; gi++) {
     const group *g = &groups[gi];
     if (!(o.parts & (1 << (g->part - 1))) || (g->cli_args && !o.baseline)) continue;
-    double tg = now();
+    double tg = bench_now();
     if ((rc = g->cli_args ? run_cli_group(g, &o, res[gi]) : run_group(g, &o, res[gi])) != 0) break;
     ran[gi] = 1;
     fprintf(stderr, "  measured part %d, %s%s%s: %.0f s\n", g->part, name_of(g), g->collective ? " + " : "",
-            g->collective ? g->collective : "", now() - tg);
+            g->collective ? g->collective : "", bench_now() - tg);
   }
   /* made after the last fork: the ranks inherit no allocation of the parent's */
   json_t *rows = json_array(), *ratios = json_array();
@@ -763,7 +743,7 @@ int main(int argc, char **argv) {
     if (part == 2) print_part2(&R, ratios);
     if (part == 3) print_part3(&R, ratios);
   }
-  printf("\ntotal benchmark time: %.0f s\n", now() - t0);
+  printf("\ntotal benchmark time: %.0f s\n", bench_now() - t0);
   /* every load ran: the figures are written whatever --check says of them */
   if (!rc && o.json) {
     json_t *root = json_pack("{s:I, s:i, s:i, s:o, s:o}", "staging_bytes", (json_int_t)o.staging, "reps", o.reps,

@@ -196,7 +196,16 @@ std::vector<int> broken_pairs(Comm &c) {
 // send for more than kWatchAfter, a watchdog probes that peer's connection every kWatchEvery
 // and aborts the wait once it is broken; the caller then fails naming the peer, at once.
 constexpr milliseconds kWatchAfter(500), kWatchEvery(250);
+// A watchdog with nothing to watch for this long sleeps until the next wait (no wake-ups while
+// the communicator is idle); while calls follow each other it stays on its beat.
+constexpr milliseconds kWatchIdle(1000);
 
+} // namespace
+
+namespace shardload::gloo_internal {
+
+// One per communicator, started by its first wait and kept until destroy: a thread started and
+// joined per call cost a clone, a join and two context switches per operation.
 class SendWatch {
  public:
   explicit SendWatch(Comm &c) : c_(c), thread_([this] { run(); }) {}
@@ -214,7 +223,8 @@ class SendWatch {
       std::lock_guard<std::mutex> lock(mu_);
       buf_ = buf;
       peer_ = peer;
-      since_ = Clock::now();
+      since_ = last_ = Clock::now();
+      if (idle_) cv_.notify_all();
     }
     bool done = buf->waitSend(c_.timeout());
     std::lock_guard<std::mutex> lock(mu_); // the watchdog never touches BUF after this
@@ -226,6 +236,12 @@ class SendWatch {
   void run() {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
+      if (!buf_ && Clock::now() - last_ >= kWatchIdle) {
+        idle_ = true;
+        cv_.wait(lock, [this] { return stop_ || buf_; });
+        idle_ = false;
+        continue;
+      }
       cv_.wait_for(lock, kWatchEvery);
       if (stop_ || !buf_ || Clock::now() - since_ < kWatchAfter) continue;
       if (pair_broken(c_, peer_)) {
@@ -237,12 +253,16 @@ class SendWatch {
   Comm &c_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;
+  bool stop_ = false, idle_ = false;
   gloo::transport::UnboundBuffer *buf_ = nullptr;
   int peer_ = -1;
-  Clock::time_point since_;
+  Clock::time_point since_, last_;
   std::thread thread_;
 };
+
+} // namespace shardload::gloo_internal
+
+namespace {
 
 struct Lost {
   std::vector<int> ranks;
@@ -437,6 +457,7 @@ sl_status parse_chunk(Comm &c) {
 void destroy(Comm *c, milliseconds grace, bool failed_init = false) {
   try {
     SigpipeBlock block;
+    c->watch.reset(); // it probes C's pairs
     c->ctx.reset();
     drop_endpoints(*c); // its pairs are closed: their ports may be reused
     c->dev.reset();
@@ -587,31 +608,39 @@ sl_status scatterv_impl(void *comm, const void *sendbuf, const size_t *counts, c
     what += " (" + std::to_string(recvbytes) + " bytes from rank " + std::to_string(c.job_rank(root)) + ")";
   }
   if (unusable(c)) return guarded(c, what, [] {});
-  if (c.rank == root) {
-    const char *own = static_cast<const char *>(sendbuf) + displs[root];
+  const char *own = c.rank == root ? static_cast<const char *>(sendbuf) + displs[root] : nullptr;
+  if (c.world == 1) {
     if (recvbytes && own != recvbuf) memmove(recvbuf, own, recvbytes);
+    return SL_OK;
   }
-  if (c.world == 1) return SL_OK;
   uint64_t slot = gloo::Slot::build(kScattervSlotPrefix, c.tag++);
   return guarded(c, what, [&] {
     if (c.rank == root) {
       std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs(size_t(c.world));
       auto *base = const_cast<char *>(static_cast<const char *>(sendbuf));
+      // The root's own part is copied while Gloo's event loop writes the others' (the sends
+      // go out as the peers' receives arrive), unless it lands on bytes still to be sent.
+      bool copy_early = recvbytes && own != recvbuf;
+      const uintptr_t d = reinterpret_cast<uintptr_t>(recvbuf);
       for (int r = 0; r < c.world; r++) {
         if (r == root || counts[r] == 0) continue;
+        const uintptr_t b = reinterpret_cast<uintptr_t>(base + displs[r]);
+        if (d < b + counts[r] && b < d + recvbytes) copy_early = false;
         bufs[size_t(r)] = c.ctx->createUnboundBuffer(base + displs[r], counts[r]);
         for (size_t off = 0; off < counts[r]; off += c.chunk)
           bufs[size_t(r)]->send(r, slot, off, std::min(c.chunk, counts[r] - off));
       }
-      SendWatch watch(c);
+      if (copy_early) memmove(recvbuf, own, recvbytes);
+      if (!c.watch) c.watch = std::make_shared<SendWatch>(c); // inherits the blocked SIGPIPE
       for (int r = 0; r < c.world; r++) {
         if (!bufs[size_t(r)]) continue;
         c.waiting_for = r;
         for (size_t off = 0; off < counts[r]; off += c.chunk)
-          if (!watch.wait(bufs[size_t(r)].get(), r))
+          if (!c.watch->wait(bufs[size_t(r)].get(), r))
             throw std::runtime_error("Connection closed by peer " + std::to_string(c.job_rank(r)) +
                                      " while sending to it");
       }
+      if (recvbytes && own != recvbuf && !copy_early) memmove(recvbuf, own, recvbytes);
     } else if (recvbytes > 0) {
       auto buf = c.ctx->createUnboundBuffer(recvbuf, recvbytes);
       for (size_t off = 0; off < recvbytes; off += c.chunk)

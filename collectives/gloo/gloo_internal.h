@@ -51,6 +51,8 @@ class ProbingPrefixStore : public gloo::rendezvous::PrefixStore {
 };
 
 struct Comm;
+// The root's watch over its scatterv's sends (gloo.cc).
+class SendWatch;
 
 // Where a socket of a communicator's pairs may be found: an address one of this rank's pairs
 // listened on (LOCAL: a socket accepted there has it as its own address) or one a peer's pair
@@ -97,6 +99,7 @@ struct Comm {
   sl_status failed = SL_OK;
   std::string failmsg;
   std::vector<int> lost; // the ranks the failure was blamed on: fini does not wait for them
+  std::shared_ptr<SendWatch> watch; // from the first scatterv this rank roots; gone first at destroy
 
   // ---- split (docs/DESIGN.md#modules; HSDP replica and shard groups) ----
   Comm *root = nullptr;          // the communicator this one was split from, transitively; null: a root
