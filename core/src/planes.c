@@ -65,7 +65,7 @@ static sl_status control_allgather(void *c, const void *sendbuf, void *recvbuf, 
  * A job whose rank 0 stages through host memory (the cpu backend) probes nothing: its data
  * plane is the control plane's module. */
 
-#define PLANE_KNOWN 8    /* collectives one build lists (this one knows 5) */
+#define PLANE_KNOWN 8    /* collectives one build lists (this one knows 6) */
 #define PLANE_NAME 33    /* a module name is at most 32 characters (registry.c) */
 #define PLANE_REASON 400 /* a probe's reason, cut to fit */
 #define PLANE_HOST 65    /* a host name (HOST_NAME_MAX is 64) */
