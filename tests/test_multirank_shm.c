@@ -1,4 +1,4 @@
-/* The shm data collective (docs/DESIGN.md#the-shm-collective) between real processes of one host,
+/* The shm data collective (docs/DESIGN.md#shm) between real processes of one host,
  * bootstrapped over real Gloo on loopback: its ops and sub-communicators beyond one ring of
  * slots; loads bit-exact with Gloo's through the command (worlds 2, 3 and 4, casts, an HSDP
  * mesh, the broadcast strategy); a rank killed mid-load or stopped ends every rank within the

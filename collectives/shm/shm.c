@@ -1,5 +1,5 @@
 /* The shared-memory data collective: host staging between ranks of one host through one shared
- * segment (docs/DESIGN.md#the-shm-collective). Host memory, synchronous (SL_COLL_SYNC).
+ * segment (docs/DESIGN.md#shm). Host memory, synchronous (SL_COLL_SYNC).
  *
  * Trust: ranks agree they share a host from evidence gathered over the control plane (which is
  * authenticated), never from launcher variables: the kernel's boot id, the host name, the
