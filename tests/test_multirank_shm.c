@@ -398,6 +398,46 @@ static void test_abort(void **state) {
   for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
 }
 
+/* ---- ranks that call different ops ----------------------------------------------------------------- */
+
+/* Each rank its own root (victim 0), or rank 1 a scatterv against rank 0's broadcast (victim 1):
+ * a receiver, or the root that lost the claim, fails at once with a mismatch; a root whose
+ * chunks all fit the ring may have returned before anyone looked. No later op passes on either. */
+static int disagree_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const sl_collective_ops *o = ctx->data;
+  size_t bytes = 3u << 20, counts[2] = {bytes / 2, bytes / 2}, displs[2] = {0, bytes / 2};
+  unsigned char *b = calloc(1, bytes);
+  double t0 = now_s();
+  sl_status s;
+  if (j->victim == 0) s = o->broadcast(ctx->data_comm, b, bytes, rank, NULL);
+  else if (rank == 0) s = o->broadcast(ctx->data_comm, b, bytes, 0, NULL);
+  else s = o->scatterv(ctx->data_comm, NULL, counts, displs, b, bytes / 2, 0, NULL);
+  double took = now_s() - t0;
+  fprintf(stderr, "rank %d: %s after %.2f s: %s\n", rank, sl_status_name(s), took, sl_context_errmsg(ctx));
+  bool receiver = j->victim == 1 && rank == 1;
+  SL_CHILD_CHECK(s == SL_ERR_MISMATCH || (!receiver && (s == SL_OK || s == SL_ERR_PEER)), "rank %d: %s", rank,
+                 sl_status_name(s));
+  SL_CHILD_CHECK(took < 2.0, "rank %d took %.1f s", rank, took);
+  SL_CHILD_CHECK(o->barrier(ctx->data_comm) != SL_OK, "rank %d: a later barrier passed", rank);
+  SL_CHILD_CHECK(o->broadcast(ctx->data_comm, b, bytes, 0, NULL) != SL_OK, "rank %d: a later broadcast passed", rank);
+  free(b);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_ranks_disagree(void **state) {
+  for (int v = 0; v < 2; v++) {
+    job j = {.collective = "shm", .victim = v};
+    int codes[2];
+    spawn(&j, 2, disagree_rank, v ? "disagree-kind" : "disagree-root", 60000, codes);
+    for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+  }
+}
+
 /* ---- strangers ----------------------------------------------------------------------------------- */
 
 /* The name of the abstract socket of the shm collective that process PID holds ("" when none
@@ -563,7 +603,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ops_and_split),     cmocka_unit_test(test_loads_match_gloo),
       cmocka_unit_test(test_rank_killed_mid_load), cmocka_unit_test(test_rank_stopped),
-      cmocka_unit_test(test_abort),             cmocka_unit_test(test_strangers_refused),
+      cmocka_unit_test(test_abort),             cmocka_unit_test(test_ranks_disagree),
+      cmocka_unit_test(test_strangers_refused),
       cmocka_unit_test(test_other_hosts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

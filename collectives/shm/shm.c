@@ -74,7 +74,8 @@ typedef struct chan_hdr {
   uint32_t gen; /* the current op's generation (op index + 1), stored last: the descriptor's flag */
   char pad0[LINE - 4];
   uint32_t pub; /* chunks published in this channel (a count that runs across ops) */
-  char pad1[LINE - 4];
+  uint32_t claim; /* ops whose root has claimed the descriptor: one root per op */
+  char pad1[LINE - 8];
   uint32_t kind, root;
   uint64_t total;
   uint32_t chunk0, nchunks;
@@ -297,6 +298,13 @@ static sl_status root_op(shm_comm *c, uint32_t kind, uint64_t total, const chan_
     if (r != c->rank && (st = wait_for(c, &c->words[r].opdone, g, r, deadline, op, "finish the previous op")) != SL_OK)
       return st;
   chan_hdr *h = c->hdr;
+  /* two ranks that both think they are this op's root: one claims it, the other fails */
+  uint32_t expect = g;
+  if (!__atomic_compare_exchange_n(&h->claim, &expect, g + 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return breaks(c, SL_ERR_MISMATCH, c->seg->me,
+                  "shm %s: rank %d called op %u as its root, but another rank had claimed it as root: the ranks "
+                  "called different collectives",
+                  op, c->seg->me, g + 1);
   uint32_t n = chunks_of(total), c0 = c->chunk;
   h->kind = kind;
   h->root = (uint32_t)c->rank;
