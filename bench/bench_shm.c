@@ -48,9 +48,16 @@ typedef struct cfg {
 static sl_context *open_ctx(const cfg *c, int rank, const char *coll) {
   char url[400], err[1024] = "";
   snprintf(url, sizeof url, "file://%s/%s", c->dir, coll);
-  sl_context_options co = {.size = sizeof co, .backend = "cpu", .collective = coll, .world_size = c->world,
-                           .rank = rank, .local_rank = rank, .rendezvous = url, .timeout_ms = 120000,
-                           .errbuf = err, .errbuf_size = sizeof err};
+  sl_context_options co = {.size = sizeof co,
+                           .backend = "cpu",
+                           .collective = coll,
+                           .world_size = c->world,
+                           .rank = rank,
+                           .local_rank = rank,
+                           .rendezvous = url,
+                           .timeout_ms = 120000,
+                           .errbuf = err,
+                           .errbuf_size = sizeof err};
   sl_context *ctx = NULL;
   if (sl_context_create(&co, &ctx) != SL_OK) {
     fprintf(stderr, "rank %d: %s: %s\n", rank, coll, err);

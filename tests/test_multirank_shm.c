@@ -41,9 +41,16 @@ typedef struct job {
 
 static sl_status open_ctx(const job *j, int rank, int world, sl_context **ctx, char *err, size_t errlen) {
   if (j->tag[rank]) setenv("SHARDLOAD_TEST_SHM_HOST_TAG", j->tag[rank], 1);
-  sl_context_options co = {.size = sizeof co, .backend = "cpu", .collective = j->collective, .world_size = world,
-                           .rank = rank, .local_rank = rank, .rendezvous = j->rdzv,
-                           .timeout_ms = j->timeout_ms ? j->timeout_ms : 20000, .errbuf = err, .errbuf_size = errlen};
+  sl_context_options co = {.size = sizeof co,
+                           .backend = "cpu",
+                           .collective = j->collective,
+                           .world_size = world,
+                           .rank = rank,
+                           .local_rank = rank,
+                           .rendezvous = j->rdzv,
+                           .timeout_ms = j->timeout_ms ? j->timeout_ms : 20000,
+                           .errbuf = err,
+                           .errbuf_size = errlen};
   return sl_context_create(&co, ctx);
 }
 
@@ -72,7 +79,9 @@ static int dev_shm_entries(void) {
   return n;
 }
 
-static unsigned char pat(int op, int root, size_t i) { return (unsigned char)(i * 131u + (size_t)op * 17u + (size_t)root * 7u + 1u); }
+static unsigned char pat(int op, int root, size_t i) {
+  return (unsigned char)(i * 131u + (size_t)op * 17u + (size_t)root * 7u + 1u);
+}
 
 /* ---- the ops, bigger than one ring, and sub-communicators ------------------------------------ */
 
@@ -222,8 +231,9 @@ static void test_loads_match_gloo(void **state) {
   load_both(ckpt, dir, 4, "--mesh 2x2 --placement '[replicate, shard(0)]' --staging 2MiB", "hsdp");
   /* auto chooses shm for host staging on one host, and says so */
   assert_int_equal(sl_test_run(&out, "'%s' load '%s' --nproc 2 --timeout 30", sl_test_bin(), ckpt), 0);
-  assert_non_null(strstr(out, "collective: shm: backend cpu of rank 0 stages through host memory; every rank shares "
-                              "one host"));
+  assert_non_null(strstr(out,
+                         "collective: shm: backend cpu of rank 0 stages through host memory; every rank shares "
+                         "one host"));
   free(out);
   free(dir);
 }
@@ -601,9 +611,12 @@ static void test_other_hosts(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_ops_and_split),     cmocka_unit_test(test_loads_match_gloo),
-      cmocka_unit_test(test_rank_killed_mid_load), cmocka_unit_test(test_rank_stopped),
-      cmocka_unit_test(test_abort),             cmocka_unit_test(test_ranks_disagree),
+      cmocka_unit_test(test_ops_and_split),
+      cmocka_unit_test(test_loads_match_gloo),
+      cmocka_unit_test(test_rank_killed_mid_load),
+      cmocka_unit_test(test_rank_stopped),
+      cmocka_unit_test(test_abort),
+      cmocka_unit_test(test_ranks_disagree),
       cmocka_unit_test(test_strangers_refused),
       cmocka_unit_test(test_other_hosts),
   };

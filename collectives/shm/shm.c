@@ -73,7 +73,7 @@ enum { FAIL_ABORT = 1, FAIL_OP = 2 };
 typedef struct chan_hdr {
   uint32_t gen; /* the current op's generation (op index + 1), stored last: the descriptor's flag */
   char pad0[LINE - 4];
-  uint32_t pub; /* chunks published in this channel (a count that runs across ops) */
+  uint32_t pub;   /* chunks published in this channel (a count that runs across ops) */
   uint32_t claim; /* ops whose root has claimed the descriptor: one root per op */
   char pad1[LINE - 8];
   uint32_t kind, root;
@@ -100,7 +100,9 @@ static size_t chan_ctl_bytes(int n) {
   return align_up(sizeof(chan_hdr), LINE) + (size_t)n * sizeof(chan_rank) + (size_t)n * sizeof(chan_part);
 }
 static size_t chan_bytes(int n) { return align_up(chan_ctl_bytes(n), 4096) + SHM_SLOTS * SHM_CHUNK; }
-static size_t seg_ctl_bytes(int n) { return align_up(align_up(sizeof(seg_hdr), LINE) + (size_t)n * sizeof(seg_rank), 4096); }
+static size_t seg_ctl_bytes(int n) {
+  return align_up(align_up(sizeof(seg_hdr), LINE) + (size_t)n * sizeof(seg_rank), 4096);
+}
 static int channels_for(int n) { return 2 * n + 2 < SHM_MAX_CHANNELS ? 2 * n + 2 : SHM_MAX_CHANNELS; }
 
 /* ---- what a process keeps ------------------------------------------------------------------ */
@@ -410,8 +412,8 @@ static sl_status shm_scatterv(void *comm, const void *sendbuf, const size_t *cou
   if (root < 0 || root >= c->n) return bad_root(c, "scatterv", root);
   if (root != c->rank) return recv_op(c, OP_SCATTER, root, recvbytes, recvbuf, "scatterv");
   if (counts[root] != recvbytes)
-    return c->host->fail(c->host->core, SL_ERR_INVALID, "shm scatterv: the root sends itself %zu bytes but receives %zu",
-                         counts[root], recvbytes);
+    return c->host->fail(c->host->core, SL_ERR_INVALID,
+                         "shm scatterv: the root sends itself %zu bytes but receives %zu", counts[root], recvbytes);
   chan_part *parts = calloc((size_t)c->n, sizeof *parts);
   const unsigned char **src = calloc((size_t)c->n, sizeof *src);
   uint64_t *len = calloc((size_t)c->n, sizeof *len);
@@ -580,8 +582,8 @@ static sl_status judge(const sl_module_host *host, const evidence *e, int n) {
   for (int r = 0; r < n && st == SL_OK; r++)
     for (int q = r + 1; q < n && st == SL_OK; q++)
       if (e[r].pid == e[q].pid)
-        st = host->fail(host->core, SL_ERR_INVALID, "shm: ranks %d and %d claim one pid (%d): one process per rank",
-                        r, q, (int)e[r].pid);
+        st = host->fail(host->core, SL_ERR_INVALID, "shm: ranks %d and %d claim one pid (%d): one process per rank", r,
+                        q, (int)e[r].pid);
 out:
   free(bad);
   return st;
@@ -730,7 +732,8 @@ static sl_status fetch(const sl_module_host *host, const offer *of, const eviden
                     strerror(errno));
   } else if ((int32_t)cr.pid != e[0].pid || cr.uid != e[0].uid) {
     st = host->fail(host->core, SL_ERR_COMM,
-                    "shm: rank %d: the segment's socket is held by pid %d (uid %u), not by rank 0 (pid %d); refusing it",
+                    "shm: rank %d: the segment's socket is held by pid %d (uid %u), not by rank 0 (pid %d); refusing "
+                    "it",
                     rank, (int)cr.pid, (unsigned)cr.uid, (int)e[0].pid);
   } else {
     hello h = {.rank = rank};
@@ -759,8 +762,7 @@ static sl_status fetch(const sl_module_host *host, const offer *of, const eviden
 static sl_status make_segment(const sl_module_host *host, size_t bytes, int *fd) {
   *fd = memfd_create("shardload-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (*fd < 0) return host->fail(host->core, SL_ERR_IO, "shm: memfd_create: %s", strerror(errno));
-  if (ftruncate(*fd, (off_t)bytes) != 0 ||
-      fcntl(*fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+  if (ftruncate(*fd, (off_t)bytes) != 0 || fcntl(*fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     int e = errno;
     close(*fd);
     *fd = -1;
@@ -886,7 +888,8 @@ static sl_status lead(const sl_module_host *host, const evidence *e, int n, size
   if (getrandom(of->token, SHM_TOKEN, 0) != SHM_TOKEN || getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
     return host->fail(host->core, SL_ERR_IO, "shm: getrandom: %s", strerror(errno));
   int used = snprintf(of->name, sizeof of->name, "shardload-shm-");
-  for (size_t i = 0; i < sizeof rnd; i++) used += snprintf(of->name + used, sizeof of->name - (size_t)used, "%02x", rnd[i]);
+  for (size_t i = 0; i < sizeof rnd; i++)
+    used += snprintf(of->name + used, sizeof of->name - (size_t)used, "%02x", rnd[i]);
   *lis = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   struct sockaddr_un a;
   socklen_t al = abstract_addr(of->name, &a);
