@@ -148,6 +148,10 @@ static int ops_rank(int rank, int world, void *arg) {
     for (int p = 0; p < size; p++)
       SL_CHILD_CHECK(got[p] == color + 2 * (size - 1 - p), "rank %d: sub rank %d is job rank %d", rank, p, got[p]);
     if (check_bcast(o, sub, pos, size, (9u << 20) + 1, 20 + round)) return 1;
+    void *subsub = NULL; /* a split of a split: the whole group again, on a channel of its own */
+    SL_CHILD_CHECK(o->split(sub, 0, -pos, &subsub) == SL_OK && subsub, "rank %d: a sub split", rank);
+    if (check_bcast(o, subsub, size - 1 - pos, size, 4096, 40 + round)) return 1;
+    o->fini(subsub);
     /* the parent still works while its sub-communicators live */
     if (check_bcast(o, comm, rank, world, 4096, 30 + round)) return 1;
     o->fini(none);

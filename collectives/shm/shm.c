@@ -47,6 +47,7 @@
 #define SHM_SLOTS 8u                    /* slots per ring: the root runs this far ahead */
 #define SHM_MAX_CHANNELS 64             /* one bit each in a 64-bit mask */
 #define SHM_SLICE_MS 20                 /* a wait's slice between liveness checks */
+#define SHM_MAX_PIDFDS 256              /* peers watched by pidfd; beyond, by kill(pid, 0) */
 #define SHM_TOKEN 32
 #define SHM_NAME 48
 #define SHM_WHY 320
@@ -58,6 +59,7 @@ typedef struct seg_hdr {
   uint64_t magic;
   uint32_t nranks, channels;
   uint64_t chan_bytes, bytes;
+  uint64_t chan_mask; /* channels held by a communicator (bit 0: the job's) */
 } seg_hdr;
 
 /* Per rank of the segment, on its own line: its failure word (0: fine; else the reason code
@@ -75,7 +77,8 @@ typedef struct chan_hdr {
   char pad0[LINE - 4];
   uint32_t pub;   /* chunks published in this channel (a count that runs across ops) */
   uint32_t claim; /* ops whose root has claimed the descriptor: one root per op */
-  char pad1[LINE - 8];
+  uint32_t refs;  /* members that have not finished their communicator (a split's channel) */
+  char pad1[LINE - 12];
   uint32_t kind, root;
   uint64_t total;
   uint32_t chunk0, nchunks;
@@ -115,7 +118,6 @@ typedef struct shm_seg {
   int *pidfds;     /* by rank, -1 where pidfd_open failed (kill(pid, 0) then) */
   seg_rank *ranks; /* in the segment */
   int me;
-  uint64_t busy; /* channels this process's communicators hold */
 } shm_seg;
 
 typedef struct shm_comm {
@@ -860,7 +862,8 @@ static sl_status seg_map(const sl_module_host *host, int fd, size_t bytes, const
   s->bytes = bytes;
   for (int r = 0; r < n; r++) {
     s->pids[r] = e[r].pid;
-    s->pidfds[r] = r == me ? -1 : (int)syscall(SYS_pidfd_open, (pid_t)e[r].pid, 0);
+    /* one descriptor per peer, in worlds small enough to spare them (kill(pid, 0) beyond) */
+    s->pidfds[r] = r == me || n > SHM_MAX_PIDFDS ? -1 : (int)syscall(SYS_pidfd_open, (pid_t)e[r].pid, 0);
   }
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
@@ -868,6 +871,8 @@ static sl_status seg_map(const sl_module_host *host, int fd, size_t bytes, const
     return host->fail(host->core, SL_ERR_NOMEM, "shm: rank %d cannot map the segment (%zu bytes): %s", me, bytes,
                       strerror(errno));
   }
+  /* a child the rank forks (a helper that outlives the job) does not keep the segment alive */
+  madvise(p, bytes, MADV_DONTFORK);
   s->base = p;
   s->ranks = (seg_rank *)(s->base + align_up(sizeof(seg_hdr), LINE));
   *out = s;
@@ -881,7 +886,7 @@ static sl_status lead(const sl_module_host *host, const evidence *e, int n, size
   if (st == SL_OK) st = seg_map(host, *segfd, bytes, e, n, 0, seg);
   if (st != SL_OK) return st;
   seg_hdr *h = (seg_hdr *)(*seg)->base;
-  *h = (seg_hdr){SHM_MAGIC, (uint32_t)n, (uint32_t)channels_for(n), chan_bytes(n), bytes};
+  *h = (seg_hdr){SHM_MAGIC, (uint32_t)n, (uint32_t)channels_for(n), chan_bytes(n), bytes, 1};
   for (int r = 0; r < n; r++) (*seg)->ranks[r].pid = e[r].pid;
   if (n == 1) return SL_OK;
   unsigned char rnd[16];
@@ -951,7 +956,8 @@ static sl_status shm_init(const sl_collective_init *init, void **comm) {
     if (st == SL_OK) st = check_segment(&kh.h, segfd, bytes, me);
     if (st == SL_OK) st = seg_map(&kh.h, segfd, bytes, e, n, me, &seg);
     const seg_hdr *h = seg ? (const seg_hdr *)seg->base : NULL;
-    if (st == SL_OK && (h->magic != SHM_MAGIC || h->nranks != (uint32_t)n || h->bytes != bytes))
+    if (st == SL_OK && (h->magic != SHM_MAGIC || h->nranks != (uint32_t)n || h->bytes != bytes ||
+                        h->channels != (uint32_t)channels_for(n)))
       st = kh.h.fail(&kh, SL_ERR_COMM, "shm: rank %d: the segment does not hold this job's header", me);
   }
   if (segfd >= 0) close(segfd); /* the mapping keeps it */
@@ -982,7 +988,6 @@ static sl_status shm_init(const sl_collective_init *init, void **comm) {
   c->rank = me;
   for (int r = 0; r < n; r++) c->members[r] = r;
   chan_bind(c, 0);
-  seg->busy = 1;
   *comm = c;
   return SL_OK;
 }
@@ -991,82 +996,98 @@ static void shm_fini(void *comm) {
   shm_comm *c = comm;
   if (!c) return;
   if (c->owns_seg) seg_free(c->seg);
-  else c->seg->busy &= ~((uint64_t)1 << c->channel);
+  else if (__atomic_sub_fetch(&c->hdr->refs, 1, __ATOMIC_ACQ_REL) == 0) /* the last member: free it */
+    __atomic_fetch_and(&((seg_hdr *)c->seg->base)->chan_mask, ~((uint64_t)1 << c->channel), __ATOMIC_ACQ_REL);
   free(c->members);
   free(c);
 }
 
-/* Collective over COMM: each group of one color gets a channel of its own that no rank's
- * communicator holds, chosen alike on every rank from the same table; its first member clears
- * the channel's words before a barrier lets anyone use them. */
+/* Collective over COMM: ranks of one color form a group ordered by (key, rank); the group's
+ * first member claims a free channel in the segment's mask (compare-and-swap: groups split from
+ * any communicator at once never take one channel twice), clears its words and sets its count
+ * of holders, and an allgather over COMM tells every member which; the last member to finish
+ * its communicator frees the channel. */
 static sl_status shm_split(void *comm, int color, int key, void **sub) {
   shm_comm *c = comm;
   *sub = NULL;
   sl_status st = usable(c, "split");
   if (st != SL_OK) return st;
-  typedef struct rec {
-    int32_t color, key;
-    uint64_t busy;
-  } rec;
-  rec mine = {color, key, c->seg->busy}, *all = calloc((size_t)c->n, sizeof mine);
-  if (!all) return c->host->fail(c->host->core, SL_ERR_NOMEM, "shm split: out of memory for %d ranks", c->n);
-  if ((st = shm_allgather(c, &mine, all, sizeof mine, NULL)) != SL_OK) {
-    free(all);
-    return st;
+  int32_t mine[2] = {color, key}, *all = calloc((size_t)c->n, 2 * sizeof(int32_t)),
+          *chans = calloc((size_t)c->n, sizeof(int32_t));
+  if (!all || !chans) {
+    free(all), free(chans);
+    return c->host->fail(c->host->core, SL_ERR_NOMEM, "shm split: out of memory for %d ranks", c->n);
   }
-  uint64_t taken = 0;
-  int nch = channels_for(c->seg->n), mychan = -1;
-  for (int r = 0; r < c->n; r++) taken |= all[r].busy;
-  /* colors in ascending order, each the lowest channel still free */
-  for (int32_t prev = -1;;) {
-    int32_t next = INT32_MAX;
-    bool any = false;
-    for (int r = 0; r < c->n; r++)
-      if (all[r].color > prev && all[r].color <= next) next = all[r].color, any = true;
-    if (!any) break;
-    int ch = 0;
-    while (ch < nch && (taken >> ch & 1)) ch++;
-    if (ch == nch) {
-      free(all);
-      return c->host->fail(c->host->core, SL_ERR_UNSUPPORTED,
-                           "shm split: every one of the segment's %d channels is in use by a communicator; free "
-                           "sub-communicators first",
-                           nch);
-    }
-    taken |= (uint64_t)1 << ch;
-    if (next == color) mychan = ch;
-    prev = next;
-  }
-  int size = 0, pos = 0;
+  if ((st = shm_allgather(c, mine, all, sizeof mine, NULL)) != SL_OK) goto out;
+  int size = 0, pos = 0, leader = -1;
   for (int r = 0; color >= 0 && r < c->n; r++) {
-    if (all[r].color != color) continue;
+    if (all[2 * r] != color) continue;
     size++;
-    if (all[r].key < key || (all[r].key == key && r < c->rank)) pos++;
+    bool before = all[2 * r + 1] < key || (all[2 * r + 1] == key && r < c->rank);
+    if (before) pos++;
+    if (leader < 0 || all[2 * r + 1] < all[2 * leader + 1]) leader = r; /* the first (key, rank) */
   }
-  shm_comm *s = color >= 0 ? comm_new(c->host, c->seg, size, c->timeout_ms) : NULL;
-  bool nomem = color >= 0 && !s;
-  if (s) {
-    s->rank = pos;
-    for (int r = 0; r < c->n; r++) {
-      if (all[r].color != color) continue;
-      int p = 0;
-      for (int q = 0; q < c->n; q++)
-        if (all[q].color == color && (all[q].key < all[r].key || (all[q].key == all[r].key && q < r))) p++;
-      s->members[p] = job_rank(c, r);
+  seg_hdr *h = (seg_hdr *)c->seg->base;
+  int nch = channels_for(c->seg->n), claimed = -1;
+  if (color >= 0 && pos == 0) {
+    uint64_t m = __atomic_load_n(&h->chan_mask, __ATOMIC_ACQUIRE);
+    for (;;) {
+      int ch = 0;
+      while (ch < nch && (m >> ch & 1)) ch++;
+      if (ch == nch) break;
+      if (__atomic_compare_exchange_n(&h->chan_mask, &m, m | (uint64_t)1 << ch, false, __ATOMIC_ACQ_REL,
+                                      __ATOMIC_ACQUIRE)) {
+        claimed = ch;
+        break;
+      }
     }
-    chan_bind(s, mychan);
-    if (pos == 0) memset(s->hdr, 0, chan_ctl_bytes(c->seg->n));
+    if (claimed >= 0) {
+      shm_comm tmp = {.seg = c->seg};
+      chan_bind(&tmp, claimed);
+      memset(tmp.hdr, 0, chan_ctl_bytes(c->seg->n));
+      __atomic_store_n(&tmp.hdr->refs, (uint32_t)size, __ATOMIC_RELEASE);
+    }
   }
-  free(all);
-  st = shm_barrier(c); /* the channels are clear before anyone uses them */
-  if (st == SL_OK && nomem) st = c->host->fail(c->host->core, SL_ERR_NOMEM, "shm split: out of memory");
-  if (st != SL_OK) {
-    shm_fini(s);
-    return st;
+  int32_t say = color < 0 ? -1 : pos == 0 ? (claimed >= 0 ? claimed : -2) : -1;
+  /* the channels are clear before anyone learns which is theirs */
+  if ((st = shm_allgather(c, &say, chans, sizeof say, NULL)) != SL_OK) goto out;
+  int full = -1;
+  for (int r = 0; r < c->n && full < 0; r++)
+    if (chans[r] == -2) full = r;
+  if (full >= 0) { /* every rank fails alike; a channel claimed for nothing goes back */
+    if (claimed >= 0) __atomic_fetch_and(&h->chan_mask, ~((uint64_t)1 << claimed), __ATOMIC_ACQ_REL);
+    st = c->host->fail(c->host->core, SL_ERR_UNSUPPORTED,
+                       "shm split: every one of the segment's %d channels is in use by a communicator; free "
+                       "sub-communicators first",
+                       nch);
+    goto out;
   }
-  if (s) c->seg->busy |= (uint64_t)1 << mychan;
+  if (color < 0) goto out;
+  int ch = chans[leader];
+  if (ch < 0 || ch >= nch) {
+    st = breaks(c, SL_ERR_COMM, job_rank(c, leader), "shm split: rank %d named no channel for its group",
+                job_rank(c, leader));
+    goto out;
+  }
+  shm_comm *s = comm_new(c->host, c->seg, size, c->timeout_ms);
+  if (!s) {
+    st = c->host->fail(c->host->core, SL_ERR_NOMEM, "shm split: out of memory");
+    goto out;
+  }
+  s->rank = pos;
+  for (int r = 0; r < c->n; r++) {
+    if (all[2 * r] != color) continue;
+    int p = 0;
+    for (int q = 0; q < c->n; q++)
+      if (all[2 * q] == color && (all[2 * q + 1] < all[2 * r + 1] || (all[2 * q + 1] == all[2 * r + 1] && q < r))) p++;
+    s->members[p] = job_rank(c, r);
+  }
+  chan_bind(s, ch);
   *sub = s;
-  return SL_OK;
+out:
+  free(all);
+  free(chans);
+  return st;
 }
 
 /* Linux with memfd and abstract Unix sockets; any backend (it moves host memory). */
