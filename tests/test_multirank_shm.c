@@ -179,6 +179,49 @@ static void test_ops_and_split(void **state) {
   }
 }
 
+/* Splits that are never finished use up the segment's channels (2 x world + 2, the job's
+ * among them): the split that finds none fails on every rank alike, gives back what it
+ * claimed (one group of all fits in it then), and once the sub-communicators are finished
+ * their channels serve again. World 3:
+ * each split makes two groups (ranks 0, 2 and rank 1). */
+static int channels_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const sl_collective_ops *o = ctx->data;
+  void *subs[16] = {0};
+  int made = 0;
+  sl_status st = SL_OK;
+  while (made < 16 && (st = o->split(ctx->data_comm, rank % 2, rank, &subs[made])) == SL_OK) made++;
+  /* 8 channels: the job's, then two per split: three splits, and the fourth finds one free */
+  SL_CHILD_CHECK(made == 3 && st == SL_ERR_UNSUPPORTED, "rank %d: %d splits, then %s", rank, made, sl_status_name(st));
+  SL_CHILD_CHECK(strstr(sl_context_errmsg(ctx), "channels is in use"), "rank %d: '%s'", rank, sl_context_errmsg(ctx));
+  SL_CHILD_CHECK(o->barrier(ctx->data_comm) == SL_OK, "rank %d: the job's communicator after a failed split", rank);
+  /* the channel the failed split claimed for one group came back: one group of all fits */
+  void *one = NULL;
+  SL_CHILD_CHECK(o->split(ctx->data_comm, 0, rank, &one) == SL_OK && one, "rank %d: the last channel: %s", rank,
+                 sl_context_errmsg(ctx));
+  if (check_bcast(o, one, rank, world, 4096, 51)) return 1;
+  o->fini(one);
+  for (int k = 0; k < made; k++) o->fini(subs[k]);
+  SL_CHILD_CHECK(o->barrier(ctx->data_comm) == SL_OK, "rank %d: barrier", rank); /* every rank has finished them */
+  for (made = 0; made < 3; made++)
+    SL_CHILD_CHECK(o->split(ctx->data_comm, rank % 2, rank, &subs[made]) == SL_OK, "rank %d: split %d again", rank,
+                   made);
+  if (check_bcast(o, subs[2], rank / 2, (world - rank % 2 + 1) / 2, 4096, 50)) return 1;
+  for (int k = 0; k < made; k++) o->fini(subs[k]);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_channels_run_out(void **state) {
+  job j = {.collective = "shm"};
+  int codes[3];
+  spawn(&j, 3, channels_rank, "channels", 60000, codes);
+  for (int r = 0; r < 3; r++) assert_int_equal(codes[r], 0);
+}
+
 /* ---- loads bit-exact with Gloo's, through the command ---------------------------------------- */
 
 static char *read_all(const char *path, size_t *len) {
@@ -615,13 +658,10 @@ static void test_other_hosts(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_ops_and_split),
-      cmocka_unit_test(test_loads_match_gloo),
-      cmocka_unit_test(test_rank_killed_mid_load),
-      cmocka_unit_test(test_rank_stopped),
-      cmocka_unit_test(test_abort),
-      cmocka_unit_test(test_ranks_disagree),
-      cmocka_unit_test(test_strangers_refused),
+      cmocka_unit_test(test_ops_and_split),    cmocka_unit_test(test_channels_run_out),
+      cmocka_unit_test(test_loads_match_gloo), cmocka_unit_test(test_rank_killed_mid_load),
+      cmocka_unit_test(test_rank_stopped),     cmocka_unit_test(test_abort),
+      cmocka_unit_test(test_ranks_disagree),   cmocka_unit_test(test_strangers_refused),
       cmocka_unit_test(test_other_hosts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
