@@ -700,11 +700,11 @@ static void two_ranks(int explicit_flags) {
   for (int r = 0; r < 2; r++) {
     json_t *j = load_json_file(r ? j1 : j0);
     assert_int_equal(json_integer_value(json_object_get(j, "rank")), r);
-    /* rank 0 runs cpu: host staging, whatever rank 1's sim could do */
+    /* rank 0 runs cpu: host staging (shm: both share this host), whatever rank 1's sim could do */
     json_t *cj = json_object_get(j, "collective");
-    assert_string_equal(json_string_value(json_object_get(cj, "name")), "gloo");
+    assert_string_equal(json_string_value(json_object_get(cj, "name")), "shm");
     assert_string_equal(json_string_value(json_object_get(cj, "reason")),
-                        "gloo: backend cpu of rank 0 stages through host memory");
+                        "shm: backend cpu of rank 0 stages through host memory; every rank shares one host");
     assert_int_equal(json_integer_value(json_object_get(j, "world_size")), 2);
     json_t *t0 = json_array_get(json_object_get(j, "tensors"), 0);
     assert_string_equal(json_string_value(json_object_get(t0, "placement")), "device");

@@ -175,8 +175,9 @@ static void run_case(const load_case *c) {
   json_t *ranks = json_object_get(j, "ranks");
   assert_int_equal(json_array_size(ranks), c->world);
   /* the data collective the ranks agreed on: sim's device collective when every rank runs sim,
-   * else host staging; the launcher's report carries rank 0's, the same on every rank */
-  const char *coll = !strncmp(c->backend, "sim", 3) ? "simccl" : c->world > 1 ? "gloo" : "local";
+   * else host staging (shm: every rank shares this host); the launcher's report carries rank
+   * 0's, the same on every rank */
+  const char *coll = !strncmp(c->backend, "sim", 3) ? "simccl" : c->world > 1 ? "shm" : "local";
   assert_string_equal(json_string_value(json_object_get(json_object_get(j, "collective"), "name")), coll);
 
   uint64_t others = 0; /* bytes held by ranks 1.. */
@@ -270,8 +271,9 @@ static void test_human_output(void **state) {
   assert_non_null(strstr(out, "total: "));
   assert_non_null(strstr(out, "GB/s"));
   assert_non_null(strstr(out, "inferred: no offload policy"));
-  assert_non_null(strstr(out, "collective gloo"));
-  assert_non_null(strstr(out, "\ncollective: gloo: backend cpu of rank 0 stages through host memory\n"));
+  assert_non_null(strstr(out, "collective shm"));
+  assert_non_null(
+      strstr(out, "\ncollective: shm: backend cpu of rank 0 stages through host memory; every rank shares one host\n"));
   assert_null(strstr(out, "model.embed_tokens.weight")); /* short: no per-tensor lines */
   assert_null(strstr(out, "launch: "));
   free(out);

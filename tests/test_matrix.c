@@ -155,7 +155,7 @@ typedef struct job {
   const char *backend;
   int hsdp;
   char *rdzv;
-  const char *collective; /* NULL: auto (simccl, the device route, for sim); "gloo": host staging */
+  const char *collective; /* NULL: auto (simccl, the device route, for sim; else shm); "gloo": host staging */
   const char *want_collective;
   int slots;
 } job;
@@ -387,13 +387,15 @@ static void run_job(const char *backend, const char *coll, const char *want, int
   for (int r = 0; r < world; r++) assert_int_equal(codes[r], 0);
 }
 
-/* sim: the device route (simccl, the ranks' own choice) and host staging (gloo, forced) */
+/* sim: the device route (simccl, the ranks' own choice) and host staging (gloo, forced); the
+ * others: host staging, shm (the ranks' own choice: they share this host) and gloo (forced) */
 static void run_world(const char *backend, int world, int hsdp) {
   if (strncmp(backend, "sim", 3) == 0) {
     run_job(backend, NULL, "simccl", world, hsdp, 0);
     run_job(backend, "gloo", "gloo", world, hsdp, 3);
   } else {
-    run_job(backend, NULL, "gloo", world, hsdp, 0);
+    run_job(backend, NULL, "shm", world, hsdp, 0); /* host staging among ranks of one host */
+    run_job(backend, "gloo", "gloo", world, hsdp, 3);
   }
 }
 
@@ -697,7 +699,7 @@ static void test_selected_backend(void **state) {
                            getenv("ZE_ENABLE_ALT_DRIVERS"));
     skip();
   }
-  run_job(sel_backend, NULL, "gloo", sel_world, sel_hsdp, 0);
+  run_job(sel_backend, NULL, "shm", sel_world, sel_hsdp, 0);
   run_job(sel_backend, "gloo", "gloo", sel_world, sel_hsdp, 3);
 }
 
@@ -714,7 +716,7 @@ static int run_module_mutant(void) {
     for (int slots = 0; slots <= 3; slots += 3) {
       char sub[96];
       snprintf(sub, sizeof sub, "ze-mutant-%d-%d-%d", sel_mutant, rep, slots);
-      job jb = {sel_backend, sel_hsdp, sl_test_rendezvous(sub), NULL, "gloo", slots};
+      job jb = {sel_backend, sel_hsdp, sl_test_rendezvous(sub), NULL, "shm", slots};
       int codes[8];
       int bad = sl_test_spawn(sel_world, rank_main, &jb, 240000, codes);
       free(jb.rdzv);

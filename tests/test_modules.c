@@ -717,7 +717,7 @@ static void test_probes_only_what_the_choice_needs(void **state) {
   setenv("SL_TEST_TRACE", trace, 1);
   ctx_job quiet[] = {
       {.world = 1, .backend = "cpu", .expect = SL_OK, .name = "local"},
-      {.world = 2, .backend = "cpu", .expect = SL_OK, .name = "gloo"},
+      {.world = 2, .backend = "cpu", .expect = SL_OK, .name = "shm"},
       {.world = 2, .backend = "cpu", .collective = "gloo", .expect = SL_OK, .name = "gloo"},
       {.world = 1, .backend = "sim", .expect = SL_OK, .name = "local"},
       {.world = 1, .backend = "sim", .collective = "simccl", .expect = SL_OK, .name = "simccl"},

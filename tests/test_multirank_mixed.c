@@ -337,8 +337,8 @@ static void spawn(mixed_job *j, const char *sub) {
 
 /* The same job on cpu alone first, then the mixed one against it. */
 static void run_mixed(mixed_job *j, const char *sub) {
-  mixed_job ref = {.world = j->world, .hsdp = j->hsdp, .collective = "gloo",
-                   .reason = "gloo: backend cpu of rank 0 stages through host memory", .reference = 1};
+  mixed_job ref = {.world = j->world, .hsdp = j->hsdp, .collective = "shm",
+                   .reason = "shm: backend cpu of rank 0 stages through host memory", .reference = 1};
   for (int r = 0; r < j->world; r++) ref.backend[r] = "cpu";
   char rsub[96];
   snprintf(rsub, sizeof rsub, "%s-ref", sub);
@@ -351,32 +351,32 @@ static void run_mixed(mixed_job *j, const char *sub) {
 /* Rank 0 on cpu: host staging from the start (cpu prefers no device collective), and the sim
  * ranks, strict or not, place on their own devices. */
 static void test_world3_cpu_sim_strict(void **state) {
-  mixed_job j = {.world = 3, .backend = {"cpu", "sim", "sim:strict"}, .collective = "gloo",
-                 .reason = "gloo: backend cpu of rank 0 stages through host memory"};
+  mixed_job j = {.world = 3, .backend = {"cpu", "sim", "sim:strict"}, .collective = "shm",
+                 .reason = "shm: backend cpu of rank 0 stages through host memory"};
   run_mixed(&j, "w3-cpu-first");
 }
 
 /* Rank 0 on sim prefers simccl, which rank 2 (cpu) cannot run: every rank stages through
  * Gloo, and the reason names that rank and its backend. */
 static void test_world3_sim_first(void **state) {
-  mixed_job j = {.world = 3, .backend = {"sim", "sim:strict", "cpu"}, .collective = "gloo",
-                 .reason = "gloo: rank 2 cannot run simccl"};
+  mixed_job j = {.world = 3, .backend = {"sim", "sim:strict", "cpu"}, .collective = "shm",
+                 .reason = "shm: rank 2 cannot run simccl"};
   run_mixed(&j, "w3-sim-first");
 }
 
 static void test_world4(void **state) {
-  mixed_job j = {.world = 4, .backend = {"sim:strict", "cpu", "sim", "cpu"}, .collective = "gloo",
-                 .reason = "gloo: rank 1 cannot run simccl"};
+  mixed_job j = {.world = 4, .backend = {"sim:strict", "cpu", "sim", "cpu"}, .collective = "shm",
+                 .reason = "shm: rank 1 cannot run simccl"};
   run_mixed(&j, "w4");
 }
 
 /* HSDP 2x2 [replicate, shard]: each replica mixes backends, and so does each shard group. */
 static void test_hsdp_2x2(void **state) {
-  mixed_job j = {.world = 4, .hsdp = 1, .backend = {"sim", "cpu", "cpu", "sim:strict"}, .collective = "gloo",
-                 .reason = "gloo: rank 1 cannot run simccl"};
+  mixed_job j = {.world = 4, .hsdp = 1, .backend = {"sim", "cpu", "cpu", "sim:strict"}, .collective = "shm",
+                 .reason = "shm: rank 1 cannot run simccl"};
   run_mixed(&j, "hsdp");
-  mixed_job k = {.world = 4, .hsdp = 1, .backend = {"cpu", "sim:strict", "sim", "cpu"}, .collective = "gloo",
-                 .reason = "gloo: backend cpu of rank 0 stages through host memory"};
+  mixed_job k = {.world = 4, .hsdp = 1, .backend = {"cpu", "sim:strict", "sim", "cpu"}, .collective = "shm",
+                 .reason = "shm: backend cpu of rank 0 stages through host memory"};
   run_mixed(&k, "hsdp-cpu-first");
 }
 
@@ -417,12 +417,12 @@ static void test_gpu_vendor_rank(void **state) {
     char sub[64];
     /* rank 1 (cpu) cannot run the vendor's collective, or rank 0 cannot either where that
      * module is not installed */
-    mixed_job j = {.world = 3, .backend = {vendors[v], "cpu", "sim"}, .collective = "gloo",
-                   .reason = "gloo: rank 1 cannot run", .reason_alt = "gloo: rank 0 cannot run"};
+    mixed_job j = {.world = 3, .backend = {vendors[v], "cpu", "sim"}, .collective = "shm",
+                   .reason = "shm: rank 1 cannot run", .reason_alt = "shm: rank 0 cannot run"};
     snprintf(sub, sizeof sub, "gpu-%s-first", vendors[v]);
     run_mixed(&j, sub);
-    mixed_job k = {.world = 4, .hsdp = 1, .backend = {"sim", vendors[v], "sim:strict", "cpu"}, .collective = "gloo",
-                   .reason = "gloo: rank 1 cannot run simccl"};
+    mixed_job k = {.world = 4, .hsdp = 1, .backend = {"sim", vendors[v], "sim:strict", "cpu"}, .collective = "shm",
+                   .reason = "shm: rank 1 cannot run simccl"};
     snprintf(sub, sizeof sub, "gpu-%s-hsdp", vendors[v]);
     run_mixed(&k, sub);
     ran++;
@@ -454,17 +454,17 @@ static void test_level_zero_ranks(void **state) {
   if (!backend_runs("level_zero"))
     fail_msg("ZE_ENABLE_ALT_DRIVERS=%s names a driver, but level_zero does not start (see above)",
              getenv("ZE_ENABLE_ALT_DRIVERS"));
-  mixed_job a = {.world = 3, .backend = {"level_zero", "cpu", "sim:strict"}, .collective = "gloo",
-                 .reason = "gloo: backend level_zero of rank 0 stages through host memory"};
+  mixed_job a = {.world = 3, .backend = {"level_zero", "cpu", "sim:strict"}, .collective = "shm",
+                 .reason = "shm: backend level_zero of rank 0 stages through host memory"};
   run_mixed(&a, "lz-w3-first");
-  mixed_job b = {.world = 4, .backend = {"sim", "level_zero", "sim:strict", "cpu"}, .collective = "gloo",
-                 .reason = "gloo: rank 1 cannot run simccl"};
+  mixed_job b = {.world = 4, .backend = {"sim", "level_zero", "sim:strict", "cpu"}, .collective = "shm",
+                 .reason = "shm: rank 1 cannot run simccl"};
   run_mixed(&b, "lz-w4");
-  mixed_job c = {.world = 4, .hsdp = 1, .backend = {"cpu", "sim:strict", "level_zero", "sim"}, .collective = "gloo",
-                 .reason = "gloo: backend cpu of rank 0 stages through host memory"};
+  mixed_job c = {.world = 4, .hsdp = 1, .backend = {"cpu", "sim:strict", "level_zero", "sim"}, .collective = "shm",
+                 .reason = "shm: backend cpu of rank 0 stages through host memory"};
   run_mixed(&c, "lz-hsdp");
-  mixed_job d = {.world = 4, .hsdp = 1, .backend = {"level_zero", "sim", "cpu", "level_zero"}, .collective = "gloo",
-                 .reason = "gloo: backend level_zero of rank 0 stages through host memory"};
+  mixed_job d = {.world = 4, .hsdp = 1, .backend = {"level_zero", "sim", "cpu", "level_zero"}, .collective = "shm",
+                 .reason = "shm: backend level_zero of rank 0 stages through host memory"};
   run_mixed(&d, "lz-hsdp-twice");
   unsetenv("SHARDLOAD_MODULE_PATH");
 }
@@ -481,14 +481,14 @@ static void test_loadable_backend_rank(void **state) {
     skip();
   }
   setenv("SHARDLOAD_MODULE_PATH", mods, 1);
-  mixed_job j = {.world = 3, .backend = {"hostmem", "sim:strict", "sim"}, .collective = "gloo",
-                 .reason = "gloo: backend hostmem of rank 0 stages through host memory"};
+  mixed_job j = {.world = 3, .backend = {"hostmem", "sim:strict", "sim"}, .collective = "shm",
+                 .reason = "shm: backend hostmem of rank 0 stages through host memory"};
   run_mixed(&j, "hostmem-first");
-  mixed_job k = {.world = 4, .hsdp = 1, .backend = {"sim", "cpu", "hostmem", "sim:strict"}, .collective = "gloo",
-                 .reason = "gloo: rank 1 cannot run simccl"};
+  mixed_job k = {.world = 4, .hsdp = 1, .backend = {"sim", "cpu", "hostmem", "sim:strict"}, .collective = "shm",
+                 .reason = "shm: rank 1 cannot run simccl"};
   run_mixed(&k, "hostmem-hsdp");
-  mixed_job m = {.world = 3, .backend = {"sim", "hostmem", "sim"}, .collective = "gloo",
-                 .reason = "gloo: rank 1 cannot run simccl"};
+  mixed_job m = {.world = 3, .backend = {"sim", "hostmem", "sim"}, .collective = "shm",
+                 .reason = "shm: rank 1 cannot run simccl"};
   run_mixed(&m, "hostmem-second");
   unsetenv("SHARDLOAD_MODULE_PATH");
 }
@@ -655,7 +655,7 @@ static void check_cli_rank(const char *dir, const char *tag, const char *ref, in
     assert_int_equal(strstr(desc, ", strict)") != NULL, strcmp(backend, "sim:strict") == 0);
   }
   json_t *coll = json_object_get(m, "collective");
-  assert_string_equal(jstr(coll, "name"), "gloo");
+  assert_string_equal(jstr(coll, "name"), "shm");
   if (!strstr(jstr(coll, "reason"), reason)) fail_msg("%s rank %d: reason %s", tag, rank, jstr(coll, "reason"));
   json_t *mt = json_object_get(m, "tensors"), *ct = json_object_get(c, "tensors");
   assert_int_equal(json_array_size(mt), NS);
@@ -702,20 +702,20 @@ static void run_cli_mixed(const char *dir, const cli_mixed *j) {
 static void test_cli_mixed_ranks(void **state) {
   char *dir = sl_test_dir("cli");
   static const cli_mixed jobs[] = {
-      {"w3", 3, {"sim", "cpu", "sim:strict"}, "--cpu-offload off", "device", "gloo: rank 1 cannot run simccl"},
+      {"w3", 3, {"sim", "cpu", "sim:strict"}, "--cpu-offload off", "device", "shm: rank 1 cannot run simccl"},
       {"w3on", 3, {"cpu", "sim:strict", "sim"}, "--cpu-offload on --source every-rank --strategy broadcast", "cpu",
-       "gloo: backend cpu of rank 0 stages through host memory"},
+       "shm: backend cpu of rank 0 stages through host memory"},
       {"w4", 4, {"sim:strict", "sim", "cpu", "sim"}, "--cpu-offload off --source every-rank", "device",
-       "gloo: rank 2 cannot run simccl"},
+       "shm: rank 2 cannot run simccl"},
       {"hsdp", 4, {"sim", "cpu", "sim:strict", "cpu"}, "--cpu-offload off --mesh 2x2", "device",
-       "gloo: rank 1 cannot run simccl"},
+       "shm: rank 1 cannot run simccl"},
   };
   /* a level_zero rank over the test driver, where this run has one (required there) */
   static const cli_mixed lz_jobs[] = {
       {"lz3", 3, {"level_zero", "sim:strict", "cpu"}, "--cpu-offload off", "device",
-       "gloo: backend level_zero of rank 0 stages through host memory"},
+       "shm: backend level_zero of rank 0 stages through host memory"},
       {"lzhsdp", 4, {"sim", "level_zero", "cpu", "sim:strict"}, "--cpu-offload off --mesh 2x2 --source every-rank",
-       "device", "gloo: rank 1 cannot run simccl"},
+       "device", "shm: rank 1 cannot run simccl"},
   };
   for (size_t k = 0; k < sizeof jobs / sizeof jobs[0]; k++) run_cli_mixed(dir, &jobs[k]);
   if (level_zero_promised()) {

@@ -102,11 +102,11 @@ static void test_shared_device_chooses_gloo(void **state) {
   char on[128];
   snprintf(on, sizeof on, "sim:0 (sim) on %s;", this_host());
   planes_job j = {.world = 2, .backend = {"sim", "sim"}, .pin = 1, .device = {0, 0}, .expect = SL_OK,
-                  .name = "gloo", .want = {"gloo: ranks 0 and 1 share device ", on, "simccl needs one device per rank"}};
+                  .name = "shm", .want = {"shm: ranks 0 and 1 share device ", on, "simccl needs one device per rank"}};
   run(&j, "shared");
   /* the pair is found wherever it is in the job: ranks 0 and 2 here, rank 1 on its own device */
   planes_job k = {.world = 3, .backend = {"sim", "sim", "sim"}, .pin = 1, .device = {1, 0, 1}, .expect = SL_OK,
-                  .name = "gloo", .want = {"gloo: ranks 0 and 2 share device sim:1 (sim)"}};
+                  .name = "shm", .want = {"shm: ranks 0 and 2 share device sim:1 (sim)"}};
   run(&k, "shared3");
   /* host staging does not care */
   planes_job g = {.world = 2, .backend = {"sim", "sim"}, .collective = {"gloo", "gloo"}, .pin = 1, .device = {0, 0},
@@ -133,12 +133,12 @@ static void test_shared_device_forced_fails_everywhere(void **state) {
 
 /* One rank on cpu: host staging, and the reason names the rank that cannot and why. */
 static void test_mixed_ranks_choose_gloo(void **state) {
-  planes_job j = {.world = 2, .backend = {"sim", "cpu"}, .expect = SL_OK, .name = "gloo",
-                  .want = {"gloo: rank 1 cannot run simccl", "backend is cpu"}};
+  planes_job j = {.world = 2, .backend = {"sim", "cpu"}, .expect = SL_OK, .name = "shm",
+                  .want = {"shm: rank 1 cannot run simccl", "backend is cpu"}};
   run(&j, "mixed");
   /* rank 0's backend decides what is preferred: cpu wants host staging */
-  planes_job k = {.world = 3, .backend = {"cpu", "sim", "sim"}, .expect = SL_OK, .name = "gloo",
-                  .want = {"gloo: backend cpu of rank 0 stages through host memory"}};
+  planes_job k = {.world = 3, .backend = {"cpu", "sim", "sim"}, .expect = SL_OK, .name = "shm",
+                  .want = {"shm: backend cpu of rank 0 stages through host memory"}};
   run(&k, "mixed3");
 }
 

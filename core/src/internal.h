@@ -285,6 +285,7 @@ static inline bool sl__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
 const sl_backend_ops *sl__backend_cpu(void);
 const sl_backend_ops *sl__backend_sim(void);
 const sl_collective_ops *sl__collective_local(void);
+const sl_collective_ops *sl__collective_shm(void); /* collectives/shm/shm.c */
 #ifdef SHARDLOAD_HAVE_GLOO
 const sl_collective_ops *sl__collective_gloo(void); /* collectives/gloo/gloo.cc */
 #endif

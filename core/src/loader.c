@@ -134,8 +134,12 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
     /* the data plane failed, so the job did. A device data plane may still run operations on
      * this rank's staging (an NCCL kernel waiting for a lost peer): abort it before the staging
      * is freed, so that nothing writes into freed memory and the peers fail at once. The
-     * context's data plane is then unusable: destroy the context (sl_load's contract). */
-    if (L.pipe.data_started && !ctx->data_is_ctl && SL_HAS_OP(ctx->data, abort)) ctx->data->abort(ctx->data_comm);
+     * context's data plane is then unusable: destroy the context (sl_load's contract). A
+     * synchronous one (shm) has nothing pending once its op returned, and breaks by itself
+     * when an op failed: it is left as it is, so that a failure that was only the caller's (a
+     * progress callback) leaves the context loading again, as with Gloo. */
+    if (L.pipe.data_started && !ctx->data_is_ctl && !(ctx->data->flags & SL_COLL_SYNC) && SL_HAS_OP(ctx->data, abort))
+      ctx->data->abort(ctx->data_comm);
     goto out_fail;
   }
   /* the shards are complete only once the streams drained: wherever the data path ordered its

@@ -301,8 +301,9 @@ static void choose_auto(sl_module_list *l, sl_context *sc) {
   l->auto_pairs_by = own(l, sl_backend_native_api(ops));
   const char *pref = ops->preferred_collective;
   if (!pref || strcmp(pref, "gloo") == 0) {
-    snprintf(why, sizeof why, "gloo: backend %s stages through host memory", ops->name);
-    s->auto_collective = own(l, "gloo");
+    snprintf(why, sizeof why, "shm: backend %s stages through host memory (ranks of this host; gloo where they span hosts)",
+             ops->name);
+    s->auto_collective = own(l, "shm");
     s->auto_collective_reason = own(l, why);
     snprintf(why, sizeof why, "local: backend %s stages through host memory", ops->name);
   } else {
@@ -312,9 +313,11 @@ static void choose_auto(sl_module_list *l, sl_context *sc) {
       snprintf(why, sizeof why, "%s: preferred by backend %s and this machine runs it (with a device per rank)", pref,
                ops->name);
     else
-      snprintf(why, sizeof why, "gloo: this machine cannot run %s, backend %s's preferred collective (%.400s)", pref,
-               ops->name, reason);
-    s->auto_collective = own(l, runs ? pref : "gloo");
+      snprintf(why, sizeof why,
+               "shm: this machine cannot run %s, backend %s's preferred collective (%.300s); host staging (ranks of "
+               "this host; gloo where they span hosts)",
+               pref, ops->name, reason);
+    s->auto_collective = own(l, runs ? pref : "shm");
     s->auto_collective_reason = own(l, why);
     snprintf(why, sizeof why, "local: one rank stages through host memory (backend %s's %s only when forced: "
              "--collective %s)", ops->name, pref, pref);

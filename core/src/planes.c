@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "planes.h"
@@ -65,7 +66,7 @@ static sl_status control_allgather(void *c, const void *sendbuf, void *recvbuf, 
  * A job whose rank 0 stages through host memory (the cpu backend) probes nothing: its data
  * plane is the control plane's module. */
 
-#define PLANE_KNOWN 8    /* collectives one build lists (this one knows 5) */
+#define PLANE_KNOWN 8    /* collectives one build lists (this one knows 6) */
 #define PLANE_NAME 33    /* a module name is at most 32 characters (registry.c) */
 #define PLANE_REASON 400 /* a probe's reason, cut to fit */
 #define PLANE_HOST 65    /* a host name (HOST_NAME_MAX is 64) */
@@ -81,6 +82,11 @@ typedef struct plane_intent {
   char device_id[SL__PLANE_DEVICE_ID];
   char hostname[PLANE_HOST];
   char boot_id[40];
+  /* with the above, what host staging through shared memory needs of every rank: one user,
+   * one network namespace (abstract sockets) and one pid namespace (peers' pids) */
+  uint64_t netns, pidns;
+  uint32_t uid;
+  char host_tag[PLANE_NAME]; /* SHARDLOAD_TEST_SHM_HOST_TAG: ranks with other tags are not on one host */
 } plane_intent;
 
 typedef struct plane_verdict {
@@ -124,7 +130,18 @@ void sl__plane_device_id(const sl_context *ctx, char *buf, size_t len) {
  * of one machine and shared by the containers on it (whose host names may differ), so that a
  * device address compared under it names one physical device; and two machines that carry one
  * host name ("localhost") are told apart. */
+static uint64_t ns_inode(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
 static void machine_identity(plane_intent *r) {
+  r->netns = ns_inode("/proc/self/ns/net");
+  r->pidns = ns_inode("/proc/self/ns/pid");
+  r->uid = (uint32_t)geteuid();
+  /* a test hook that can only make ranks look like ranks of other hosts to host_plane (not to
+   * the device checks, which it would make less strict): collectives/shm/shm.c reads it too */
+  put(r->host_tag, sizeof r->host_tag, getenv("SHARDLOAD_TEST_SHM_HOST_TAG"));
   if (gethostname(r->hostname, sizeof r->hostname - 1) != 0) r->hostname[0] = 0;
   int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
@@ -157,6 +174,7 @@ static void take_intent(plane_intent *r) {
   take_text(r->device_id, sizeof r->device_id);
   take_text(r->hostname, sizeof r->hostname);
   take_text(r->boot_id, sizeof r->boot_id);
+  take_text(r->host_tag, sizeof r->host_tag);
 }
 
 /* This rank's probe of the candidate NAME: the only collective module it opens to choose. */
@@ -189,6 +207,33 @@ static int first_unable(const sl_context *ctx, const plane_intent *in, const pla
 static bool same_machine(const plane_intent *a, const plane_intent *b) {
   if (a->boot_id[0] && b->boot_id[0]) return strcmp(a->boot_id, b->boot_id) == 0;
   return a->hostname[0] && strcmp(a->hostname, b->hostname) == 0;
+}
+
+/* Host staging: local for one rank; shm where every rank is on rank 0's machine (one boot id
+ * and host name) as one user in one network and pid namespace; else gloo. The shm collective
+ * checks the same evidence again at its start and fails rather than trust this choice. NOTE
+ * (cut to fit) says why, for the reason text. */
+static const char *host_plane(const sl_context *ctx, const plane_intent *in, char *note, size_t len) {
+  note[0] = 0;
+  if (ctx->world_size == 1) return "local";
+  int other = -1;
+  for (int r = 1; r < ctx->world_size && other < 0; r++)
+    if (!in[0].boot_id[0] || strcmp(in[r].boot_id, in[0].boot_id) != 0 || strcmp(in[r].hostname, in[0].hostname) != 0 ||
+        in[r].uid != in[0].uid || in[r].netns != in[0].netns || in[r].pidns != in[0].pidns || !in[0].netns ||
+        strcmp(in[r].host_tag, in[0].host_tag) != 0)
+      other = r;
+  if (other < 0) {
+    snprintf(note, len, "; every rank shares one host");
+    return "shm";
+  }
+  snprintf(note, len, "; not shm: rank %d is not on rank 0's host (or user, or namespaces)", other);
+  return "gloo";
+}
+
+/* NOTE appended to the reason BUF, cut to fit. */
+static void add_note(char *buf, size_t len, const char *note) {
+  size_t used = strlen(buf);
+  if (used + 1 < len) snprintf(buf + used, len - used, "%s", note);
 }
 
 /* The first two ranks (*A < *B) that would run the candidate on one device: the same backend and
@@ -245,8 +290,8 @@ static sl_status unknown_collective(sl_context *ctx, const plane_intent *in, con
  * ctx->data_reason, or the same failure. */
 static sl_status choose(sl_context *ctx, const plane_intent *in, const plane_verdict *v, const char *want,
                         const char *cand, char *chosen, size_t len) {
-  char why[PLANE_REASON + 160], where[2 * PLANE_HOST + 48];
-  const char *host = ctx->world_size == 1 ? "local" : "gloo";
+  char why[PLANE_REASON + 160], where[2 * PLANE_HOST + 48], note[96];
+  const char *host = host_plane(ctx, in, note, sizeof note);
   int a, b;
   if (want) {
     if (!v[0].known) return unknown_collective(ctx, in, v, want);
@@ -279,6 +324,7 @@ static sl_status choose(sl_context *ctx, const plane_intent *in, const plane_ver
     snprintf(ctx->data_reason, sizeof ctx->data_reason,
              "%s: ranks %d and %d share device %.48s (%.32s) on %.64s; %.32s needs one device per rank", host, a, b,
              in[a].device_id, in[a].backend, where, cand);
+    add_note(ctx->data_reason, sizeof ctx->data_reason, note);
     return SL_OK;
   }
   if (bad < 0) {
@@ -288,7 +334,8 @@ static sl_status choose(sl_context *ctx, const plane_intent *in, const plane_ver
     return SL_OK;
   }
   put(chosen, len, host);
-  snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: rank %d cannot run %s (%.180s)", host, bad, cand, why);
+  snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: rank %d cannot run %s (%.140s)", host, bad, cand, why);
+  add_note(ctx->data_reason, sizeof ctx->data_reason, note);
   return SL_OK;
 }
 
@@ -327,10 +374,12 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
   }
   const char *cand = want ? want : in[0].preferred[0] ? in[0].preferred : NULL;
   if (!cand) { /* every rank knows it from the same table: none probes anything */
-    const char *host = ctx->world_size == 1 ? "local" : "gloo";
+    char note[96];
+    const char *host = host_plane(ctx, in, note, sizeof note);
     put(chosen, len, host);
     snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: backend %s of rank 0 stages through host memory", host,
              in[0].backend);
+    add_note(ctx->data_reason, sizeof ctx->data_reason, note);
     goto out_free;
   }
   /* One rank moves nothing between ranks: a device collective would only cost its start (a

@@ -1,0 +1,668 @@
+/* The shm data collective (docs/DESIGN.md#shm) between real processes of one host,
+ * bootstrapped over real Gloo on loopback: its ops and sub-communicators beyond one ring of
+ * slots; loads bit-exact with Gloo's through the command (worlds 2, 3 and 4, casts, an HSDP
+ * mesh, the broadcast strategy); a rank killed mid-load or stopped ends every rank within the
+ * timeout naming it, an abort ends a pending op, and nothing is left in /dev/shm nor as an
+ * abstract socket; strangers (a process of no rank, a rank's thread with a wrong token, another
+ * user) are refused and the job goes on; ranks of "other hosts" (SHARDLOAD_TEST_SHM_HOST_TAG)
+ * make a forced shm fail everywhere naming them, and keep auto on Gloo. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "testutil.h"
+
+#define MAX_WORLD 4
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+typedef struct job {
+  char *rdzv;
+  char *dir; /* scratch shared by the ranks */
+  const char *collective;
+  int timeout_ms;
+  const char *tag[MAX_WORLD]; /* SHARDLOAD_TEST_SHM_HOST_TAG per rank */
+  int victim;                 /* the rank a test kills, stops or aborts */
+  const char *path;           /* a checkpoint */
+} job;
+
+static sl_status open_ctx(const job *j, int rank, int world, sl_context **ctx, char *err, size_t errlen) {
+  if (j->tag[rank]) setenv("SHARDLOAD_TEST_SHM_HOST_TAG", j->tag[rank], 1);
+  sl_context_options co = {.size = sizeof co,
+                           .backend = "cpu",
+                           .collective = j->collective,
+                           .world_size = world,
+                           .rank = rank,
+                           .local_rank = rank,
+                           .rendezvous = j->rdzv,
+                           .timeout_ms = j->timeout_ms ? j->timeout_ms : 20000,
+                           .errbuf = err,
+                           .errbuf_size = errlen};
+  return sl_context_create(&co, ctx);
+}
+
+/* Abstract sockets of the shm collective now open on this host (the test's own jobs: the
+ * others are not ours to count, so each test compares before and after). */
+static int shm_sockets(void) {
+  FILE *f = fopen("/proc/net/unix", "r");
+  if (!f) return -1;
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, "@shardload-shm-")) n++;
+  fclose(f);
+  return n;
+}
+
+/* Entries of /dev/shm (a POSIX segment would be one). */
+static int dev_shm_entries(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+  closedir(d);
+  return n;
+}
+
+static unsigned char pat(int op, int root, size_t i) {
+  return (unsigned char)(i * 131u + (size_t)op * 17u + (size_t)root * 7u + 1u);
+}
+
+/* ---- the ops, bigger than one ring, and sub-communicators ------------------------------------ */
+
+static int check_bcast(const sl_collective_ops *o, void *comm, int rank, int n, size_t bytes, int op) {
+  unsigned char *b = malloc(bytes + 1);
+  SL_CHILD_CHECK(b, "malloc");
+  for (int root = 0; root < n; root++) {
+    for (size_t i = 0; i < bytes; i++) b[i] = rank == root ? pat(op, root, i) : 0xee;
+    sl_status st = o->broadcast(comm, b, bytes, root, NULL);
+    SL_CHILD_CHECK(st == SL_OK, "rank %d: broadcast of %zu from %d: %s", rank, bytes, root, sl_status_name(st));
+    for (size_t i = 0; i < bytes; i++)
+      SL_CHILD_CHECK(b[i] == pat(op, root, i), "rank %d: broadcast of %zu from %d: byte %zu", rank, bytes, root, i);
+  }
+  free(b);
+  return 0;
+}
+
+static int ops_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  sl_status s = open_ctx(j, rank, world, &ctx, err, sizeof err);
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: %s", rank, err);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "shm") == 0, "rank %d: %s", rank,
+                 sl_context_collective_name(ctx));
+  const sl_collective_ops *o = ctx->data;
+  void *comm = ctx->data_comm;
+  size_t sizes[] = {0, 1, (1u << 20) + 3, (9u << 20) + 5}; /* the last wraps the ring of 8 slots */
+  for (int k = 0; k < 4; k++)
+    if (check_bcast(o, comm, rank, world, sizes[k], k)) return 1;
+  /* scatterv from each root: uneven parts, one empty, the largest past the ring */
+  for (int root = 0; root < world; root++) {
+    size_t counts[MAX_WORLD], displs[MAX_WORLD], total = 0;
+    for (int r = 0; r < world; r++) {
+      counts[r] = r == 1 ? 0 : (size_t)(r + 1) * (3u << 20) + (size_t)r;
+      displs[r] = total;
+      total += counts[r];
+    }
+    unsigned char *send = rank == root ? malloc(total) : NULL, *recv = malloc(counts[rank] + 1);
+    for (size_t i = 0; send && i < total; i++) send[i] = pat(9, root, i);
+    memset(recv, 0xee, counts[rank] + 1);
+    sl_status st = o->scatterv(comm, send, counts, displs, recv, counts[rank], root, NULL);
+    SL_CHILD_CHECK(st == SL_OK, "rank %d: scatterv from %d: %s", rank, root, sl_status_name(st));
+    for (size_t i = 0; i < counts[rank]; i++)
+      SL_CHILD_CHECK(recv[i] == pat(9, root, displs[rank] + i), "rank %d: scatterv from %d: byte %zu", rank, root, i);
+    SL_CHILD_CHECK(recv[counts[rank]] == 0xee, "rank %d: scatterv wrote past its part", rank);
+    free(send);
+    free(recv);
+  }
+  int32_t mine = 1000 + rank, all[MAX_WORLD] = {0};
+  SL_CHILD_CHECK(o->allgather(comm, &mine, all, sizeof mine, NULL) == SL_OK, "rank %d: allgather", rank);
+  for (int r = 0; r < world; r++) SL_CHILD_CHECK(all[r] == 1000 + r, "rank %d: allgather[%d] = %d", rank, r, all[r]);
+  SL_CHILD_CHECK(o->barrier(comm) == SL_OK, "rank %d: barrier", rank);
+  /* sub-communicators: even and odd ranks, keys reversed; twice (a channel freed is reused) */
+  for (int round = 0; round < 3; round++) {
+    void *sub = NULL, *none = NULL;
+    int color = rank % 2, key = world - rank;
+    SL_CHILD_CHECK(o->split(comm, color, key, &sub) == SL_OK && sub, "rank %d: split", rank);
+    SL_CHILD_CHECK(o->split(comm, rank == 0 ? 0 : -1, 0, &none) == SL_OK, "rank %d: split alone", rank);
+    SL_CHILD_CHECK((rank == 0) == (none != NULL), "rank %d: split with color -1 gave a communicator", rank);
+    int size = (world - color + 1) / 2, pos = size - 1 - rank / 2;
+    int32_t v = rank, got[MAX_WORLD] = {0};
+    SL_CHILD_CHECK(o->allgather(sub, &v, got, sizeof v, NULL) == SL_OK, "rank %d: sub allgather", rank);
+    for (int p = 0; p < size; p++)
+      SL_CHILD_CHECK(got[p] == color + 2 * (size - 1 - p), "rank %d: sub rank %d is job rank %d", rank, p, got[p]);
+    if (check_bcast(o, sub, pos, size, (9u << 20) + 1, 20 + round)) return 1;
+    void *subsub = NULL; /* a split of a split: the whole group again, on a channel of its own */
+    SL_CHILD_CHECK(o->split(sub, 0, -pos, &subsub) == SL_OK && subsub, "rank %d: a sub split", rank);
+    if (check_bcast(o, subsub, size - 1 - pos, size, 4096, 40 + round)) return 1;
+    o->fini(subsub);
+    /* the parent still works while its sub-communicators live */
+    if (check_bcast(o, comm, rank, world, 4096, 30 + round)) return 1;
+    o->fini(none);
+    o->fini(sub);
+  }
+  SL_CHILD_CHECK(sl_context_agree(ctx, SL_OK) == SL_OK, "rank %d: agree", rank);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void spawn(job *j, int world, int (*fn)(int, int, void *), const char *sub, int deadline_ms, int *codes) {
+  j->rdzv = sl_test_rendezvous(sub);
+  int killed = sl_test_spawn(world, fn, j, deadline_ms, codes);
+  assert_int_equal(killed, 0); /* nothing hung */
+  free(j->rdzv);
+}
+
+static void test_ops_and_split(void **state) {
+  for (int world = 2; world <= 4; world += 2) {
+    int before = shm_sockets(), codes[MAX_WORLD];
+    job j = {.collective = "shm"};
+    spawn(&j, world, ops_rank, world == 2 ? "ops2" : "ops4", 120000, codes);
+    for (int r = 0; r < world; r++) assert_int_equal(codes[r], 0);
+    assert_true(shm_sockets() <= before);
+  }
+}
+
+/* Splits that are never finished use up the segment's channels (2 x world + 2, the job's
+ * among them): the split that finds none fails on every rank alike, gives back what it
+ * claimed (one group of all fits in it then), and once the sub-communicators are finished
+ * their channels serve again. World 3:
+ * each split makes two groups (ranks 0, 2 and rank 1). */
+static int channels_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const sl_collective_ops *o = ctx->data;
+  void *subs[16] = {0};
+  int made = 0;
+  sl_status st = SL_OK;
+  while (made < 16 && (st = o->split(ctx->data_comm, rank % 2, rank, &subs[made])) == SL_OK) made++;
+  /* 8 channels: the job's, then two per split: three splits, and the fourth finds one free */
+  SL_CHILD_CHECK(made == 3 && st == SL_ERR_UNSUPPORTED, "rank %d: %d splits, then %s", rank, made, sl_status_name(st));
+  SL_CHILD_CHECK(strstr(sl_context_errmsg(ctx), "channels is in use"), "rank %d: '%s'", rank, sl_context_errmsg(ctx));
+  SL_CHILD_CHECK(o->barrier(ctx->data_comm) == SL_OK, "rank %d: the job's communicator after a failed split", rank);
+  /* the channel the failed split claimed for one group came back: one group of all fits */
+  void *one = NULL;
+  SL_CHILD_CHECK(o->split(ctx->data_comm, 0, rank, &one) == SL_OK && one, "rank %d: the last channel: %s", rank,
+                 sl_context_errmsg(ctx));
+  if (check_bcast(o, one, rank, world, 4096, 51)) return 1;
+  o->fini(one);
+  for (int k = 0; k < made; k++) o->fini(subs[k]);
+  SL_CHILD_CHECK(o->barrier(ctx->data_comm) == SL_OK, "rank %d: barrier", rank); /* every rank has finished them */
+  for (made = 0; made < 3; made++)
+    SL_CHILD_CHECK(o->split(ctx->data_comm, rank % 2, rank, &subs[made]) == SL_OK, "rank %d: split %d again", rank,
+                   made);
+  if (check_bcast(o, subs[2], rank / 2, (world - rank % 2 + 1) / 2, 4096, 50)) return 1;
+  for (int k = 0; k < made; k++) o->fini(subs[k]);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_channels_run_out(void **state) {
+  job j = {.collective = "shm"};
+  int codes[3];
+  spawn(&j, 3, channels_rank, "channels", 60000, codes);
+  for (int r = 0; r < 3; r++) assert_int_equal(codes[r], 0);
+}
+
+/* ---- loads bit-exact with Gloo's, through the command ---------------------------------------- */
+
+static char *read_all(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = malloc((size_t)n + 1);
+  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) free(b), b = NULL;
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
+static void load_both(const char *ckpt, const char *dir, int world, const char *opts, const char *label) {
+  char *out = NULL, dump[2][600];
+  const char *coll[2] = {"gloo", "shm"};
+  for (int k = 0; k < 2; k++) {
+    snprintf(dump[k], sizeof dump[k], "%s/%s-%s", dir, label, coll[k]);
+    int rc = sl_test_run(&out, "mkdir -p '%s' && '%s' load '%s' --nproc %d --collective %s --timeout 30 --dump '%s' %s",
+                         dump[k], sl_test_bin(), ckpt, world, coll[k], dump[k], opts);
+    if (rc != 0) fprintf(stderr, "%s (%s): %s\n", label, coll[k], out);
+    assert_int_equal(rc, 0);
+    char want[64];
+    snprintf(want, sizeof want, "collective %s", coll[k]);
+    assert_non_null(strstr(out, want));
+    free(out);
+  }
+  for (int r = 0; r < world; r++) {
+    char a[700], b[700];
+    snprintf(a, sizeof a, "%s/rank-%d.safetensors", dump[0], r);
+    snprintf(b, sizeof b, "%s/rank-%d.safetensors", dump[1], r);
+    size_t la = 0, lb = 0;
+    char *x = read_all(a, &la), *y = read_all(b, &lb);
+    assert_non_null(x);
+    assert_non_null(y);
+    if (la != lb || memcmp(x, y, la) != 0) fail_msg("%s: rank %d's shards differ between gloo and shm", label, r);
+    free(x);
+    free(y);
+  }
+}
+
+static void test_loads_match_gloo(void **state) {
+  char *dir = sl_test_dir("loads"), ckpt[600], *out = NULL;
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt.safetensors", dir);
+  assert_int_equal(sl_test_run(&out, "'%s' synth '%s' --size 24MiB --seed 3", sl_test_bin(), ckpt), 0);
+  free(out);
+  load_both(ckpt, dir, 2, "", "w2");
+  load_both(ckpt, dir, 4, "", "w4");
+  load_both(ckpt, dir, 3, "--backend sim --staging 3MiB", "w3-sim");
+  load_both(ckpt, dir, 2, "--param-dtype F16", "w2-f16");
+  load_both(ckpt, dir, 4, "--param-dtype F32 --strategy broadcast", "w4-f32-bcast");
+  load_both(ckpt, dir, 4, "--mesh 2x2 --placement '[replicate, shard(0)]' --staging 2MiB", "hsdp");
+  /* auto chooses shm for host staging on one host, and says so */
+  assert_int_equal(sl_test_run(&out, "'%s' load '%s' --nproc 2 --timeout 30", sl_test_bin(), ckpt), 0);
+  assert_non_null(strstr(out,
+                         "collective: shm: backend cpu of rank 0 stages through host memory; every rank shares "
+                         "one host"));
+  free(out);
+  free(dir);
+}
+
+/* ---- a rank killed mid-load --------------------------------------------------------------------- */
+
+typedef struct kill_ctx {
+  pid_t victim;
+  int tensors;
+} kill_ctx;
+
+static void kill_on_third(void *user, uint64_t done, uint64_t total) {
+  kill_ctx *k = user;
+  if (++k->tensors == 3) kill(k->victim, SIGKILL);
+}
+
+static pid_t read_pid(const char *dir, int rank) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/pid-%d", dir, rank);
+  for (int i = 0; i < 2000; i++) {
+    FILE *f = fopen(path, "r");
+    int pid = 0;
+    if (f && fscanf(f, "%d", &pid) == 1 && pid > 0) {
+      fclose(f);
+      return pid;
+    }
+    if (f) fclose(f);
+    usleep(5000);
+  }
+  return -1;
+}
+
+static void write_pid(const char *dir, int rank) {
+  char path[600], tmp[620];
+  snprintf(path, sizeof path, "%s/pid-%d", dir, rank);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  fprintf(f, "%d\n", (int)getpid());
+  fclose(f);
+  rename(tmp, path);
+}
+
+static int killed_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  write_pid(j->dir, rank);
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "shm") == 0, "rank %d: not shm", rank);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: open: %s", rank, sl_context_errmsg(ctx));
+  kill_ctx k = {.victim = rank == 0 ? read_pid(j->dir, j->victim) : 0};
+  sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1u << 20};
+  if (rank == 0) lo.progress = kill_on_third, lo.progress_user = &k;
+  sl_state *st = NULL;
+  sl_plan *plan = NULL;
+  SL_CHILD_CHECK(sl_plan_create(ctx, &plan) == SL_OK, "rank %d: plan", rank);
+  double t0 = now_s();
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  double took = now_s() - t0;
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s after %.2f s: %s\n", rank, sl_status_name(s), took, msg);
+  SL_CHILD_CHECK(s == SL_ERR_PEER || s == SL_ERR_TIMEOUT || s == SL_ERR_COMM, "rank %d: %s", rank, sl_status_name(s));
+  SL_CHILD_CHECK(sl_test_names_rank(msg, j->victim), "rank %d: '%s' does not name rank %d", rank, msg, j->victim);
+  /* found by its pidfd, well before the timeout */
+  SL_CHILD_CHECK(took < j->timeout_ms / 1000.0 / 2, "rank %d took %.1f s (timeout %d ms)", rank, took, j->timeout_ms);
+  sl_state_destroy(st);
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_rank_killed_mid_load(void **state) {
+  char *dir = sl_test_dir("killed"), ckpt[600], *out = NULL;
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt.safetensors", dir);
+  assert_int_equal(sl_test_run(&out, "'%s' synth '%s' --size 48MiB", sl_test_bin(), ckpt), 0);
+  free(out);
+  int shm_before = dev_shm_entries(), sock_before = shm_sockets();
+  job j = {.collective = "shm", .timeout_ms = 20000, .victim = 2, .dir = dir, .path = ckpt};
+  int codes[MAX_WORLD];
+  spawn(&j, 4, killed_rank, "killed-rdzv", 60000, codes);
+  for (int r = 0; r < 4; r++)
+    if (r != 2) assert_int_equal(codes[r], 0);
+  assert_int_equal(codes[2], 128 + SIGKILL);
+  assert_int_equal(dev_shm_entries(), shm_before); /* a memfd has no name to leave behind */
+  assert_true(shm_sockets() <= sock_before);
+  free(dir);
+}
+
+/* ---- a rank stopped, a rank aborted -------------------------------------------------------------- */
+
+static int stopped_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const sl_collective_ops *o = ctx->data;
+  size_t bytes = 24u << 20;
+  unsigned char *b = calloc(1, bytes);
+  SL_CHILD_CHECK(o->broadcast(ctx->data_comm, b, bytes, 0, NULL) == SL_OK, "rank %d: first broadcast", rank);
+  if (rank == j->victim) {
+    if (fork() == 0) { /* wakes it once the others have given up */
+      usleep((useconds_t)j->timeout_ms * 2000u);
+      kill(getppid(), SIGCONT);
+      _exit(0);
+    }
+    raise(SIGSTOP);
+  }
+  double t0 = now_s();
+  sl_status s = o->broadcast(ctx->data_comm, b, bytes, 0, NULL);
+  double took = now_s() - t0;
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s after %.2f s: %s\n", rank, sl_status_name(s), took, msg);
+  SL_CHILD_CHECK(s != SL_OK, "rank %d: the broadcast went through", rank);
+  if (rank != j->victim) {
+    SL_CHILD_CHECK(s == SL_ERR_TIMEOUT || s == SL_ERR_PEER, "rank %d: %s", rank, sl_status_name(s));
+    SL_CHILD_CHECK(sl_test_names_rank(msg, j->victim), "rank %d: '%s' does not name rank %d", rank, msg, j->victim);
+    SL_CHILD_CHECK(took < j->timeout_ms / 1000.0 + 2, "rank %d took %.1f s", rank, took);
+  }
+  free(b);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_rank_stopped(void **state) {
+  job j = {.collective = "shm", .timeout_ms = 2000, .victim = 1};
+  int codes[3];
+  spawn(&j, 3, stopped_rank, "stopped", 60000, codes);
+  for (int r = 0; r < 3; r++) assert_int_equal(codes[r], 0);
+}
+
+static void *abort_later(void *arg) {
+  usleep(300000);
+  sl_context_abort(arg);
+  return NULL;
+}
+
+/* Rank 1 waits for a broadcast rank 0 sends only after 3 s; a thread aborts rank 1 at 0.3 s:
+ * its op fails at once, and rank 0's, when it comes, fails naming rank 1. */
+static int aborted_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const sl_collective_ops *o = ctx->data;
+  size_t bytes = 16u << 20;
+  unsigned char *b = calloc(1, bytes);
+  pthread_t t;
+  if (rank == 1) pthread_create(&t, NULL, abort_later, ctx);
+  if (rank == 0) usleep(3000000);
+  double t0 = now_s();
+  sl_status s = o->broadcast(ctx->data_comm, b, bytes, 0, NULL);
+  double took = now_s() - t0;
+  fprintf(stderr, "rank %d: %s after %.2f s: %s\n", rank, sl_status_name(s), took, sl_context_errmsg(ctx));
+  if (rank == 1) {
+    pthread_join(t, NULL);
+    SL_CHILD_CHECK(s == SL_ERR_COMM && took < 1.5, "rank 1: %s after %.2f s", sl_status_name(s), took);
+  } else {
+    SL_CHILD_CHECK(s == SL_ERR_PEER && sl_test_names_rank(sl_context_errmsg(ctx), 1) && took < 1.0,
+                   "rank 0: %s after %.2f s", sl_status_name(s), took);
+  }
+  free(b);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_abort(void **state) {
+  job j = {.collective = "shm", .timeout_ms = 20000};
+  int codes[2];
+  spawn(&j, 2, aborted_rank, "aborted", 60000, codes);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+}
+
+/* ---- ranks that call different ops ----------------------------------------------------------------- */
+
+/* Each rank its own root (victim 0), or rank 1 a scatterv against rank 0's broadcast (victim 1):
+ * a receiver, or the root that lost the claim, fails at once with a mismatch; a root whose
+ * chunks all fit the ring may have returned before anyone looked. No later op passes on either. */
+static int disagree_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const sl_collective_ops *o = ctx->data;
+  size_t bytes = 3u << 20, counts[2] = {bytes / 2, bytes / 2}, displs[2] = {0, bytes / 2};
+  unsigned char *b = calloc(1, bytes);
+  double t0 = now_s();
+  sl_status s;
+  if (j->victim == 0) s = o->broadcast(ctx->data_comm, b, bytes, rank, NULL);
+  else if (rank == 0) s = o->broadcast(ctx->data_comm, b, bytes, 0, NULL);
+  else s = o->scatterv(ctx->data_comm, NULL, counts, displs, b, bytes / 2, 0, NULL);
+  double took = now_s() - t0;
+  fprintf(stderr, "rank %d: %s after %.2f s: %s\n", rank, sl_status_name(s), took, sl_context_errmsg(ctx));
+  bool receiver = j->victim == 1 && rank == 1;
+  SL_CHILD_CHECK(s == SL_ERR_MISMATCH || (!receiver && (s == SL_OK || s == SL_ERR_PEER)), "rank %d: %s", rank,
+                 sl_status_name(s));
+  SL_CHILD_CHECK(took < 2.0, "rank %d took %.1f s", rank, took);
+  SL_CHILD_CHECK(o->barrier(ctx->data_comm) != SL_OK, "rank %d: a later barrier passed", rank);
+  SL_CHILD_CHECK(o->broadcast(ctx->data_comm, b, bytes, 0, NULL) != SL_OK, "rank %d: a later broadcast passed", rank);
+  free(b);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_ranks_disagree(void **state) {
+  for (int v = 0; v < 2; v++) {
+    job j = {.collective = "shm", .victim = v};
+    int codes[2];
+    spawn(&j, 2, disagree_rank, v ? "disagree-kind" : "disagree-root", 60000, codes);
+    for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+  }
+}
+
+/* ---- strangers ----------------------------------------------------------------------------------- */
+
+/* The name of the abstract socket of the shm collective that process PID holds ("" when none
+ * yet): its socket inodes matched against /proc/net/unix. */
+static int socket_of(pid_t pid, char *name, size_t len) {
+  char dirp[64];
+  snprintf(dirp, sizeof dirp, "/proc/%d/fd", (int)pid);
+  DIR *d = opendir(dirp);
+  if (!d) return 0;
+  unsigned long inodes[256];
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) && n < 256) {
+    char p[320], link[64];
+    snprintf(p, sizeof p, "%s/%s", dirp, e->d_name);
+    ssize_t k = readlink(p, link, sizeof link - 1);
+    if (k <= 0) continue;
+    link[k] = 0;
+    if (sscanf(link, "socket:[%lu]", &inodes[n]) == 1) n++;
+  }
+  closedir(d);
+  FILE *f = fopen("/proc/net/unix", "r");
+  char line[512];
+  int found = 0;
+  while (f && !found && fgets(line, sizeof line, f)) {
+    char *at = strstr(line, "@shardload-shm-");
+    unsigned long ino = 0;
+    char a[32], b[32], c[32], dd[32], ee[32], ff[32];
+    if (!at || sscanf(line, "%31s %31s %31s %31s %31s %31s %lu", a, b, c, dd, ee, ff, &ino) != 7) continue;
+    for (int i = 0; i < n && !found; i++) found = inodes[i] == ino;
+    if (found) snprintf(name, len, "%s", at + 1), name[strcspn(name, "\n ")] = 0;
+  }
+  if (f) fclose(f);
+  return found;
+}
+
+/* Connects to the socket of the shm collective held by PID, as rank RANK with a token of zeros
+ * (as user nobody with OTHER_USER, once it found the socket). 0: refused (the connection
+ * ended, no descriptor came); 1: a descriptor came; 2: no socket was found within 5 s; 3: it
+ * could not become nobody. */
+static int stranger(pid_t pid, int rank, bool other_user) {
+  char name[64] = "";
+  for (int i = 0; i < 1000 && !socket_of(pid, name, sizeof name); i++) usleep(5000);
+  if (!name[0]) return 2;
+  if (other_user && (setgid(65534) != 0 || setuid(65534) != 0)) return 3;
+  int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  memcpy(a.sun_path + 1, name, strlen(name));
+  struct timeval tv = {5, 0};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (connect(s, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name))) != 0)
+    return 0; /* closed before it could connect: refused as well */
+  struct {
+    int32_t rank;
+    unsigned char token[32];
+  } h = {rank, {0}};
+  send(s, &h, sizeof h, MSG_NOSIGNAL);
+  char byte;
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } u;
+  struct iovec iov = {&byte, 1};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+  ssize_t k = recvmsg(s, &m, 0);
+  close(s);
+  return k > 0 && m.msg_controllen > 0 ? 1 : 0;
+}
+
+static int stranger_result = -1;
+static pid_t stranger_pid;
+
+static void *stranger_thread(void *arg) {
+  stranger_result = stranger(stranger_pid, 1, false);
+  return NULL;
+}
+
+/* Rank 1 comes late for its segment (SHARDLOAD_TEST_SHM_ATTACH_DELAY_MS), so that meanwhile a
+ * process of no rank (rank 0's child), another user's (when the test runs as root) and rank 1's
+ * own thread with a wrong token knock at rank 0's socket: each refused, then the job moves data. */
+static int stranger_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  write_pid(j->dir, rank);
+  pid_t kids[2] = {-1, -1};
+  pthread_t t;
+  if (rank == 0) {
+    pid_t me = getpid();
+    for (int k = 0; k < 2; k++) {
+      if ((kids[k] = fork()) == 0) {
+        if (k == 1 && geteuid() != 0) _exit(3); /* not root: no other user to be */
+        _exit(stranger(me, 1, k == 1));
+      }
+    }
+  }
+  if (rank == 1) {
+    setenv("SHARDLOAD_TEST_SHM_ATTACH_DELAY_MS", "1500", 1);
+    stranger_pid = read_pid(j->dir, 0);
+    pthread_create(&t, NULL, stranger_thread, NULL);
+  }
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  sl_status s = open_ctx(j, rank, world, &ctx, err, sizeof err);
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: %s", rank, err);
+  if (rank == 1) {
+    pthread_join(t, NULL);
+    SL_CHILD_CHECK(stranger_result == 0, "rank 1's thread with a wrong token: %d (0: refused)", stranger_result);
+  }
+  for (int k = 0; rank == 0 && k < 2; k++) {
+    int status = 0;
+    waitpid(kids[k], &status, 0);
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+    SL_CHILD_CHECK(code == 0 || (k == 1 && code == 3), "stranger %d: %d (0: refused)", k, code);
+  }
+  if (check_bcast(ctx->data, ctx->data_comm, rank, world, 3u << 20, 1)) return 1;
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_strangers_refused(void **state) {
+  job j = {.collective = "shm", .dir = sl_test_dir("strangers")};
+  int codes[2];
+  spawn(&j, 2, stranger_rank, "strangers-rdzv", 60000, codes);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+  free(j.dir);
+}
+
+/* ---- ranks of other hosts -------------------------------------------------------------------------- */
+
+static int hosts_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  double t0 = now_s();
+  sl_status s = open_ctx(j, rank, world, &ctx, err, sizeof err);
+  double took = now_s() - t0;
+  if (j->collective) {
+    fprintf(stderr, "rank %d: %s in %.2f s: %s\n", rank, sl_status_name(s), took, err);
+    SL_CHILD_CHECK(s == SL_ERR_UNSUPPORTED, "rank %d: %s (%s)", rank, sl_status_name(s), err);
+    SL_CHILD_CHECK(strstr(err, "ranks 2, 3 run on another host than rank 0"), "rank %d: '%s'", rank, err);
+    SL_CHILD_CHECK(strstr(err, "--collective gloo"), "rank %d: '%s' says nothing to do", rank, err);
+    SL_CHILD_CHECK(took < 10, "rank %d took %.1f s", rank, took);
+    return 0;
+  }
+  SL_CHILD_CHECK(s == SL_OK, "rank %d: %s", rank, err);
+  const char *why = sl_context_collective_reason(ctx);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "gloo") == 0 && strstr(why, "not shm: rank 2"),
+                 "rank %d: %s (%s)", rank, sl_context_collective_name(ctx), why);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_other_hosts(void **state) {
+  job j = {.collective = "shm", .tag = {NULL, NULL, "b", "b"}};
+  int codes[MAX_WORLD];
+  spawn(&j, 4, hosts_rank, "hosts-forced", 60000, codes);
+  for (int r = 0; r < 4; r++) assert_int_equal(codes[r], 0);
+  job k = {.collective = NULL, .tag = {NULL, NULL, "b", "b"}};
+  spawn(&k, 4, hosts_rank, "hosts-auto", 60000, codes);
+  for (int r = 0; r < 4; r++) assert_int_equal(codes[r], 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ops_and_split),    cmocka_unit_test(test_channels_run_out),
+      cmocka_unit_test(test_loads_match_gloo), cmocka_unit_test(test_rank_killed_mid_load),
+      cmocka_unit_test(test_rank_stopped),     cmocka_unit_test(test_abort),
+      cmocka_unit_test(test_ranks_disagree),   cmocka_unit_test(test_strangers_refused),
+      cmocka_unit_test(test_other_hosts),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
