@@ -328,7 +328,7 @@ static bool scan_string(scan *s, const char **v, size_t *len, char **owned) {
   }
   /* escapes: the decoded text is never longer than the escaped one */
   const char *q = start;
-  while (q < s->end && *q != '"') q += *q == '\\' ? 2 : 1;
+  while (q < s->end && *q != '"') q += *q == '\\' && s->end - q >= 2 ? 2 : 1; /* never past the end */
   if (q >= s->end) return false;
   char *o = malloc((size_t)(q - start) + 1);
   if (!o) return false;
