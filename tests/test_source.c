@@ -744,6 +744,22 @@ static void own_copy_takes_rank0_table(void **state) {
   /* rank 0's headers and sizes, but an index that names a tensor no file holds */
   write_sharded(b, "model.safetensors.index.json", ",\"ghost\":\"model-00001-of-00002.safetensors\"");
   copy_refused(b, src, SL_ERR_FORMAT, "ghost");
+  /* rank 0's headers digest (a crafted collision), but a table that puts a tensor inside the
+   * copy's header: refused (and parsed instead) */
+  write_sharded(b, "model.safetensors.index.json", NULL);
+  sl_source *forged = manifest_of(src);
+  size_t first = 0;
+  for (size_t i = 1; i < forged->count; i++)
+    if (forged->file_of[i] == forged->file_of[0] && forged->tensors[i].file_offset < forged->tensors[first].file_offset)
+      first = i;
+  assert_true(forged->tensors[first].file_offset >= 8);
+  forged->tensors[first].file_offset -= 8;
+  own = (sl_source *)1;
+  assert_int_equal(sl__source_open_copy(g_ctx, b, forged, &own), SL_ERR_MISMATCH);
+  assert_null(own);
+  assert_msg_has("inside its");
+  assert_false(sl__source_has_files(forged));
+  sl_source_destroy(forged);
   /* a path that is not there, and a file that is not a checkpoint */
   char *none = sl_test_path(b, "none.safetensors");
   copy_refused(none, src, SL_ERR_NOT_FOUND, NULL);

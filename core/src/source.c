@@ -207,11 +207,17 @@ static sl_status take_table(sl_source *src, sl_source *ref, bool with_meta) {
   uint64_t *need = calloc(src->file_count ? src->file_count : 1, sizeof *need);
   if (!need) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
   for (size_t f = 0; f < src->file_count; f++) need[f] = src->files[f].data_offset; /* no tensors: no data */
-  for (size_t i = 0; i < ref->count; i++) {
+  sl_status s = SL_OK;
+  for (size_t i = 0; i < ref->count && s == SL_OK; i++) {
+    const src_file *f = &src->files[ref->file_of[i]];
+    /* the digest is no proof against a crafted pair of headers: no tensor reads this copy's header */
+    if (ref->tensors[i].file_offset < f->data_offset)
+      s = sl__fail(ctx, SL_ERR_MISMATCH, "%s: rank 0's table puts tensor '%s' at byte %" PRIu64 ", inside its %" PRIu64
+                   "-byte header (another copy?)",
+                   f->path, ref->tensors[i].name, ref->tensors[i].file_offset, f->data_offset);
     uint64_t end = ref->tensors[i].file_offset + ref->tensors[i].nbytes;
     if (end > need[ref->file_of[i]]) need[ref->file_of[i]] = end;
   }
-  sl_status s = SL_OK;
   for (size_t f = 0; f < src->file_count && s == SL_OK; f++)
     if (src->files[f].size != need[f])
       s = sl__fail(ctx, SL_ERR_FORMAT, "%s: %" PRIu64 " bytes, but rank 0's table needs %" PRIu64 " (another copy?)",
