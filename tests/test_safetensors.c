@@ -624,13 +624,22 @@ static sl_status parse_both(const char *hdr, size_t data_len) {
   return sa;
 }
 
+/* A file image of header HDR and DATA_LEN zero bytes of data, *LEN bytes (malloc'd). */
+static unsigned char *header_image(const char *hdr, size_t data_len, size_t *len) {
+  size_t n = strlen(hdr);
+  *len = 8 + n + data_len;
+  unsigned char *b = calloc(1, *len);
+  assert_non_null(b);
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)n >> (8 * i));
+  memcpy(b + 8, hdr, n);
+  return b;
+}
+
 /* The scan takes HDR itself: it parses with every jansson allocation failing. */
 static void scan_takes(const char *hdr, size_t data_len) {
   assert_int_equal(parse_both(hdr, data_len), SL_OK);
-  size_t n = strlen(hdr), len = 8 + n + data_len;
-  unsigned char *b = calloc(1, len);
-  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)n >> (8 * i));
-  memcpy(b + 8, hdr, n);
+  size_t len;
+  unsigned char *b = header_image(hdr, data_len, &len);
   sl__st_header h;
   sl_test_json_alloc_budget(0);
   sl_status s = sl__st_parse(b, len, len, &h, g_err, sizeof g_err);
@@ -739,11 +748,8 @@ static char *metadata_header(int m) {
 /* Whether the scan alone reads HDR: with every jansson allocation failing, only the scan can
  * take it. */
 static bool scan_reads(const char *hdr) {
-  size_t n = strlen(hdr), len = 8 + n;
-  unsigned char *b = calloc(1, len);
-  assert_non_null(b);
-  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)n >> (8 * i));
-  memcpy(b + 8, hdr, n);
+  size_t len;
+  unsigned char *b = header_image(hdr, 0, &len);
   sl__st_header h;
   sl_test_json_alloc_budget(0);
   sl_status s = sl__st_parse(b, len, len, &h, g_err, sizeof g_err);
@@ -769,11 +775,8 @@ static void many_metadata_keys(void **state) {
   h = metadata_header(100000); /* the scan would compare 5e9 pairs of keys */
   assert_false(scan_reads(h));
   sl__st_header a;
-  size_t n = strlen(h), len = 8 + n;
-  unsigned char *b = calloc(1, len);
-  assert_non_null(b);
-  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)n >> (8 * i));
-  memcpy(b + 8, h, n);
+  size_t len;
+  unsigned char *b = header_image(h, 0, &len);
   assert_int_equal(sl__st_parse(b, len, len, &a, g_err, sizeof g_err), SL_OK);
   assert_int_equal(a.meta_count, 100000);
   sl__st_header_free(&a);
