@@ -713,7 +713,7 @@ static void scan_agrees_with_tree(void **state) {
       {"[]", 0},
       {"{\"a\":null}", 0},
       {"{\"a\" {}}", 0},
-      {"{\"a\\", 0},                  /* the header ends in a backslash inside a name */
+      {"{\"a\\", 0},                         /* the header ends in a backslash inside a name */
       {"{\"__metadata__\":{\"k\":\"v\\", 0}, /* or inside a metadata value */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) parse_both(cases[i].hdr, cases[i].data);

@@ -363,9 +363,9 @@ static void report_table(cli_out *o, const sl_context *ctx, const sl_state *st, 
  * then carries its length and XXH3-64 digest, which the launcher checks before it copies the
  * whole report into the merged one; when FULL is NULL and DIGEST is not, the length and digest
  * of what this writes go to FULL_BYTES and *DIGEST. */
-static int write_json_report(const cli_load_args *a, const sl_context *ctx, const sl_state *st,
-                             const load_totals *tot, const char *dump_path, int summary, FILE *f, const char *name,
-                             const uint64_t *full, uint64_t *full_bytes, uint64_t *digest) {
+static int write_json_report(const cli_load_args *a, const sl_context *ctx, const sl_state *st, const load_totals *tot,
+                             const char *dump_path, int summary, FILE *f, const char *name, const uint64_t *full,
+                             uint64_t *full_bytes, uint64_t *digest) {
   cli_out o;
   cli_out_init(&o, f, name);
   json_t *root = report_json(ctx, a, st, tot, dump_path, summary);
@@ -403,8 +403,8 @@ static int write_reports(const cli_load_args *a, const sl_context *ctx, const sl
                            a->full_out_name ? a->full_out_name : "the JSON report file", NULL, &full_bytes, &digest);
   if (rc != CLI_EXIT_OK) return rc;
   if (a->json) {
-    rc = write_json_report(a, ctx, st, tot, dump_path, a->report_summary, out, out_name,
-                           a->full_out ? &digest : NULL, &full_bytes, NULL);
+    rc = write_json_report(a, ctx, st, tot, dump_path, a->report_summary, out, out_name, a->full_out ? &digest : NULL,
+                           &full_bytes, NULL);
   } else {
     cli_out_init(&o, out, out_name);
     report_table(&o, ctx, st, tot, dump_path);

@@ -490,9 +490,10 @@ static int read_rank_report(const launch *L, const json_t *summary, int r, char 
   fclose(f);
   if (err || got != bytes || XXH3_64bits(buf, got) != want || buf[0] != '{' || buf[got - 2] != '}' ||
       buf[got - 1] != '\n') {
-    cli_error(L->a->path, SL_ERR_IO,
-              "rank %d: its report %s is not the one it wrote (%s); run again", r, path,
-              err ? "a read failed" : got != bytes ? "its length changed" : "its digest differs");
+    cli_error(L->a->path, SL_ERR_IO, "rank %d: its report %s is not the one it wrote (%s); run again", r, path,
+              err            ? "a read failed"
+              : got != bytes ? "its length changed"
+                             : "its digest differs");
     free(buf);
     return -1;
   }
@@ -505,8 +506,7 @@ static int read_rank_report(const launch *L, const json_t *summary, int r, char 
  * TEXTS[r] (checked whole by read_rank_report before anything is printed) as a member of
  * "ranks", copied as it is with each line indented to its depth: the text jansson would write
  * for the parsed report, without parsing megabytes of it again. */
-static int print_json(cli_out *o, const launch *L, json_t **reports, char **texts, const size_t *lens,
-                      uint64_t ckpt) {
+static int print_json(cli_out *o, const launch *L, json_t **reports, char **texts, const size_t *lens, uint64_t ckpt) {
   json_t *head = merged_head(L, reports, ckpt);
   int rc = head ? cli_out_json_open_array(o, head, "ranks") : -1;
   json_decref(head);

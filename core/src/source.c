@@ -212,7 +212,8 @@ static sl_status take_table(sl_source *src, sl_source *ref, bool with_meta) {
     const src_file *f = &src->files[ref->file_of[i]];
     /* the digest is no proof against a crafted pair of headers: no tensor reads this copy's header */
     if (ref->tensors[i].file_offset < f->data_offset)
-      s = sl__fail(ctx, SL_ERR_MISMATCH, "%s: rank 0's table puts tensor '%s' at byte %" PRIu64 ", inside its %" PRIu64
+      s = sl__fail(ctx, SL_ERR_MISMATCH,
+                   "%s: rank 0's table puts tensor '%s' at byte %" PRIu64 ", inside its %" PRIu64
                    "-byte header (another copy?)",
                    f->path, ref->tensors[i].name, ref->tensors[i].file_offset, f->data_offset);
     uint64_t end = ref->tensors[i].file_offset + ref->tensors[i].nbytes;
