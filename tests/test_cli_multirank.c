@@ -381,6 +381,49 @@ static void test_rank_reports_scale_with_json_only(void **state) {
   free(ck);
 }
 
+/* Rank 1's whole report is changed by TAMPER (a shell command on the file "$f") while rank 1
+ * sleeps in its exit hook, after it wrote the report and the summary that gives the report's
+ * length and digest: the launcher checks every rank's report before it prints a byte of the
+ * merged one, so it exits 1 with one error line naming rank 1 and its file, and stdout is
+ * empty (no half-printed JSON, no member spliced in). */
+static void run_tampered_report(const char *tamper) {
+  char *tmp = sl_test_path(g_dir, "tamper-tmp"), *so = sl_test_path(g_dir, "tamper.out"),
+       *se = sl_test_path(g_dir, "tamper.err"), *mark = sl_test_path(g_dir, "tamper.done"), *out = NULL;
+  assert_int_equal(sl_test_run(&out, "rm -rf '%s' '%s' && mkdir '%s'", tmp, mark, tmp), 0);
+  free(out);
+  int rc = sl_test_run(&out,
+                       "TMPDIR='%s' SHARDLOAD_TEST_SLOW_EXIT_RANK=1 %s load '%s' --nproc 2 --backend cpu --json "
+                       ">'%s' 2>'%s' & pid=$!; "
+                       "for i in $(seq 1 1000); do s=$(ls '%s'/shardload-*/rank-1.json 2>/dev/null | head -1); "
+                       "if [ -n \"$s\" ] && tail -c 2 \"$s\" | grep -q '}'; then f=\"${s%%.json}.full.json\"; "
+                       "%s; touch '%s'; break; fi; sleep 0.005; done; wait $pid",
+                       tmp, hooks_bin(), g_uneven, so, se, tmp, tamper, mark);
+  free(out);
+  if (access(mark, F_OK) != 0) fail_msg("%s: the report was not found to change", tamper);
+  assert_int_equal(rc, 1);
+  assert_no_children();
+  char *o = read_text(so), *e = read_text(se), line[4096];
+  if (*o) fail_msg("%s: stdout holds %zu bytes:\n%.400s", tamper, strlen(o), o);
+  the_error_line(e, line, sizeof line);
+  if (!strstr(line, "rank 1: its report ") || !strstr(line, "/rank-1.full.json"))
+    fail_msg("%s: the error line names neither rank 1 nor its file:\n%s", tamper, e);
+  free(o);
+  free(e);
+  free(mark);
+  free(se);
+  free(so);
+  free(tmp);
+}
+
+static void test_tampered_rank_report(void **state) {
+  /* cut short: nothing of the merged report is printed */
+  run_tampered_report("printf '{\"rank\": 1, \"tens' > \"$f\"");
+  /* replaced with one that passes a look at its first and last bytes, and would splice in a key */
+  run_tampered_report("printf '{\"rank\": 1}\\n], \"injected\": true, \"world_size\": 99, \"x\": [{}\\n' > \"$f\"");
+  /* the same length, one byte changed */
+  run_tampered_report("sed -i 's/\"rank\": 1/\"rank\": 7/' \"$f\"");
+}
+
 /* The merged report prints the user's checkpoint path and dump directory escaped: a newline in
  * either cannot forge a line of the report (here a "shardload: " error line). */
 static void test_report_escapes_paths(void **state) {
@@ -765,6 +808,7 @@ int main(void) {
       cmocka_unit_test(test_dump_agreed_across_ranks),
       cmocka_unit_test(test_unrelated_jobs_do_not_meet),
       cmocka_unit_test(test_plan_fails_on_one_rank),
+      cmocka_unit_test(test_tampered_rank_report),
       cmocka_unit_test(test_usage_through_launcher),
       cmocka_unit_test(test_collective_through_launcher),
       cmocka_unit_test(test_launcher_secret_and_insecure_flag),

@@ -624,13 +624,22 @@ static sl_status parse_both(const char *hdr, size_t data_len) {
   return sa;
 }
 
+/* A file image of header HDR and DATA_LEN zero bytes of data, *LEN bytes (malloc'd). */
+static unsigned char *header_image(const char *hdr, size_t data_len, size_t *len) {
+  size_t n = strlen(hdr);
+  *len = 8 + n + data_len;
+  unsigned char *b = calloc(1, *len);
+  assert_non_null(b);
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)n >> (8 * i));
+  memcpy(b + 8, hdr, n);
+  return b;
+}
+
 /* The scan takes HDR itself: it parses with every jansson allocation failing. */
 static void scan_takes(const char *hdr, size_t data_len) {
   assert_int_equal(parse_both(hdr, data_len), SL_OK);
-  size_t n = strlen(hdr), len = 8 + n + data_len;
-  unsigned char *b = calloc(1, len);
-  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)n >> (8 * i));
-  memcpy(b + 8, hdr, n);
+  size_t len;
+  unsigned char *b = header_image(hdr, data_len, &len);
   sl__st_header h;
   sl_test_json_alloc_budget(0);
   sl_status s = sl__st_parse(b, len, len, &h, g_err, sizeof g_err);
@@ -704,6 +713,8 @@ static void scan_agrees_with_tree(void **state) {
       {"[]", 0},
       {"{\"a\":null}", 0},
       {"{\"a\" {}}", 0},
+      {"{\"a\\", 0},                         /* the header ends in a backslash inside a name */
+      {"{\"__metadata__\":{\"k\":\"v\\", 0}, /* or inside a metadata value */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) parse_both(cases[i].hdr, cases[i].data);
   /* every prefix of a header the scan takes is refused alike */
@@ -724,6 +735,55 @@ static void scan_agrees_with_tree(void **state) {
   free(b);
 }
 
+/* A header of M metadata entries "0".."M-1" and no tensor (malloc'd, NUL-terminated). */
+static char *metadata_header(int m) {
+  char *h = malloc((size_t)m * 16 + 64);
+  assert_non_null(h);
+  size_t o = (size_t)sprintf(h, "{\"__metadata__\":{");
+  for (int i = 0; i < m; i++) o += (size_t)sprintf(h + o, "%s\"%d\":\"\"", i ? "," : "", i);
+  sprintf(h + o, "}}");
+  return h;
+}
+
+/* Whether the scan alone reads HDR: with every jansson allocation failing, only the scan can
+ * take it. */
+static bool scan_reads(const char *hdr) {
+  size_t len;
+  unsigned char *b = header_image(hdr, 0, &len);
+  sl__st_header h;
+  sl_test_json_alloc_budget(0);
+  sl_status s = sl__st_parse(b, len, len, &h, g_err, sizeof g_err);
+  sl_test_json_alloc_budget(-1);
+  if (s == SL_OK) sl__st_header_free(&h);
+  else assert_int_equal(s, SL_ERR_NOMEM); /* the tree's allocation failed: the scan declined */
+  free(b);
+  return s == SL_OK;
+}
+
+/* Many metadata keys are read in linear time: the scan, whose duplicate check is quadratic,
+ * reads at most 64 and hands a header with more to jansson's tree (which hashes its keys). */
+static void many_metadata_keys(void **state) {
+  (void)state;
+  char *h = metadata_header(64);
+  assert_true(scan_reads(h));
+  assert_int_equal(parse_both(h, 0), SL_OK);
+  free(h);
+  h = metadata_header(65);
+  assert_false(scan_reads(h));
+  assert_int_equal(parse_both(h, 0), SL_OK);
+  free(h);
+  h = metadata_header(100000); /* the scan would compare 5e9 pairs of keys */
+  assert_false(scan_reads(h));
+  sl__st_header a;
+  size_t len;
+  unsigned char *b = header_image(h, 0, &len);
+  assert_int_equal(sl__st_parse(b, len, len, &a, g_err, sizeof g_err), SL_OK);
+  assert_int_equal(a.meta_count, 100000);
+  sl__st_header_free(&a);
+  free(b);
+  free(h);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(valid_minimal),   cmocka_unit_test(empty_header),
@@ -739,7 +799,7 @@ int main(void) {
       cmocka_unit_test(negative_zero),   cmocka_unit_test(nul_bytes),
       cmocka_unit_test(header_out_of_memory_every_allocation),
       cmocka_unit_test(header_out_of_memory_under_a_data_limit),
-      cmocka_unit_test(scan_agrees_with_tree),
+      cmocka_unit_test(scan_agrees_with_tree), cmocka_unit_test(many_metadata_keys),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -569,9 +569,14 @@ static void manifest_round_trip(void **state) {
   bad[8 + 7] = 0x7f; /* tensor count ~ 2^62 */
   assert_int_equal(sl__source_deserialize(g_ctx, bad, len, &copy), SL_ERR_FORMAT);
   assert_msg_has("exceed");
-  /* the first tensor starts at byte 40: u32 name length, name, then the dtype code */
+  /* the flags (byte 40: bit 0 alone is known) */
+  memcpy(bad, buf, len);
+  bad[40] |= 2;
+  assert_int_equal(sl__source_deserialize(g_ctx, bad, len, &copy), SL_ERR_FORMAT);
+  assert_msg_has("flags");
+  /* the first tensor starts at byte 44: u32 name length, name, then the dtype code */
   size_t name_len = strlen(sl_source_tensor_at(src, 0)->name);
-  size_t dt_at = 40 + 4 + name_len;
+  size_t dt_at = 44 + 4 + name_len;
   memcpy(bad, buf, len);
   bad[dt_at] = 99;
   assert_int_equal(sl__source_deserialize(g_ctx, bad, len, &copy), SL_ERR_FORMAT);
@@ -589,7 +594,7 @@ static void manifest_round_trip(void **state) {
   assert_msg_has("file index");
   /* a NUL inside the name */
   memcpy(bad, buf, len);
-  bad[44] = 0;
+  bad[48] = 0;
   assert_int_equal(sl__source_deserialize(g_ctx, bad, len, &copy), SL_ERR_FORMAT);
   free(bad);
 
@@ -739,6 +744,22 @@ static void own_copy_takes_rank0_table(void **state) {
   /* rank 0's headers and sizes, but an index that names a tensor no file holds */
   write_sharded(b, "model.safetensors.index.json", ",\"ghost\":\"model-00001-of-00002.safetensors\"");
   copy_refused(b, src, SL_ERR_FORMAT, "ghost");
+  /* rank 0's headers digest (a crafted collision), but a table that puts a tensor inside the
+   * copy's header: refused (and parsed instead) */
+  write_sharded(b, "model.safetensors.index.json", NULL);
+  sl_source *forged = manifest_of(src);
+  size_t first = 0;
+  for (size_t i = 1; i < forged->count; i++)
+    if (forged->file_of[i] == forged->file_of[0] && forged->tensors[i].file_offset < forged->tensors[first].file_offset)
+      first = i;
+  assert_true(forged->tensors[first].file_offset >= 8);
+  forged->tensors[first].file_offset -= 8;
+  own = (sl_source *)1;
+  assert_int_equal(sl__source_open_copy(g_ctx, b, forged, &own), SL_ERR_MISMATCH);
+  assert_null(own);
+  assert_msg_has("inside its");
+  assert_false(sl__source_has_files(forged));
+  sl_source_destroy(forged);
   /* a path that is not there, and a file that is not a checkpoint */
   char *none = sl_test_path(b, "none.safetensors");
   copy_refused(none, src, SL_ERR_NOT_FOUND, NULL);
@@ -774,6 +795,55 @@ static void own_copy_takes_rank0_table(void **state) {
   free(bix);
   free(a);
   free(b);
+}
+
+/* Rank 0 opened a one-shard checkpoint through its index, whose "metadata" are its own, and this
+ * rank is given the shard alone, whose metadata are its header's __metadata__ (or the other way
+ * round): the headers are equal, but rank 0's metadata are not the copy's, so the copy does not
+ * take them (it is parsed instead: open_own_copy). */
+static void own_copy_metadata_from_elsewhere(void **state) {
+  static const sl_test_tensor w[] = {{"w", "F32", 1, {2}, NULL}};
+  char *d0 = sl_test_dir("source-copymeta-0"), *d1 = sl_test_dir("source-copymeta-1");
+  char *f0 = sl_test_path(d0, "m.safetensors"), *f1 = sl_test_path(d1, "m.safetensors");
+  char *ix = sl_test_path(d0, "model.safetensors.index.json");
+  assert_int_equal(sl_test_write_st(f0, w, 1, "{\"format\":\"pt\"}"), 0);
+  assert_int_equal(sl_test_write_st(f1, w, 1, "{\"format\":\"pt\"}"), 0);
+  const char *json = "{\"metadata\":{\"total_size\":8},\"weight_map\":{\"w\":\"m.safetensors\"}}";
+  assert_int_equal(sl_test_write_bytes(ix, json, strlen(json)), 0);
+  sl_source *by_index = NULL, *alone = NULL, *own = NULL;
+  const char *k, *v;
+  assert_int_equal(sl_source_open(g_ctx, d0, &by_index), SL_OK);
+  assert_int_equal(sl_source_open(g_ctx, f1, &alone), SL_OK);
+  assert_int_equal(sl__source_headers_digest(by_index), sl__source_headers_digest(alone));
+  assert_int_equal(sl_source_metadata_at(by_index, 0, &k, &v), SL_OK);
+  assert_string_equal(k, "total_size");
+  assert_int_equal(sl_source_metadata_at(alone, 0, &k, &v), SL_OK);
+  assert_string_equal(k, "format");
+  copy_refused(f1, by_index, SL_ERR_MISMATCH, "metadata"); /* it would have said total_size=8 */
+  copy_refused(d0, alone, SL_ERR_MISMATCH, "metadata");
+  /* opened alike, the copy takes rank 0's table and metadata */
+  sl_source *ref = manifest_of(alone);
+  assert_int_equal(sl__source_open_copy(g_ctx, f0, ref, &own), SL_OK);
+  assert_int_equal(sl_source_metadata_at(own, 0, &k, &v), SL_OK);
+  assert_string_equal(k, "format");
+  sl_source_destroy(own);
+  sl_source_destroy(ref);
+  ref = manifest_of(by_index);
+  char *d1ix = sl_test_path(d1, "model.safetensors.index.json");
+  assert_int_equal(sl_test_write_bytes(d1ix, json, strlen(json)), 0);
+  assert_int_equal(sl__source_open_copy(g_ctx, d1, ref, &own), SL_OK);
+  assert_int_equal(sl_source_metadata_at(own, 0, &k, &v), SL_OK);
+  assert_string_equal(k, "total_size");
+  sl_source_destroy(own);
+  sl_source_destroy(ref);
+  sl_source_destroy(alone);
+  sl_source_destroy(by_index);
+  free(d1ix);
+  free(ix);
+  free(f1);
+  free(f0);
+  free(d1);
+  free(d0);
 }
 
 
@@ -1301,6 +1371,7 @@ int main(void) {
       cmocka_unit_test(index_open_out_of_memory_every_allocation),
       cmocka_unit_test(find),              cmocka_unit_test(manifest_round_trip),
       cmocka_unit_test(manifest_empty_source),
+      cmocka_unit_test(own_copy_metadata_from_elsewhere),
       cmocka_unit_test(identity_digest_and_names),
       cmocka_unit_test(identity_fingerprint_sampling),
       cmocka_unit_test(index_confinement),

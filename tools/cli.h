@@ -92,9 +92,15 @@ typedef struct cli_out {
   const char *name;   /* what the error line calls it: "stdout", a report file's path */
   const char *indent; /* written after every newline of a value cli_out_json writes; "" none */
   int err;            /* errno of the first failed write; 0 while all is well */
+  void *digest;       /* XXH3-64 state of what was written since cli_out_digest_begin; or NULL */
+  uint64_t written;   /* bytes written since then */
 } cli_out;
 
 void cli_out_init(cli_out *o, FILE *f, const char *name);
+/* Counts and hashes (XXH3-64) what O writes from now on: 0, or -1 out of memory. */
+int cli_out_digest_begin(cli_out *o);
+/* The XXH3-64 digest and length of what O wrote since cli_out_digest_begin; ends the count. */
+uint64_t cli_out_digest_end(cli_out *o, uint64_t *written);
 /* 0, or -1 when this or an earlier write failed. */
 int cli_out_write(cli_out *o, const void *buf, size_t len);
 int cli_out_puts(cli_out *o, const char *s);

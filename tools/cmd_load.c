@@ -358,18 +358,33 @@ static void report_table(cli_out *o, const sl_context *ctx, const sl_state *st, 
   }
 }
 
-/* The JSON report (the summary, or every tensor) as a whole document on F (called NAME). */
-static int write_json_report(const cli_load_args *a, const sl_context *ctx, const sl_state *st,
-                             const load_totals *tot, const char *dump_path, int summary, FILE *f, const char *name) {
+/* The JSON report (the summary, or every tensor) as a whole document on F (called NAME). FULL,
+ * when not NULL, is the whole report written before it (a rank of --nproc --json): the summary
+ * then carries its length and XXH3-64 digest, which the launcher checks before it copies the
+ * whole report into the merged one; when FULL is NULL and DIGEST is not, the length and digest
+ * of what this writes go to FULL_BYTES and *DIGEST. */
+static int write_json_report(const cli_load_args *a, const sl_context *ctx, const sl_state *st, const load_totals *tot,
+                             const char *dump_path, int summary, FILE *f, const char *name, const uint64_t *full,
+                             uint64_t *full_bytes, uint64_t *digest) {
   cli_out o;
   cli_out_init(&o, f, name);
   json_t *root = report_json(ctx, a, st, tot, dump_path, summary);
-  if (!root) {
+  int bad = !root;
+  if (root && full) {
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)*full);
+    bad |= json_object_set_new(root, "report_bytes", json_integer((json_int_t)*full_bytes));
+    bad |= json_object_set_new(root, "report_xxh3", json_string(hex));
+  }
+  if (!bad && digest && !full && cli_out_digest_begin(&o) != 0) bad = 1;
+  if (bad) {
+    json_decref(root);
     cli_error(a->path, SL_ERR_NOMEM, "out of memory writing the JSON report of %zu tensors", sl_state_count(st));
     return CLI_EXIT_ERROR;
   }
   int r = cli_out_json_document(&o, root);
   json_decref(root);
+  if (o.digest) *digest = cli_out_digest_end(&o, full_bytes);
   return r == 0 ? CLI_EXIT_OK : cli_out_fail(a->path, &o, "the JSON report");
 }
 
@@ -381,16 +396,20 @@ static int write_reports(const cli_load_args *a, const sl_context *ctx, const sl
                          const char *dump_path, FILE *out, const char *out_name) {
   cli_out o;
   int rc = CLI_EXIT_OK;
+  /* the whole report first: the summary after it says how long it is and its digest */
+  uint64_t full_bytes = 0, digest = 0;
+  if (a->full_out)
+    rc = write_json_report(a, ctx, st, tot, dump_path, 0, a->full_out,
+                           a->full_out_name ? a->full_out_name : "the JSON report file", NULL, &full_bytes, &digest);
+  if (rc != CLI_EXIT_OK) return rc;
   if (a->json) {
-    rc = write_json_report(a, ctx, st, tot, dump_path, a->report_summary, out, out_name);
+    rc = write_json_report(a, ctx, st, tot, dump_path, a->report_summary, out, out_name, a->full_out ? &digest : NULL,
+                           &full_bytes, NULL);
   } else {
     cli_out_init(&o, out, out_name);
     report_table(&o, ctx, st, tot, dump_path);
     if (cli_out_flush(&o) != 0) return cli_out_fail(a->path, &o, "the report");
   }
-  if (rc == CLI_EXIT_OK && a->full_out)
-    rc = write_json_report(a, ctx, st, tot, dump_path, 0, a->full_out,
-                           a->full_out_name ? a->full_out_name : "the JSON report file");
   if (rc == CLI_EXIT_OK && a->table_out) {
     cli_out_init(&o, a->table_out, a->table_out_name ? a->table_out_name : "the per-tensor table file");
     report_table(&o, ctx, st, tot, dump_path);

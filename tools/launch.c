@@ -32,6 +32,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* header-only: the command links only the public library, which does not export xxhash */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "cli.h"
 
 #define STOP_GRACE_S 2.0 /* SIGTERM, then SIGKILL after this */
@@ -441,57 +445,77 @@ static json_t *merged_head(const launch *L, json_t **reports, uint64_t ckpt) {
   return NULL;
 }
 
-/* Rank R's whole report (its --json document, rank-R.full.json) as the last member of the
- * merged report's "ranks", copied as it is with each line indented to its depth: the text
- * jansson would write for the parsed report, without parsing megabytes of it again. The rank
- * wrote and closed it whole before it exited 0; a file that is not one object fails. */
-static int copy_rank_report(cli_out *o, const launch *L, int r) {
-  FILE *f = fopen(L->ranks[r].full_path, "r");
-  if (!f) {
-    cli_error(L->a->path, SL_ERR_IO, "rank %d: its report is unreadable: %s; run again with --verbose", r,
-              strerror(errno));
+/* Rank R's whole report (its --json document, rank-R.full.json) into *TEXT (malloc'd), *LEN
+ * bytes, checked against the length and XXH3-64 digest that its summary SUMMARY gives: what the
+ * rank wrote and nothing else (a file cut short, or replaced, after the rank wrote it is
+ * refused, naming the rank and the file). 0, or -1 when it printed why. */
+static int read_rank_report(const launch *L, const json_t *summary, int r, char **text, size_t *len) {
+  const char *path = L->ranks[r].full_path;
+  json_t *jb = json_object_get(summary, "report_bytes");
+  const char *hex = json_string_value(json_object_get(summary, "report_xxh3"));
+  char *end = NULL;
+  unsigned long long want = hex && strlen(hex) == 16 ? strtoull(hex, &end, 16) : 0;
+  if (!json_is_integer(jb) || json_integer_value(jb) < 2 || !end || *end) {
+    cli_error(L->a->path, SL_ERR_IO,
+              "rank %d: its summary gives no length and digest of its report %s; run again with --verbose", r, path);
     return -1;
   }
-  /* all but the document's last byte, its final newline (the merged report's own comes later),
-   * each newline followed by the indent of "ranks" */
-  char buf[65536];
-  size_t k;
-  int first = -1, held = -1, before = -1, rc = 0;
-  o->indent = "    ";
-  while (rc == 0 && (k = fread(buf, 1, sizeof buf, f)) > 0) {
-    if (first < 0) first = (unsigned char)buf[0];
-    if (held >= 0) {
-      char c = (char)held;
-      rc = cli_out_write_indented(o, &c, 1);
-    }
-    before = k > 1 ? (unsigned char)buf[k - 2] : held;
-    held = (unsigned char)buf[k - 1];
-    if (rc == 0) rc = cli_out_write_indented(o, buf, k - 1);
+  uint64_t bytes = (uint64_t)json_integer_value(jb);
+  FILE *f = fopen(path, "r");
+  struct stat sb;
+  if (!f || fstat(fileno(f), &sb) != 0) {
+    cli_error(L->a->path, SL_ERR_IO, "rank %d: its report %s is unreadable: %s; run again with --verbose", r, path,
+              strerror(errno));
+    if (f) fclose(f);
+    return -1;
   }
-  o->indent = "";
+  if ((uint64_t)sb.st_size != bytes) {
+    cli_error(L->a->path, SL_ERR_IO,
+              "rank %d: its report %s holds %lld bytes, not the %llu it wrote (changed after the rank wrote it); "
+              "run again",
+              r, path, (long long)sb.st_size, (unsigned long long)bytes);
+    fclose(f);
+    return -1;
+  }
+  char *buf = bytes < SIZE_MAX ? malloc((size_t)bytes + 1) : NULL;
+  if (!buf) {
+    cli_error(L->a->path, SL_ERR_NOMEM, "out of memory reading rank %d's %llu-byte report; free memory and run again",
+              r, (unsigned long long)bytes);
+    fclose(f);
+    return -1;
+  }
+  /* one byte more than it wrote: a file that grew since the fstat is caught as well */
+  size_t got = fread(buf, 1, (size_t)bytes + 1, f);
   int err = ferror(f);
   fclose(f);
-  if (rc != 0) {
-    cli_out_fail(L->a->path, o, "the JSON report");
+  if (err || got != bytes || XXH3_64bits(buf, got) != want || buf[0] != '{' || buf[got - 2] != '}' ||
+      buf[got - 1] != '\n') {
+    cli_error(L->a->path, SL_ERR_IO, "rank %d: its report %s is not the one it wrote (%s); run again", r, path,
+              err            ? "a read failed"
+              : got != bytes ? "its length changed"
+                             : "its digest differs");
+    free(buf);
     return -1;
   }
-  if (err || first != '{' || held != '\n' || before != '}') {
-    cli_error(L->a->path, SL_ERR_IO, "rank %d: its report is unreadable: %s; run again with --verbose", r,
-              err ? "a read failed" : "not one JSON object");
-    return -1;
-  }
+  *text = buf;
+  *len = got;
   return 0;
 }
 
-/* The merged --json report: the head from the ranks' summaries, then every rank's whole report,
- * as jansson writes the whole document (cli_out_json_document). */
-static int print_json(cli_out *o, const launch *L, json_t **reports, uint64_t ckpt) {
+/* The merged --json report: the head from the ranks' summaries, then every rank's whole report
+ * TEXTS[r] (checked whole by read_rank_report before anything is printed) as a member of
+ * "ranks", copied as it is with each line indented to its depth: the text jansson would write
+ * for the parsed report, without parsing megabytes of it again. */
+static int print_json(cli_out *o, const launch *L, json_t **reports, char **texts, const size_t *lens, uint64_t ckpt) {
   json_t *head = merged_head(L, reports, ckpt);
   int rc = head ? cli_out_json_open_array(o, head, "ranks") : -1;
   json_decref(head);
   for (int r = 0; r < L->n && rc == 0; r++) {
     if ((rc = cli_out_puts(o, r ? ",\n    " : "\n    ")) != 0) break;
-    if (copy_rank_report(o, L, r) != 0) return -1; /* it printed why */
+    /* all but the document's final newline (the merged report's own comes later) */
+    o->indent = "    ";
+    rc = cli_out_write_indented(o, texts[r], lens[r] - 1);
+    o->indent = "";
   }
   if (rc == 0) rc = cli_out_puts(o, "\n  ]\n}\n");
   if (rc == 0) rc = cli_out_flush(o);
@@ -502,6 +526,8 @@ static int print_json(cli_out *o, const launch *L, json_t **reports, uint64_t ck
 /* Every rank succeeded: read their reports and print the merged one. */
 static int report(launch *L) {
   int rc = CLI_EXIT_ERROR;
+  char **texts = NULL;
+  size_t *lens = NULL;
   json_t **reports = calloc((size_t)L->n, sizeof *reports);
   if (!reports) {
     cli_error(L->a->path, SL_ERR_NOMEM, "out of memory for %d reports", L->n);
@@ -524,12 +550,21 @@ static int report(launch *L) {
       goto out_reports;
     }
   }
+  /* every rank's whole report read and checked before a byte of the merged one is printed */
+  if (L->a->json) {
+    if (!(texts = calloc((size_t)L->n, sizeof *texts)) || !(lens = calloc((size_t)L->n, sizeof *lens))) {
+      cli_error(L->a->path, SL_ERR_NOMEM, "out of memory for %d reports", L->n);
+      goto out_reports;
+    }
+    for (int r = 0; r < L->n; r++)
+      if (read_rank_report(L, reports[r], r, &texts[r], &lens[r]) != 0) goto out_reports;
+  }
   relay_stderr(L, -1);
   uint64_t ckpt = jget_u64(reports[0], "totals", "checkpoint_bytes");
   cli_out o;
   cli_out_init(&o, cli_report(), "stdout");
   if (L->a->json) {
-    if (print_json(&o, L, reports, ckpt) != 0) goto out_reports;
+    if (print_json(&o, L, reports, texts, lens, ckpt) != 0) goto out_reports;
   } else {
     print_human(&o, L, reports, ckpt);
     if (cli_out_flush(&o) != 0) {
@@ -539,7 +574,12 @@ static int report(launch *L) {
   }
   rc = CLI_EXIT_OK;
 out_reports:
-  for (int r = 0; r < L->n; r++) json_decref(reports[r]);
+  for (int r = 0; r < L->n; r++) {
+    json_decref(reports[r]);
+    if (texts) free(texts[r]);
+  }
+  free(texts);
+  free(lens);
   free(reports);
   return rc;
 }

@@ -12,6 +12,10 @@
 #include <string.h>
 #include <unistd.h>
 
+/* header-only: the command links only the public library, which does not export xxhash */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "cli.h"
 
 void cli_out_init(cli_out *o, FILE *f, const char *name) {
@@ -19,6 +23,25 @@ void cli_out_init(cli_out *o, FILE *f, const char *name) {
   o->name = name;
   o->indent = "";
   o->err = 0;
+  o->digest = NULL;
+  o->written = 0;
+}
+
+int cli_out_digest_begin(cli_out *o) {
+  XXH3_state_t *d = XXH3_createState();
+  if (!d) return -1;
+  XXH3_64bits_reset(d);
+  o->digest = d;
+  o->written = 0;
+  return 0;
+}
+
+uint64_t cli_out_digest_end(cli_out *o, uint64_t *written) {
+  uint64_t h = o->digest ? XXH3_64bits_digest(o->digest) : 0;
+  XXH3_freeState(o->digest);
+  o->digest = NULL;
+  *written = o->written;
+  return h;
 }
 
 /* Keeps the first failure's errno (stdio sets it from the failed write(2)). */
@@ -31,6 +54,10 @@ int cli_out_write(cli_out *o, const void *buf, size_t len) {
   if (o->err) return -1;
   errno = 0;
   if (len && fwrite(buf, 1, len, o->f) != len) return out_failed(o);
+  if (o->digest) {
+    XXH3_64bits_update(o->digest, buf, len);
+    o->written += len;
+  }
   return 0;
 }
 
@@ -41,7 +68,20 @@ int cli_out_printf(cli_out *o, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   errno = 0;
-  int n = vfprintf(o->f, fmt, ap);
+  int n;
+  if (o->digest) { /* what is counted goes through cli_out_write */
+    char *text = NULL;
+    n = vasprintf(&text, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      o->err = ENOMEM;
+      return -1;
+    }
+    int r = cli_out_write(o, text, (size_t)n);
+    free(text);
+    return r;
+  }
+  n = vfprintf(o->f, fmt, ap);
   va_end(ap);
   return n < 0 ? out_failed(o) : 0;
 }

@@ -328,7 +328,7 @@ static bool scan_string(scan *s, const char **v, size_t *len, char **owned) {
   }
   /* escapes: the decoded text is never longer than the escaped one */
   const char *q = start;
-  while (q < s->end && *q != '"') q += *q == '\\' ? 2 : 1;
+  while (q < s->end && *q != '"') q += *q == '\\' && s->end - q >= 2 ? 2 : 1; /* never past the end */
   if (q >= s->end) return false;
   char *o = malloc((size_t)(q - start) + 1);
   if (!o) return false;
@@ -475,7 +475,12 @@ static bool scan_tensor(scan *s, sl__st_tensor *t) {
   return t->begin <= t->end && t->end - t->begin == nbytes;
 }
 
-/* __metadata__: an object of strings, no key twice. */
+/* The most metadata entries the scan reads itself: writers put a handful there, and its check
+ * for a key given twice compares each key with every earlier one, which past a few dozen would
+ * be quadratic in a crafted header (jansson's tree hashes its keys, and reads more alone). */
+enum { SCAN_META_MAX = 64 };
+
+/* __metadata__: an object of strings, no key twice, at most SCAN_META_MAX of them. */
 static bool scan_metadata(scan *s, sl__st_header *out) {
   if (!scan_char(s, '{')) return false;
   if (scan_char(s, '}')) return true;
@@ -484,7 +489,7 @@ static bool scan_metadata(scan *s, sl__st_header *out) {
     const char *k, *v;
     size_t klen, vlen;
     char *ko, *vo;
-    if (!scan_string(s, &k, &klen, &ko)) return false;
+    if (out->meta_count == SCAN_META_MAX || !scan_string(s, &k, &klen, &ko)) return false;
     bool ok = scan_char(s, ':') && scan_string(s, &v, &vlen, &vo);
     if (!ok) {
       free(ko);
@@ -510,7 +515,7 @@ static bool scan_metadata(scan *s, sl__st_header *out) {
     out->meta_values[i] = val;
     out->meta_count++;
     for (size_t j = 0; j < i; j++)
-      if (!strcmp(out->meta_keys[j], key)) return false; /* metadata are few */
+      if (!strcmp(out->meta_keys[j], key)) return false; /* at most SCAN_META_MAX */
   } while (scan_char(s, ','));
   return scan_char(s, '}');
 }

@@ -199,14 +199,26 @@ static sl_status take_table(sl_source *src, sl_source *ref, bool with_meta) {
   sl_context *ctx = src->ctx;
   if (src->headers_digest != ref->headers_digest || src->file_count != ref->file_count)
     return sl__fail(ctx, SL_ERR_MISMATCH, "the copy's headers are not rank 0's");
+  /* one side opened through an index, the other a file alone: equal headers, but the metadata
+   * come from different places (the index's "metadata", the header's __metadata__) */
+  if (with_meta == ref->meta_from_index)
+    return sl__fail(ctx, SL_ERR_MISMATCH, "the copy's metadata come from %s, rank 0's from %s",
+                    with_meta ? "its header" : "its index", with_meta ? "an index" : "a header");
   uint64_t *need = calloc(src->file_count ? src->file_count : 1, sizeof *need);
   if (!need) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
   for (size_t f = 0; f < src->file_count; f++) need[f] = src->files[f].data_offset; /* no tensors: no data */
-  for (size_t i = 0; i < ref->count; i++) {
+  sl_status s = SL_OK;
+  for (size_t i = 0; i < ref->count && s == SL_OK; i++) {
+    const src_file *f = &src->files[ref->file_of[i]];
+    /* the digest is no proof against a crafted pair of headers: no tensor reads this copy's header */
+    if (ref->tensors[i].file_offset < f->data_offset)
+      s = sl__fail(ctx, SL_ERR_MISMATCH,
+                   "%s: rank 0's table puts tensor '%s' at byte %" PRIu64 ", inside its %" PRIu64
+                   "-byte header (another copy?)",
+                   f->path, ref->tensors[i].name, ref->tensors[i].file_offset, f->data_offset);
     uint64_t end = ref->tensors[i].file_offset + ref->tensors[i].nbytes;
     if (end > need[ref->file_of[i]]) need[ref->file_of[i]] = end;
   }
-  sl_status s = SL_OK;
   for (size_t f = 0; f < src->file_count && s == SL_OK; f++)
     if (src->files[f].size != need[f])
       s = sl__fail(ctx, SL_ERR_FORMAT, "%s: %" PRIu64 " bytes, but rank 0's table needs %" PRIu64 " (another copy?)",
@@ -253,13 +265,15 @@ static void settle_copy(sl_source *src, sl_source *ref, bool ok) {
 }
 
 /* The headers digest, then the name index (a copy takes rank 0's table instead, and with a
- * single file its metadata, which is in the header; an index has metadata of its own). */
+ * single file its metadata, which is in the header; an index has metadata of its own; a copy
+ * opened otherwise than rank 0's, one through an index and the other not, is parsed). */
 static sl_status finish(sl_source *src, bool from_index) {
   uint64_t *digests = malloc((src->file_count ? src->file_count : 1) * sizeof *digests);
   if (!digests) return sl__fail(src->ctx, SL_ERR_NOMEM, "out of memory");
   for (size_t f = 0; f < src->file_count; f++) digests[f] = src->files[f].header_digest;
   src->headers_digest = sl__source_combine_digests(digests, src->file_count);
   free(digests);
+  src->meta_from_index = from_index;
   if (src->copy_of) return take_table(src, src->copy_of, !from_index);
   size_t dup = 0;
   sl_status s = sl__source_build_index(src, &dup);

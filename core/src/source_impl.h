@@ -38,6 +38,7 @@ struct sl_source {
   size_t file_count;
   char **meta_keys, **meta_values;
   size_t meta_count;
+  bool meta_from_index; /* the metadata are an index's ("metadata"), not a header's (__metadata__) */
   size_t *slots; /* name hash: tensor index + 1, 0 = empty; slot_mask + 1 slots */
   size_t slot_mask;
   uint64_t total_bytes;

@@ -17,6 +17,7 @@
 /* Layout, all integers little-endian:
  *   "SLMF" u32 version
  *   u64 tensor_count  u64 file_count  u64 meta_count  u64 headers_digest
+ *   u32 flags (bit 0: the metadata are the index's, not the header's)
  *   tensor_count x { str name, u32 dtype, u32 ndim, ndim x i64 shape, u64 nbytes,
  *                    u32 file_index, u64 file_offset }
  *   file_count x { str path, str name }
@@ -24,7 +25,8 @@
  * where str = u32 length + bytes (no NUL). It crosses the network: the reader checks every
  * length against what is left and every value against what it must be. */
 #define MANIFEST_MAGIC "SLMF"
-#define MANIFEST_VERSION 2u /* 2: headers digest, file names as the index gives them */
+#define MANIFEST_VERSION 3u /* 2: headers digest, file names as the index gives them; 3: flags */
+#define MANIFEST_META_FROM_INDEX 1u
 #define MIN_TENSOR_BYTES (4 + 4 + 4 + 8 + 4 + 8)
 
 typedef struct wbuf {
@@ -83,6 +85,7 @@ sl_status sl__source_serialize(const sl_source *src, void **buf, size_t *len) {
   put_u64(&w, src->file_count);
   put_u64(&w, src->meta_count);
   put_u64(&w, src->headers_digest);
+  put_u32(&w, src->meta_from_index ? MANIFEST_META_FROM_INDEX : 0);
   for (size_t i = 0; i < src->count; i++) {
     const sl_source_tensor *t = &src->tensors[i];
     put_str(&w, t->name);
@@ -204,13 +207,16 @@ sl_status sl__source_deserialize_ex(sl_context *ctx, const void *buf, size_t len
   char magic[4];
   uint32_t version;
   uint64_t nt, nf, nm, digest;
+  uint32_t flags;
   if (!get(&r, magic, 4) || memcmp(magic, MANIFEST_MAGIC, 4)) BAD("bad magic (not a shardload manifest)");
   if (!get_u32(&r, &version)) BAD("truncated header");
   if (version != MANIFEST_VERSION)
     BAD("version %" PRIu32 ", this build reads %u (mixed shardload versions across ranks?)", version,
         MANIFEST_VERSION);
-  if (!get_u64(&r, &nt) || !get_u64(&r, &nf) || !get_u64(&r, &nm) || !get_u64(&r, &digest))
+  if (!get_u64(&r, &nt) || !get_u64(&r, &nf) || !get_u64(&r, &nm) || !get_u64(&r, &digest) || !get_u32(&r, &flags))
     BAD("truncated header");
+  if (flags & ~MANIFEST_META_FROM_INDEX) BAD("unknown flags %08" PRIx32, flags);
+  src->meta_from_index = flags & MANIFEST_META_FROM_INDEX;
   /* a source with files has a digest of their headers, and only such a source has one */
   if ((nf == 0) != (digest == 0)) BAD("headers digest %016" PRIx64 " for %" PRIu64 " files", digest, nf);
   src->headers_digest = digest;
