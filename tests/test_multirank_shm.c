@@ -15,7 +15,9 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <linux/filter.h>
 #include <linux/futex.h>
+#include <linux/seccomp.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -760,9 +762,10 @@ static void test_segment_fd_out_of_reach(void **state) {
 }
 
 /* A buggy root writes a descriptor no root would (case 0: a total past the bound, whose chunk
- * count truncates to 0 and whose part lies at 2^53; case 1: a part longer than the total): the
- * receiver fails naming the mismatch, without reading or writing out of bounds. One job per
- * case: a failed op ends the job's shm data plane. */
+ * count truncates to 0 and whose part lies at 2^53, into the job's communicator; case 1: a part
+ * longer than the total, into a split's): the receiver fails naming the mismatch, without
+ * reading or writing out of bounds; after case 1 the job's communicator still works (a failure
+ * breaks its own communicator only). */
 static int bad_desc_rank(int rank, int world, void *arg) {
   const job *j = arg;
   char err[1024] = "";
@@ -770,6 +773,11 @@ static int bad_desc_rank(int rank, int world, void *arg) {
   SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
   SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "shm") == 0, "rank %d: not shm", rank);
   shm_comm *c = ctx->data_comm;
+  void *sub = NULL;
+  if (j->victim == 1) {
+    SL_CHILD_CHECK(ctx->data->split(ctx->data_comm, 0, rank, &sub) == SL_OK, "rank %d: split", rank);
+    c = sub;
+  }
   if (rank == 0) {
     chan_hdr *h = c->hdr;
     uint64_t total = j->victim == 0 ? 1ull << 53 : 4096;
@@ -779,13 +787,23 @@ static int bad_desc_rank(int rank, int world, void *arg) {
     __atomic_store_n(&h->claim, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&h->gen, 1, __ATOMIC_RELEASE);
     syscall(SYS_futex, &h->gen, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-    usleep(1500000); /* rank 1 has judged it */
-    return 0;        /* no destroy: rank 1 does not wait for this root */
+    if (j->victim == 0) {
+      usleep(1500000); /* rank 1 has judged it */
+      return 0;        /* no destroy: rank 1 does not wait for this root */
+    }
   }
-  unsigned char buf[8192];
-  sl_status st = ctx->data->scatterv(c, NULL, NULL, NULL, buf, j->victim == 0 ? 4096 : 8192, 0, NULL);
-  SL_CHILD_CHECK(st == SL_ERR_MISMATCH, "rank 1: case %d: %s", j->victim, sl_status_name(st));
-  SL_CHILD_CHECK(strstr(sl_context_errmsg(ctx), "disagree on op 1"), "rank 1: '%s'", sl_context_errmsg(ctx));
+  if (rank == 1) {
+    unsigned char buf[8192];
+    sl_status st = ctx->data->scatterv(c, NULL, NULL, NULL, buf, j->victim == 0 ? 4096 : 8192, 0, NULL);
+    SL_CHILD_CHECK(st == SL_ERR_MISMATCH, "rank 1: case %d: %s", j->victim, sl_status_name(st));
+    SL_CHILD_CHECK(strstr(sl_context_errmsg(ctx), "disagree on op 1"), "rank 1: '%s'", sl_context_errmsg(ctx));
+  }
+  if (j->victim == 0) return 0;
+  SL_CHILD_CHECK(ctx->data->barrier(ctx->data_comm) == SL_OK,
+                 "rank %d: the job's communicator after a split's failure: %s", rank, sl_context_errmsg(ctx));
+  if (check_bcast(ctx->data, ctx->data_comm, rank, world, (1u << 20) + 3, 6)) return 1;
+  ctx->data->fini(sub);
+  sl_context_destroy(ctx);
   return 0;
 }
 
@@ -898,6 +916,83 @@ static void test_slow_op_within_timeout(void **state) {
   free(j.dir);
 }
 
+/* What a rank does alone tells the peers at once, never after the timeout: rank 1 finishes a
+ * split's communicator while rank 0 waits there for its broadcast; then rank 1 calls a
+ * broadcast with a root out of range while rank 0 waits for rank 1's. */
+static int alone_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const sl_collective_ops *o = ctx->data;
+  void *sub = NULL;
+  SL_CHILD_CHECK(o->split(ctx->data_comm, 0, rank, &sub) == SL_OK, "rank %d: split", rank);
+  unsigned char b[64] = {0};
+  for (int k = 0; k < 2; k++) {
+    void *c = k == 0 ? sub : ctx->data_comm;
+    if (rank == 1) {
+      if (k == 0) o->fini(sub);
+      else SL_CHILD_CHECK(o->broadcast(c, b, sizeof b, 7, NULL) == SL_ERR_INVALID, "rank 1: a root out of range");
+    } else {
+      double t0 = now_s();
+      sl_status st = o->broadcast(c, b, sizeof b, 1, NULL);
+      double took = now_s() - t0;
+      const char *msg = sl_context_errmsg(ctx);
+      fprintf(stderr, "rank 0: case %d: %s after %.2f s: %s\n", k, sl_status_name(st), took, msg);
+      SL_CHILD_CHECK(st == SL_ERR_PEER && sl_test_names_rank(msg, 1), "rank 0: case %d: %s: '%s'", k,
+                     sl_status_name(st), msg);
+      SL_CHILD_CHECK(took < 5, "rank 0: case %d: waited %.1f s (timeout %d ms)", k, took, j->timeout_ms);
+      if (k == 0) o->fini(sub);
+    }
+    if (k == 0) SL_CHILD_CHECK(o->barrier(ctx->data_comm) == SL_OK, "rank %d: the job's communicator", rank);
+  }
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_alone_tells_peers(void **state) {
+  job j = {.collective = "shm", .timeout_ms = 30000};
+  int codes[2];
+  spawn(&j, 2, alone_rank, "alone", 90000, codes);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+}
+
+/* Where a sandbox refuses memfd_create (here a seccomp filter on rank 1), auto keeps host
+ * staging on Gloo naming the rank, rather than choose shm and fail at its start. */
+static int sandboxed_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  if (rank == 1) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_memfd_create, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof f[0]), f};
+    SL_CHILD_CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+                       prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0,
+                   "rank 1: seccomp: %s", strerror(errno));
+    SL_CHILD_CHECK(syscall(SYS_memfd_create, "x", 0) < 0 && errno == EPERM, "rank 1: the filter lets memfd_create by");
+  }
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const char *why = sl_context_collective_reason(ctx);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "gloo") == 0 &&
+                     strstr(why, "not shm: rank 1 cannot make a memfd"),
+                 "rank %d: %s (%s)", rank, sl_context_collective_name(ctx), why);
+  if (check_bcast(ctx->data, ctx->data_comm, rank, world, 4096, 7)) return 1;
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_auto_sandboxed(void **state) {
+  job j = {.collective = NULL};
+  int codes[2];
+  spawn(&j, 2, sandboxed_rank, "sandboxed", 60000, codes);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ops_and_split),
@@ -913,6 +1008,8 @@ int main(void) {
       cmocka_unit_test(test_bad_descriptor),
       cmocka_unit_test(test_rank_leaves_after_its_part),
       cmocka_unit_test(test_slow_op_within_timeout),
+      cmocka_unit_test(test_alone_tells_peers),
+      cmocka_unit_test(test_auto_sandboxed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

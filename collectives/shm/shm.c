@@ -16,10 +16,10 @@
  * descriptor (its generation last), then fills the ring chunk by chunk, waiting for a slot only
  * until every rank has consumed the chunk it held; receivers copy from the ring straight into
  * their buffers. Every wait is a FUTEX_WAIT (shared, not private) on the word it needs, in
- * slices, between which it checks this rank's abort, the job's failure words and every peer's
- * liveness (pidfd), all bounded by the timeout. An op that fails breaks the communicator for
- * good (a late op never reads another op's bytes) and says so in the segment, so that peers
- * fail at once naming the rank. */
+ * slices, between which it checks this rank's abort, the members' abort and failure words and
+ * liveness (pidfd), of the members the op still needs; the timeout is one without progress. An
+ * op that fails breaks the communicator for good (a late op never reads another op's bytes)
+ * and says so in its channel, so that its peers fail at once naming the rank. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -110,8 +110,9 @@ static bool stopped(pid_t pid) {
   return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
 }
 
-/* Makes the communicator fail for good with ST and the message, and tells the peers (this
- * rank's failure word names LOST, the rank it lost, or itself). */
+/* Makes the communicator fail for good with ST and the message, and tells its peers (this
+ * rank's failure word in the communicator's channel names LOST, the rank it lost, or itself):
+ * the other communicators go on. */
 static sl_status breaks(shm_comm *c, sl_status st, int lost, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static sl_status breaks(shm_comm *c, sl_status st, int lost, const char *fmt, ...) {
@@ -120,11 +121,10 @@ static sl_status breaks(shm_comm *c, sl_status st, int lost, const char *fmt, ..
   vsnprintf(c->why, sizeof c->why, fmt, ap);
   va_end(ap);
   c->broken = st;
-  seg_rank *mine = &c->seg->ranks[c->seg->me];
-  uint32_t expect = 0;
-  __atomic_compare_exchange_n(&mine->fail, &expect, (uint32_t)FAIL_OP << 24 | (uint32_t)(lost + 1), false,
-                              __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
-  wake(&mine->fail);
+  uint32_t *mine = &c->words[c->rank].fail, expect = 0;
+  __atomic_compare_exchange_n(mine, &expect, (uint32_t)FAIL_OP << 24 | (uint32_t)(lost + 1), false, __ATOMIC_ACQ_REL,
+                              __ATOMIC_RELAXED);
+  wake(mine);
   return c->host->fail(c->host->core, st, "%s", c->why);
 }
 
@@ -148,7 +148,7 @@ static bool needed(const shm_comm *c, int i, int need, uint32_t arg) {
 static bool in_trouble(const shm_comm *c, int i, int need, uint32_t arg) {
   const shm_seg *s = c->seg;
   int r = job_rank(c, i);
-  if (r == s->me || !(load(&s->ranks[r].fail) || gone(s, r))) return false;
+  if (r == s->me || !(load(&s->ranks[r].fail) || load(&c->words[i].fail) || gone(s, r))) return false;
   return needed(c, i, need, arg);
 }
 
@@ -165,10 +165,14 @@ static sl_status trouble(shm_comm *c, const char *op, const uint32_t *w, uint32_
   for (int i = 0; i < c->n; i++) {
     int r = job_rank(c, i);
     uint32_t f = load(&s->ranks[r].fail);
+    if (!f) f = load(&c->words[i].fail);
     if (!f || !in_trouble(c, i, need, arg)) continue;
     int lost = (int)(f & 0xffffffu) - 1;
     if ((f >> 24) == FAIL_ABORT)
       return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d aborted its data plane (sl_context_abort)", op, r);
+    if ((f >> 24) == FAIL_LEFT)
+      return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d finished this communicator while rank %d still needed it", op,
+                    r, s->me);
     /* never this rank: a peer that gave up on it failed, and that peer is what this rank lost */
     if (lost >= 0 && lost != r && lost != s->me && lost < s->n)
       return breaks(c, SL_ERR_PEER, lost, "shm %s: rank %d lost rank %d and failed (seen by rank %d)", op, r, lost,
@@ -350,8 +354,10 @@ static sl_status recv_op(shm_comm *c, uint32_t kind, int root, uint64_t bytes, u
 
 /* ---- the data ops ------------------------------------------------------------------------------ */
 
+/* A rank's own error in an op (its arguments, its memory) breaks the communicator too: the
+ * members in the op learn it at once from its failure word rather than wait the timeout. */
 static sl_status bad_root(shm_comm *c, const char *op, int root) {
-  return c->host->fail(c->host->core, SL_ERR_INVALID, "shm %s: root %d is not a rank of %d", op, root, c->n);
+  return breaks(c, SL_ERR_INVALID, c->seg->me, "shm %s: root %d is not a rank of %d", op, root, c->n);
 }
 
 static sl_status bcast(shm_comm *c, const void *src, void *dst, size_t bytes, int root, const char *op) {
@@ -377,14 +383,14 @@ static sl_status shm_scatterv(void *comm, const void *sendbuf, const size_t *cou
   if (root < 0 || root >= c->n) return bad_root(c, "scatterv", root);
   if (root != c->rank) return recv_op(c, OP_SCATTER, root, recvbytes, recvbuf, "scatterv");
   if (counts[root] != recvbytes)
-    return c->host->fail(c->host->core, SL_ERR_INVALID,
-                         "shm scatterv: the root sends itself %zu bytes but receives %zu", counts[root], recvbytes);
+    return breaks(c, SL_ERR_INVALID, c->seg->me, "shm scatterv: the root sends itself %zu bytes but receives %zu",
+                  counts[root], recvbytes);
   chan_part *parts = calloc((size_t)c->n, sizeof *parts);
   const unsigned char **src = calloc((size_t)c->n, sizeof *src);
   uint64_t *len = calloc((size_t)c->n, sizeof *len);
   if (!parts || !src || !len) {
     free(parts), free(src), free(len);
-    return c->host->fail(c->host->core, SL_ERR_NOMEM, "shm scatterv: out of memory for %d ranks' parts", c->n);
+    return breaks(c, SL_ERR_NOMEM, c->seg->me, "shm scatterv: out of memory for %d ranks' parts", c->n);
   }
   uint64_t total = 0;
   int nruns = 0;
@@ -979,6 +985,11 @@ static void chan_drop(shm_seg *seg, int channel) {
 static void shm_fini(void *comm) {
   shm_comm *c = comm;
   if (!c) return;
+  /* members in an op that still needs this rank fail at once (those that do not, go on) */
+  uint32_t expect = 0;
+  __atomic_compare_exchange_n(&c->words[c->rank].fail, &expect, (uint32_t)FAIL_LEFT << 24 | (uint32_t)(c->seg->me + 1),
+                              false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+  wake(&c->words[c->rank].fail);
   if (c->owns_seg) seg_free(c->seg);
   else chan_drop(c->seg, c->channel);
   free(c->members);

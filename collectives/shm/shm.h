@@ -23,15 +23,16 @@ typedef struct seg_hdr {
   uint64_t chan_mask; /* channels held by a communicator (bit 0: the job's) */
 } seg_hdr;
 
-/* Per rank of the segment, on its own line: its failure word (0: fine; else the reason code
- * << 24 | the rank it lost + 1) and its pid as rank 0 saw it. */
+/* Per rank of the segment, on its own line: its abort word (0: fine; else FAIL_ABORT << 24 |
+ * its rank + 1: sl_context_abort ends every communicator of the rank) and its pid as rank 0
+ * saw it. */
 typedef struct seg_rank {
   uint32_t fail;
   int32_t pid;
   char pad[LINE - 8];
 } seg_rank;
 
-enum { FAIL_ABORT = 1, FAIL_OP = 2 };
+enum { FAIL_ABORT = 1, FAIL_OP = 2, FAIL_LEFT = 3 }; /* FAIL_LEFT: it finished its communicator (fini) */
 
 typedef struct chan_hdr {
   uint32_t gen; /* the current op's generation (op index + 1), stored last: the descriptor's flag */
@@ -49,7 +50,9 @@ typedef struct chan_rank {
   uint32_t done;   /* chunks this rank no longer needs (the root may refill their slots) */
   uint32_t opdone; /* ops it has finished */
   uint32_t bar;    /* barriers it has reached */
-  char pad[LINE - 12];
+  uint32_t fail;   /* 0: fine; else FAIL_OP << 24 | the job's rank it lost + 1 (an op failed), or
+                    * FAIL_LEFT << 24 | its rank + 1 (it finished the communicator) */
+  char pad[LINE - 16];
 } chan_rank;
 
 typedef struct chan_part {
