@@ -9,15 +9,25 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/capability.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <linux/filter.h>
+#include <linux/futex.h>
+#include <linux/seccomp.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "../collectives/shm/shm.h"
 #include "internal.h"
 #include "testutil.h"
 
@@ -400,6 +410,10 @@ static int stopped_rank(int rank, int world, void *arg) {
     SL_CHILD_CHECK(s == SL_ERR_TIMEOUT || s == SL_ERR_PEER, "rank %d: %s", rank, sl_status_name(s));
     SL_CHILD_CHECK(sl_test_names_rank(msg, j->victim), "rank %d: '%s' does not name rank %d", rank, msg, j->victim);
     SL_CHILD_CHECK(took < j->timeout_ms / 1000.0 + 2, "rank %d took %.1f s", rank, took);
+  } else { /* woken, it learns that rank 0 failed, never that it lost itself */
+    char self[64];
+    snprintf(self, sizeof self, "lost rank %d", rank);
+    SL_CHILD_CHECK(!strstr(msg, self), "rank %d names itself as lost: '%s'", rank, msg);
   }
   free(b);
   sl_context_destroy(ctx);
@@ -498,16 +512,19 @@ static void test_ranks_disagree(void **state) {
 /* ---- strangers ----------------------------------------------------------------------------------- */
 
 /* The name of the abstract socket of the shm collective that process PID holds ("" when none
- * yet): its socket inodes matched against /proc/net/unix. */
+ * yet): its socket inodes matched against /proc/net/unix. Where its fd table is closed to this
+ * process (PID is not dumpable while it holds the segment, and this test does not run as
+ * root), any such socket: another job's refuses a stranger as well. */
 static int socket_of(pid_t pid, char *name, size_t len) {
   char dirp[64];
   snprintf(dirp, sizeof dirp, "/proc/%d/fd", (int)pid);
   DIR *d = opendir(dirp);
-  if (!d) return 0;
+  bool any = !d && errno == EACCES;
+  if (!d && !any) return 0;
   unsigned long inodes[256];
   int n = 0;
   struct dirent *e;
-  while ((e = readdir(d)) && n < 256) {
+  while (d && (e = readdir(d)) && n < 256) {
     char p[320], link[64];
     snprintf(p, sizeof p, "%s/%s", dirp, e->d_name);
     ssize_t k = readlink(p, link, sizeof link - 1);
@@ -515,7 +532,7 @@ static int socket_of(pid_t pid, char *name, size_t len) {
     link[k] = 0;
     if (sscanf(link, "socket:[%lu]", &inodes[n]) == 1) n++;
   }
-  closedir(d);
+  if (d) closedir(d);
   FILE *f = fopen("/proc/net/unix", "r");
   char line[512];
   int found = 0;
@@ -524,6 +541,7 @@ static int socket_of(pid_t pid, char *name, size_t len) {
     unsigned long ino = 0;
     char a[32], b[32], c[32], dd[32], ee[32], ff[32];
     if (!at || sscanf(line, "%31s %31s %31s %31s %31s %31s %lu", a, b, c, dd, ee, ff, &ino) != 7) continue;
+    found = any;
     for (int i = 0; i < n && !found; i++) found = inodes[i] == ino;
     if (found) snprintf(name, len, "%s", at + 1), name[strcspn(name, "\n ")] = 0;
   }
@@ -656,13 +674,346 @@ static void test_other_hosts(void **state) {
   for (int r = 0; r < 4; r++) assert_int_equal(codes[r], 0);
 }
 
+/* ---- the segment's descriptor out of reach, a bad descriptor, ranks that leave, slow ops ---- */
+
+/* This process without CAP_SYS_PTRACE: in a test run as root, ranks and stranger alike, so that
+ * they are to each other what two processes of one ordinary user are (/proc/PID/fd readable
+ * while PID is dumpable, not otherwise). */
+static void drop_ptrace_cap(void) {
+  struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct d[2];
+  if (syscall(SYS_capget, &h, d) != 0) return;
+  d[CAP_SYS_PTRACE / 32].effective &= ~(1u << (CAP_SYS_PTRACE % 32));
+  d[CAP_SYS_PTRACE / 32].permitted &= ~(1u << (CAP_SYS_PTRACE % 32));
+  syscall(SYS_capset, &h, d);
+}
+
+/* Opens every descriptor of PID that links to the shm collective's memfd: 1 when one opened,
+ * 0 when none did. *SAW: whether the fd table could be read at all. */
+static int open_segment_of(pid_t pid, bool *saw) {
+  char dirp[64];
+  snprintf(dirp, sizeof dirp, "/proc/%d/fd", (int)pid);
+  DIR *d = opendir(dirp);
+  if (!d) return 0;
+  int got = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) && !got) {
+    char p[320], link[256];
+    snprintf(p, sizeof p, "%s/%s", dirp, e->d_name);
+    ssize_t k = readlink(p, link, sizeof link - 1);
+    if (k <= 0) continue;
+    *saw = true;
+    link[k] = 0;
+    if (!strstr(link, "shardload-shm")) continue;
+    int fd = open(p, O_RDWR | O_CLOEXEC);
+    if (fd >= 0) got = 1, close(fd);
+  }
+  closedir(d);
+  return got;
+}
+
+/* A process of the ranks' user that is no rank tries /proc/PID/fd of both ranks while rank 1
+ * comes late for its segment: the memfd is in rank 0's table all that time, and neither rank is
+ * dumpable while it holds it, so no open may succeed. 0: none did (after it read both tables
+ * before the start: the check can fail); 1: it opened the segment; 4: it never read a table. */
+static int fd_stranger(pid_t r0, pid_t r1, double seconds) {
+  drop_ptrace_cap();
+  bool saw0 = false, saw1 = false;
+  open_segment_of(r0, &saw0), open_segment_of(r1, &saw1); /* both dumpable: readable */
+  if (!saw0 || !saw1) return 4;
+  double until = now_s() + seconds;
+  while (now_s() < until) {
+    bool saw = false;
+    if (open_segment_of(r0, &saw) || open_segment_of(r1, &saw)) return 1;
+    usleep(2000);
+  }
+  return 0;
+}
+
+static int fd_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  drop_ptrace_cap(); /* as strong as the stranger (a process's caps must cover its target's) */
+  write_pid(j->dir, rank);
+  pid_t kid = -1;
+  if (rank == 0) {
+    pid_t me = getpid(), other = read_pid(j->dir, 1);
+    if ((kid = fork()) == 0) _exit(fd_stranger(me, other, 3.0));
+    usleep(200000); /* it read both tables before the start */
+  }
+  if (rank == 1) setenv("SHARDLOAD_TEST_SHM_ATTACH_DELAY_MS", "1500", 1);
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "shm") == 0, "rank %d: not shm", rank);
+  SL_CHILD_CHECK(prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1, "rank %d: not dumpable again after the start", rank);
+  if (rank == 0) {
+    int status = 0;
+    waitpid(kid, &status, 0);
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+    SL_CHILD_CHECK(code == 0, "the stranger: %d (1: it opened the segment through /proc/PID/fd)", code);
+  }
+  if (check_bcast(ctx->data, ctx->data_comm, rank, world, 4096, 2)) return 1;
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_segment_fd_out_of_reach(void **state) {
+  job j = {.collective = "shm", .dir = sl_test_dir("fdreach")};
+  int codes[2];
+  spawn(&j, 2, fd_rank, "fdreach-rdzv", 60000, codes);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+  free(j.dir);
+}
+
+/* A buggy root writes a descriptor no root would (case 0: a total past the bound, whose chunk
+ * count truncates to 0 and whose part lies at 2^53, into the job's communicator; case 1: a part
+ * longer than the total, into a split's): the receiver fails naming the mismatch, without
+ * reading or writing out of bounds; after case 1 the job's communicator still works (a failure
+ * breaks its own communicator only). */
+static int bad_desc_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "shm") == 0, "rank %d: not shm", rank);
+  shm_comm *c = ctx->data_comm;
+  void *sub = NULL;
+  if (j->victim == 1) {
+    SL_CHILD_CHECK(ctx->data->split(ctx->data_comm, 0, rank, &sub) == SL_OK, "rank %d: split", rank);
+    c = sub;
+  }
+  if (rank == 0) {
+    chan_hdr *h = c->hdr;
+    uint64_t total = j->victim == 0 ? 1ull << 53 : 4096;
+    h->kind = 2, h->root = 0, h->total = total, h->chunk0 = 0;
+    h->nchunks = (uint32_t)((total + (1u << 20) - 1) >> 20);
+    c->parts[1] = j->victim == 0 ? (chan_part){total - 4096, 4096} : (chan_part){0, 8192};
+    __atomic_store_n(&h->claim, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->gen, 1, __ATOMIC_RELEASE);
+    syscall(SYS_futex, &h->gen, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    if (j->victim == 0) {
+      usleep(1500000); /* rank 1 has judged it */
+      return 0;        /* no destroy: rank 1 does not wait for this root */
+    }
+  }
+  if (rank == 1) {
+    unsigned char buf[8192];
+    sl_status st = ctx->data->scatterv(c, NULL, NULL, NULL, buf, j->victim == 0 ? 4096 : 8192, 0, NULL);
+    SL_CHILD_CHECK(st == SL_ERR_MISMATCH, "rank 1: case %d: %s", j->victim, sl_status_name(st));
+    SL_CHILD_CHECK(strstr(sl_context_errmsg(ctx), "disagree on op 1"), "rank 1: '%s'", sl_context_errmsg(ctx));
+  }
+  if (j->victim == 0) return 0;
+  SL_CHILD_CHECK(ctx->data->barrier(ctx->data_comm) == SL_OK,
+                 "rank %d: the job's communicator after a split's failure: %s", rank, sl_context_errmsg(ctx));
+  if (check_bcast(ctx->data, ctx->data_comm, rank, world, (1u << 20) + 3, 6)) return 1;
+  ctx->data->fini(sub);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_bad_descriptor(void **state) {
+  for (int k = 0; k < 2; k++) {
+    job j = {.collective = "shm", .victim = k};
+    int codes[2];
+    spawn(&j, 2, bad_desc_rank, k ? "baddesc1" : "baddesc0", 60000, codes);
+    for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+  }
+}
+
+/* Scatterv from rank 0: rank 1's part first and small, rank 2's past the ring and late (rank 2
+ * sleeps first); rank 1 leaves (its process ends) once it has its part, which module.h allows:
+ * the root and rank 2 need nothing more of it and finish. Then the root's own part when its
+ * receive buffer overlaps rank 2's part of the send buffer: rank 2 gets its part as it was. */
+static int leaves_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const sl_collective_ops *o = ctx->data;
+  void *c = ctx->data_comm;
+  size_t small = 4096, big = (24u << 20) + 7;
+  size_t counts[3] = {small, small, big}, displs[3] = {small + big + small, 0, small};
+  size_t total = 3 * small + big;
+  unsigned char *send = rank == 0 ? malloc(total) : NULL, *recv = malloc(big);
+  for (size_t i = 0; send && i < total; i++) send[i] = pat(3, 0, i);
+  /* 1: overlapping: the root's part in front of rank 2's, its receive buffer on rank 2's */
+  size_t sh = small + 1; /* not a multiple of pat's period */
+  size_t ov[3] = {big, small, big}, od[3] = {0, 0, sh};
+  unsigned char *osend = rank == 0 ? malloc(sh + big) : NULL;
+  for (size_t i = 0; osend && i < sh + big; i++) osend[i] = pat(4, 0, i);
+  sl_status st = o->scatterv(c, osend, ov, od, rank == 0 ? osend + sh : recv, ov[rank], 0, NULL);
+  SL_CHILD_CHECK(st == SL_OK, "rank %d: overlapping scatterv: %s", rank, sl_status_name(st));
+  for (size_t i = 0; rank && i < ov[rank]; i++)
+    SL_CHILD_CHECK(recv[i] == pat(4, 0, od[rank] + i), "rank %d: overlapping scatterv: byte %zu", rank, i);
+  for (size_t i = 0; !rank && i < big; i++)
+    SL_CHILD_CHECK(osend[sh + i] == pat(4, 0, i), "rank 0: its own part: byte %zu", i);
+  if (rank == 2) usleep(500000);
+  st = o->scatterv(c, send, counts, displs, recv, counts[rank], 0, NULL);
+  SL_CHILD_CHECK(st == SL_OK, "rank %d: scatterv: %s (%s)", rank, sl_status_name(st), sl_context_errmsg(ctx));
+  for (size_t i = 0; i < counts[rank]; i++)
+    SL_CHILD_CHECK(recv[i] == pat(3, 0, displs[rank] + i), "rank %d: scatterv: byte %zu", rank, i);
+  free(send), free(osend), free(recv);
+  if (rank == 1) _exit(0); /* it has what it came for */
+  usleep(300000);          /* rank 1 has gone */
+  return 0;                /* no destroy: the control plane would miss rank 1 */
+}
+
+static void test_rank_leaves_after_its_part(void **state) {
+  job j = {.collective = "shm", .timeout_ms = 10000};
+  int codes[3];
+  spawn(&j, 3, leaves_rank, "leaves", 60000, codes);
+  for (int r = 0; r < 3; r++) assert_int_equal(codes[r], 0);
+}
+
+/* A broadcast that takes longer than the timeout while its data flows (rank 1 runs 5 ms in
+ * each 100: rank 0's child stops and continues it) succeeds: the timeout is one without
+ * progress. A second shm instance over the context's control plane gets the short timeout. */
+static int slow_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  write_pid(j->dir, rank);
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const sl_collective_ops *o = sl__collective_shm();
+  sl_collective_init ci = {.size = sizeof ci,
+                           .host = &ctx->host,
+                           .rank = rank,
+                           .world_size = world,
+                           .timeout_ms = 400,
+                           .control = &ctx->control,
+                           .ops = o};
+  void *c = NULL;
+  SL_CHILD_CHECK(o->init(&ci, &c) == SL_OK, "rank %d: shm init: %s", rank, sl_context_errmsg(ctx));
+  size_t bytes = (size_t)512 << 20;
+  unsigned char *b = malloc(bytes);
+  SL_CHILD_CHECK(b, "malloc");
+  for (size_t i = 0; i < bytes; i += 4096) b[i] = rank == 0 ? pat(5, 0, i) : 0;
+  SL_CHILD_CHECK(o->barrier(c) == SL_OK, "rank %d: barrier", rank);
+  pid_t kid = -1;
+  if (rank == 0 && (kid = fork()) == 0) {
+    pid_t victim = read_pid(j->dir, 1);
+    for (;;) kill(victim, SIGSTOP), usleep(95000), kill(victim, SIGCONT), usleep(5000);
+  }
+  double t0 = now_s();
+  sl_status st = o->broadcast(c, b, bytes, 0, NULL);
+  double took = now_s() - t0;
+  if (rank == 0) {
+    kill(kid, SIGKILL), waitpid(kid, NULL, 0);
+    kill(read_pid(j->dir, 1), SIGCONT);
+  }
+  fprintf(stderr, "rank %d: %s in %.2f s (timeout 400 ms)\n", rank, sl_status_name(st), took);
+  SL_CHILD_CHECK(st == SL_OK, "rank %d: %s", rank, sl_context_errmsg(ctx));
+  SL_CHILD_CHECK(rank == 1 || took > 0.4, "rank 0: the broadcast took %.2f s: not past the timeout", took);
+  for (size_t i = 0; i < bytes; i += 4096) SL_CHILD_CHECK(b[i] == pat(5, 0, i), "rank %d: byte %zu", rank, i);
+  SL_CHILD_CHECK(o->barrier(c) == SL_OK, "rank %d: barrier", rank);
+  o->fini(c);
+  free(b);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_slow_op_within_timeout(void **state) {
+  job j = {.collective = "shm", .dir = sl_test_dir("slow")};
+  int codes[2];
+  spawn(&j, 2, slow_rank, "slow-rdzv", 60000, codes);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+  free(j.dir);
+}
+
+/* What a rank does alone tells the peers at once, never after the timeout: rank 1 finishes a
+ * split's communicator while rank 0 waits there for its broadcast; then rank 1 calls a
+ * broadcast with a root out of range while rank 0 waits for rank 1's. */
+static int alone_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const sl_collective_ops *o = ctx->data;
+  void *sub = NULL;
+  SL_CHILD_CHECK(o->split(ctx->data_comm, 0, rank, &sub) == SL_OK, "rank %d: split", rank);
+  unsigned char b[64] = {0};
+  for (int k = 0; k < 2; k++) {
+    void *c = k == 0 ? sub : ctx->data_comm;
+    if (rank == 1) {
+      if (k == 0) o->fini(sub);
+      else SL_CHILD_CHECK(o->broadcast(c, b, sizeof b, 7, NULL) == SL_ERR_INVALID, "rank 1: a root out of range");
+    } else {
+      double t0 = now_s();
+      sl_status st = o->broadcast(c, b, sizeof b, 1, NULL);
+      double took = now_s() - t0;
+      const char *msg = sl_context_errmsg(ctx);
+      fprintf(stderr, "rank 0: case %d: %s after %.2f s: %s\n", k, sl_status_name(st), took, msg);
+      SL_CHILD_CHECK(st == SL_ERR_PEER && sl_test_names_rank(msg, 1), "rank 0: case %d: %s: '%s'", k,
+                     sl_status_name(st), msg);
+      SL_CHILD_CHECK(took < 5, "rank 0: case %d: waited %.1f s (timeout %d ms)", k, took, j->timeout_ms);
+      if (k == 0) o->fini(sub);
+    }
+    if (k == 0) SL_CHILD_CHECK(o->barrier(ctx->data_comm) == SL_OK, "rank %d: the job's communicator", rank);
+  }
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_alone_tells_peers(void **state) {
+  job j = {.collective = "shm", .timeout_ms = 30000};
+  int codes[2];
+  spawn(&j, 2, alone_rank, "alone", 90000, codes);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+}
+
+/* Where a sandbox refuses memfd_create (here a seccomp filter on rank 1), auto keeps host
+ * staging on Gloo naming the rank, rather than choose shm and fail at its start. */
+static int sandboxed_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  if (rank == 1) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_memfd_create, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof f[0]), f};
+    SL_CHILD_CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+                       prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0,
+                   "rank 1: seccomp: %s", strerror(errno));
+    SL_CHILD_CHECK(syscall(SYS_memfd_create, "x", 0) < 0 && errno == EPERM, "rank 1: the filter lets memfd_create by");
+  }
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const char *why = sl_context_collective_reason(ctx);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "gloo") == 0 &&
+                     strstr(why, "not shm: rank 1 cannot make a memfd"),
+                 "rank %d: %s (%s)", rank, sl_context_collective_name(ctx), why);
+  if (check_bcast(ctx->data, ctx->data_comm, rank, world, 4096, 7)) return 1;
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_auto_sandboxed(void **state) {
+  job j = {.collective = NULL};
+  int codes[2];
+  spawn(&j, 2, sandboxed_rank, "sandboxed", 60000, codes);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_ops_and_split),    cmocka_unit_test(test_channels_run_out),
-      cmocka_unit_test(test_loads_match_gloo), cmocka_unit_test(test_rank_killed_mid_load),
-      cmocka_unit_test(test_rank_stopped),     cmocka_unit_test(test_abort),
-      cmocka_unit_test(test_ranks_disagree),   cmocka_unit_test(test_strangers_refused),
+      cmocka_unit_test(test_ops_and_split),
+      cmocka_unit_test(test_channels_run_out),
+      cmocka_unit_test(test_loads_match_gloo),
+      cmocka_unit_test(test_rank_killed_mid_load),
+      cmocka_unit_test(test_rank_stopped),
+      cmocka_unit_test(test_abort),
+      cmocka_unit_test(test_ranks_disagree),
+      cmocka_unit_test(test_strangers_refused),
       cmocka_unit_test(test_other_hosts),
+      cmocka_unit_test(test_segment_fd_out_of_reach),
+      cmocka_unit_test(test_bad_descriptor),
+      cmocka_unit_test(test_rank_leaves_after_its_part),
+      cmocka_unit_test(test_slow_op_within_timeout),
+      cmocka_unit_test(test_alone_tells_peers),
+      cmocka_unit_test(test_auto_sandboxed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

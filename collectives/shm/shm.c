@@ -16,10 +16,10 @@
  * descriptor (its generation last), then fills the ring chunk by chunk, waiting for a slot only
  * until every rank has consumed the chunk it held; receivers copy from the ring straight into
  * their buffers. Every wait is a FUTEX_WAIT (shared, not private) on the word it needs, in
- * slices, between which it checks this rank's abort, the job's failure words and every peer's
- * liveness (pidfd), all bounded by the timeout. An op that fails breaks the communicator for
- * good (a late op never reads another op's bytes) and says so in the segment, so that peers
- * fail at once naming the rank. */
+ * slices, between which it checks this rank's abort, the members' abort and failure words and
+ * liveness (pidfd), of the members the op still needs; the timeout is one without progress. An
+ * op that fails breaks the communicator for good (a late op never reads another op's bytes)
+ * and says so in its channel, so that its peers fail at once naming the rank. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -41,6 +42,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "shm.h"
 
 #define SHM_MAGIC 0x31766d6873736c73ull /* "slsshmv1" */
 #define SHM_CHUNK ((size_t)1 << 20)     /* one slot of the ring */
@@ -50,52 +52,6 @@
 #define SHM_MAX_PIDFDS 256              /* peers watched by pidfd; beyond, by kill(pid, 0) */
 #define SHM_TOKEN 32
 #define SHM_NAME 48
-#define SHM_WHY 320
-#define LINE 64
-
-/* ---- the segment's layout (every word is written by one rank and read by the others) ------- */
-
-typedef struct seg_hdr {
-  uint64_t magic;
-  uint32_t nranks, channels;
-  uint64_t chan_bytes, bytes;
-  uint64_t chan_mask; /* channels held by a communicator (bit 0: the job's) */
-} seg_hdr;
-
-/* Per rank of the segment, on its own line: its failure word (0: fine; else the reason code
- * << 24 | the rank it lost + 1) and its pid as rank 0 saw it. */
-typedef struct seg_rank {
-  uint32_t fail;
-  int32_t pid;
-  char pad[LINE - 8];
-} seg_rank;
-
-enum { FAIL_ABORT = 1, FAIL_OP = 2 };
-
-typedef struct chan_hdr {
-  uint32_t gen; /* the current op's generation (op index + 1), stored last: the descriptor's flag */
-  char pad0[LINE - 4];
-  uint32_t pub;   /* chunks published in this channel (a count that runs across ops) */
-  uint32_t claim; /* ops whose root has claimed the descriptor: one root per op */
-  uint32_t refs;  /* members that have not finished their communicator (a split's channel) */
-  char pad1[LINE - 12];
-  uint32_t kind, root;
-  uint64_t total;
-  uint32_t chunk0, nchunks;
-} chan_hdr;
-
-typedef struct chan_rank {
-  uint32_t done;   /* chunks this rank no longer needs (the root may refill their slots) */
-  uint32_t opdone; /* ops it has finished */
-  uint32_t bar;    /* barriers it has reached */
-  char pad[LINE - 12];
-} chan_rank;
-
-typedef struct chan_part {
-  uint64_t off, len; /* rank's part of the op's byte stream */
-} chan_part;
-
-enum { OP_BCAST = 1, OP_SCATTER = 2 };
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -107,36 +63,6 @@ static size_t seg_ctl_bytes(int n) {
   return align_up(align_up(sizeof(seg_hdr), LINE) + (size_t)n * sizeof(seg_rank), 4096);
 }
 static int channels_for(int n) { return 2 * n + 2 < SHM_MAX_CHANNELS ? 2 * n + 2 : SHM_MAX_CHANNELS; }
-
-/* ---- what a process keeps ------------------------------------------------------------------ */
-
-typedef struct shm_seg {
-  unsigned char *base;
-  size_t bytes;
-  int n;           /* ranks of the segment (the world) */
-  pid_t *pids;     /* by rank */
-  int *pidfds;     /* by rank, -1 where pidfd_open failed (kill(pid, 0) then) */
-  seg_rank *ranks; /* in the segment */
-  int me;
-} shm_seg;
-
-typedef struct shm_comm {
-  const sl_module_host *host;
-  shm_seg *seg;
-  bool owns_seg;
-  int rank, n;  /* in this communicator */
-  int *members; /* communicator rank -> segment rank (the job's rank) */
-  int channel;
-  chan_hdr *hdr;
-  chan_rank *words;
-  chan_part *parts;
-  unsigned char *slots;
-  uint32_t ops, chunk, bars; /* what every member counts alike */
-  int timeout_ms;
-  atomic_int aborted;
-  sl_status broken; /* sticky: an op failed */
-  char why[SHM_WHY];
-} shm_comm;
 
 /* ---- futex words ----------------------------------------------------------------------------- */
 
@@ -184,8 +110,9 @@ static bool stopped(pid_t pid) {
   return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
 }
 
-/* Makes the communicator fail for good with ST and the message, and tells the peers (this
- * rank's failure word names LOST, the rank it lost, or itself). */
+/* Makes the communicator fail for good with ST and the message, and tells its peers (this
+ * rank's failure word in the communicator's channel names LOST, the rank it lost, or itself):
+ * the other communicators go on. */
 static sl_status breaks(shm_comm *c, sl_status st, int lost, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static sl_status breaks(shm_comm *c, sl_status st, int lost, const char *fmt, ...) {
@@ -194,47 +121,67 @@ static sl_status breaks(shm_comm *c, sl_status st, int lost, const char *fmt, ..
   vsnprintf(c->why, sizeof c->why, fmt, ap);
   va_end(ap);
   c->broken = st;
-  seg_rank *mine = &c->seg->ranks[c->seg->me];
-  uint32_t expect = 0;
-  __atomic_compare_exchange_n(&mine->fail, &expect, (uint32_t)FAIL_OP << 24 | (uint32_t)(lost + 1), false,
-                              __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
-  wake(&mine->fail);
+  uint32_t *mine = &c->words[c->rank].fail, expect = 0;
+  __atomic_compare_exchange_n(mine, &expect, (uint32_t)FAIL_OP << 24 | (uint32_t)(lost + 1), false, __ATOMIC_ACQ_REL,
+                              __ATOMIC_RELAXED);
+  wake(mine);
   return c->host->fail(c->host->core, st, "%s", c->why);
 }
 
 /* The job's rank of communicator rank R. */
 static int job_rank(const shm_comm *c, int r) { return c->members[r]; }
 
-/* Why this op cannot go on, apart from the word it waits for: this rank aborted, a member said
- * it failed, a member's process ended. SL_OK when none. */
-static sl_status trouble(shm_comm *c, const char *op, const uint32_t *w, uint32_t target) {
+/* Which members the wait still needs: a gone or failed member is fatal only then (a member
+ * that got its part and left, which module.h allows, harms no one). NEED_ONE: member ARG (a
+ * receiver needs only the root); NEED_OPS: members that have not finished op ARG (the root);
+ * NEED_BAR: members that have not reached barrier ARG. */
+enum { NEED_ONE, NEED_OPS, NEED_BAR };
+
+static bool needed(const shm_comm *c, int i, int need, uint32_t arg) {
+  if (need == NEED_ONE) return i == (int)arg;
+  const uint32_t *w = need == NEED_OPS ? &c->words[i].opdone : &c->words[i].bar;
+  return (int32_t)(load(w) - arg) < 0;
+}
+
+/* Whether member I is in trouble (failed, or its process ended) and the wait needs it; its
+ * words are read after its state, so that a member that finished and then left is not needed. */
+static bool in_trouble(const shm_comm *c, int i, int need, uint32_t arg) {
+  const shm_seg *s = c->seg;
+  int r = job_rank(c, i);
+  if (r == s->me || !(load(&s->ranks[r].fail) || load(&c->words[i].fail) || gone(s, r))) return false;
+  return needed(c, i, need, arg);
+}
+
+/* Why this op cannot go on, apart from the word it waits for: this rank aborted, a member it
+ * needs (NEED, ARG) said it failed, or its process ended. SL_OK when none. */
+static sl_status trouble(shm_comm *c, const char *op, const uint32_t *w, uint32_t target, int need, uint32_t arg) {
   shm_seg *s = c->seg;
   bool bad = atomic_load(&c->aborted);
-  for (int i = 0; i < c->n && !bad; i++) {
-    int r = job_rank(c, i);
-    bad = r != s->me && (load(&s->ranks[r].fail) || gone(s, r));
-  }
+  for (int i = 0; i < c->n && !bad; i++) bad = in_trouble(c, i, need, arg);
   /* what it waited for may have come just before its peer ended (the root's last chunk) */
   if (!bad || (w && (int32_t)(load(w) - target) >= 0)) return SL_OK;
   if (atomic_load(&c->aborted))
     return breaks(c, SL_ERR_COMM, s->me, "shm %s: aborted (sl_context_abort) on rank %d", op, s->me);
   for (int i = 0; i < c->n; i++) {
     int r = job_rank(c, i);
-    if (r == s->me) continue;
     uint32_t f = load(&s->ranks[r].fail);
-    if (f) {
-      int lost = (int)(f & 0xffffffu) - 1;
-      if ((f >> 24) == FAIL_ABORT)
-        return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d aborted its data plane (sl_context_abort)", op, r);
-      if (lost >= 0 && lost != r && lost < s->n)
-        return breaks(c, SL_ERR_PEER, lost, "shm %s: rank %d lost rank %d and failed (seen by rank %d)", op, r, lost,
-                      s->me);
-      return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d failed on the shm data plane (seen by rank %d)", op, r, s->me);
-    }
+    if (!f) f = load(&c->words[i].fail);
+    if (!f || !in_trouble(c, i, need, arg)) continue;
+    int lost = (int)(f & 0xffffffu) - 1;
+    if ((f >> 24) == FAIL_ABORT)
+      return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d aborted its data plane (sl_context_abort)", op, r);
+    if ((f >> 24) == FAIL_LEFT)
+      return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d finished this communicator while rank %d still needed it", op,
+                    r, s->me);
+    /* never this rank: a peer that gave up on it failed, and that peer is what this rank lost */
+    if (lost >= 0 && lost != r && lost != s->me && lost < s->n)
+      return breaks(c, SL_ERR_PEER, lost, "shm %s: rank %d lost rank %d and failed (seen by rank %d)", op, r, lost,
+                    s->me);
+    return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d failed on the shm data plane (seen by rank %d)", op, r, s->me);
   }
   for (int i = 0; i < c->n; i++) {
     int r = job_rank(c, i);
-    if (r != s->me && gone(s, r))
+    if (in_trouble(c, i, need, arg))
       return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d (pid %d) exited while rank %d waited for it", op, r,
                     (int)s->pids[r], s->me);
   }
@@ -242,13 +189,18 @@ static sl_status trouble(shm_comm *c, const char *op, const uint32_t *w, uint32_
 }
 
 /* Waits until the word W (communicator rank WHO's) has reached TARGET (counts wrap: compared
- * as a signed difference), within the op's deadline. */
-static sl_status wait_for(shm_comm *c, uint32_t *w, uint32_t target, int who, double deadline, const char *op,
+ * as a signed difference). The timeout is one without progress: the deadline moves whenever
+ * the word moves (a big op whose data flows never times out). NEED, ARG: which members the
+ * wait needs (trouble). */
+static sl_status wait_for(shm_comm *c, uint32_t *w, uint32_t target, int who, int need, uint32_t arg, const char *op,
                           const char *what) {
+  double deadline = now_ms() + c->timeout_ms;
+  uint32_t last = load(w);
   for (;;) {
     uint32_t v = load(w);
     if ((int32_t)(v - target) >= 0) return SL_OK;
-    sl_status st = trouble(c, op, w, target);
+    if (v != last) last = v, deadline = now_ms() + c->timeout_ms;
+    sl_status st = trouble(c, op, w, target, need, arg);
     if (st != SL_OK) return st;
     double left = deadline - now_ms();
     if (left <= 0) {
@@ -263,7 +215,7 @@ static sl_status wait_for(shm_comm *c, uint32_t *w, uint32_t target, int who, do
                         op, r, (int)s->pids[r], c->timeout_ms);
       }
       return breaks(c, SL_ERR_TIMEOUT, job_rank(c, who),
-                    "shm %s: rank %d did not %s within the timeout (%d ms); rank %d waited for it", op,
+                    "shm %s: rank %d did not %s within the timeout (%d ms without progress); rank %d waited for it", op,
                     job_rank(c, who), what, c->timeout_ms, s->me);
     }
     futex_wait(w, v, left < SHM_SLICE_MS ? (int)left + 1 : SHM_SLICE_MS);
@@ -273,12 +225,17 @@ static sl_status wait_for(shm_comm *c, uint32_t *w, uint32_t target, int who, do
 static sl_status usable(shm_comm *c, const char *op) {
   if (c->broken != SL_OK)
     return c->host->fail(c->host->core, c->broken, "shm %s: the data plane failed earlier: %s", op, c->why);
-  return trouble(c, op, NULL, 0);
+  if (atomic_load(&c->aborted))
+    return breaks(c, SL_ERR_COMM, c->seg->me, "shm %s: aborted (sl_context_abort) on rank %d", op, c->seg->me);
+  return SL_OK; /* a gone or failed peer: the op's waits tell whether it needs that one */
 }
 
 static unsigned char *slot(shm_comm *c, uint32_t idx) { return c->slots + (size_t)(idx % SHM_SLOTS) * SHM_CHUNK; }
 
-static uint32_t chunks_of(uint64_t bytes) { return (uint32_t)((bytes + SHM_CHUNK - 1) / SHM_CHUNK); }
+/* The most bytes one op moves: its chunks fit a 32-bit count with room for signed differences. */
+#define SHM_MAX_OP ((uint64_t)UINT32_MAX * SHM_CHUNK / 2)
+
+static uint64_t chunks_of(uint64_t bytes) { return (bytes + SHM_CHUNK - 1) / SHM_CHUNK; }
 
 /* ---- one op: the root's side ----------------------------------------------------------------- */
 
@@ -292,14 +249,15 @@ typedef struct stream_src {
 /* Root: every member finished the previous op; the descriptor; the chunks. */
 static sl_status root_op(shm_comm *c, uint32_t kind, uint64_t total, const chan_part *parts, const stream_src *in,
                          const char *op) {
-  double deadline = now_ms() + c->timeout_ms;
   uint32_t g = c->ops;
   sl_status st;
-  if (total > (uint64_t)UINT32_MAX * SHM_CHUNK / 2)
+  if (total > SHM_MAX_OP)
     return breaks(c, SL_ERR_INVALID, c->seg->me, "shm %s: %llu bytes in one op is more than it moves", op,
                   (unsigned long long)total);
+  if (c->n == 1) return SL_OK; /* nobody to send to: no copy through the ring */
   for (int r = 0; r < c->n; r++)
-    if (r != c->rank && (st = wait_for(c, &c->words[r].opdone, g, r, deadline, op, "finish the previous op")) != SL_OK)
+    if (r != c->rank &&
+        (st = wait_for(c, &c->words[r].opdone, g, r, NEED_OPS, g + 1, op, "finish the previous op")) != SL_OK)
       return st;
   chan_hdr *h = c->hdr;
   /* two ranks that both think they are this op's root: one claims it, the other fails */
@@ -309,7 +267,7 @@ static sl_status root_op(shm_comm *c, uint32_t kind, uint64_t total, const chan_
                   "shm %s: rank %d called op %u as its root, but another rank had claimed it as root: the ranks "
                   "called different collectives",
                   op, c->seg->me, g + 1);
-  uint32_t n = chunks_of(total), c0 = c->chunk;
+  uint32_t n = (uint32_t)chunks_of(total), c0 = c->chunk;
   h->kind = kind;
   h->root = (uint32_t)c->rank;
   h->total = total;
@@ -324,7 +282,7 @@ static sl_status root_op(shm_comm *c, uint32_t kind, uint64_t total, const chan_
     /* the slot held chunk idx - SHM_SLOTS: every member must be done with it */
     for (int r = 0; r < c->n; r++)
       if (r != c->rank &&
-          (st = wait_for(c, &c->words[r].done, idx - SHM_SLOTS + 1, r, deadline, op, "take its part")) != SL_OK)
+          (st = wait_for(c, &c->words[r].done, idx - SHM_SLOTS + 1, r, NEED_OPS, g + 1, op, "take its part")) != SL_OK)
         return st;
     unsigned char *d = slot(c, idx);
     size_t want = (size_t)(total - (uint64_t)i * SHM_CHUNK < SHM_CHUNK ? total - (uint64_t)i * SHM_CHUNK : SHM_CHUNK);
@@ -350,31 +308,40 @@ static sl_status root_op(shm_comm *c, uint32_t kind, uint64_t total, const chan_
 /* Receiver: the descriptor of this op (checked against what this rank was called with), then
  * its part of the stream, chunk by chunk, into BUF. */
 static sl_status recv_op(shm_comm *c, uint32_t kind, int root, uint64_t bytes, unsigned char *buf, const char *op) {
-  double deadline = now_ms() + c->timeout_ms;
   uint32_t g = c->ops;
   chan_hdr *h = c->hdr;
-  sl_status st = wait_for(c, &h->gen, g + 1, root, deadline, op, "start the op");
+  sl_status st = wait_for(c, &h->gen, g + 1, root, NEED_ONE, (uint32_t)root, op, "start the op");
   if (st != SL_OK) return st;
   int me = c->seg->me, jr = job_rank(c, root);
-  uint32_t gen = load(&h->gen), c0 = h->chunk0, n = h->nchunks;
-  uint64_t total = h->total, off = 0, len = total;
-  if (kind == OP_SCATTER) off = c->parts[c->rank].off, len = c->parts[c->rank].len;
-  if (gen != g + 1 || h->kind != kind || h->root != (uint32_t)root || c0 != c->chunk || n != chunks_of(total) ||
-      off > total || len > total - off)
+  /* every value is read once from the segment and bounded before use: trust no peer */
+  uint32_t gen = load(&h->gen), hkind = __atomic_load_n(&h->kind, __ATOMIC_RELAXED),
+           hroot = __atomic_load_n(&h->root, __ATOMIC_RELAXED), c0 = __atomic_load_n(&h->chunk0, __ATOMIC_RELAXED),
+           n = __atomic_load_n(&h->nchunks, __ATOMIC_RELAXED);
+  uint64_t total = __atomic_load_n(&h->total, __ATOMIC_RELAXED), off = 0, len = total;
+  if (kind == OP_SCATTER)
+    off = __atomic_load_n(&c->parts[c->rank].off, __ATOMIC_RELAXED),
+    len = __atomic_load_n(&c->parts[c->rank].len, __ATOMIC_RELAXED);
+  if (gen != g + 1 || hkind != kind || hroot != (uint32_t)root || c0 != c->chunk || total > SHM_MAX_OP ||
+      n != chunks_of(total) || off > total || len > total - off)
     return breaks(c, SL_ERR_MISMATCH, me,
-                  "shm %s: rank %d and rank %d disagree on op %u (generation %u, kind %u, root %u, %u chunks "
-                  "from %u): the ranks called different collectives",
-                  op, me, jr, g + 1, gen, h->kind, h->root, n, c0);
+                  "shm %s: rank %d and rank %d disagree on op %u (generation %u, kind %u, root %u, %llu bytes in %u "
+                  "chunks from %u): the ranks called different collectives",
+                  op, me, jr, g + 1, gen, hkind, hroot, (unsigned long long)total, n, c0);
   if (len != bytes)
     return breaks(c, SL_ERR_MISMATCH, me, "shm %s: rank %d expects %llu bytes but root rank %d sends it %llu", op, me,
                   (unsigned long long)bytes, jr, (unsigned long long)len);
-  uint32_t first = len ? (uint32_t)(off / SHM_CHUNK) : n, last = len ? (uint32_t)((off + len - 1) / SHM_CHUNK) : n;
-  store(&c->words[c->rank].done, c0 + first); /* chunks before its part: never needed */
-  for (uint32_t i = first; len && i <= last; i++) {
-    uint32_t idx = c0 + i;
-    if ((st = wait_for(c, &h->pub, idx + 1, root, deadline, op, "send its chunks")) != SL_OK) return st;
-    uint64_t lo = (uint64_t)i * SHM_CHUNK, hi = lo + SHM_CHUNK;
+  uint64_t first = len ? off / SHM_CHUNK : n, last = len ? (off + len - 1) / SHM_CHUNK : n;
+  if (len && (first > last || last >= n))
+    return breaks(c, SL_ERR_MISMATCH, me, "shm %s: root rank %d describes a part outside its %u chunks", op, jr, n);
+  store(&c->words[c->rank].done, c0 + (uint32_t)first); /* chunks before its part: never needed */
+  for (uint64_t i = first; len && i <= last; i++) {
+    uint32_t idx = c0 + (uint32_t)i;
+    if ((st = wait_for(c, &h->pub, idx + 1, root, NEED_ONE, (uint32_t)root, op, "send its chunks")) != SL_OK) return st;
+    uint64_t lo = i * SHM_CHUNK, hi = lo + SHM_CHUNK;
     uint64_t a = off > lo ? off : lo, b = off + len < hi ? off + len : hi;
+    if (a > b || a - lo > SHM_CHUNK || b - a > SHM_CHUNK - (a - lo)) /* cannot be, by the checks above */
+      return breaks(c, SL_ERR_MISMATCH, me, "shm %s: root rank %d's chunk %llu is out of bounds", op, jr,
+                    (unsigned long long)i);
     memcpy(buf + (a - off), slot(c, idx) + (a - lo), (size_t)(b - a));
     store(&c->words[c->rank].done, idx + 1);
   }
@@ -387,8 +354,10 @@ static sl_status recv_op(shm_comm *c, uint32_t kind, int root, uint64_t bytes, u
 
 /* ---- the data ops ------------------------------------------------------------------------------ */
 
+/* A rank's own error in an op (its arguments, its memory) breaks the communicator too: the
+ * members in the op learn it at once from its failure word rather than wait the timeout. */
 static sl_status bad_root(shm_comm *c, const char *op, int root) {
-  return c->host->fail(c->host->core, SL_ERR_INVALID, "shm %s: root %d is not a rank of %d", op, root, c->n);
+  return breaks(c, SL_ERR_INVALID, c->seg->me, "shm %s: root %d is not a rank of %d", op, root, c->n);
 }
 
 static sl_status bcast(shm_comm *c, const void *src, void *dst, size_t bytes, int root, const char *op) {
@@ -414,14 +383,14 @@ static sl_status shm_scatterv(void *comm, const void *sendbuf, const size_t *cou
   if (root < 0 || root >= c->n) return bad_root(c, "scatterv", root);
   if (root != c->rank) return recv_op(c, OP_SCATTER, root, recvbytes, recvbuf, "scatterv");
   if (counts[root] != recvbytes)
-    return c->host->fail(c->host->core, SL_ERR_INVALID,
-                         "shm scatterv: the root sends itself %zu bytes but receives %zu", counts[root], recvbytes);
+    return breaks(c, SL_ERR_INVALID, c->seg->me, "shm scatterv: the root sends itself %zu bytes but receives %zu",
+                  counts[root], recvbytes);
   chan_part *parts = calloc((size_t)c->n, sizeof *parts);
   const unsigned char **src = calloc((size_t)c->n, sizeof *src);
   uint64_t *len = calloc((size_t)c->n, sizeof *len);
   if (!parts || !src || !len) {
     free(parts), free(src), free(len);
-    return c->host->fail(c->host->core, SL_ERR_NOMEM, "shm scatterv: out of memory for %d ranks' parts", c->n);
+    return breaks(c, SL_ERR_NOMEM, c->seg->me, "shm scatterv: out of memory for %d ranks' parts", c->n);
   }
   uint64_t total = 0;
   int nruns = 0;
@@ -431,11 +400,13 @@ static sl_status shm_scatterv(void *comm, const void *sendbuf, const size_t *cou
     if (counts[r]) src[nruns] = (const unsigned char *)sendbuf + displs[r], len[nruns++] = counts[r];
     total += counts[r];
   }
-  const unsigned char *mine = (const unsigned char *)sendbuf + displs[root];
-  if (recvbytes && mine != recvbuf) memmove(recvbuf, mine, recvbytes);
   stream_src in = {src, len, nruns};
   st = root_op(c, OP_SCATTER, total, parts, &in, "scatterv");
   free(parts), free(src), free(len);
+  /* its own part last: RECVBUF may overlap another rank's part of SENDBUF, which must go out
+   * first as it was */
+  const unsigned char *mine = (const unsigned char *)sendbuf + displs[root];
+  if (st == SL_OK && recvbytes && mine != recvbuf) memmove(recvbuf, mine, recvbytes);
   return st;
 }
 
@@ -455,11 +426,10 @@ static sl_status shm_barrier(void *comm) {
   shm_comm *c = comm;
   sl_status st = usable(c, "barrier");
   if (st != SL_OK) return st;
-  double deadline = now_ms() + c->timeout_ms;
   uint32_t b = ++c->bars;
   store(&c->words[c->rank].bar, b);
   for (int r = 0; r < c->n && st == SL_OK; r++)
-    if (r != c->rank) st = wait_for(c, &c->words[r].bar, b, r, deadline, "barrier", "reach the barrier");
+    if (r != c->rank) st = wait_for(c, &c->words[r].bar, b, r, NEED_BAR, b, "barrier", "reach the barrier");
   return st;
 }
 
@@ -636,8 +606,10 @@ static int wait_fd(int fd, short events, double deadline) {
 
 /* Rank 0: one connection. SL_OK when it was rank R's and R got the descriptor; else the
  * stranger is refused (closed) and the job goes on. */
+#define SHM_REFUSALS_LOGGED 8 /* refused connections warned of one by one; the rest counted */
+
 static bool serve_one(const sl_module_host *host, int conn, const evidence *e, int n, bool *served, int segfd,
-                      const unsigned char *token, double deadline) {
+                      const unsigned char *token, double deadline, int *refused) {
   struct ucred cr;
   socklen_t cl = sizeof cr;
   const char *why = NULL;
@@ -656,8 +628,10 @@ static bool serve_one(const sl_module_host *host, int conn, const evidence *e, i
     why = "no greeting";
   if (!why && (h.rank != r || !same_token(h.token, token))) why = "a wrong token";
   if (why) {
-    host->log(host->core, SL_LOG_WARN, "shm: refused a connection to the segment's socket from pid %d (uid %u): %s",
-              (int)cr.pid, (unsigned)cr.uid, why);
+    if (++*refused <= SHM_REFUSALS_LOGGED)
+      host->log(host->core, SL_LOG_WARN, "shm: refused a connection to the segment's socket from pid %d (uid %u): %s%s",
+                (int)cr.pid, (unsigned)cr.uid, why,
+                *refused == SHM_REFUSALS_LOGGED ? " (further refusals are counted, not logged)" : "");
     return false;
   }
   char byte = 1;
@@ -684,7 +658,7 @@ static sl_status serve(const sl_module_host *host, int lis, const evidence *e, i
   bool *served = calloc((size_t)n, sizeof *served);
   if (!served) return host->fail(host->core, SL_ERR_NOMEM, "shm: out of memory for %d ranks", n);
   double deadline = now_ms() + timeout_ms;
-  int left = n - 1;
+  int left = n - 1, refused = 0;
   sl_status st = SL_OK;
   while (left > 0) {
     int k = wait_fd(lis, POLLIN, deadline);
@@ -702,9 +676,11 @@ static sl_status serve(const sl_module_host *host, int lis, const evidence *e, i
     }
     int conn = accept4(lis, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (conn < 0) continue;
-    if (serve_one(host, conn, e, n, served, segfd, token, deadline)) left--;
+    if (serve_one(host, conn, e, n, served, segfd, token, deadline, &refused)) left--;
     close(conn);
   }
+  if (refused > SHM_REFUSALS_LOGGED)
+    host->log(host->core, SL_LOG_WARN, "shm: refused %d connections to the segment's socket in all", refused);
   free(served);
   return st;
 }
@@ -935,6 +911,11 @@ static sl_status shm_init(const sl_collective_init *init, void **comm) {
   memset(&of, 0, sizeof of);
   int segfd = -1, lis = -1;
   shm_seg *seg = NULL;
+  /* While the segment's descriptor is in this process's table, a process of the same user could
+   * open it through /proc/PID/fd (ptrace's read mode suffices there): not dumpable, it cannot.
+   * Once the descriptor is closed, the mapping's /proc/PID/map_files needs CAP_SYS_ADMIN. */
+  int dumpable = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   if (me == 0) {
     st = lead(&kh.h, e, n, bytes, &of, &segfd, &lis, &seg);
     of.ok = st == SL_OK;
@@ -961,6 +942,7 @@ static sl_status shm_init(const sl_collective_init *init, void **comm) {
       st = kh.h.fail(&kh, SL_ERR_COMM, "shm: rank %d: the segment does not hold this job's header", me);
   }
   if (segfd >= 0) close(segfd); /* the mapping keeps it */
+  if (dumpable == 1) prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
   /* every rank says how it went, so that all fail alike with the rank's own reason */
   struct {
     int32_t ok;
@@ -992,12 +974,24 @@ static sl_status shm_init(const sl_collective_init *init, void **comm) {
   return SL_OK;
 }
 
+/* One member of a split's channel is done with it: the last frees it. */
+static void chan_drop(shm_seg *seg, int channel) {
+  shm_comm tmp = {.seg = seg};
+  chan_bind(&tmp, channel);
+  if (__atomic_sub_fetch(&tmp.hdr->refs, 1, __ATOMIC_ACQ_REL) == 0)
+    __atomic_fetch_and(&((seg_hdr *)seg->base)->chan_mask, ~((uint64_t)1 << channel), __ATOMIC_ACQ_REL);
+}
+
 static void shm_fini(void *comm) {
   shm_comm *c = comm;
   if (!c) return;
+  /* members in an op that still needs this rank fail at once (those that do not, go on) */
+  uint32_t expect = 0;
+  __atomic_compare_exchange_n(&c->words[c->rank].fail, &expect, (uint32_t)FAIL_LEFT << 24 | (uint32_t)(c->seg->me + 1),
+                              false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+  wake(&c->words[c->rank].fail);
   if (c->owns_seg) seg_free(c->seg);
-  else if (__atomic_sub_fetch(&c->hdr->refs, 1, __ATOMIC_ACQ_REL) == 0) /* the last member: free it */
-    __atomic_fetch_and(&((seg_hdr *)c->seg->base)->chan_mask, ~((uint64_t)1 << c->channel), __ATOMIC_ACQ_REL);
+  else chan_drop(c->seg, c->channel);
   free(c->members);
   free(c);
 }
@@ -1050,7 +1044,10 @@ static sl_status shm_split(void *comm, int color, int key, void **sub) {
   }
   int32_t say = color < 0 ? -1 : pos == 0 ? (claimed >= 0 ? claimed : -2) : -1;
   /* the channels are clear before anyone learns which is theirs */
-  if ((st = shm_allgather(c, &say, chans, sizeof say, NULL)) != SL_OK) goto out;
+  if ((st = shm_allgather(c, &say, chans, sizeof say, NULL)) != SL_OK) {
+    if (claimed >= 0) chan_drop(c->seg, claimed); /* the leader's share (members that did learn it keep theirs) */
+    goto out;
+  }
   int full = -1;
   for (int r = 0; r < c->n && full < 0; r++)
     if (chans[r] == -2) full = r;
@@ -1064,13 +1061,15 @@ static sl_status shm_split(void *comm, int color, int key, void **sub) {
   }
   if (color < 0) goto out;
   int ch = chans[leader];
-  if (ch < 0 || ch >= nch) {
+  if (ch < 0 || ch >= nch || ch != (claimed >= 0 ? claimed : ch)) {
+    if (claimed >= 0) chan_drop(c->seg, claimed);
     st = breaks(c, SL_ERR_COMM, job_rank(c, leader), "shm split: rank %d named no channel for its group",
                 job_rank(c, leader));
     goto out;
   }
   shm_comm *s = comm_new(c->host, c->seg, size, c->timeout_ms);
   if (!s) {
+    chan_drop(c->seg, ch); /* this member's share of the channel */
     st = c->host->fail(c->host->core, SL_ERR_NOMEM, "shm split: out of memory");
     goto out;
   }
@@ -1090,8 +1089,32 @@ out:
   return st;
 }
 
-/* Linux with memfd and abstract Unix sockets; any backend (it moves host memory). */
-static int shm_probe(const char *backend, char *reason, size_t len) { return 1; }
+/* Linux with memfd and abstract Unix sockets (a seccomp filter or a sandbox may refuse either):
+ * it tries both; any backend (it moves host memory). */
+static int shm_probe(const char *backend, char *reason, size_t len) {
+  int fd = memfd_create("shardload-shm-probe", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    snprintf(reason, len, "shm: memfd_create is refused here: %s", strerror(errno));
+    return 0;
+  }
+  close(fd);
+  unsigned char rnd[8];
+  char name[SHM_NAME];
+  if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+    snprintf(reason, len, "shm: getrandom: %s", strerror(errno));
+    return 0;
+  }
+  int used = snprintf(name, sizeof name, "shardload-shm-probe-");
+  for (size_t i = 0; i < sizeof rnd; i++) used += snprintf(name + used, sizeof name - (size_t)used, "%02x", rnd[i]);
+  struct sockaddr_un a;
+  socklen_t al = abstract_addr(name, &a);
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  int ok = s >= 0 && bind(s, (struct sockaddr *)&a, al) == 0 && listen(s, 1) == 0;
+  int e = errno;
+  if (s >= 0) close(s);
+  if (!ok) snprintf(reason, len, "shm: cannot listen on an abstract Unix socket here: %s", strerror(e));
+  return ok;
+}
 
 static const sl_collective_ops shm_ops = {
     .abi_version = SL_COLLECTIVE_ABI_VERSION,

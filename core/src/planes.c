@@ -86,6 +86,8 @@ typedef struct plane_intent {
    * one network namespace (abstract sockets) and one pid namespace (peers' pids) */
   uint64_t netns, pidns;
   uint32_t uid;
+  int32_t pid;               /* one process per rank */
+  int32_t shm_ok;            /* the shm collective's probe: memfd and abstract sockets work here */
   char host_tag[PLANE_NAME]; /* SHARDLOAD_TEST_SHM_HOST_TAG: ranks with other tags are not on one host */
 } plane_intent;
 
@@ -139,6 +141,9 @@ static void machine_identity(plane_intent *r) {
   r->netns = ns_inode("/proc/self/ns/net");
   r->pidns = ns_inode("/proc/self/ns/pid");
   r->uid = (uint32_t)geteuid();
+  r->pid = (int32_t)getpid();
+  char why[160];
+  r->shm_ok = sl__collective_shm()->probe("cpu", why, sizeof why) > 0;
   /* a test hook that can only make ranks look like ranks of other hosts to host_plane (not to
    * the device checks, which it would make less strict): collectives/shm/shm.c reads it too */
   put(r->host_tag, sizeof r->host_tag, getenv("SHARDLOAD_TEST_SHM_HOST_TAG"));
@@ -220,8 +225,23 @@ static const char *host_plane(const sl_context *ctx, const plane_intent *in, cha
   for (int r = 1; r < ctx->world_size && other < 0; r++)
     if (!in[0].boot_id[0] || strcmp(in[r].boot_id, in[0].boot_id) != 0 || strcmp(in[r].hostname, in[0].hostname) != 0 ||
         in[r].uid != in[0].uid || in[r].netns != in[0].netns || in[r].pidns != in[0].pidns || !in[0].netns ||
-        strcmp(in[r].host_tag, in[0].host_tag) != 0)
+        !in[0].pidns || strcmp(in[r].host_tag, in[0].host_tag) != 0)
       other = r;
+  /* what the shm collective checks again at its start: one process per rank, and its probe */
+  int twin = -1, blocked = -1;
+  for (int r = 0; r < ctx->world_size && other < 0 && twin < 0; r++)
+    for (int q = r + 1; q < ctx->world_size && twin < 0; q++)
+      if (in[q].pid == in[r].pid) twin = q;
+  for (int r = 0; r < ctx->world_size && other < 0 && twin < 0 && blocked < 0; r++)
+    if (!in[r].shm_ok) blocked = r;
+  if (twin >= 0) {
+    snprintf(note, len, "; not shm: rank %d shares a pid with another rank", twin);
+    return "gloo";
+  }
+  if (blocked >= 0) {
+    snprintf(note, len, "; not shm: rank %d cannot make a memfd or abstract socket", blocked);
+    return "gloo";
+  }
   if (other < 0) {
     snprintf(note, len, "; every rank shares one host");
     return "shm";
@@ -353,14 +373,15 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
   plane_verdict *v = calloc((size_t)ctx->world_size, sizeof *v);
   /* without the tables this rank cannot take part: say so in the agreement below, so that the
    * others fail with its message rather than waiting in the allgather */
-  sl_status st = in && v ? SL_OK : sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate the table of %d ranks' collectives",
-                                            ctx->world_size);
+  sl_status st = in && v ? SL_OK
+                         : sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate the table of %d ranks' collectives",
+                                    ctx->world_size);
   if ((st = sl__agree(ctx, st, NULL, AGREE_START, NULL)) != SL_OK) goto out_free;
   if ((st = sl__ctl_allgather(ctx, &mine, in, sizeof mine)) != SL_OK) goto out_free;
   for (int r = 0; r < ctx->world_size; r++) {
     take_intent(&in[r]);
-    sl__log(ctx, SL_LOG_DEBUG, "rank %d: backend %s (%s), device %s on %s (boot id %s)", r, in[r].backend,
-            in[r].device, in[r].device_id[0] ? in[r].device_id : "(host memory)", in[r].hostname,
+    sl__log(ctx, SL_LOG_DEBUG, "rank %d: backend %s (%s), device %s on %s (boot id %s)", r, in[r].backend, in[r].device,
+            in[r].device_id[0] ? in[r].device_id : "(host memory)", in[r].hostname,
             in[r].boot_id[0] ? in[r].boot_id : "unknown");
   }
   /* ranks asked for different collectives would each choose their own: refuse it on all */
@@ -502,8 +523,8 @@ static sl_status report_backend_failure(sl_context *ctx, sl_status backend, cons
   return sl__fail(ctx, backend, "%s", mine);
 }
 
-sl_status sl__planes_open(sl_context *ctx, const char *want, const char *prefix, const char *lobby,
-                          const char *job_key, sl_status backend) {
+sl_status sl__planes_open(sl_context *ctx, const char *want, const char *prefix, const char *lobby, const char *job_key,
+                          sl_status backend) {
   if (backend != SL_OK) return report_backend_failure(ctx, backend, prefix, lobby, job_key);
   if (want && (!*want || strcmp(want, "auto") == 0)) want = NULL;
   char chosen[PLANE_NAME];
@@ -554,7 +575,6 @@ SL_API const char *sl_context_collective_reason(const sl_context *ctx) { return 
 SL_API void sl_context_abort(sl_context *ctx) {
   if (!ctx) return;
   __atomic_store_n(&ctx->aborted, 1, __ATOMIC_RELEASE);
-  if (ctx->data && !ctx->data_is_ctl && ctx->data_comm && SL_HAS_OP(ctx->data, abort))
-    ctx->data->abort(ctx->data_comm);
+  if (ctx->data && !ctx->data_is_ctl && ctx->data_comm && SL_HAS_OP(ctx->data, abort)) ctx->data->abort(ctx->data_comm);
   if (ctx->ctl && ctx->ctl_comm && SL_HAS_OP(ctx->ctl, abort)) ctx->ctl->abort(ctx->ctl_comm);
 }

@@ -1,0 +1,94 @@
+/* The shm collective's shared segment and what a process keeps of it (collectives/shm/shm.c;
+ * docs/DESIGN.md#shm). A header of its own so that tests can write into the segment as a
+ * buggy or hostile peer would (tests/test_multirank_shm.c). */
+#ifndef SHARDLOAD_SHM_H
+#define SHARDLOAD_SHM_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "shardload/module.h"
+
+#define SHM_WHY 320
+#define LINE 64
+
+/* ---- the segment's layout (every word is written by one rank and read by the others) ------- */
+
+typedef struct seg_hdr {
+  uint64_t magic;
+  uint32_t nranks, channels;
+  uint64_t chan_bytes, bytes;
+  uint64_t chan_mask; /* channels held by a communicator (bit 0: the job's) */
+} seg_hdr;
+
+/* Per rank of the segment, on its own line: its abort word (0: fine; else FAIL_ABORT << 24 |
+ * its rank + 1: sl_context_abort ends every communicator of the rank) and its pid as rank 0
+ * saw it. */
+typedef struct seg_rank {
+  uint32_t fail;
+  int32_t pid;
+  char pad[LINE - 8];
+} seg_rank;
+
+enum { FAIL_ABORT = 1, FAIL_OP = 2, FAIL_LEFT = 3 }; /* FAIL_LEFT: it finished its communicator (fini) */
+
+typedef struct chan_hdr {
+  uint32_t gen; /* the current op's generation (op index + 1), stored last: the descriptor's flag */
+  char pad0[LINE - 4];
+  uint32_t pub;   /* chunks published in this channel (a count that runs across ops) */
+  uint32_t claim; /* ops whose root has claimed the descriptor: one root per op */
+  uint32_t refs;  /* members that have not finished their communicator (a split's channel) */
+  char pad1[LINE - 12];
+  uint32_t kind, root;
+  uint64_t total;
+  uint32_t chunk0, nchunks;
+} chan_hdr;
+
+typedef struct chan_rank {
+  uint32_t done;   /* chunks this rank no longer needs (the root may refill their slots) */
+  uint32_t opdone; /* ops it has finished */
+  uint32_t bar;    /* barriers it has reached */
+  uint32_t fail;   /* 0: fine; else FAIL_OP << 24 | the job's rank it lost + 1 (an op failed), or
+                    * FAIL_LEFT << 24 | its rank + 1 (it finished the communicator) */
+  char pad[LINE - 16];
+} chan_rank;
+
+typedef struct chan_part {
+  uint64_t off, len; /* rank's part of the op's byte stream */
+} chan_part;
+
+enum { OP_BCAST = 1, OP_SCATTER = 2 };
+
+/* ---- what a process keeps ------------------------------------------------------------------ */
+
+typedef struct shm_seg {
+  unsigned char *base;
+  size_t bytes;
+  int n;           /* ranks of the segment (the world) */
+  pid_t *pids;     /* by rank */
+  int *pidfds;     /* by rank, -1 where pidfd_open failed (kill(pid, 0) then) */
+  seg_rank *ranks; /* in the segment */
+  int me;
+} shm_seg;
+
+typedef struct shm_comm {
+  const sl_module_host *host;
+  shm_seg *seg;
+  bool owns_seg;
+  int rank, n;  /* in this communicator */
+  int *members; /* communicator rank -> segment rank (the job's rank) */
+  int channel;
+  chan_hdr *hdr;
+  chan_rank *words;
+  chan_part *parts;
+  unsigned char *slots;
+  uint32_t ops, chunk, bars; /* what every member counts alike */
+  int timeout_ms;
+  atomic_int aborted;
+  sl_status broken; /* sticky: an op failed */
+  char why[SHM_WHY];
+} shm_comm;
+
+#endif
