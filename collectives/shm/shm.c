@@ -62,7 +62,11 @@ static size_t chan_bytes(int n) { return align_up(chan_ctl_bytes(n), 4096) + SHM
 static size_t seg_ctl_bytes(int n) {
   return align_up(align_up(sizeof(seg_hdr), LINE) + (size_t)n * sizeof(seg_rank), 4096);
 }
-static int channels_for(int n) { return 2 * n + 2 < SHM_MAX_CHANNELS ? 2 * n + 2 : SHM_MAX_CHANNELS; }
+/* Channels a segment of N ranks holds: one per communicator at once. A group of one takes a
+ * channel too, so there is room for every rank alone beside the job's, the HSDP chain's
+ * groups and their splits (the conformance suite's pattern at world 2 needs 7); a channel's
+ * ring is only touched by the communicator that uses it. */
+static int channels_for(int n) { return 4 * n + 4 < SHM_MAX_CHANNELS ? 4 * n + 4 : SHM_MAX_CHANNELS; }
 
 /* ---- futex words ----------------------------------------------------------------------------- */
 
@@ -182,7 +186,7 @@ static sl_status trouble(shm_comm *c, const char *op, const uint32_t *w, uint32_
   for (int i = 0; i < c->n; i++) {
     int r = job_rank(c, i);
     if (in_trouble(c, i, need, arg))
-      return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d (pid %d) exited while rank %d waited for it", op, r,
+      return breaks(c, SL_ERR_PEER, r, "shm %s: lost rank %d (pid %d, exited) while rank %d waited for it", op, r,
                     (int)s->pids[r], s->me);
   }
   return SL_OK;
