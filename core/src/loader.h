@@ -322,6 +322,13 @@ static inline bool sl__shard_on_host(const loader *L, const tensor_job *j) {
   return j->out->device == SL_DEVICE_CPU || L->pipe.device_is_host;
 }
 
+/* Every-rank reads: whether J's runs are read from the file straight into its shard (host
+ * memory, no cast), with no staging (loader_recv.c:read_own_run; loader_stage.c sizes the
+ * staging by it). */
+static inline bool sl__reads_in_place(const loader *L, const tensor_job *j) {
+  return sl__shard_on_host(L, j) && j->src->dtype == j->res.dtype;
+}
+
 static inline const tensor_job *sl__job_of(const loader *L, const piece *p) { return &L->jobs[p->job]; }
 
 #endif

@@ -190,7 +190,7 @@ static sl_status read_own_run(void *user, uint64_t gs, uint64_t ls, uint64_t cou
   size_t ef = sl_dtype_size(j->src->dtype), ep = sl_dtype_size(j->res.dtype);
   double t0 = sl__now_s();
   sl_status st;
-  if (sl__shard_on_host(L, j) && j->src->dtype == j->res.dtype) {
+  if (sl__reads_in_place(L, j)) {
     /* straight from storage into the shard: no staging copy */
     st = sl__source_pread(L->src, j->src_index, gs * ef, (unsigned char *)j->out->data + ls * ep, count * ef);
     L->st->stats.seconds_read += sl__now_s() - t0;
