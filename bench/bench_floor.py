@@ -22,10 +22,11 @@ Columns (medians of the rounds):
   ph1 / ph2     that rank's phase 1 (plan, agreements, allocating the shards) and phase 2
   wall s        the whole command from the outside: fork to exit (start-up, rendezvous,
                 headers, load, report, exit)
-  fresh/load, fresh/wall   the floor's time over the command's: issue 20 asks >= 0.8
-  cpu: floor fresh cpu / load cpu   every rank's user + system seconds: the floor's (go to done)
-                and the whole command's (every process it ran), less moved by other jobs on
-                the machine than wall times are
+  fresh/load   floor fresh / load s: issue 20 asks >= 0.8 of the load against its floor
+  proc/wall    floor proc / wall s: the same for the whole command
+  floor cpu, cmd cpu   every rank's user + system seconds: the floor's proc variant's and the
+                whole command's (every process it ran), less moved by other jobs on the machine
+                than wall times are
 With --base BIN, BIN's load runs in the same rounds too (floor, this, base, rotated).
 """
 import argparse
@@ -57,7 +58,7 @@ def run(cmd, timeout):
 def run_floor(floor, path, world, timeout):
     _, _, out = run([floor, path, "--nproc", str(world), "--rounds", "1", "--json", "--check"], timeout)
     w = json.loads(out)["worlds"][0]
-    return {"fresh": w["fresh"][0], "warm": w["warm"][0], "fresh_cpu": w["fresh_cpu"][0], "warm_cpu": w["warm_cpu"][0]}
+    return {k: w[k][0] for k in ("fresh", "warm", "proc", "fresh_cpu", "warm_cpu", "proc_cpu")}
 
 
 def run_load(binary, path, world, timeout):
@@ -122,23 +123,23 @@ def main():
     print("every-rank against its floor: %d rounds after a warm-up, medians; load average at the rounds' "
           "starts %.2f-%.2f (median %.2f); %.0f s in all" % (a.rounds, min(loadavg), max(loadavg),
                                                              statistics.median(loadavg), elapsed))
-    head = ("| checkpoint | world | build | floor fresh s | floor warm s | load s | ph1 s | ph2 s | wall s "
-            "| fresh/load | fresh/wall | floor cpu s | cmd cpu s |")
+    head = ("| checkpoint | world | build | floor fresh s | floor warm s | floor proc s | load s | ph1 s | ph2 s "
+            "| wall s | fresh/load | proc/wall | floor cpu s | cmd cpu s |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     table = []
     for c, w in configs:
-        f, m = med("floor", c, w, "fresh"), med("floor", c, w, "warm")
+        f, m, pr = med("floor", c, w, "fresh"), med("floor", c, w, "warm"), med("floor", c, w, "proc")
         for k, _ in loads:
-            row = {"checkpoint": c, "world": w, "build": k, "floor_fresh": f, "floor_warm": m,
+            row = {"checkpoint": c, "world": w, "build": k, "floor_fresh": f, "floor_warm": m, "floor_proc": pr,
                    "load": med(k, c, w, "load"), "ph1": med(k, c, w, "ph1"), "ph2": med(k, c, w, "ph2"),
-                   "wall": med(k, c, w, "wall"), "floor_cpu": med("floor", c, w, "fresh_cpu"),
+                   "wall": med(k, c, w, "wall"), "floor_cpu": med("floor", c, w, "proc_cpu"),
                    "cpu": med(k, c, w, "cpu")}
-            row["fresh_per_load"], row["fresh_per_wall"] = f / row["load"], f / row["wall"]
+            row["fresh_per_load"], row["proc_per_wall"] = f / row["load"], pr / row["wall"]
             table.append(row)
-            print("| %s | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.3f | %.3f |" % (
-                os.path.basename(c), w, k, f, m, row["load"], row["ph1"], row["ph2"], row["wall"],
-                row["fresh_per_load"], row["fresh_per_wall"], row["floor_cpu"], row["cpu"]))
+            print("| %s | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.3f | %.3f |" % (
+                os.path.basename(c), w, k, f, m, pr, row["load"], row["ph1"], row["ph2"], row["wall"],
+                row["fresh_per_load"], row["proc_per_wall"], row["floor_cpu"], row["cpu"]))
     if a.json:
         with open(a.json, "w") as out:
             json.dump({"rounds": a.rounds, "loadavg": loadavg, "table": table,
