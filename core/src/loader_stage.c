@@ -10,7 +10,7 @@
  * under the smallest maximum allocation of any rank's backend (agreed.alloc_cap); never less
  * than SL__MIN_SLOT plus the reserve below, so a budget under N * (SL__MIN_SLOT + reserve)
  * (1280 bytes + 16 a rank each) is raised to that; every-rank reads that all land in place
- * allocate none (every_rank_stages). So host staging is at most
+ * allocate none (uses_slots). So host staging is at most
  * max(staging, N * (SL__MIN_SLOT + reserve)), device staging the same, whatever the size of
  * the checkpoint or of its largest tensor.
  *
@@ -196,7 +196,7 @@ nomem:
  * reads use a slot only for a piece that must be cast or copied to a device
  * (loader_recv.c:read_own_run); the rest are read straight into their shards, and allocating
  * (and populating) slots for them would cost the rank its first touch of 64 MiB for nothing. */
-static bool every_rank_stages(const loader *L) {
+static bool uses_slots(const loader *L) {
   if (L->o.read_mode != SL_READ_EVERY_RANK) return true;
   for (size_t i = 0; i < L->njobs; i++)
     if (!sl__reads_in_place(L, &L->jobs[i])) return true;
@@ -219,7 +219,7 @@ sl_status sl__loader_stage_setup(loader *L) {
   /* memory only for the slots transfers will use (a small checkpoint needs one; every-rank
    * reads that land straight in their shards need none) */
   int filled = g->nxfers < (size_t)g->nslots ? (int)g->nxfers : g->nslots;
-  if (!every_rank_stages(L)) filled = 0;
+  if (!uses_slots(L)) filled = 0;
 
   /* The device route stages in device memory and orders it by streams and events on every
    * backend: one whose device memory is host memory (cpu) hands it host memory from its own
