@@ -120,6 +120,17 @@ int cli_out_write_indented(cli_out *o, const void *buf, size_t len);
  * its elements (each on a new line indented by four spaces, the last followed by "\n  ]\n}\n",
  * or "]\n}\n" for none). 0, or -1 as cli_out_json. */
 int cli_out_json_open_array(cli_out *o, const json_t *head, const char *key);
+/* The elements of an array member of an object being streamed (after cli_out_json_open_array
+ * or cli_out_json_next_array): ITEM(USER, i) for i < N, each dumped, then decref'd, as
+ * cli_out_json_document would write it inside the document (one element at a time, so that a
+ * report of tens of thousands of tensors never holds them all as one tree), then the array's
+ * closing bracket. An ITEM of NULL is out of memory. 0, or -1 as cli_out_json. */
+int cli_out_json_items(cli_out *o, size_t n, json_t *(*item)(void *user, size_t i), void *user);
+/* After cli_out_json_items: the next member KEY, an array, up to its opening bracket. */
+int cli_out_json_next_array(cli_out *o, const char *key);
+/* After cli_out_json_items: TAIL's members (an object, in order) as the document's last ones,
+ * the closing brace and a newline, then the flush. 0, or -1 as cli_out_json. */
+int cli_out_json_close_document(cli_out *o, const json_t *tail);
 /* V as a whole document: cli_out_json, a newline, and the flush. */
 int cli_out_json_document(cli_out *o, const json_t *v);
 /* Flushes and checks the stream (a failure buffered earlier shows here too). */

@@ -225,12 +225,15 @@ static json_t *placements_json(const sl_state *st) {
   return NULL;
 }
 
-/* The rank's JSON report; NULL when out of memory (a report with parts left out would be read
- * as the load's). Text that a backend or collective module gives is kept as valid UTF-8. */
-static json_t *report_json(const sl_context *ctx, const cli_load_args *a, const sl_state *st, const load_totals *tot,
-                           const char *dump_path, int summary) {
-  json_t *root = json_object(), *cj = json_object(), *to = json_object();
-  int bad = json_object_set_new(root, "rank", json_integer(sl_context_rank(ctx)));
+/* The rank's JSON report, in three parts so that a report of every tensor can be streamed
+ * (write_json_report): the head, from "rank" to "source"; then "placements" (the summary) or
+ * "tensors" and "skipped"; then the tail, from "totals" to "dump". Each adds its members to
+ * ROOT in order and returns nonzero when out of memory (a report with parts left out would be
+ * read as the load's). Text that a backend or collective module gives is kept as valid UTF-8. */
+static int report_head(json_t *root, const sl_context *ctx, const cli_load_args *a) {
+  json_t *cj = json_object();
+  int bad = !root || !cj;
+  bad |= json_object_set_new(root, "rank", json_integer(sl_context_rank(ctx)));
   bad |= json_object_set_new(root, "world_size", json_integer(sl_context_world_size(ctx)));
   bad |= cli_json_set_path(root, "path", a->path);
   bad |= json_object_set_new(root, "backend", cli_json_text(sl_context_backend_name(ctx)));
@@ -241,21 +244,12 @@ static json_t *report_json(const sl_context *ctx, const cli_load_args *a, const 
   bad |= json_object_set_new(root, "device", cli_json_text(sl_context_device_description(ctx)));
   bad |= json_object_set_new(root, "strategy", json_string(strategy_name(a->strategy)));
   bad |= json_object_set_new(root, "source", json_string(source_name(a->read_mode)));
+  return bad;
+}
 
-  if (summary) {
-    /* for the launcher's table: what it prints, never a line per tensor */
-    bad |= json_object_set_new(root, "placements", placements_json(st));
-  } else {
-    json_t *ts = json_array(), *sk = json_array();
-    for (size_t i = 0; i < sl_state_count(st) && !bad; i++)
-      bad |= json_array_append_new(ts, tensor_json(ctx, sl_state_tensor(st, i)));
-    bad |= json_object_set_new(root, "tensors", ts);
-
-    for (size_t i = 0; i < sl_state_skipped_count(st) && !bad; i++)
-      bad |= json_array_append_new(sk, json_string(sl_state_skipped_at(st, i)));
-    bad |= json_object_set_new(root, "skipped", sk);
-  }
-
+static int report_tail(json_t *root, const sl_state *st, const load_totals *tot, const char *dump_path) {
+  json_t *to = json_object();
+  int bad = !root || !to;
   bad |= json_object_set_new(to, "tensors", json_integer((json_int_t)sl_state_count(st)));
   bad |= json_object_set_new(to, "bytes", json_integer((json_int_t)tot->bytes));
   bad |= json_object_set_new(to, "checkpoint_bytes", json_integer((json_int_t)tot->checkpoint_bytes));
@@ -269,9 +263,23 @@ static json_t *report_json(const sl_context *ctx, const cli_load_args *a, const 
     bad |= cli_json_set_path(root, "dump", dump_path);
   else
     bad |= json_object_set_new(root, "dump", json_null());
-  if (!bad) return root;
-  json_decref(root);
-  return NULL;
+  return bad;
+}
+
+/* The elements of "tensors" and "skipped", one at a time (cli_out_json_items). */
+typedef struct report_items {
+  const sl_context *ctx;
+  const sl_state *st;
+} report_items;
+
+static json_t *tensor_item(void *user, size_t i) {
+  const report_items *it = user;
+  return tensor_json(it->ctx, sl_state_tensor(it->st, i));
+}
+
+static json_t *skipped_item(void *user, size_t i) {
+  const report_items *it = user;
+  return json_string(sl_state_skipped_at(it->st, i));
 }
 
 /* The human table. Every write goes through O, which keeps the first failure (the caller
@@ -368,22 +376,39 @@ static int write_json_report(const cli_load_args *a, const sl_context *ctx, cons
                              uint64_t *full_bytes, uint64_t *digest) {
   cli_out o;
   cli_out_init(&o, f, name);
-  json_t *root = report_json(ctx, a, st, tot, dump_path, summary);
-  int bad = !root;
-  if (root && full) {
+  /* The summary is one small tree. The whole report's tensors and skipped names are streamed
+   * between its head and its tail, one element at a time: a tree of tens of thousands of
+   * tensors cost more to build and free than the load of their bytes. */
+  json_t *root = json_object(), *tail = json_object();
+  int bad = report_head(root, ctx, a);
+  if (summary) bad |= json_object_set_new(root, "placements", placements_json(st));
+  bad |= report_tail(summary ? root : tail, st, tot, dump_path);
+  if (!bad && full) {
     char hex[17];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)*full);
-    bad |= json_object_set_new(root, "report_bytes", json_integer((json_int_t)*full_bytes));
-    bad |= json_object_set_new(root, "report_xxh3", json_string(hex));
+    bad |= json_object_set_new(summary ? root : tail, "report_bytes", json_integer((json_int_t)*full_bytes));
+    bad |= json_object_set_new(summary ? root : tail, "report_xxh3", json_string(hex));
   }
   if (!bad && digest && !full && cli_out_digest_begin(&o) != 0) bad = 1;
   if (bad) {
     json_decref(root);
+    json_decref(tail);
     cli_error(a->path, SL_ERR_NOMEM, "out of memory writing the JSON report of %zu tensors", sl_state_count(st));
     return CLI_EXIT_ERROR;
   }
-  int r = cli_out_json_document(&o, root);
+  int r;
+  if (summary) {
+    r = cli_out_json_document(&o, root);
+  } else {
+    report_items it = {ctx, st};
+    r = cli_out_json_open_array(&o, root, "tensors");
+    if (r == 0) r = cli_out_json_items(&o, sl_state_count(st), tensor_item, &it);
+    if (r == 0) r = cli_out_json_next_array(&o, "skipped");
+    if (r == 0) r = cli_out_json_items(&o, sl_state_skipped_count(st), skipped_item, &it);
+    if (r == 0) r = cli_out_json_close_document(&o, tail);
+  }
   json_decref(root);
+  json_decref(tail);
   if (o.digest) *digest = cli_out_digest_end(&o, full_bytes);
   return r == 0 ? CLI_EXIT_OK : cli_out_fail(a->path, &o, "the JSON report");
 }

@@ -111,6 +111,8 @@ int cli_out_escaped(cli_out *o, const char *s, int width) {
  * thousands of tensors. */
 typedef struct sink {
   cli_out *o;
+  const char *indent; /* o->indent as the value began, and its length */
+  size_t ilen;
   size_t used;
   char buf[1 << 16];
 } sink;
@@ -133,13 +135,18 @@ static int sink_put(sink *s, const char *p, size_t n) {
   return 0;
 }
 
+static void sink_indent(sink *s, const char *indent) {
+  s->indent = indent;
+  s->ilen = strlen(indent);
+}
+
 static int sink_put_indented(sink *s, const char *buf, size_t size) {
-  size_t ilen = strlen(s->o->indent);
+  size_t ilen = s->ilen;
   for (size_t i = 0; i < size;) {
     const char *nl = ilen ? memchr(buf + i, '\n', size - i) : NULL;
     size_t end = nl ? (size_t)(nl - buf) + 1 : size;
     if (sink_put(s, buf + i, end - i) != 0) return -1;
-    if (nl && sink_put(s, s->o->indent, ilen) != 0) return -1;
+    if (nl && sink_put(s, s->indent, ilen) != 0) return -1;
     i = end;
   }
   return 0;
@@ -155,6 +162,7 @@ int cli_out_json(cli_out *o, const json_t *v) {
   if (!s) return -1; /* out of memory, no write failed */
   s->o = o;
   s->used = 0;
+  sink_indent(s, o->indent);
   int r = json_dump_callback(v, json_sink, s, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   /* what the dump handed over goes out even when it failed: a write error is the one to tell */
   if (sink_flush(s) != 0) r = -1;
@@ -171,6 +179,7 @@ int cli_out_write_indented(cli_out *o, const void *buf, size_t len) {
   }
   s->o = o;
   s->used = 0;
+  sink_indent(s, o->indent);
   int r = sink_put_indented(s, buf, len);
   if (sink_flush(s) != 0) r = -1;
   free(s);
@@ -188,6 +197,63 @@ int cli_out_json_open_array(cli_out *o, const json_t *head, const char *key) {
   if (rc == 0) rc = cli_out_printf(o, ",\n  \"%s\": [", key);
   free(text);
   return rc;
+}
+
+int cli_out_json_items(cli_out *o, size_t n, json_t *(*item)(void *user, size_t i), void *user) {
+  if (o->err) return -1;
+  sink *s = malloc(sizeof *s);
+  if (!s) return -1; /* out of memory, no write failed */
+  s->o = o;
+  s->used = 0;
+  /* one sink for every element, each line of which is indented to the element's depth */
+  sink_indent(s, "    ");
+  char first[2048], *elem = first;
+  size_t elem_size = sizeof first;
+  int r = 0;
+  for (size_t i = 0; i < n && r == 0; i++) {
+    json_t *v = item(user, i);
+    if (!v) {
+      r = -1;
+      break;
+    }
+    r = sink_put(s, i ? ",\n    " : "\n    ", 6 - (i == 0));
+    /* dumped whole into a buffer, then indented in one pass: jansson hands a callback its
+     * dump a token at a time, and a call per token cost more than the dump */
+    const size_t flags = JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY;
+    size_t k = r == 0 ? json_dumpb(v, elem, elem_size, flags) : 0;
+    if (k > elem_size) {
+      char *bigger = realloc(elem == first ? NULL : elem, k);
+      if (bigger) {
+        elem = bigger;
+        elem_size = k;
+        k = json_dumpb(v, elem, elem_size, flags);
+      } else {
+        k = 0; /* out of memory */
+      }
+    }
+    if (k == 0 || k > elem_size) r = -1;
+    if (r == 0) r = sink_put_indented(s, elem, k);
+    json_decref(v);
+  }
+  if (r == 0) r = sink_put(s, n ? "\n  ]" : "]", n ? 4 : 1);
+  if (sink_flush(s) != 0) r = -1;
+  if (elem != first) free(elem);
+  free(s);
+  return r == 0 ? 0 : -1;
+}
+
+int cli_out_json_next_array(cli_out *o, const char *key) { return cli_out_printf(o, ",\n  \"%s\": [", key); }
+
+int cli_out_json_close_document(cli_out *o, const json_t *tail) {
+  if (o->err) return -1;
+  char *text = tail ? json_dumps(tail, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+  if (!text) return -1; /* out of memory, no write failed */
+  /* an indented object reads "{\n  ...\n}", an empty one "{}": its members follow a comma */
+  int rc = strncmp(text, "{\n", 2) == 0 ? cli_out_puts(o, ",") : strcmp(text, "{}") == 0 ? cli_out_puts(o, "\n}") : -1;
+  if (rc == 0 && text[1] == '\n') rc = cli_out_puts(o, text + 1);
+  free(text);
+  if (rc == 0) rc = cli_out_puts(o, "\n");
+  return rc == 0 ? cli_out_flush(o) : -1;
 }
 
 int cli_out_json_document(cli_out *o, const json_t *v) {
