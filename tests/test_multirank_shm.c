@@ -5,7 +5,8 @@
  * timeout naming it, an abort ends a pending op, and nothing is left in /dev/shm nor as an
  * abstract socket; strangers (a process of no rank, a rank's thread with a wrong token, another
  * user) are refused and the job goes on; ranks of "other hosts" (SHARDLOAD_TEST_SHM_HOST_TAG)
- * make a forced shm fail everywhere naming them, and keep auto on Gloo. */
+ * make a forced shm fail everywhere naming them, and make auto choose hier (shm within each
+ * host, Gloo between them: tests/test_multirank_hier.c). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -658,7 +659,7 @@ static int hosts_rank(int rank, int world, void *arg) {
   }
   SL_CHILD_CHECK(s == SL_OK, "rank %d: %s", rank, err);
   const char *why = sl_context_collective_reason(ctx);
-  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "gloo") == 0 && strstr(why, "not shm: rank 2"),
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "hier") == 0 && strstr(why, "2 hosts (2+2 ranks)"),
                  "rank %d: %s (%s)", rank, sl_context_collective_name(ctx), why);
   sl_context_destroy(ctx);
   return 0;
