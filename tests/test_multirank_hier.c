@@ -205,19 +205,6 @@ static const char *hooks_bin(void) {
   return b;
 }
 
-static char *read_all(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) free(b), b = NULL;
-  fclose(f);
-  *len = (size_t)n;
-  return b;
-}
-
 /* The same load with --collective gloo and with COLL (NULL: auto), ranks tagged by TAGS; the
  * second must say WANT and dump the same bytes on every rank. */
 static void load_both(const char *ckpt, const char *dir, int world, const char *tags, const char *coll,
@@ -235,18 +222,8 @@ static void load_both(const char *ckpt, const char *dir, int world, const char *
     if (k == 1 && !strstr(out, want)) fail_msg("%s: '%s' is not in: %s", label, want, out);
     free(out);
   }
-  for (int r = 0; r < world; r++) {
-    char a[700], b[700];
-    snprintf(a, sizeof a, "%s/rank-%d.safetensors", dump[0], r);
-    snprintf(b, sizeof b, "%s/rank-%d.safetensors", dump[1], r);
-    size_t la = 0, lb = 0;
-    char *x = read_all(a, &la), *y = read_all(b, &lb);
-    assert_non_null(x);
-    assert_non_null(y);
-    if (la != lb || memcmp(x, y, la) != 0) fail_msg("%s: rank %d's shards differ between gloo and hier", label, r);
-    free(x);
-    free(y);
-  }
+  int bad = sl_test_dumps_differ(dump[0], dump[1], world);
+  if (bad >= 0) fail_msg("%s: rank %d's shards differ between gloo and hier", label, bad);
 }
 
 static void test_loads_match_gloo(void **state) {
@@ -286,42 +263,16 @@ static void kill_on_third(void *user, uint64_t done, uint64_t total) {
   if (++k->tensors == 3) kill(k->victim, SIGKILL);
 }
 
-static pid_t read_pid(const char *dir, int rank) {
-  char path[600];
-  snprintf(path, sizeof path, "%s/pid-%d", dir, rank);
-  for (int i = 0; i < 2000; i++) {
-    FILE *f = fopen(path, "r");
-    int pid = 0;
-    if (f && fscanf(f, "%d", &pid) == 1 && pid > 0) {
-      fclose(f);
-      return pid;
-    }
-    if (f) fclose(f);
-    usleep(5000);
-  }
-  return -1;
-}
-
-static void write_pid(const char *dir, int rank) {
-  char path[600], tmp[620];
-  snprintf(path, sizeof path, "%s/pid-%d", dir, rank);
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  fprintf(f, "%d\n", (int)getpid());
-  fclose(f);
-  rename(tmp, path);
-}
-
 static int killed_rank(int rank, int world, void *arg) {
   const job *j = arg;
-  write_pid(j->dir, rank);
+  sl_test_write_pid(j->dir, rank);
   char err[1024] = "";
   sl_context *ctx = NULL;
   SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
   SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "hier") == 0, "rank %d: not hier", rank);
   sl_source *src = NULL;
   SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: open: %s", rank, sl_context_errmsg(ctx));
-  kill_ctx k = {.victim = rank == 0 ? read_pid(j->dir, j->victim) : 0};
+  kill_ctx k = {.victim = rank == 0 ? sl_test_read_pid(j->dir, j->victim) : 0};
   sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1u << 20};
   if (rank == 0) lo.progress = kill_on_third, lo.progress_user = &k;
   sl_state *st = NULL;

@@ -23,7 +23,6 @@
  * its host's shm communicator (sl__shm_break), so that the ranks of its host waiting on it fail
  * at once naming the rank it lost. Any failure breaks the communicator for good. */
 #define _GNU_SOURCE
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -34,35 +33,13 @@
 #include "internal.h"
 
 #define HIER_KEY 256 /* a host key (sl__shm_host_key) */
-#define HIER_WHY 320
+#define HIER_WHY SHM_WHY
 
-/* The host the parts report through: it passes every message on and keeps the last failure's,
- * so that a later op of a broken communicator can say what broke it. One per init, shared by
- * its splits (Gloo's and shm's sub-communicators keep their parent's host). */
-typedef struct keeper {
-  sl_module_host h;
-  const sl_module_host *real;
-  char last[HIER_WHY];
-} keeper;
-
-static void kp_log(void *core, sl_log_level level, const char *fmt, ...) {
-  keeper *k = core;
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  k->real->log(k->real->core, level, "%s", buf);
-}
-
-static sl_status kp_fail(void *core, sl_status s, const char *fmt, ...) {
-  keeper *k = core;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(k->last, sizeof k->last, fmt, ap);
-  va_end(ap);
-  return k->real->fail(k->real->core, s, "%s", k->last);
-}
+/* The host the parts report through (shm.h's keeping host): it passes every message on and
+ * keeps the last failure's, so that a later op of a broken communicator can say what broke it.
+ * One per init, shared by its splits (Gloo's and shm's sub-communicators keep their parent's
+ * host). */
+typedef keeping_host keeper;
 
 typedef struct hier_comm {
   const sl_module_host *host;     /* the keeper's */
@@ -225,8 +202,7 @@ static sl_status hier_init(const sl_collective_init *init, void **comm) {
     free(kp);
     return st;
   }
-  kp->real = host;
-  kp->h = (sl_module_host){sizeof kp->h, kp, kp_log, kp_fail};
+  sl__keeping_host_init(kp, host);
   c->kp = kp;
   /* the whole communicator's Gloo, bootstrapped over the control plane, in a key space of its own */
   char prefix[320], lobby[320];

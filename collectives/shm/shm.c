@@ -775,14 +775,8 @@ static sl_status check_segment(const sl_module_host *host, int fd, size_t bytes,
 
 /* ---- starting and ending ------------------------------------------------------------------------------ */
 
-/* A host that keeps the last failure's text as well as passing it on: what a rank tells the
- * others when its part of the start failed. */
-typedef struct keeping_host {
-  sl_module_host h;
-  const sl_module_host *real;
-  char last[SHM_WHY];
-} keeping_host;
-
+/* A host that keeps the last failure's text as well as passing it on (shm.h): what a rank
+ * tells the others when its part of the start failed. */
 static void kh_log(void *core, sl_log_level level, const char *fmt, ...) {
   keeping_host *k = core;
   char buf[512];
@@ -800,6 +794,12 @@ static sl_status kh_fail(void *core, sl_status s, const char *fmt, ...) {
   vsnprintf(k->last, sizeof k->last, fmt, ap);
   va_end(ap);
   return k->real->fail(k->real->core, s, "%s", k->last);
+}
+
+void sl__keeping_host_init(keeping_host *k, const sl_module_host *real) {
+  k->real = real;
+  k->last[0] = 0;
+  k->h = (sl_module_host){sizeof k->h, k, kh_log, kh_fail};
 }
 
 static void chan_bind(shm_comm *c, int channel) {
@@ -904,8 +904,8 @@ static sl_status shm_init(const sl_collective_init *init, void **comm) {
                       "control), which this caller did not give");
   int n = init->world_size, me = init->rank;
   if (n < 1 || me < 0 || me >= n) return host->fail(host->core, SL_ERR_INVALID, "shm: rank %d of %d", me, n);
-  keeping_host kh = {.real = host};
-  kh.h = (sl_module_host){sizeof kh.h, &kh, kh_log, kh_fail};
+  keeping_host kh;
+  sl__keeping_host_init(&kh, host);
   const sl_control_plane *ctl = init->control;
   evidence mine, *e = calloc((size_t)n, sizeof *e);
   if (!e) return host->fail(host->core, SL_ERR_NOMEM, "shm: out of memory for %d ranks", n);

@@ -95,6 +95,15 @@ typedef struct shm_comm {
 /* ---- for the hier collective (collectives/hier/hier.c), which runs one shm communicator per
  * host ------------------------------------------------------------------------------------------ */
 
+/* A host that passes every message on to REAL and keeps the last failure's text in LAST (shm's
+ * start: what a rank tells the others; hier: what broke a communicator). */
+typedef struct keeping_host {
+  sl_module_host h;
+  const sl_module_host *real;
+  char last[SHM_WHY];
+} keeping_host;
+void sl__keeping_host_init(keeping_host *k, const sl_module_host *real);
+
 /* This process's host, as the shm collective tells hosts apart: the kernel's boot id (with
  * SHARDLOAD_TEST_SHM_HOST_TAG), the host name, the network and pid namespaces and the uid, in
  * one line. Ranks whose keys are equal may share one segment. */
