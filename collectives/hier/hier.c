@@ -161,11 +161,6 @@ static sl_status label_host(hier_comm *c) {
   return st;
 }
 
-typedef struct hier_hello {
-  int32_t ok;
-  char key[HIER_KEY];
-} hier_hello;
-
 static sl_status hier_init(const sl_collective_init *init, void **comm) {
   *comm = NULL;
   if (!init->host) return SL_ERR_INVALID;
@@ -178,17 +173,17 @@ static sl_status hier_init(const sl_collective_init *init, void **comm) {
   if (n < 1 || me < 0 || me >= n) return host->fail(host->core, SL_ERR_INVALID, "hier: rank %d of %d", me, n);
   const sl_control_plane *ctl = init->control;
   /* every rank's host */
-  hier_hello mine = {1, ""};
-  sl__shm_host_key(mine.key, sizeof mine.key);
-  hier_hello *all = calloc((size_t)n, sizeof *all);
+  char mine[HIER_KEY] = "";
+  sl__shm_host_key(mine, sizeof mine);
+  char (*all)[HIER_KEY] = calloc((size_t)n, sizeof *all);
   int *key = calloc((size_t)n, sizeof *key), *job = calloc((size_t)n, sizeof *job);
-  sl_status st = all && key && job ? ctl->allgather(ctl->ctx, &mine, all, sizeof mine)
+  sl_status st = all && key && job ? ctl->allgather(ctl->ctx, mine, all, sizeof mine)
                                    : host->fail(host->core, SL_ERR_NOMEM, "hier: out of memory for %d ranks", n);
   for (int r = 0; st == SL_OK && r < n; r++) {
-    all[r].key[HIER_KEY - 1] = 0;
+    all[r][HIER_KEY - 1] = 0; /* a peer's text: terminated before it is compared */
     key[r] = r;
     for (int q = 0; q < r; q++)
-      if (strcmp(all[q].key, all[r].key) == 0) {
+      if (strcmp(all[q], all[r]) == 0) {
         key[r] = key[q];
         break;
       }
