@@ -175,7 +175,7 @@ static sl_status hier_init(const sl_collective_init *init, void **comm) {
   /* every rank's host */
   char mine[HIER_KEY] = "";
   sl__shm_host_key(mine, sizeof mine);
-  char (*all)[HIER_KEY] = calloc((size_t)n, sizeof *all);
+  char(*all)[HIER_KEY] = calloc((size_t)n, sizeof *all);
   int *key = calloc((size_t)n, sizeof *key), *job = calloc((size_t)n, sizeof *job);
   sl_status st = all && key && job ? ctl->allgather(ctl->ctx, mine, all, sizeof mine)
                                    : host->fail(host->core, SL_ERR_NOMEM, "hier: out of memory for %d ranks", n);
