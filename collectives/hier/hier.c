@@ -264,15 +264,43 @@ static sl_status usable(hier_comm *c, const char *op) {
  * that wait on it in shm fail at once rather than at the timeout. */
 static sl_status leader_failed(hier_comm *c, sl_status st, const char *op, int lost) {
   /* the rank the step's own message names, where it names one (Gloo's "lost rank N") */
-  const char *last = ((keeper *)c->host->core)->last, *at = strstr(last, "lost rank ");
-  int named;
+  char last[HIER_WHY];
+  snprintf(last, sizeof last, "%s", ((keeper *)c->host->core)->last);
+  const char *at = strstr(last, "lost rank ");
+  int named, q = -1;
   if (at && sscanf(at, "lost rank %d", &named) == 1 && named >= 0) lost = named;
+  for (int r = 0; r < c->n && q < 0 && lost >= 0; r++)
+    if (c->job[r] == lost) q = r;
+  /* another host's leader leaves the job when it loses a rank of its host, which only its
+   * own message names: say whom it leads (docs/DESIGN.md#hier) */
+  if (q >= 0 && c->host_of[q] != c->myhost && leader_of(c, c->host_of[q]) == q && size_of(c, c->host_of[q]) > 1) {
+    char list[96] = "";
+    int h = c->host_of[q], k = size_of(c, h);
+    size_t used = 0;
+    for (int i = 0; i < k && i < 8; i++) {
+      int w = snprintf(list + used, sizeof list - used, "%s%d", i ? ", " : "", c->job[c->members[c->first_of[h] + i]]);
+      if (w > 0 && (size_t)w < sizeof list - used) used += (size_t)w;
+    }
+    st = c->host->fail(c->host->core, st,
+                       "%s (rank %d leads the ranks %s%s of its host, and fails when it loses one of them: see its own "
+                       "message)",
+                       last, lost, list, k > 8 ? " ..." : "");
+  }
   if (c->local) {
     char why[160];
     snprintf(why, sizeof why, "hier %s: leader rank %d of its host failed between the hosts", op, c->job[c->rank]);
     sl__shm_break(c->local, st, lost, why);
   }
   return st;
+}
+
+/* The leaders' broadcast from host RH's leader: Gloo's scatterv of the one buffer to each
+ * (flat), whose sends are watched, so that a leader that died fails the root at once, where a
+ * send of Gloo's own broadcast to a dead peer may wait out the timeout. */
+static sl_status leaders_bcast(hier_comm *c, void *buf, size_t bytes, int rh) {
+  if (c->myhost != rh) return c->g->scatterv(c->leaders, NULL, NULL, NULL, buf, bytes, rh, NULL);
+  for (int h = 0; h < c->nhosts; h++) c->hcounts[h] = h == rh ? 0 : bytes, c->hdispls[h] = 0;
+  return c->g->scatterv(c->leaders, buf, c->hcounts, c->hdispls, NULL, 0, rh, NULL);
 }
 
 static sl_status bad_root(hier_comm *c, const char *op, int root) {
@@ -289,12 +317,13 @@ static sl_status hier_broadcast(void *comm, void *buf, size_t bytes, int root, v
   if (c->myhost == rh) {
     /* a leader root sends to the other hosts first: they work while its own host takes it */
     bool first = leader_of(c, rh) == root;
-    if (first && lead) st = c->g->broadcast(c->leaders, buf, bytes, rh, NULL);
+    if (first && lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
+      return done(c, leader_failed(c, st, "broadcast", -1));
     if (st == SL_OK && c->local) st = c->s->broadcast(c->local, buf, bytes, c->local_of[root], NULL);
-    if (st == SL_OK && !first && lead) st = c->g->broadcast(c->leaders, buf, bytes, rh, NULL);
-    return done(c, st);
+    if (st == SL_OK && !first && lead) st = leaders_bcast(c, buf, bytes, rh);
+    return done(c, st); /* the last step: nobody of this host waits on it */
   }
-  if (lead && (st = c->g->broadcast(c->leaders, buf, bytes, rh, NULL)) != SL_OK)
+  if (lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
     return done(c, leader_failed(c, st, "broadcast", c->job[leader_of(c, rh)]));
   if (c->local) st = c->s->broadcast(c->local, buf, bytes, 0, NULL);
   return done(c, st);
@@ -322,7 +351,7 @@ static sl_status scatter_root(hier_comm *c, const unsigned char *send, const siz
   sl_status st = SL_OK;
   if (c->leaders) {
     for (int r = 0; r < c->n; r++) c->table[r] = counts[r];
-    st = c->g->broadcast(c->leaders, c->table, (size_t)c->n * sizeof *c->table, rh, NULL);
+    st = leaders_bcast(c, c->table, (size_t)c->n * sizeof *c->table, rh);
     /* each host's parts in its order: straight from SEND where every host's lie so, else packed */
     bool in_place = true;
     for (int h = 0; h < c->nhosts; h++) {
@@ -369,7 +398,7 @@ static sl_status scatter_root(hier_comm *c, const unsigned char *send, const siz
 /* Another host's leader: the count table, its host's parts in one piece, then over its shm. */
 static sl_status scatter_leader(hier_comm *c, void *recv, size_t recvbytes, int root) {
   int rh = c->host_of[root], lost = c->job[root];
-  sl_status st = c->g->broadcast(c->leaders, c->table, (size_t)c->n * sizeof *c->table, rh, NULL);
+  sl_status st = leaders_bcast(c, c->table, (size_t)c->n * sizeof *c->table, rh);
   if (st != SL_OK) return leader_failed(c, st, "scatterv", lost);
   /* trust no peer: the table must add up, and give this rank what it was called with */
   uint64_t total = 0;
