@@ -3,9 +3,10 @@
  * 2+1+2 whose ranks interleave (a host's ranks are not contiguous). auto chooses hier and says
  * so; every op gives exact bytes (odd sizes, empty parts, every root, leaders' or not, parts out
  * of rank order), sub-communicators too (even/odd, pairs across and within hosts, a split of a
- * split); loads through the command (scatter, broadcast, an HSDP mesh, 5 ranks on 3 hosts, and
- * one host of 4 forced to hier) are bit-identical to Gloo's; a rank killed mid-load, a leader
- * or not, ends every rank within the timeout naming it (or, on another host, its leader). */
+ * split), forced on one host and on hosts of one rank each as well; loads through the command
+ * (scatter, broadcast, an HSDP mesh, 5 ranks on 3 hosts, and one host of 4 forced to hier) are
+ * bit-identical to Gloo's; a rank killed mid-load, a leader or not, ends every rank within the
+ * timeout naming it (or, on another host, its leader). */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdbool.h>
@@ -194,6 +195,10 @@ static void test_ops_three_hosts(void **state) {
   /* forced on one host: its shm alone */
   job k = {.collective = "hier"};
   spawn(&k, 3, ops_rank, "ops-1host", 180000, codes);
+  for (int r = 0; r < 3; r++) assert_int_equal(codes[r], 0);
+  /* forced on hosts of one rank each: the leaders' Gloo alone, no shm */
+  job m = {.collective = "hier", .tag = {"a", "b", "c"}};
+  spawn(&m, 3, ops_rank, "ops-3x1", 180000, codes);
   for (int r = 0; r < 3; r++) assert_int_equal(codes[r], 0);
 }
 
