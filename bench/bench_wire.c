@@ -3,6 +3,7 @@
  *
  *   bench_wire [--nproc 2,4] [--collectives gloo,shm] [--rounds 5] [--bytes 256MiB]
  *              [--sizes loader,32MiB,128MiB] [--ops broadcast,scatterv] [--timeout S] [--check]
+ *              [--hosts H]
  *
  * The parent forks the ranks of each world (loopback, a private file:// rendezvous); every rank
  * opens one sl_context per collective (sl_context_options.collective: the registry, the
@@ -21,7 +22,9 @@
  * Medians over the rounds; a ratio is the median of the rounds' item / tcp ratios; cpu s/GB and
  * csw/MB are every rank's CPU time (all threads) and context switches per byte moved.
  * --check: three operations per item, each one's bytes verified on every rank (the root's own
- * part apart, in place, and over bytes it sends rank 1); exit 1 on a mismatch. */
+ * part apart, in place, and over bytes it sends rank 1); exit 1 on a mismatch.
+ * --hosts H: the ranks look like ranks of H hosts (SHARDLOAD_TEST_SHM_HOST_TAG, in blocks:
+ * ranks 0 and 1 on one, 2 and 3 on the next, for 4 ranks on 2), for the hier collective. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -69,6 +72,7 @@ typedef struct opts {
   int timeout_s;
   int check;
   int ops; /* bit 0: broadcast, bit 1: scatterv */
+  int hosts; /* the ranks' "hosts" (SHARDLOAD_TEST_SHM_HOST_TAG), 1: this one */
 } opts;
 
 static const char *human(size_t b, char *buf, size_t len) {
@@ -440,7 +444,14 @@ static int run_world(int world, const opts *o) {
   pid_t pids[MAX_LIST];
   for (int i = 0; i < world; i++) {
     pids[i] = fork();
-    if (pids[i] == 0) _exit(rank_main(i, world, listener, dir, o));
+    if (pids[i] == 0) {
+      if (o->hosts > 1) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "bench-host-%d", i * o->hosts / world);
+        setenv("SHARDLOAD_TEST_SHM_HOST_TAG", tag, 1);
+      }
+      _exit(rank_main(i, world, listener, dir, o));
+    }
   }
   close(listener);
   int bad = 0;
@@ -480,7 +491,8 @@ static void usage(FILE *f) {
           "  --sizes LIST        operation sizes; loader: the loader's own (default loader,32MiB,128MiB)\n"
           "  --ops LIST          broadcast, scatterv or both (default)\n"
           "  --timeout S         the collectives' timeout (default 60)\n"
-          "  --check             verify every operation's bytes on every rank instead of timing\n");
+          "  --check             verify every operation's bytes on every rank instead of timing\n"
+          "  --hosts H           the ranks look like ranks of H hosts, in blocks (hier; default 1)\n");
 }
 
 /* Splits S at commas into OUT (pointers into KEEP, which holds a copy of S). */
@@ -499,7 +511,8 @@ int main(int argc, char **argv) {
             .rounds = 5,
             .bytes = 256ull << 20,
             .timeout_s = 60,
-            .ops = 3};
+            .ops = 3,
+            .hosts = 1};
   snprintf(o.sizes, sizeof o.sizes, "loader,32MiB,128MiB");
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -554,12 +567,15 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--timeout")) {
       o.timeout_s = atoi(v);
       i++;
+    } else if (!strcmp(a, "--hosts")) {
+      o.hosts = atoi(v);
+      i++;
     } else {
       usage(stderr);
       return 2;
     }
   }
-  if (o.rounds < 1 || o.rounds > MAX_ROUNDS || o.timeout_s < 1 || !o.ncolls) {
+  if (o.rounds < 1 || o.rounds > MAX_ROUNDS || o.timeout_s < 1 || !o.ncolls || o.hosts < 1) {
     usage(stderr);
     return 2;
   }

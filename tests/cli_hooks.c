@@ -11,6 +11,9 @@
  *     secret being printed), LOCAL_WORLD_SIZE and SHARDLOAD_INSECURE_RENDEZVOUS;
  *   SHARDLOAD_TEST_SLOW_EXIT_RANK=R makes rank R end 300 ms after its work, so the tests can
  *     order the ranks' exits;
+ *   SHARDLOAD_TEST_HOST_TAGS=T0,T1,... gives rank R the SHARDLOAD_TEST_SHM_HOST_TAG TR (none
+ *     where TR is empty or missing), before its context starts, so that the ranks of one
+ *     command look like ranks of several hosts (the hier collective's tests);
  *   SHARDLOAD_TEST_KEEP_REPORTS=DIR makes each rank copy the reports it hands the launcher to
  *     DIR/rank-R.json (the summary) and, with --json, DIR/rank-R.full.json (the launcher
  *     removes its own), so the tests can see what they hold. */
@@ -51,6 +54,19 @@ static void report_env(int rank) {
   fprintf(stderr, "test-hook: rank %d: SHARDLOAD_TOKEN %zu %s digits, digest %016llx; LOCAL_WORLD_SIZE=%s; "
           "SHARDLOAD_INSECURE_RENDEZVOUS=%s\n", rank, n, hex ? "hex" : "non-hex",
           (unsigned long long)(tok ? XXH3_64bits(tok, n) : 0), lws ? lws : "(unset)", insecure ? insecure : "(unset)");
+}
+
+void cli_hook_rank_start(int rank) {
+  const char *v = getenv("SHARDLOAD_TEST_HOST_TAGS");
+  if (!v || !*v) return;
+  for (int r = 0; r < rank && v; r++) {
+    v = strchr(v, ',');
+    if (v) v++;
+  }
+  char tag[64] = "";
+  if (v) snprintf(tag, sizeof tag, "%.*s", (int)strcspn(v, ","), v);
+  if (tag[0]) setenv("SHARDLOAD_TEST_SHM_HOST_TAG", tag, 1);
+  else unsetenv("SHARDLOAD_TEST_SHM_HOST_TAG");
 }
 
 void cli_hook_load(sl_context *ctx, sl_load_options *lo) {

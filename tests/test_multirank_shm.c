@@ -5,7 +5,8 @@
  * timeout naming it, an abort ends a pending op, and nothing is left in /dev/shm nor as an
  * abstract socket; strangers (a process of no rank, a rank's thread with a wrong token, another
  * user) are refused and the job goes on; ranks of "other hosts" (SHARDLOAD_TEST_SHM_HOST_TAG)
- * make a forced shm fail everywhere naming them, and keep auto on Gloo. */
+ * make a forced shm fail everywhere naming them, and make auto choose hier (shm within each
+ * host, Gloo between them: tests/test_multirank_hier.c). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -234,19 +235,6 @@ static void test_channels_run_out(void **state) {
 
 /* ---- loads bit-exact with Gloo's, through the command ---------------------------------------- */
 
-static char *read_all(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) free(b), b = NULL;
-  fclose(f);
-  *len = (size_t)n;
-  return b;
-}
-
 static void load_both(const char *ckpt, const char *dir, int world, const char *opts, const char *label) {
   char *out = NULL, dump[2][600];
   const char *coll[2] = {"gloo", "shm"};
@@ -261,18 +249,8 @@ static void load_both(const char *ckpt, const char *dir, int world, const char *
     assert_non_null(strstr(out, want));
     free(out);
   }
-  for (int r = 0; r < world; r++) {
-    char a[700], b[700];
-    snprintf(a, sizeof a, "%s/rank-%d.safetensors", dump[0], r);
-    snprintf(b, sizeof b, "%s/rank-%d.safetensors", dump[1], r);
-    size_t la = 0, lb = 0;
-    char *x = read_all(a, &la), *y = read_all(b, &lb);
-    assert_non_null(x);
-    assert_non_null(y);
-    if (la != lb || memcmp(x, y, la) != 0) fail_msg("%s: rank %d's shards differ between gloo and shm", label, r);
-    free(x);
-    free(y);
-  }
+  int bad = sl_test_dumps_differ(dump[0], dump[1], world);
+  if (bad >= 0) fail_msg("%s: rank %d's shards differ between gloo and shm", label, bad);
 }
 
 static void test_loads_match_gloo(void **state) {
@@ -307,42 +285,16 @@ static void kill_on_third(void *user, uint64_t done, uint64_t total) {
   if (++k->tensors == 3) kill(k->victim, SIGKILL);
 }
 
-static pid_t read_pid(const char *dir, int rank) {
-  char path[600];
-  snprintf(path, sizeof path, "%s/pid-%d", dir, rank);
-  for (int i = 0; i < 2000; i++) {
-    FILE *f = fopen(path, "r");
-    int pid = 0;
-    if (f && fscanf(f, "%d", &pid) == 1 && pid > 0) {
-      fclose(f);
-      return pid;
-    }
-    if (f) fclose(f);
-    usleep(5000);
-  }
-  return -1;
-}
-
-static void write_pid(const char *dir, int rank) {
-  char path[600], tmp[620];
-  snprintf(path, sizeof path, "%s/pid-%d", dir, rank);
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  fprintf(f, "%d\n", (int)getpid());
-  fclose(f);
-  rename(tmp, path);
-}
-
 static int killed_rank(int rank, int world, void *arg) {
   const job *j = arg;
-  write_pid(j->dir, rank);
+  sl_test_write_pid(j->dir, rank);
   char err[1024] = "";
   sl_context *ctx = NULL;
   SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
   SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "shm") == 0, "rank %d: not shm", rank);
   sl_source *src = NULL;
   SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: open: %s", rank, sl_context_errmsg(ctx));
-  kill_ctx k = {.victim = rank == 0 ? read_pid(j->dir, j->victim) : 0};
+  kill_ctx k = {.victim = rank == 0 ? sl_test_read_pid(j->dir, j->victim) : 0};
   sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1u << 20};
   if (rank == 0) lo.progress = kill_on_third, lo.progress_user = &k;
   sl_state *st = NULL;
@@ -595,7 +547,7 @@ static void *stranger_thread(void *arg) {
  * own thread with a wrong token knock at rank 0's socket: each refused, then the job moves data. */
 static int stranger_rank(int rank, int world, void *arg) {
   const job *j = arg;
-  write_pid(j->dir, rank);
+  sl_test_write_pid(j->dir, rank);
   pid_t kids[2] = {-1, -1};
   pthread_t t;
   if (rank == 0) {
@@ -609,7 +561,7 @@ static int stranger_rank(int rank, int world, void *arg) {
   }
   if (rank == 1) {
     setenv("SHARDLOAD_TEST_SHM_ATTACH_DELAY_MS", "1500", 1);
-    stranger_pid = read_pid(j->dir, 0);
+    stranger_pid = sl_test_read_pid(j->dir, 0);
     pthread_create(&t, NULL, stranger_thread, NULL);
   }
   char err[1024] = "";
@@ -658,7 +610,7 @@ static int hosts_rank(int rank, int world, void *arg) {
   }
   SL_CHILD_CHECK(s == SL_OK, "rank %d: %s", rank, err);
   const char *why = sl_context_collective_reason(ctx);
-  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "gloo") == 0 && strstr(why, "not shm: rank 2"),
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "hier") == 0 && strstr(why, "2 hosts (2+2 ranks)"),
                  "rank %d: %s (%s)", rank, sl_context_collective_name(ctx), why);
   sl_context_destroy(ctx);
   return 0;
@@ -733,10 +685,10 @@ static int fd_stranger(pid_t r0, pid_t r1, double seconds) {
 static int fd_rank(int rank, int world, void *arg) {
   const job *j = arg;
   drop_ptrace_cap(); /* as strong as the stranger (a process's caps must cover its target's) */
-  write_pid(j->dir, rank);
+  sl_test_write_pid(j->dir, rank);
   pid_t kid = -1;
   if (rank == 0) {
-    pid_t me = getpid(), other = read_pid(j->dir, 1);
+    pid_t me = getpid(), other = sl_test_read_pid(j->dir, 1);
     if ((kid = fork()) == 0) _exit(fd_stranger(me, other, 3.0));
     usleep(200000); /* it read both tables before the start */
   }
@@ -870,7 +822,7 @@ static void test_rank_leaves_after_its_part(void **state) {
  * progress. A second shm instance over the context's control plane gets the short timeout. */
 static int slow_rank(int rank, int world, void *arg) {
   const job *j = arg;
-  write_pid(j->dir, rank);
+  sl_test_write_pid(j->dir, rank);
   char err[1024] = "";
   sl_context *ctx = NULL;
   SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
@@ -891,7 +843,7 @@ static int slow_rank(int rank, int world, void *arg) {
   SL_CHILD_CHECK(o->barrier(c) == SL_OK, "rank %d: barrier", rank);
   pid_t kid = -1;
   if (rank == 0 && (kid = fork()) == 0) {
-    pid_t victim = read_pid(j->dir, 1);
+    pid_t victim = sl_test_read_pid(j->dir, 1);
     for (;;) kill(victim, SIGSTOP), usleep(95000), kill(victim, SIGCONT), usleep(5000);
   }
   double t0 = now_s();
@@ -899,7 +851,7 @@ static int slow_rank(int rank, int world, void *arg) {
   double took = now_s() - t0;
   if (rank == 0) {
     kill(kid, SIGKILL), waitpid(kid, NULL, 0);
-    kill(read_pid(j->dir, 1), SIGCONT);
+    kill(sl_test_read_pid(j->dir, 1), SIGCONT);
   }
   fprintf(stderr, "rank %d: %s in %.2f s (timeout 400 ms)\n", rank, sl_status_name(st), took);
   SL_CHILD_CHECK(st == SL_OK, "rank %d: %s", rank, sl_context_errmsg(ctx));

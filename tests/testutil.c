@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,4 +264,59 @@ int sl_test_names_rank(const char *msg, int v) {
     }
   }
   return 0;
+}
+
+char *sl_test_read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) free(b), b = NULL;
+  fclose(f);
+  *len = b ? (size_t)n : 0;
+  return b;
+}
+
+int sl_test_dumps_differ(const char *dir_a, const char *dir_b, int world) {
+  for (int r = 0; r < world; r++) {
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/rank-%d.safetensors", dir_a, r);
+    snprintf(b, sizeof b, "%s/rank-%d.safetensors", dir_b, r);
+    size_t la = 0, lb = 0;
+    char *x = sl_test_read_file(a, &la), *y = sl_test_read_file(b, &lb);
+    bool same = x && y && la == lb && memcmp(x, y, la) == 0;
+    free(x);
+    free(y);
+    if (!same) return r;
+  }
+  return -1;
+}
+
+void sl_test_write_pid(const char *dir, int rank) {
+  char path[4200], tmp[4220];
+  snprintf(path, sizeof path, "%s/pid-%d", dir, rank);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) return;
+  fprintf(f, "%d\n", (int)getpid());
+  fclose(f);
+  rename(tmp, path);
+}
+
+pid_t sl_test_read_pid(const char *dir, int rank) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/pid-%d", dir, rank);
+  for (int i = 0; i < 2000; i++) {
+    FILE *f = fopen(path, "r");
+    int pid = 0;
+    if (f && fscanf(f, "%d", &pid) == 1 && pid > 0) {
+      fclose(f);
+      return pid;
+    }
+    if (f) fclose(f);
+    usleep(5000);
+  }
+  return -1;
 }

@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <sys/types.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -69,6 +70,15 @@ void sl_test_json_alloc_budget(long budget);
 int sl_test_names_rank(const char *msg, int v);
 /* Whether all N bytes at P equal V. */
 int sl_test_all_bytes(const unsigned char *p, size_t n, unsigned char v);
+/* The whole file PATH, malloc'd, its length in *LEN; NULL when it cannot be read. */
+char *sl_test_read_file(const char *path, size_t *len);
+/* The first rank of WORLD whose DIR_A/rank-R.safetensors differs from DIR_B's (--dump), or -1
+ * when all are equal; a file that cannot be read differs. */
+int sl_test_dumps_differ(const char *dir_a, const char *dir_b, int world);
+/* DIR/pid-RANK: this process's pid, written whole (through a rename) for another to read. */
+void sl_test_write_pid(const char *dir, int rank);
+/* The pid in DIR/pid-RANK, waiting up to 10 s for it to be written; -1 when it was not. */
+pid_t sl_test_read_pid(const char *dir, int rank);
 /* Child-side check that records the first failure in a buffer and makes the child fail;
  * cmocka's asserts do not work across fork. */
 #define SL_CHILD_CHECK(cond, ...)                                                        \

@@ -259,6 +259,8 @@ int cli_load_rank(const cli_load_args *args, FILE *out, const char *out_name);
  * exits, with its reports for the launcher complete (REPORT_PATH, the summary; FULL_PATH, the
  * whole --json report, or NULL). */
 void cli_hook_load(sl_context *ctx, sl_load_options *lo);
+/* Runs in rank RANK of --nproc before anything of the library (its context) starts. */
+void cli_hook_rank_start(int rank);
 void cli_hook_rank_exit(int rank, const char *report_path, const char *full_path);
 /* Peak resident set of this process so far (getrusage ru_maxrss), in bytes. */
 uint64_t cli_peak_rss_bytes(void);

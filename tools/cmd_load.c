@@ -39,11 +39,13 @@ static const char HELP[] =
     "options:\n"
     "  --backend NAME          cpu, sim, sim:strict, cuda, ... or auto (default: auto)\n"
     "  --collective NAME       the data collective that moves tensor bytes: shm (host\n"
-    "                          staging, every rank on one host), gloo (host staging over\n"
-    "                          TCP), simccl (sim device memory), nccl, ... or auto (default:\n"
-    "                          the backend's device collective when every rank can run it on\n"
-    "                          a device of its own, else shm where every rank shares one host,\n"
-    "                          else gloo; local for one rank; the report says which and\n"
+    "                          staging, every rank on one host), hier (shm within each host,\n"
+    "                          gloo between hosts), gloo (host staging over TCP), simccl (sim\n"
+    "                          device memory), nccl, ... or auto (default: the backend's\n"
+    "                          device collective when every rank can run it on a device of\n"
+    "                          its own, else shm where every rank shares one host, hier where\n"
+    "                          they span hosts and a host has several, else gloo; local for\n"
+    "                          one rank; the report says which and\n"
     "                          why). A name fails on every rank,\n"
     "                          naming one that cannot run it, or two that share a device\n"
     "  --device N              device ordinal on this node (default: the local rank modulo\n"
@@ -704,7 +706,7 @@ int cli_cmd_load(int argc, char **argv) {
       a.backend = optarg;
       break;
     case OPT_COLLECTIVE:
-      if (!*optarg) return cli_usage_error("--collective", "empty name; use shm, gloo, simccl, nccl, ... or auto");
+      if (!*optarg) return cli_usage_error("--collective", "empty name; use shm, hier, gloo, simccl, nccl, ... or auto");
       a.collective = optarg;
       break;
     case OPT_DEVICE:

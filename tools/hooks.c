@@ -7,6 +7,8 @@ void cli_hook_load(sl_context *ctx, sl_load_options *lo) {
   (void)lo;
 }
 
+void cli_hook_rank_start(int rank) { (void)rank; }
+
 void cli_hook_rank_exit(int rank, const char *report_path, const char *full_path) {
   (void)rank;
   (void)report_path;

@@ -167,6 +167,7 @@ static void run_rank(launch *L, int r) {
   a.table_out = table;
   a.table_out_name = p->table_path;
   a.test_hooks = 1;
+  cli_hook_rank_start(r);
   int rc = cli_load_rank(&a, out, p->json_path);
   if (fclose(out) != 0 && rc == CLI_EXIT_OK) {
     cli_error(p->json_path, SL_ERR_IO, "cannot write the rank's report: %s", strerror(errno));

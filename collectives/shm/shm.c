@@ -132,8 +132,12 @@ static sl_status breaks(shm_comm *c, sl_status st, int lost, const char *fmt, ..
   return c->host->fail(c->host->core, st, "%s", c->why);
 }
 
-/* The job's rank of communicator rank R. */
+/* The segment rank of communicator rank R (the job's rank, when the segment is the job's). */
 static int job_rank(const shm_comm *c, int r) { return c->members[r]; }
+
+/* What messages call segment rank R: the job's rank (the segment of one host of the hier
+ * collective has labels: its ranks are not the job's). */
+static int lbl(const shm_seg *s, int r) { return s->labels && r >= 0 && r < s->n ? s->labels[r] : r; }
 
 /* Which members the wait still needs: a gone or failed member is fatal only then (a member
  * that got its part and left, which module.h allows, harms no one). NEED_ONE: member ARG (a
@@ -165,7 +169,7 @@ static sl_status trouble(shm_comm *c, const char *op, const uint32_t *w, uint32_
   /* what it waited for may have come just before its peer ended (the root's last chunk) */
   if (!bad || (w && (int32_t)(load(w) - target) >= 0)) return SL_OK;
   if (atomic_load(&c->aborted))
-    return breaks(c, SL_ERR_COMM, s->me, "shm %s: aborted (sl_context_abort) on rank %d", op, s->me);
+    return breaks(c, SL_ERR_COMM, s->me, "shm %s: aborted (sl_context_abort) on rank %d", op, lbl(s, s->me));
   for (int i = 0; i < c->n; i++) {
     int r = job_rank(c, i);
     uint32_t f = load(&s->ranks[r].fail);
@@ -173,21 +177,26 @@ static sl_status trouble(shm_comm *c, const char *op, const uint32_t *w, uint32_
     if (!f || !in_trouble(c, i, need, arg)) continue;
     int lost = (int)(f & 0xffffffu) - 1;
     if ((f >> 24) == FAIL_ABORT)
-      return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d aborted its data plane (sl_context_abort)", op, r);
+      return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d aborted its data plane (sl_context_abort)", op, lbl(s, r));
     if ((f >> 24) == FAIL_LEFT)
       return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d finished this communicator while rank %d still needed it", op,
-                    r, s->me);
+                    lbl(s, r), lbl(s, s->me));
     /* never this rank: a peer that gave up on it failed, and that peer is what this rank lost */
     if (lost >= 0 && lost != r && lost != s->me && lost < s->n)
-      return breaks(c, SL_ERR_PEER, lost, "shm %s: rank %d lost rank %d and failed (seen by rank %d)", op, r, lost,
-                    s->me);
-    return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d failed on the shm data plane (seen by rank %d)", op, r, s->me);
+      return breaks(c, SL_ERR_PEER, lost, "shm %s: rank %d lost rank %d and failed (seen by rank %d)", op, lbl(s, r),
+                    lbl(s, lost), lbl(s, s->me));
+    /* a job's rank outside the segment (sl__shm_break: a hier leader lost a rank of another host) */
+    if (lost >= s->n)
+      return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d lost rank %d and failed (seen by rank %d)", op, lbl(s, r),
+                    lost - s->n, lbl(s, s->me));
+    return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d failed on the shm data plane (seen by rank %d)", op, lbl(s, r),
+                  lbl(s, s->me));
   }
   for (int i = 0; i < c->n; i++) {
     int r = job_rank(c, i);
     if (in_trouble(c, i, need, arg))
-      return breaks(c, SL_ERR_PEER, r, "shm %s: lost rank %d (pid %d, exited) while rank %d waited for it", op, r,
-                    (int)s->pids[r], s->me);
+      return breaks(c, SL_ERR_PEER, r, "shm %s: lost rank %d (pid %d, exited) while rank %d waited for it", op,
+                    lbl(s, r), (int)s->pids[r], lbl(s, s->me));
   }
   return SL_OK;
 }
@@ -216,11 +225,11 @@ static sl_status wait_for(shm_comm *c, uint32_t *w, uint32_t target, int who, in
           return breaks(c, SL_ERR_TIMEOUT, r,
                         "shm %s: rank %d (pid %d) is stopped (SIGSTOP or a debugger) and did not take part within "
                         "the timeout (%d ms)",
-                        op, r, (int)s->pids[r], c->timeout_ms);
+                        op, lbl(s, r), (int)s->pids[r], c->timeout_ms);
       }
       return breaks(c, SL_ERR_TIMEOUT, job_rank(c, who),
                     "shm %s: rank %d did not %s within the timeout (%d ms without progress); rank %d waited for it", op,
-                    job_rank(c, who), what, c->timeout_ms, s->me);
+                    lbl(s, job_rank(c, who)), what, c->timeout_ms, lbl(s, s->me));
     }
     futex_wait(w, v, left < SHM_SLICE_MS ? (int)left + 1 : SHM_SLICE_MS);
   }
@@ -230,7 +239,8 @@ static sl_status usable(shm_comm *c, const char *op) {
   if (c->broken != SL_OK)
     return c->host->fail(c->host->core, c->broken, "shm %s: the data plane failed earlier: %s", op, c->why);
   if (atomic_load(&c->aborted))
-    return breaks(c, SL_ERR_COMM, c->seg->me, "shm %s: aborted (sl_context_abort) on rank %d", op, c->seg->me);
+    return breaks(c, SL_ERR_COMM, c->seg->me, "shm %s: aborted (sl_context_abort) on rank %d", op,
+                  lbl(c->seg, c->seg->me));
   return SL_OK; /* a gone or failed peer: the op's waits tell whether it needs that one */
 }
 
@@ -270,7 +280,7 @@ static sl_status root_op(shm_comm *c, uint32_t kind, uint64_t total, const chan_
     return breaks(c, SL_ERR_MISMATCH, c->seg->me,
                   "shm %s: rank %d called op %u as its root, but another rank had claimed it as root: the ranks "
                   "called different collectives",
-                  op, c->seg->me, g + 1);
+                  op, lbl(c->seg, c->seg->me), g + 1);
   uint32_t n = (uint32_t)chunks_of(total), c0 = c->chunk;
   h->kind = kind;
   h->root = (uint32_t)c->rank;
@@ -316,7 +326,7 @@ static sl_status recv_op(shm_comm *c, uint32_t kind, int root, uint64_t bytes, u
   chan_hdr *h = c->hdr;
   sl_status st = wait_for(c, &h->gen, g + 1, root, NEED_ONE, (uint32_t)root, op, "start the op");
   if (st != SL_OK) return st;
-  int me = c->seg->me, jr = job_rank(c, root);
+  int me = c->seg->me, jr = lbl(c->seg, job_rank(c, root)), name = lbl(c->seg, me);
   /* every value is read once from the segment and bounded before use: trust no peer */
   uint32_t gen = load(&h->gen), hkind = __atomic_load_n(&h->kind, __ATOMIC_RELAXED),
            hroot = __atomic_load_n(&h->root, __ATOMIC_RELAXED), c0 = __atomic_load_n(&h->chunk0, __ATOMIC_RELAXED),
@@ -330,9 +340,9 @@ static sl_status recv_op(shm_comm *c, uint32_t kind, int root, uint64_t bytes, u
     return breaks(c, SL_ERR_MISMATCH, me,
                   "shm %s: rank %d and rank %d disagree on op %u (generation %u, kind %u, root %u, %llu bytes in %u "
                   "chunks from %u): the ranks called different collectives",
-                  op, me, jr, g + 1, gen, hkind, hroot, (unsigned long long)total, n, c0);
+                  op, name, jr, g + 1, gen, hkind, hroot, (unsigned long long)total, n, c0);
   if (len != bytes)
-    return breaks(c, SL_ERR_MISMATCH, me, "shm %s: rank %d expects %llu bytes but root rank %d sends it %llu", op, me,
+    return breaks(c, SL_ERR_MISMATCH, me, "shm %s: rank %d expects %llu bytes but root rank %d sends it %llu", op, name,
                   (unsigned long long)bytes, jr, (unsigned long long)len);
   uint64_t first = len ? off / SHM_CHUNK : n, last = len ? (off + len - 1) / SHM_CHUNK : n;
   if (len && (first > last || last >= n))
@@ -765,14 +775,8 @@ static sl_status check_segment(const sl_module_host *host, int fd, size_t bytes,
 
 /* ---- starting and ending ------------------------------------------------------------------------------ */
 
-/* A host that keeps the last failure's text as well as passing it on: what a rank tells the
- * others when its part of the start failed. */
-typedef struct keeping_host {
-  sl_module_host h;
-  const sl_module_host *real;
-  char last[SHM_WHY];
-} keeping_host;
-
+/* A host that keeps the last failure's text as well as passing it on (shm.h): what a rank
+ * tells the others when its part of the start failed. */
 static void kh_log(void *core, sl_log_level level, const char *fmt, ...) {
   keeping_host *k = core;
   char buf[512];
@@ -790,6 +794,12 @@ static sl_status kh_fail(void *core, sl_status s, const char *fmt, ...) {
   vsnprintf(k->last, sizeof k->last, fmt, ap);
   va_end(ap);
   return k->real->fail(k->real->core, s, "%s", k->last);
+}
+
+void sl__keeping_host_init(keeping_host *k, const sl_module_host *real) {
+  k->real = real;
+  k->last[0] = 0;
+  k->h = (sl_module_host){sizeof k->h, k, kh_log, kh_fail};
 }
 
 static void chan_bind(shm_comm *c, int channel) {
@@ -823,6 +833,7 @@ static void seg_free(shm_seg *s) {
     if (s->pidfds[r] >= 0) close(s->pidfds[r]);
   free(s->pidfds);
   free(s->pids);
+  free(s->labels);
   free(s);
 }
 
@@ -893,8 +904,8 @@ static sl_status shm_init(const sl_collective_init *init, void **comm) {
                       "control), which this caller did not give");
   int n = init->world_size, me = init->rank;
   if (n < 1 || me < 0 || me >= n) return host->fail(host->core, SL_ERR_INVALID, "shm: rank %d of %d", me, n);
-  keeping_host kh = {.real = host};
-  kh.h = (sl_module_host){sizeof kh.h, &kh, kh_log, kh_fail};
+  keeping_host kh;
+  sl__keeping_host_init(&kh, host);
   const sl_control_plane *ctl = init->control;
   evidence mine, *e = calloc((size_t)n, sizeof *e);
   if (!e) return host->fail(host->core, SL_ERR_NOMEM, "shm: out of memory for %d ranks", n);
@@ -1068,7 +1079,7 @@ static sl_status shm_split(void *comm, int color, int key, void **sub) {
   if (ch < 0 || ch >= nch || ch != (claimed >= 0 ? claimed : ch)) {
     if (claimed >= 0) chan_drop(c->seg, claimed);
     st = breaks(c, SL_ERR_COMM, job_rank(c, leader), "shm split: rank %d named no channel for its group",
-                job_rank(c, leader));
+                lbl(c->seg, job_rank(c, leader)));
     goto out;
   }
   shm_comm *s = comm_new(c->host, c->seg, size, c->timeout_ms);
@@ -1139,3 +1150,36 @@ static const sl_collective_ops shm_ops = {
 };
 
 const sl_collective_ops *sl__collective_shm(void) { return &shm_ops; }
+
+/* ---- for the hier collective (shm.h) ------------------------------------------------------------ */
+
+void sl__shm_host_key(char *key, size_t len) {
+  evidence e;
+  gather_mine(&e);
+  snprintf(key, len, "%s|%s|%llu|%llu|%u", e.boot_id, e.host, (unsigned long long)e.netns, (unsigned long long)e.pidns,
+           (unsigned)e.uid);
+}
+
+sl_status sl__shm_label(void *comm, const int *labels) {
+  shm_comm *c = comm;
+  shm_seg *s = c->seg;
+  int *l = malloc((size_t)s->n * sizeof *l);
+  if (!l) return c->host->fail(c->host->core, SL_ERR_NOMEM, "shm: out of memory for %d ranks", s->n);
+  memcpy(l, labels, (size_t)s->n * sizeof *l);
+  free(s->labels);
+  s->labels = l;
+  return SL_OK;
+}
+
+void sl__shm_break(void *comm, sl_status st, int lost, const char *why) {
+  shm_comm *c = comm;
+  if (!c || c->broken != SL_OK) return;
+  snprintf(c->why, sizeof c->why, "%s", why);
+  c->broken = st;
+  uint32_t *mine = &c->words[c->rank].fail, expect = 0;
+  /* LOST < 0: no rank in particular (its peers say that this rank failed) */
+  uint32_t named = lost < 0 ? (uint32_t)(c->seg->me + 1) : (uint32_t)(c->seg->n + lost + 1);
+  __atomic_compare_exchange_n(mine, &expect, (uint32_t)FAIL_OP << 24 | named, false, __ATOMIC_ACQ_REL,
+                              __ATOMIC_RELAXED);
+  wake(mine);
+}

@@ -71,6 +71,7 @@ typedef struct shm_seg {
   int *pidfds;     /* by rank, -1 where pidfd_open failed (kill(pid, 0) then) */
   seg_rank *ranks; /* in the segment */
   int me;
+  int *labels; /* by rank: the rank messages name (NULL: the segment's own; sl__shm_label) */
 } shm_seg;
 
 typedef struct shm_comm {
@@ -90,5 +91,30 @@ typedef struct shm_comm {
   sl_status broken; /* sticky: an op failed */
   char why[SHM_WHY];
 } shm_comm;
+
+/* ---- for the hier collective (collectives/hier/hier.c), which runs one shm communicator per
+ * host ------------------------------------------------------------------------------------------ */
+
+/* A host that passes every message on to REAL and keeps the last failure's text in LAST (shm's
+ * start: what a rank tells the others; hier: what broke a communicator). */
+typedef struct keeping_host {
+  sl_module_host h;
+  const sl_module_host *real;
+  char last[SHM_WHY];
+} keeping_host;
+void sl__keeping_host_init(keeping_host *k, const sl_module_host *real);
+
+/* This process's host, as the shm collective tells hosts apart: the kernel's boot id (with
+ * SHARDLOAD_TEST_SHM_HOST_TAG), the host name, the network and pid namespaces and the uid, in
+ * one line. Ranks whose keys are equal may share one segment. */
+void sl__shm_host_key(char *key, size_t len);
+/* Names the segment's ranks in messages by LABELS (by segment rank, world entries: the job's
+ * ranks) rather than by their segment ranks. COMM: the communicator init made. */
+sl_status sl__shm_label(void *comm, const int *labels);
+/* Breaks COMM for good, as an op of its own that failed would, with the status ST and WHY: its
+ * members in an op that needs this rank fail at once, saying that it lost LOST, a rank of the
+ * job outside the segment (a hier leader that lost a rank of another host), or, with LOST < 0,
+ * that this rank failed. Reports nothing through the host. */
+void sl__shm_break(void *comm, sl_status st, int lost, const char *why);
 
 #endif

@@ -288,6 +288,7 @@ const sl_collective_ops *sl__collective_local(void);
 const sl_collective_ops *sl__collective_shm(void); /* collectives/shm/shm.c */
 #ifdef SHARDLOAD_HAVE_GLOO
 const sl_collective_ops *sl__collective_gloo(void); /* collectives/gloo/gloo.cc */
+const sl_collective_ops *sl__collective_hier(void); /* collectives/hier/hier.c */
 #endif
 /* One plain SGD step x -= lr * g on host memory (F64/F32/F16/BF16), for backends whose
  * memory the host can address. */

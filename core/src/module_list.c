@@ -301,7 +301,7 @@ static void choose_auto(sl_module_list *l, sl_context *sc) {
   l->auto_pairs_by = own(l, sl_backend_native_api(ops));
   const char *pref = ops->preferred_collective;
   if (!pref || strcmp(pref, "gloo") == 0) {
-    snprintf(why, sizeof why, "shm: backend %s stages through host memory (ranks of this host; gloo where they span hosts)",
+    snprintf(why, sizeof why, "shm: backend %s stages through host memory (ranks of this host; hier where they span hosts, gloo where each host has one)",
              ops->name);
     s->auto_collective = own(l, "shm");
     s->auto_collective_reason = own(l, why);
@@ -315,7 +315,7 @@ static void choose_auto(sl_module_list *l, sl_context *sc) {
     else
       snprintf(why, sizeof why,
                "shm: this machine cannot run %s, backend %s's preferred collective (%.300s); host staging (ranks of "
-               "this host; gloo where they span hosts)",
+               "this host; hier where they span hosts, gloo where each host has one)",
                pref, ops->name, reason);
     s->auto_collective = own(l, runs ? pref : "shm");
     s->auto_collective_reason = own(l, why);

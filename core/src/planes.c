@@ -66,7 +66,7 @@ static sl_status control_allgather(void *c, const void *sendbuf, void *recvbuf, 
  * A job whose rank 0 stages through host memory (the cpu backend) probes nothing: its data
  * plane is the control plane's module. */
 
-#define PLANE_KNOWN 8    /* collectives one build lists (this one knows 6) */
+#define PLANE_KNOWN 8    /* collectives one build lists (this one knows 7) */
 #define PLANE_NAME 33    /* a module name is at most 32 characters (registry.c) */
 #define PLANE_REASON 400 /* a probe's reason, cut to fit */
 #define PLANE_HOST 65    /* a host name (HOST_NAME_MAX is 64) */
@@ -214,26 +214,43 @@ static bool same_machine(const plane_intent *a, const plane_intent *b) {
   return a->hostname[0] && strcmp(a->hostname, b->hostname) == 0;
 }
 
+/* Where host staging through shared memory may join two ranks: one machine (the same boot id,
+ * which both read, and host name; the same SHARDLOAD_TEST_SHM_HOST_TAG) as one user in one
+ * network and pid namespace. */
+static bool shm_host(const plane_intent *a, const plane_intent *b) {
+  return a->boot_id[0] && strcmp(a->boot_id, b->boot_id) == 0 && strcmp(a->hostname, b->hostname) == 0 &&
+         a->uid == b->uid && a->netns == b->netns && a->pidns == b->pidns && a->netns && a->pidns &&
+         strcmp(a->host_tag, b->host_tag) == 0;
+}
+
+/* What the shm collective checks again at its start, for the ranks that share memory (with
+ * another rank of their host, ALL false; every rank, ALL true): one process per rank (*TWIN),
+ * and its probe (*BLOCKED); -1 when none. */
+static void shm_blockers(const sl_context *ctx, const plane_intent *in, bool all, int *twin, int *blocked) {
+  *twin = *blocked = -1;
+  for (int r = 0; r < ctx->world_size && *twin < 0; r++)
+    for (int q = r + 1; q < ctx->world_size && *twin < 0; q++)
+      if (in[q].pid == in[r].pid && (all || shm_host(&in[r], &in[q]))) *twin = q;
+  for (int r = 0; r < ctx->world_size && *twin < 0 && *blocked < 0; r++) {
+    bool shares = all;
+    for (int q = 0; q < ctx->world_size && !shares; q++) shares = q != r && shm_host(&in[r], &in[q]);
+    if (shares && !in[r].shm_ok) *blocked = r;
+  }
+}
+
 /* Host staging: local for one rank; shm where every rank is on rank 0's machine (one boot id
- * and host name) as one user in one network and pid namespace; else gloo. The shm collective
- * checks the same evidence again at its start and fails rather than trust this choice. NOTE
- * (cut to fit) says why, for the reason text. */
+ * and host name) as one user in one network and pid namespace; hier where the ranks span hosts
+ * and some host has more than one (shm within each host, gloo between the hosts' leaders);
+ * else gloo. The shm and hier collectives check the same evidence again at their start and
+ * fail rather than trust this choice. NOTE (cut to fit) says why, for the reason text. */
 static const char *host_plane(const sl_context *ctx, const plane_intent *in, char *note, size_t len) {
   note[0] = 0;
   if (ctx->world_size == 1) return "local";
   int other = -1;
   for (int r = 1; r < ctx->world_size && other < 0; r++)
-    if (!in[0].boot_id[0] || strcmp(in[r].boot_id, in[0].boot_id) != 0 || strcmp(in[r].hostname, in[0].hostname) != 0 ||
-        in[r].uid != in[0].uid || in[r].netns != in[0].netns || in[r].pidns != in[0].pidns || !in[0].netns ||
-        !in[0].pidns || strcmp(in[r].host_tag, in[0].host_tag) != 0)
-      other = r;
-  /* what the shm collective checks again at its start: one process per rank, and its probe */
-  int twin = -1, blocked = -1;
-  for (int r = 0; r < ctx->world_size && other < 0 && twin < 0; r++)
-    for (int q = r + 1; q < ctx->world_size && twin < 0; q++)
-      if (in[q].pid == in[r].pid) twin = q;
-  for (int r = 0; r < ctx->world_size && other < 0 && twin < 0 && blocked < 0; r++)
-    if (!in[r].shm_ok) blocked = r;
+    if (!shm_host(&in[0], &in[r])) other = r;
+  int twin, blocked;
+  shm_blockers(ctx, in, other < 0, &twin, &blocked);
   if (twin >= 0) {
     snprintf(note, len, "; not shm: rank %d shares a pid with another rank", twin);
     return "gloo";
@@ -246,8 +263,30 @@ static const char *host_plane(const sl_context *ctx, const plane_intent *in, cha
     snprintf(note, len, "; every rank shares one host");
     return "shm";
   }
-  snprintf(note, len, "; not shm: rank %d is not on rank 0's host (or user, or namespaces)", other);
-  return "gloo";
+  /* the hosts, numbered by their first rank, and how many ranks each has */
+  int n = ctx->world_size, hosts = 0, biggest = 0;
+  int *size = calloc((size_t)n, sizeof *size), *first = calloc((size_t)n, sizeof *first);
+  for (int r = 0; size && first && r < n; r++) {
+    int h = 0;
+    while (h < hosts && !shm_host(&in[first[h]], &in[r])) h++;
+    if (h == hosts) first[hosts++] = r;
+    if (++size[h] > biggest) biggest = size[h];
+  }
+  const char *plane = "gloo";
+  if (!size || !first || biggest < 2) {
+    snprintf(note, len, "; not shm: rank %d is not on rank 0's host (or user, or namespaces)%s", other,
+             size && first ? ", and no host has two ranks" : "");
+  } else {
+    plane = "hier";
+    int used = snprintf(note, len, "; %d hosts (", hosts);
+    for (int h = 0; h < hosts && used > 0 && (size_t)used < len; h++)
+      used += snprintf(note + used, len - (size_t)used, "%s%d", h ? "+" : "", size[h]);
+    if (used > 0 && (size_t)used < len)
+      snprintf(note + used, len - (size_t)used, " ranks): shm within each host, gloo between the hosts' leaders");
+  }
+  free(size);
+  free(first);
+  return plane;
 }
 
 /* NOTE appended to the reason BUF, cut to fit. */
@@ -310,7 +349,7 @@ static sl_status unknown_collective(sl_context *ctx, const plane_intent *in, con
  * ctx->data_reason, or the same failure. */
 static sl_status choose(sl_context *ctx, const plane_intent *in, const plane_verdict *v, const char *want,
                         const char *cand, char *chosen, size_t len) {
-  char why[PLANE_REASON + 160], where[2 * PLANE_HOST + 48], note[96];
+  char why[PLANE_REASON + 160], where[2 * PLANE_HOST + 48], note[160];
   const char *host = host_plane(ctx, in, note, sizeof note);
   int a, b;
   if (want) {
@@ -395,7 +434,7 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
   }
   const char *cand = want ? want : in[0].preferred[0] ? in[0].preferred : NULL;
   if (!cand) { /* every rank knows it from the same table: none probes anything */
-    char note[96];
+    char note[160];
     const char *host = host_plane(ctx, in, note, sizeof note);
     put(chosen, len, host);
     snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: backend %s of rank 0 stages through host memory", host,

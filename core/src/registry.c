@@ -44,8 +44,10 @@ static const builtin_collective builtin_collectives[] = {
 #ifdef SHARDLOAD_HAVE_GLOO
     {"gloo", sl__collective_gloo},
 #endif
-    {"simccl", sl__collective_simccl},
-    {"shm", sl__collective_shm},
+    {"simccl", sl__collective_simccl}, {"shm", sl__collective_shm},
+#ifdef SHARDLOAD_HAVE_GLOO
+    {"hier", sl__collective_hier},
+#endif
 };
 static const char *const loadable_collectives[] = {"nccl", "rccl"};
 
@@ -649,7 +651,7 @@ static const sl_collective_ops *builtin_collective_ops(const char *name) {
 }
 
 static sl_status unknown_collective(sl_context *ctx, const char *spec, bool is_name, const char *why) {
-  const char *all[] = {"local", "gloo", "shm", "simccl", "nccl", "rccl"};
+  const char *all[] = {"local", "gloo", "shm", "hier", "simccl", "nccl", "rccl"};
   const char *near = nearest(spec, all, COUNT(all));
 #ifdef SHARDLOAD_HAVE_GLOO
   const char *gloo_note = "";
@@ -659,10 +661,11 @@ static sl_status unknown_collective(sl_context *ctx, const char *spec, bool is_n
   if (!is_name)
     return sl__fail(ctx, SL_ERR_INVALID,
                     "unknown collective '%s'%s%s%s: not a module name (a-z, 0-9, _; at most 32 characters); choose "
-                    "local, gloo, shm, simccl, nccl or rccl%s",
+                    "local, gloo, shm, hier, simccl, nccl or rccl%s",
                     spec, near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "", gloo_note);
   return sl__fail(ctx, SL_ERR_INVALID,
-                  "unknown collective '%s'%s%s%s%s%s%s; choose local, gloo, shm, simccl, nccl or rccl, or NAME for a module "
+                  "unknown collective '%s'%s%s%s%s%s%s; choose local, gloo, shm, hier, simccl, nccl or rccl, or NAME "
+                  "for a module "
                   "libshardload-NAME.so on SHARDLOAD_MODULE_PATH%s",
                   spec, why ? " (" : "", why ? why : "", why ? ")" : "", near ? " (did you mean '" : "",
                   near ? near : "", near ? "'?)" : "", gloo_note);

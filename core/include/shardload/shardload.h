@@ -125,7 +125,8 @@ typedef struct sl_context_options {
   const char *backend;     /* "cpu", "sim", "sim:strict", "cuda", any NAME of a module libshardload-NAME.so, or NULL/"auto": the best probe */
   /* The data plane. NULL/"auto": the backend's device collective (nccl for cuda, simccl for
    * sim) when every rank can run it, each on a device of its own, else host staging: "shm"
-   * (shared memory) where every rank shares one host, "gloo" where they span hosts; one rank
+   * (shared memory) where every rank shares one host, "hier" (shm within each host, Gloo
+   * between the hosts) where they span hosts and some host has several, else "gloo"; one rank
    * stages through host memory ("local"). "shm" forced on ranks of several hosts fails on
    * every rank naming the ranks on other hosts. Ranks agree on it at creation over the
    * control plane, and sl_context_collective_reason says why. A name forces it: creation fails

@@ -1,0 +1,576 @@
+/* The hierarchical host-staging collective: shm within each host, Gloo between the hosts'
+ * leaders (docs/DESIGN.md#hier). Host memory, synchronous (SL_COLL_SYNC).
+ *
+ * At its start the ranks tell each other their host, as the shm collective tells hosts apart
+ * (sl__shm_host_key: boot id, host name, namespaces, uid), over the control plane. A host is
+ * numbered by its first rank, a rank within its host by its rank; the host's first rank is its
+ * leader. One Gloo communicator spans the whole communicator (opened over the control plane, as
+ * simccl's is); it is split into one per host (the control plane of that host's shm
+ * communicator) and one of the leaders, whose rank h is host h's leader. A host of one rank has
+ * no shm communicator.
+ *
+ * broadcast: the root's host over shm, the leaders over Gloo from the root's host's leader,
+ * every other host over shm from its leader (a leader root sends to the leaders first).
+ * scatterv from a leader root (the loader's: root 0 of any communicator is the lowest key, its
+ * host's leader): the leaders learn the count table, the root sends each other leader its
+ * host's parts in one piece (straight from the send buffer where they lie in order, else packed
+ * into a scratch buffer kept on the communicator), and each leader scatters them over its
+ * host's shm; the root's host scatters straight from the send buffer. From a root that leads
+ * no host: the whole communicator's Gloo scatterv (correct, slower). allgather, barrier: the
+ * whole communicator's Gloo.
+ *
+ * Failures: every step's module names the rank it lost; a leader whose Gloo step failed breaks
+ * its host's shm communicator (sl__shm_break), so that the ranks of its host waiting on it fail
+ * at once naming the rank it lost. Any failure breaks the communicator for good. */
+#define _GNU_SOURCE
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../shm/shm.h"
+#include "internal.h"
+
+#define HIER_KEY 256 /* a host key (sl__shm_host_key) */
+#define HIER_WHY SHM_WHY
+
+/* The host the parts report through (shm.h's keeping host): it passes every message on and
+ * keeps the last failure's, so that a later op of a broken communicator can say what broke it.
+ * One per init, shared by its splits (Gloo's and shm's sub-communicators keep their parent's
+ * host). */
+typedef keeping_host keeper;
+
+typedef struct hier_comm {
+  const sl_module_host *host;     /* the keeper's */
+  keeper *kp;                     /* init's own (NULL for a split: its parent's) */
+  const sl_collective_ops *g, *s; /* gloo, shm */
+  int rank, n;
+  int *job;      /* communicator rank -> the job's rank (what messages name) */
+  int *host_of;  /* communicator rank -> its host */
+  int *local_of; /* communicator rank -> its rank within its host */
+  int *members;  /* host h's ranks, in order, at members + first_of[h] */
+  int *first_of; /* host -> where its ranks start in members (nhosts + 1 entries) */
+  int nhosts, myhost;
+  void *world;   /* Gloo over the whole communicator */
+  void *hostg;   /* Gloo over this host (the shm communicator's control plane; init's only) */
+  void *leaders; /* Gloo over the hosts' leaders (NULL unless this rank leads and nhosts > 1) */
+  void *local;   /* shm over this host (NULL for a host of one rank) */
+  sl_control_plane hostctl;
+  uint64_t *table;           /* n counts: a scatterv's, as the leaders learn them */
+  size_t *hcounts, *hdispls; /* a host's or the leaders' counts and displacements */
+  unsigned char *scratch;
+  size_t cap;
+  sl_status broken;
+  char why[HIER_WHY]; /* what broke it */
+  atomic_int aborted;
+} hier_comm;
+
+static int size_of(const hier_comm *c, int h) { return c->first_of[h + 1] - c->first_of[h]; }
+static int leader_of(const hier_comm *c, int h) { return c->members[c->first_of[h]]; }
+static bool leads(const hier_comm *c) { return leader_of(c, c->myhost) == c->rank; }
+
+static void comm_free(hier_comm *c) {
+  if (!c) return;
+  free(c->job), free(c->host_of), free(c->local_of), free(c->members), free(c->first_of);
+  free(c->table), free(c->hcounts), free(c->hdispls), free(c->scratch);
+  free(c->kp);
+  free(c);
+}
+
+/* A communicator of N ranks whose hosts are HOST (by rank: any ints, equal for one host) and
+ * whose job ranks are JOB: the hosts numbered by first appearance. */
+static hier_comm *comm_new(const sl_module_host *host, int n, int rank, const int *hostkey, const int *job) {
+  hier_comm *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->host = host;
+  c->g = sl__collective_gloo();
+  c->s = sl__collective_shm();
+  c->n = n;
+  c->rank = rank;
+  atomic_init(&c->aborted, 0);
+  size_t k = (size_t)n;
+  c->job = calloc(k, sizeof *c->job), c->host_of = calloc(k, sizeof *c->host_of);
+  c->local_of = calloc(k, sizeof *c->local_of), c->members = calloc(k, sizeof *c->members);
+  c->first_of = calloc(k + 1, sizeof *c->first_of), c->table = calloc(k, sizeof *c->table);
+  c->hcounts = calloc(k, sizeof *c->hcounts), c->hdispls = calloc(k, sizeof *c->hdispls);
+  if (!c->job || !c->host_of || !c->local_of || !c->members || !c->first_of || !c->table || !c->hcounts ||
+      !c->hdispls) {
+    comm_free(c);
+    return NULL;
+  }
+  /* hosts in order of first appearance; members by host, in rank order */
+  int *first = calloc(k, sizeof *first), *count = calloc(k, sizeof *count);
+  if (!first || !count) {
+    free(first), free(count);
+    comm_free(c);
+    return NULL;
+  }
+  for (int r = 0; r < n; r++) {
+    c->job[r] = job[r];
+    int h = 0;
+    while (h < c->nhosts && hostkey[first[h]] != hostkey[r]) h++;
+    if (h == c->nhosts) first[c->nhosts++] = r;
+    c->host_of[r] = h;
+  }
+  free(first);
+  for (int r = 0; r < n; r++) count[c->host_of[r]]++;
+  c->first_of[0] = 0;
+  for (int h = 0; h < c->nhosts; h++) c->first_of[h + 1] = c->first_of[h] + count[h], count[h] = 0;
+  for (int r = 0; r < n; r++) {
+    int h = c->host_of[r];
+    c->local_of[r] = count[h];
+    c->members[c->first_of[h] + count[h]++] = r;
+  }
+  free(count);
+  c->myhost = c->host_of[rank];
+  return c;
+}
+
+/* ---- the host's shm communicator's control plane: the host's Gloo ---------------------------- */
+
+static sl_status hostctl_broadcast(void *ctx, void *buf, size_t bytes, int root) {
+  hier_comm *c = ctx;
+  return c->g->broadcast(c->hostg, buf, bytes, root, NULL);
+}
+
+static sl_status hostctl_allgather(void *ctx, const void *sendbuf, void *recvbuf, size_t bytes) {
+  hier_comm *c = ctx;
+  return c->g->allgather(c->hostg, sendbuf, recvbuf, bytes, NULL);
+}
+
+static void hier_fini(void *comm) {
+  hier_comm *c = comm;
+  if (!c) return;
+  /* sub-communicators before their parents (module.h) */
+  if (c->local) c->s->fini(c->local);
+  if (c->leaders) c->g->fini(c->leaders);
+  if (c->hostg) c->g->fini(c->hostg);
+  if (c->world) c->g->fini(c->world);
+  comm_free(c);
+}
+
+/* The job's ranks of host H, for the shm communicator's messages. */
+static sl_status label_host(hier_comm *c) {
+  int k = size_of(c, c->myhost);
+  int *labels = malloc((size_t)k * sizeof *labels);
+  if (!labels) return c->host->fail(c->host->core, SL_ERR_NOMEM, "hier: out of memory");
+  for (int i = 0; i < k; i++) labels[i] = c->job[c->members[c->first_of[c->myhost] + i]];
+  sl_status st = sl__shm_label(c->local, labels);
+  free(labels);
+  return st;
+}
+
+static sl_status hier_init(const sl_collective_init *init, void **comm) {
+  *comm = NULL;
+  if (!init->host) return SL_ERR_INVALID;
+  const sl_module_host *host = init->host;
+  if (init->size < offsetof(sl_collective_init, ops) || !init->control)
+    return host->fail(host->core, SL_ERR_INVALID,
+                      "the hier collective is a data collective: it starts over a control plane (sl_collective_init."
+                      "control), which this caller did not give");
+  int n = init->world_size, me = init->rank;
+  if (n < 1 || me < 0 || me >= n) return host->fail(host->core, SL_ERR_INVALID, "hier: rank %d of %d", me, n);
+  const sl_control_plane *ctl = init->control;
+  /* every rank's host */
+  char mine[HIER_KEY] = "";
+  sl__shm_host_key(mine, sizeof mine);
+  char(*all)[HIER_KEY] = calloc((size_t)n, sizeof *all);
+  int *key = calloc((size_t)n, sizeof *key), *job = calloc((size_t)n, sizeof *job);
+  sl_status st = all && key && job ? ctl->allgather(ctl->ctx, mine, all, sizeof mine)
+                                   : host->fail(host->core, SL_ERR_NOMEM, "hier: out of memory for %d ranks", n);
+  for (int r = 0; st == SL_OK && r < n; r++) {
+    all[r][HIER_KEY - 1] = 0; /* a peer's text: terminated before it is compared */
+    key[r] = r;
+    for (int q = 0; q < r; q++)
+      if (strcmp(all[q], all[r]) == 0) {
+        key[r] = key[q];
+        break;
+      }
+    job[r] = r;
+  }
+  keeper *kp = st == SL_OK ? calloc(1, sizeof *kp) : NULL;
+  hier_comm *c = kp ? comm_new(&kp->h, n, me, key, job) : NULL;
+  free(all), free(key), free(job);
+  if (st == SL_OK && !c) st = host->fail(host->core, SL_ERR_NOMEM, "hier: out of memory for %d ranks", n);
+  if (st != SL_OK) {
+    free(kp);
+    return st;
+  }
+  sl__keeping_host_init(kp, host);
+  c->kp = kp;
+  /* the whole communicator's Gloo, bootstrapped over the control plane, in a key space of its own */
+  char prefix[320], lobby[320];
+  snprintf(prefix, sizeof prefix, "%shier/", init->prefix ? init->prefix : "");
+  snprintf(lobby, sizeof lobby, "%shier/", init->lobby ? init->lobby : "");
+  sl_collective_init gi;
+  memset(&gi, 0, sizeof gi);
+  memcpy(&gi, init, init->size < sizeof gi ? init->size : sizeof gi);
+  gi.size = sizeof gi;
+  gi.host = c->host;
+  gi.prefix = prefix;
+  gi.lobby = lobby;
+  gi.ops = c->g;
+  st = c->g->init(&gi, &c->world);
+  if (st == SL_OK) st = c->g->split(c->world, c->myhost, me, &c->hostg);
+  if (st == SL_OK && c->nhosts > 1) st = c->g->split(c->world, leads(c) ? 0 : -1, me, &c->leaders);
+  if (st == SL_OK && size_of(c, c->myhost) > 1) {
+    c->hostctl = (sl_control_plane){sizeof c->hostctl, c, hostctl_broadcast, hostctl_allgather};
+    sl_collective_init si = gi;
+    si.rank = c->local_of[me];
+    si.world_size = size_of(c, c->myhost);
+    si.rendezvous = NULL;
+    si.control = &c->hostctl;
+    si.ops = c->s;
+    st = c->s->init(&si, &c->local);
+    if (st != SL_OK) c->local = NULL;
+    if (st == SL_OK) st = label_host(c);
+  }
+  /* a rank that failed here fails every rank: the core agrees on the start (planes.c, open_data) */
+  if (st != SL_OK) {
+    hier_fini(c);
+    return st;
+  }
+  host->log(host->core, SL_LOG_DEBUG, "hier: rank %d is rank %d of host %d (%d ranks) of %d hosts", me, c->local_of[me],
+            c->myhost, size_of(c, c->myhost), c->nhosts);
+  *comm = c;
+  return SL_OK;
+}
+
+/* ---- the ops -------------------------------------------------------------------------------- */
+
+/* An op's outcome: a failure breaks the communicator for good. */
+static sl_status done(hier_comm *c, sl_status st) {
+  if (st != SL_OK && c->broken == SL_OK) {
+    c->broken = st;
+    keeper *k = c->host->core;
+    snprintf(c->why, sizeof c->why, "%s", k->last);
+  }
+  return st;
+}
+
+static sl_status usable(hier_comm *c, const char *op) {
+  if (atomic_load(&c->aborted))
+    return done(c, c->host->fail(c->host->core, SL_ERR_COMM, "hier %s: aborted (sl_context_abort) on rank %d", op,
+                                 c->job[c->rank]));
+  if (c->broken == SL_OK) {
+    ((keeper *)c->host->core)->last[0] = 0; /* what this op's steps say, and nothing older */
+    return SL_OK;
+  }
+  return c->host->fail(c->host->core, c->broken, "hier %s: the data plane failed earlier: %s", op, c->why);
+}
+
+/* This leader's Gloo step failed (ST, having lost the job's rank LOST): the ranks of its host
+ * that wait on it in shm fail at once rather than at the timeout. */
+static sl_status leader_failed(hier_comm *c, sl_status st, const char *op, int lost) {
+  /* the rank the step's own message names, where it names one (Gloo's "lost rank N") */
+  char last[HIER_WHY];
+  snprintf(last, sizeof last, "%s", ((keeper *)c->host->core)->last);
+  const char *at = strstr(last, "lost rank ");
+  int named, q = -1;
+  if (at && sscanf(at, "lost rank %d", &named) == 1 && named >= 0) lost = named;
+  for (int r = 0; r < c->n && q < 0 && lost >= 0; r++)
+    if (c->job[r] == lost) q = r;
+  /* another host's leader leaves the job when it loses a rank of its host, which only its
+   * own message names: say whom it leads (docs/DESIGN.md#hier) */
+  if (q >= 0 && c->host_of[q] != c->myhost && leader_of(c, c->host_of[q]) == q && size_of(c, c->host_of[q]) > 1) {
+    char list[96] = "";
+    int h = c->host_of[q], k = size_of(c, h);
+    size_t used = 0;
+    for (int i = 0; i < k && i < 8; i++) {
+      int w = snprintf(list + used, sizeof list - used, "%s%d", i ? ", " : "", c->job[c->members[c->first_of[h] + i]]);
+      if (w > 0 && (size_t)w < sizeof list - used) used += (size_t)w;
+    }
+    st = c->host->fail(c->host->core, st,
+                       "%s (rank %d leads the ranks %s%s of its host, and fails when it loses one of them: see its own "
+                       "message)",
+                       last, lost, list, k > 8 ? " ..." : "");
+  }
+  if (c->local) {
+    char why[160];
+    snprintf(why, sizeof why, "hier %s: leader rank %d of its host failed between the hosts", op, c->job[c->rank]);
+    sl__shm_break(c->local, st, lost, why);
+  }
+  return st;
+}
+
+/* The leaders' broadcast from host RH's leader: Gloo's scatterv of the one buffer to each
+ * (flat), whose sends are watched, so that a leader that died fails the root at once, where a
+ * send of Gloo's own broadcast to a dead peer may wait out the timeout. */
+static sl_status leaders_bcast(hier_comm *c, void *buf, size_t bytes, int rh) {
+  if (c->myhost != rh) return c->g->scatterv(c->leaders, NULL, NULL, NULL, buf, bytes, rh, NULL);
+  for (int h = 0; h < c->nhosts; h++) c->hcounts[h] = h == rh ? 0 : bytes, c->hdispls[h] = 0;
+  return c->g->scatterv(c->leaders, buf, c->hcounts, c->hdispls, NULL, 0, rh, NULL);
+}
+
+static sl_status bad_root(hier_comm *c, const char *op, int root) {
+  return done(c, c->host->fail(c->host->core, SL_ERR_INVALID, "hier %s: root %d is not a rank of %d", op, root, c->n));
+}
+
+static sl_status hier_broadcast(void *comm, void *buf, size_t bytes, int root, void *stream) {
+  hier_comm *c = comm;
+  sl_status st = usable(c, "broadcast");
+  if (st != SL_OK) return st;
+  if (root < 0 || root >= c->n) return bad_root(c, "broadcast", root);
+  int rh = c->host_of[root];
+  bool lead = c->leaders && leads(c);
+  if (c->myhost == rh) {
+    /* a leader root sends to the other hosts first: they work while its own host takes it */
+    bool first = leader_of(c, rh) == root;
+    if (first && lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
+      return done(c, leader_failed(c, st, "broadcast", -1));
+    if (st == SL_OK && c->local) st = c->s->broadcast(c->local, buf, bytes, c->local_of[root], NULL);
+    if (st == SL_OK && !first && lead) st = leaders_bcast(c, buf, bytes, rh);
+    return done(c, st); /* the last step: nobody of this host waits on it */
+  }
+  if (lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
+    return done(c, leader_failed(c, st, "broadcast", c->job[leader_of(c, rh)]));
+  if (c->local) st = c->s->broadcast(c->local, buf, bytes, 0, NULL);
+  return done(c, st);
+}
+
+/* Room for BYTES in the scratch buffer, grown (never shrunk) across ops. */
+static sl_status scratch_for(hier_comm *c, uint64_t bytes, const char *op) {
+  if (bytes <= c->cap) return SL_OK;
+  if (bytes > SIZE_MAX)
+    return c->host->fail(c->host->core, SL_ERR_NOMEM, "hier %s: %llu bytes", op, (unsigned long long)bytes);
+  unsigned char *p = realloc(c->scratch, (size_t)bytes);
+  if (!p)
+    return c->host->fail(c->host->core, SL_ERR_NOMEM, "hier %s: out of memory for a staging buffer of %llu bytes", op,
+                         (unsigned long long)bytes);
+  c->scratch = p;
+  c->cap = (size_t)bytes;
+  return SL_OK;
+}
+
+/* The root (a leader): the count table to the leaders, each other host's parts to its leader
+ * in one piece, then its own host's parts over shm. */
+static sl_status scatter_root(hier_comm *c, const unsigned char *send, const size_t *counts, const size_t *displs,
+                              void *recv, size_t recvbytes) {
+  int rh = c->myhost;
+  sl_status st = SL_OK;
+  if (c->leaders) {
+    for (int r = 0; r < c->n; r++) c->table[r] = counts[r];
+    st = leaders_bcast(c, c->table, (size_t)c->n * sizeof *c->table, rh);
+    /* each host's parts in its order: straight from SEND where every host's lie so, else packed */
+    bool in_place = true;
+    for (int h = 0; h < c->nhosts; h++) {
+      size_t at = 0, len = 0;
+      for (int i = 0; h != rh && i < size_of(c, h); i++) {
+        int r = c->members[c->first_of[h] + i];
+        if (i == 0) at = displs[r];
+        else if (counts[r] && displs[r] != at + len) in_place = false;
+        len += counts[r];
+      }
+      c->hcounts[h] = len, c->hdispls[h] = at;
+    }
+    const unsigned char *base = send;
+    if (!in_place && st == SL_OK) {
+      uint64_t total = 0;
+      for (int h = 0; h < c->nhosts; h++) total += c->hcounts[h];
+      if ((st = scratch_for(c, total, "scatterv")) == SL_OK) {
+        size_t at = 0;
+        for (int h = 0; h < c->nhosts; h++) {
+          c->hdispls[h] = at;
+          for (int i = 0; h != rh && i < size_of(c, h); i++) {
+            int r = c->members[c->first_of[h] + i];
+            if (counts[r]) memcpy(c->scratch + at, send + displs[r], counts[r]);
+            at += counts[r];
+          }
+        }
+        base = c->scratch;
+      }
+    }
+    if (st == SL_OK) st = c->g->scatterv(c->leaders, base, c->hcounts, c->hdispls, NULL, 0, rh, NULL);
+  }
+  if (st != SL_OK) return leader_failed(c, st, "scatterv", -1);
+  if (!c->local) {
+    if (recvbytes && send + displs[c->rank] != recv) memmove(recv, send + displs[c->rank], recvbytes);
+    return SL_OK;
+  }
+  for (int i = 0; i < size_of(c, rh); i++) {
+    int r = c->members[c->first_of[rh] + i];
+    c->hcounts[i] = counts[r], c->hdispls[i] = displs[r];
+  }
+  return c->s->scatterv(c->local, send, c->hcounts, c->hdispls, recv, recvbytes, c->local_of[c->rank], NULL);
+}
+
+/* Another host's leader: the count table, its host's parts in one piece, then over its shm. */
+static sl_status scatter_leader(hier_comm *c, void *recv, size_t recvbytes, int root) {
+  int rh = c->host_of[root], lost = c->job[root];
+  sl_status st = leaders_bcast(c, c->table, (size_t)c->n * sizeof *c->table, rh);
+  if (st != SL_OK) return leader_failed(c, st, "scatterv", lost);
+  /* trust no peer: the table must add up, and give this rank what it was called with */
+  uint64_t total = 0;
+  int k = size_of(c, c->myhost);
+  for (int i = 0; i < k && st == SL_OK; i++) {
+    uint64_t v = c->table[c->members[c->first_of[c->myhost] + i]];
+    if (__builtin_add_overflow(total, v, &total) || v > SIZE_MAX || total > SIZE_MAX)
+      st = c->host->fail(c->host->core, SL_ERR_MISMATCH,
+                         "hier scatterv: root rank %d's count table gives host %d more bytes than this rank can hold",
+                         lost, c->myhost);
+    c->hcounts[i] = (size_t)v;
+  }
+  if (st == SL_OK && c->table[c->rank] != recvbytes)
+    st = c->host->fail(c->host->core, SL_ERR_MISMATCH,
+                       "hier scatterv: rank %d expects %zu bytes but root rank %d sends it %llu", c->job[c->rank],
+                       recvbytes, lost, (unsigned long long)c->table[c->rank]);
+  if (st != SL_OK) return leader_failed(c, st, "scatterv", lost);
+  if (!c->local) { /* a host of one rank: straight into its buffer */
+    st = c->g->scatterv(c->leaders, NULL, NULL, NULL, recv, recvbytes, rh, NULL);
+    return st;
+  }
+  if ((st = scratch_for(c, total, "scatterv")) == SL_OK)
+    st = c->g->scatterv(c->leaders, NULL, NULL, NULL, c->scratch, (size_t)total, rh, NULL);
+  if (st != SL_OK) return leader_failed(c, st, "scatterv", lost);
+  size_t at = 0;
+  for (int i = 0; i < k; i++) c->hdispls[i] = at, at += c->hcounts[i];
+  return c->s->scatterv(c->local, c->scratch, c->hcounts, c->hdispls, recv, recvbytes, 0, NULL);
+}
+
+static sl_status hier_scatterv(void *comm, const void *sendbuf, const size_t *counts, const size_t *displs,
+                               void *recvbuf, size_t recvbytes, int root, void *stream) {
+  hier_comm *c = comm;
+  sl_status st = usable(c, "scatterv");
+  if (st != SL_OK) return st;
+  if (root < 0 || root >= c->n) return bad_root(c, "scatterv", root);
+  if (c->rank == root && counts[root] != recvbytes)
+    return done(c, c->host->fail(c->host->core, SL_ERR_INVALID,
+                                 "hier scatterv: the root sends itself %zu bytes but receives %zu", counts[root],
+                                 recvbytes));
+  int rh = c->host_of[root];
+  if (c->nhosts == 1) { /* one host: its shm alone, whose ranks are this communicator's */
+    if (c->local) return done(c, c->s->scatterv(c->local, sendbuf, counts, displs, recvbuf, recvbytes, root, NULL));
+    const unsigned char *own = (const unsigned char *)sendbuf + displs[root];
+    if (recvbytes && own != recvbuf) memmove(recvbuf, own, recvbytes);
+    return SL_OK;
+  }
+  /* a root that leads no host: the whole communicator's Gloo (correct; every byte over TCP) */
+  if (leader_of(c, rh) != root)
+    return done(c, c->g->scatterv(c->world, sendbuf, counts, displs, recvbuf, recvbytes, root, NULL));
+  if (c->rank == root) return done(c, scatter_root(c, sendbuf, counts, displs, recvbuf, recvbytes));
+  if (c->myhost == rh || !leads(c))
+    return done(c, c->s->scatterv(c->local, NULL, NULL, NULL, recvbuf, recvbytes,
+                                  c->myhost == rh ? c->local_of[root] : 0, NULL));
+  return done(c, scatter_leader(c, recvbuf, recvbytes, root));
+}
+
+/* One host: its shm, whose ranks are this communicator's (and which names a silent rank, which
+ * a Gloo communicator bootstrapped over the control plane cannot). More: the whole
+ * communicator's Gloo (small, rare). */
+static sl_status hier_allgather(void *comm, const void *sendbuf, void *recvbuf, size_t bytes, void *stream) {
+  hier_comm *c = comm;
+  sl_status st = usable(c, "allgather");
+  if (st != SL_OK) return st;
+  if (c->nhosts == 1 && c->local) return done(c, c->s->allgather(c->local, sendbuf, recvbuf, bytes, NULL));
+  return done(c, c->g->allgather(c->world, sendbuf, recvbuf, bytes, NULL));
+}
+
+/* Each host's ranks meet, then the leaders, then each host's ranks again: a silent rank is
+ * named by its host's shm; a leader that fails between the hosts breaks its host's shm. */
+static sl_status hier_barrier(void *comm) {
+  hier_comm *c = comm;
+  sl_status st = usable(c, "barrier");
+  if (st != SL_OK) return st;
+  if (c->local) st = c->s->barrier(c->local);
+  if (st == SL_OK && c->leaders && (st = c->g->barrier(c->leaders)) != SL_OK)
+    return done(c, leader_failed(c, st, "barrier", -1));
+  if (st == SL_OK && c->local && c->nhosts > 1) st = c->s->barrier(c->local);
+  return done(c, st);
+}
+
+/* Callable from any thread: the parts' aborts are. */
+static void hier_abort(void *comm) {
+  hier_comm *c = comm;
+  if (!c) return;
+  atomic_store(&c->aborted, 1);
+  if (c->local) c->s->abort(c->local);
+  if (c->leaders) c->g->abort(c->leaders);
+  if (c->hostg) c->g->abort(c->hostg);
+  if (c->world) c->g->abort(c->world);
+}
+
+/* Collective over COMM: the group of each color, ordered by (key, rank), as Gloo and shm order
+ * theirs; its Gloo a split of COMM's, its shm on each host a split of that host's (a rank alone
+ * of its group on its host takes none), its leaders the first of each host in the group. */
+static sl_status hier_split(void *comm, int color, int key, void **sub) {
+  hier_comm *c = comm;
+  *sub = NULL;
+  sl_status st = usable(c, "split");
+  if (st != SL_OK) return st;
+  if (color < 0) color = -1;
+  int32_t mine[2] = {color, key}, *all = calloc((size_t)c->n, sizeof mine);
+  int *order = calloc((size_t)c->n, sizeof *order), *hk = calloc((size_t)c->n, sizeof *hk),
+      *jr = calloc((size_t)c->n, sizeof *jr);
+  void *sw = NULL, *sl = NULL, *sld = NULL;
+  hier_comm *s = NULL;
+  if (!all || !order || !hk || !jr) {
+    st = c->host->fail(c->host->core, SL_ERR_NOMEM, "hier split: out of memory for %d ranks", c->n);
+    goto out; /* the others fail in the allgather below, or at the timeout */
+  }
+  if ((st = c->g->allgather(c->world, mine, all, sizeof mine, NULL)) != SL_OK) goto out;
+  /* the group, by (key, rank) */
+  int size = 0, pos = -1, alone = 1;
+  for (int r = 0; color >= 0 && r < c->n; r++) {
+    if (all[2 * r] != color) continue;
+    int at = size++;
+    while (at > 0 && all[2 * order[at - 1] + 1] > all[2 * r + 1]) order[at] = order[at - 1], at--;
+    order[at] = r;
+  }
+  for (int i = 0; i < size; i++) {
+    if (order[i] == c->rank) pos = i;
+    hk[i] = c->host_of[order[i]];
+    jr[i] = c->job[order[i]];
+  }
+  /* whether another member of this rank's group shares its host: its shm split needs that */
+  for (int r = 0; color >= 0 && r < c->n; r++)
+    if (r != c->rank && all[2 * r] == color && c->host_of[r] == c->myhost) alone = 0;
+  if ((st = c->g->split(c->world, color, key, &sw)) != SL_OK) goto out;
+  if (c->local && (st = c->s->split(c->local, color >= 0 && !alone ? color : -1, key, &sl)) != SL_OK) goto out;
+  if (color < 0) goto out;
+  s = comm_new(c->host, size, pos, hk, jr);
+  if (!s) {
+    st = c->host->fail(c->host->core, SL_ERR_NOMEM, "hier split: out of memory for %d ranks", size);
+    goto out; /* the group's leaders' split below is missing: its members fail at the timeout */
+  }
+  if (s->nhosts > 1 && (st = c->g->split(sw, leads(s) ? 0 : -1, pos, &sld)) != SL_OK) goto out;
+  s->world = sw, s->local = sl, s->leaders = sld;
+  sw = sl = sld = NULL;
+  *sub = s;
+  s = NULL;
+out:
+  if (sl) c->s->fini(sl);
+  if (sld) c->g->fini(sld);
+  if (sw) c->g->fini(sw);
+  comm_free(s);
+  free(all), free(order), free(hk), free(jr);
+  return done(c, st);
+}
+
+/* What it needs of this machine: the shm collective's (within a host) and Gloo (built in). */
+static int hier_probe(const char *backend, char *reason, size_t len) {
+  char why[256];
+  if (sl__collective_shm()->probe(backend, why, sizeof why) > 0) return 1;
+  snprintf(reason, len, "hier: needs shm within each host: %s", why);
+  return 0;
+}
+
+static const sl_collective_ops hier_ops = {
+    .abi_version = SL_COLLECTIVE_ABI_VERSION,
+    .size = sizeof(sl_collective_ops),
+    .name = "hier",
+    .flags = SL_COLL_SYNC,
+    .domains = SL_MEM_HOST | SL_MEM_PINNED,
+    .device_backend = NULL,
+    .probe = hier_probe,
+    .init = hier_init,
+    .fini = hier_fini,
+    .abort = hier_abort,
+    .split = hier_split,
+    .broadcast = hier_broadcast,
+    .scatterv = hier_scatterv,
+    .allgather = hier_allgather,
+    .barrier = hier_barrier,
+};
+
+const sl_collective_ops *sl__collective_hier(void) { return &hier_ops; }
