@@ -243,7 +243,7 @@ static void shm_blockers(const sl_context *ctx, const plane_intent *in, bool all
  * and some host has more than one (shm within each host, gloo between the hosts' leaders);
  * else gloo. The shm and hier collectives check the same evidence again at their start and
  * fail rather than trust this choice. NOTE (cut to fit) says why, for the reason text. */
-static const char *host_plane(const sl_context *ctx, const plane_intent *in, char *note, size_t len) {
+static const char *host_plane(const sl_context *ctx, const plane_intent *in, int *scratch, char *note, size_t len) {
   note[0] = 0;
   if (ctx->world_size == 1) return "local";
   int other = -1;
@@ -264,18 +264,21 @@ static const char *host_plane(const sl_context *ctx, const plane_intent *in, cha
     return "shm";
   }
   /* the hosts, numbered by their first rank, and how many ranks each has */
+  /* SCRATCH: 2 x world_size ints that agree_on_data allocated with the tables (whose failure
+   * every rank learns), so that no rank can choose differently for want of memory here */
   int n = ctx->world_size, hosts = 0, biggest = 0;
-  int *size = calloc((size_t)n, sizeof *size), *first = calloc((size_t)n, sizeof *first);
-  for (int r = 0; size && first && r < n; r++) {
+  int *size = scratch, *first = scratch + n;
+  memset(size, 0, (size_t)n * sizeof *size);
+  for (int r = 0; r < n; r++) {
     int h = 0;
     while (h < hosts && !shm_host(&in[first[h]], &in[r])) h++;
     if (h == hosts) first[hosts++] = r;
     if (++size[h] > biggest) biggest = size[h];
   }
   const char *plane = "gloo";
-  if (!size || !first || biggest < 2) {
-    snprintf(note, len, "; not shm: rank %d is not on rank 0's host (or user, or namespaces)%s", other,
-             size && first ? ", and no host has two ranks" : "");
+  if (biggest < 2) {
+    snprintf(note, len, "; not shm: rank %d is not on rank 0's host (or user, or namespaces), and no host has two ranks",
+             other);
   } else {
     plane = "hier";
     int used = snprintf(note, len, "; %d hosts (", hosts);
@@ -284,8 +287,6 @@ static const char *host_plane(const sl_context *ctx, const plane_intent *in, cha
     if (used > 0 && (size_t)used < len)
       snprintf(note + used, len - (size_t)used, " ranks): shm within each host, gloo between the hosts' leaders");
   }
-  free(size);
-  free(first);
   return plane;
 }
 
@@ -347,10 +348,10 @@ static sl_status unknown_collective(sl_context *ctx, const plane_intent *in, con
 /* Every rank runs this on the same tables and so reaches the same verdict on the candidate
  * CAND (WANT when forced, else rank 0's preferred collective): CHOSEN (a module name) and
  * ctx->data_reason, or the same failure. */
-static sl_status choose(sl_context *ctx, const plane_intent *in, const plane_verdict *v, const char *want,
-                        const char *cand, char *chosen, size_t len) {
+static sl_status choose(sl_context *ctx, const plane_intent *in, const plane_verdict *v, int *scratch,
+                        const char *want, const char *cand, char *chosen, size_t len) {
   char why[PLANE_REASON + 160], where[2 * PLANE_HOST + 48], note[160];
-  const char *host = host_plane(ctx, in, note, sizeof note);
+  const char *host = host_plane(ctx, in, scratch, note, sizeof note);
   int a, b;
   if (want) {
     if (!v[0].known) return unknown_collective(ctx, in, v, want);
@@ -410,9 +411,10 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
   fill_intent(ctx, want, &mine);
   plane_intent *in = calloc((size_t)ctx->world_size, sizeof *in);
   plane_verdict *v = calloc((size_t)ctx->world_size, sizeof *v);
+  int *scratch = calloc(2 * (size_t)ctx->world_size, sizeof *scratch); /* host_plane's */
   /* without the tables this rank cannot take part: say so in the agreement below, so that the
    * others fail with its message rather than waiting in the allgather */
-  sl_status st = in && v ? SL_OK
+  sl_status st = in && v && scratch ? SL_OK
                          : sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate the table of %d ranks' collectives",
                                     ctx->world_size);
   if ((st = sl__agree(ctx, st, NULL, AGREE_START, NULL)) != SL_OK) goto out_free;
@@ -435,7 +437,7 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
   const char *cand = want ? want : in[0].preferred[0] ? in[0].preferred : NULL;
   if (!cand) { /* every rank knows it from the same table: none probes anything */
     char note[160];
-    const char *host = host_plane(ctx, in, note, sizeof note);
+    const char *host = host_plane(ctx, in, scratch, note, sizeof note);
     put(chosen, len, host);
     snprintf(ctx->data_reason, sizeof ctx->data_reason, "%s: backend %s of rank 0 stages through host memory", host,
              in[0].backend);
@@ -455,8 +457,9 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
   fill_verdict(ctx, cand, &vmine);
   if ((st = sl__ctl_allgather(ctx, &vmine, v, sizeof vmine)) != SL_OK) goto out_free;
   for (int r = 0; r < ctx->world_size; r++) take_text(v[r].reason, sizeof v[r].reason);
-  st = choose(ctx, in, v, want, cand, chosen, len);
+  st = choose(ctx, in, v, scratch, want, cand, chosen, len);
 out_free:
+  free(scratch);
   free(v);
   free(in);
   return st;
