@@ -66,14 +66,19 @@ static const char *thp_mode(const char *file, char *buf, size_t len) {
 /* Whether a populated, advised, aligned block must hold huge pages: the kernel builds THP, gives
  * them on request ("always" or "madvise"), compacts memory for an advised fault rather than
  * falling back at once (defrag "always", "madvise" or "defer+madvise"; "defer" and "never" give
- * small pages whenever no huge page is free), and says this mapping is eligible (THPeligible:
- * not under PR_SET_THP_DISABLE, say). Anything else gives small pages to the same calls, as
- * hostops.c says, and that is no failure of the allocator. */
+ * small pages whenever no huge page is free), says this mapping is eligible (THPeligible: not
+ * under PR_SET_THP_DISABLE, say), and its huge pages are 2 MiB. Anything else gives small pages
+ * to the same calls, as hostops.c says, and that is no failure of the allocator. */
 static int huge_pages_due(const mapping *m) {
   char en[32], df[32];
   thp_mode("enabled", en, sizeof en);
   thp_mode("defrag", df, sizeof df);
-  return m->eligible && (!strcmp(en, "always") || !strcmp(en, "madvise")) &&
+  /* not 32 or 512 MiB, as with 16 or 64 KiB pages */
+  long pmd = 0;
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r");
+  if (f && fscanf(f, "%ld", &pmd) != 1) pmd = 0;
+  if (f) fclose(f);
+  return pmd == 2 * MIB && m->eligible && (!strcmp(en, "always") || !strcmp(en, "madvise")) &&
          (!strcmp(df, "always") || !strcmp(df, "madvise") || !strcmp(df, "defer+madvise"));
 }
 
