@@ -11,9 +11,9 @@
  * loader_recv.c:sl__loader_read_own). Rank 0 then reads every file of the checkpoint once, so
  * the page cache is warm, and every rank waits at the barrier (a pipe). Per round, three
  * variants, in an order that rotates each round:
- *   fresh  allocate every shard with sl_alloc (the loader's own allocation: MAP_POPULATE from
- *          1 MiB) and pread each run straight into it: pays the first touch of fresh memory,
- *          as a load does;
+ *   fresh  allocate every shard with sl_alloc (the loader's own allocation: populated from
+ *          1 MiB, huge pages from 2 MiB) and pread each run straight into it: pays the first
+ *          touch of fresh memory, as a load does;
  *   warm   the same preads into shards allocated and written before the barrier: the copy
  *          out of the page cache alone;
  *   proc   fresh, in a process the rank forks for it, timed to that process's exit: fork, the
@@ -24,7 +24,9 @@
  * user + system seconds over the same span. Medians over the rounds.
  * --check: exit 1 unless the ranks' shares add up to the checkpoint's bytes (the default plan
  * shards every tensor that has a dimension, so each byte is one rank's; a 0-d tensor every
- * rank's) and every read was whole. --json: one JSON
+ * rank's) and every read was whole. Always, whatever --check: a rank whose runs do not read
+ * the shard sl_plan_geometry gives it, each byte into its place, fails before the rounds
+ * (check_runs; exit 2). --json: one JSON
  * object with every sample on stdout instead of the table. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -94,6 +96,39 @@ static sl_status add_run(void *user, uint64_t gs, uint64_t ls, uint64_t count) {
   return SL_OK;
 }
 
+/* The global element index, in T, of local element L of the shard G describes (row-major). */
+static uint64_t global_of(const sl_source_tensor *t, const sl_shard_geometry *g, uint64_t l) {
+  uint64_t idx[SL_MAX_DIMS], at = 0;
+  for (int d = g->ndim - 1; d >= 0; d--) {
+    idx[d] = l % (uint64_t)g->local_shape[d];
+    l /= (uint64_t)g->local_shape[d];
+  }
+  for (int d = 0; d < g->ndim; d++) at = at * (uint64_t)t->shape[d] + idx[d] + (uint64_t)g->global_offset[d];
+  return at;
+}
+
+/* The runs of T from FIRST on read the file's bytes of the shard that sl_plan_geometry gives
+ * the rank (G), each into its place, and fill the shard: in order, one after another from its
+ * first element to its last, each run's first element at the file offset of its global index
+ * and its last COUNT - 1 elements further on (the map from local to global indices is
+ * increasing, so every element between is where it belongs too). */
+static void check_runs(const share *s, size_t first, const sl_source_tensor *t, const sl_shard_geometry *g, size_t es) {
+  uint64_t next = 0, local = 1;
+  if (g->ndim != t->ndim) die(t->name, "sl_plan_geometry gives the shard another rank than the tensor's");
+  for (int d = 0; d < g->ndim; d++) local *= (uint64_t)g->local_shape[d];
+  for (size_t k = first; k < s->nruns; k++) {
+    const run *r = &s->runs[k];
+    uint64_t ls = r->dst / es, n = r->bytes / es;
+    if (!n) continue;
+    uint64_t gs = global_of(t, g, ls);
+    if (r->dst % es || r->bytes % es || ls != next || r->off != t->file_offset + gs * es ||
+        global_of(t, g, ls + n - 1) - gs != n - 1)
+      die(t->name, "a run is not where sl_plan_geometry puts the rank's shard");
+    next = ls + n;
+  }
+  if (next != local || local * es != g->nbytes) die(t->name, "the runs do not fill the rank's shard");
+}
+
 /* This rank's share of PATH in a world of WORLD, from the library's plan; rank 0 also warms
  * the page cache. */
 static void plan_share(const char *path, int rank, int world, sl_context **ctx_out, share *s) {
@@ -133,10 +168,12 @@ static void plan_share(const char *path, int rank, int world, sl_context **ctx_o
     if (c.fd < 0) die(t->name, "its file is not among the source's files");
     uint64_t elems = 1;
     for (int d = 0; d < t->ndim; d++) elems *= (uint64_t)t->shape[d];
+    size_t first = s->nruns;
     if (sl__region_runs(&reg, 0, elems, add_run, &c) != SL_OK) die(t->name, sl_context_errmsg(ctx));
     s->shard_bytes[s->nshards++] = (size_t)nbytes;
     sl_shard_geometry g = {.size = sizeof g};
     if (sl_plan_geometry(plan, t, rank, world, &g) != SL_OK) die(t->name, sl_context_errmsg(ctx));
+    check_runs(s, first, t, &g, c.es);
     if (g.replicated) s->replicated += nbytes;
   }
   if (rank == 0) { /* the page cache, warm: every file read once */

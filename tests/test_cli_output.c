@@ -255,6 +255,40 @@ static void test_out_of_memory_is_reported_as_such(void **state) {
              "is its report built whole again?", limit);
 }
 
+/* jansson out of memory in the middle of load's streamed --json report (a tensor's element, after
+ * the ones before it were written; tests/preload/json_oom.c): exit status 1 and the
+ * out-of-memory line, never 0 with a report that lacks tensors, at world 1 and in a rank of
+ * --nproc 2 (whose whole report the launcher never prints then). */
+static void test_out_of_memory_mid_report(void **state) {
+  const char *oom = getenv("SHARDLOAD_TEST_JSON_OOM");
+  if (!oom || !*oom) skip(); /* a sanitizer build: nothing may be preloaded before its runtime */
+  char *json = sl_test_path(g_dir, "whole.json"), cmd[4096];
+  snprintf(cmd, sizeof cmd, ENV1 " %s load '%s' --json", sl_test_bin(), g_ck);
+  assert_int_equal(run_to_file(json, cmd), 0);
+  json_t *doc = load_json_file(json);
+  json_t *ts = json_object_get(doc, "tensors");
+  assert_true(json_array_size(ts) >= 3);
+  /* armed by the second tensor's name: the third element fails, two were written */
+  const char *name = json_string_value(json_object_get(json_array_get(ts, 1), "name"));
+  assert_non_null(name);
+  const char *modes[] = {"", " --nproc 2"};
+  for (size_t i = 0; i < sizeof modes / sizeof *modes; i++) {
+    char *err = NULL; /* the command's stderr: its stdout goes to JSON */
+    int rc = sl_test_run(&err,
+                         "{ " ENV1 " LD_PRELOAD='%s' SHARDLOAD_TEST_JSON_OOM_AFTER='%s' %s load '%s' --json%s >'%s'; }",
+                         oom, name, sl_test_bin(), g_ck, modes[i], json);
+    if (rc != 1 || !strstr(err, "SL_ERR_NOMEM") || !strstr(err, "out of memory writing the JSON report"))
+      fail_msg(
+          "load --json%s, jansson out of memory after tensor '%s': exit %d, '%s'; want exit 1 and the "
+          "out-of-memory line",
+          modes[i], name, rc, err);
+    assert_one_error_line(err, g_ck);
+    free(err);
+  }
+  json_decref(doc);
+  free(json);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_full_stdout_fails_with_the_reason),
@@ -262,6 +296,7 @@ int main(void) {
       cmocka_unit_test(test_reports_are_whole),
       cmocka_unit_test(test_out_of_memory_is_reported_as_such),
       cmocka_unit_test(test_foreign_stdout_stays_out_of_the_report),
+      cmocka_unit_test(test_out_of_memory_mid_report),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
