@@ -82,11 +82,12 @@ static unsigned char *map_huge(size_t bytes) {
   if (raw + bytes + extra > at + bytes) munmap(at + bytes, (size_t)(raw + bytes + extra - (at + bytes)));
   (void)madvise(at, bytes, MADV_HUGEPAGE); /* advice: refused where THP is off, and that is fine */
   if (madvise(at, bytes, MADV_POPULATE_WRITE) != 0) {
-    if (errno != EINVAL) { /* ENOMEM (over the limit): fail as MAP_POPULATE's mmap would not */
+    if (errno == ENOMEM) { /* over a limit: fail now, as MAP_POPULATE's mmap would not */
       munmap(at, bytes);
       return NULL;
     }
-    /* an older kernel: one write per small page (within a huge page, after its first, a plain write) */
+    /* an older kernel (EINVAL), or a filter that refuses the advice (seccomp's EPERM): one
+     * write per small page (within a huge page, after its first, a plain write) */
     long pg = sysconf(_SC_PAGESIZE);
     for (size_t off = 0; off < bytes; off += (size_t)(pg > 0 ? pg : 4096)) ((volatile unsigned char *)at)[off] = 0;
   }
