@@ -842,6 +842,40 @@ static void test_init_missing_rank_file_on_time(void **state) {
 static void test_init_missing_rank1_tcp(void **state) { run_alone(TCP_RDZV, "alone1_tcp", 0, 1); }
 static void test_init_missing_rank0_tcp(void **state) { run_alone(TCP_RDZV, "alone0_tcp", 1, 0); }
 
+/* ---- the fixed cost around a job ----------------------------------------------------------- */
+
+/* fini waits for no tick of Gloo's event loop (loop_hurry.h): unhurried, closing each pair
+ * waited for the loop's next tick and the device's end for its epoll_wait, up to 10 ms each,
+ * so no fini took under 10 ms. The fastest of three rounds (each a fresh communicator, its
+ * keys under a prefix of its own) must take under 6 ms; the others absorb a busy machine. */
+static int quick_fini(const sl_collective_ops *ops, const job *j, int rank) {
+  double fastest = 1e9;
+  for (int round = 0; round < 3; round++) {
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "test/quick%d/", round);
+    sl_collective_init in = {.size = sizeof in, .host = &g_host, .rank = rank, .world_size = j->world,
+                             .rendezvous = j->url, .prefix = prefix, .timeout_ms = j->timeout_ms};
+    void *comm = NULL;
+    sl_status st = ops->init(&in, &comm);
+    CHECK(st == SL_OK, "init of round %d: %s", round, sl_status_name(st));
+    CHECK(ops->barrier(comm) == SL_OK, "barrier of round %d", round);
+    double t0 = now_ms();
+    ops->fini(comm);
+    double took = now_ms() - t0;
+    if (took < fastest) fastest = took;
+  }
+  if (rank == 0) fprintf(stderr, "%d ranks: fastest fini of 3 took %.2f ms\n", j->world, fastest);
+  CHECK(fastest < 6, "fini took %.2f ms at best (a wait for Gloo's event loop?)", fastest);
+  return 0;
+}
+
+static void test_fini_waits_for_no_tick(void **state) {
+  char *url = make_url(FILE_RDZV, "quick_fini");
+  job j = {.world = 4, .url = url, .timeout_ms = 30000, .raw = quick_fini, .deadline_s = 120};
+  run(&j);
+  free(url);
+}
+
 /* Ranks started with different world sizes: rank 0 (and the rank it waits for) says 2, the
  * others 3. Those must be told at once that the world sizes differ, not that rank 0 exited
  * or that they timed out; rank 0 times out waiting for the rank it never got. */
@@ -1214,6 +1248,7 @@ int main(void) {
       cmocka_unit_test(test_stale_file_rendezvous),
       cmocka_unit_test(test_init_missing_rank_file),
       cmocka_unit_test(test_init_missing_rank_file_on_time),
+      cmocka_unit_test(test_fini_waits_for_no_tick),
       cmocka_unit_test(test_init_missing_rank1_tcp),
       cmocka_unit_test(test_init_missing_rank0_tcp),
       cmocka_unit_test(test_world_size_mismatch),
