@@ -35,6 +35,18 @@ constexpr milliseconds kLeaveLimit(2000);
 // How often the claim's wait runs its BETWEEN (the lobby).
 constexpr milliseconds kBetween(500);
 
+using std::chrono::microseconds;
+
+// The waits poll (torch's WAIT cannot also watch the abort key, nor be given up on without
+// closing the connection), backing off from kPollFirst, so that a key set a moment later is
+// seen a moment later, to a ceiling that grows with the world size: every rank polls the one
+// server, torchrun's agent, which sees about 2000 polls a second whatever the world size (W
+// ranks, each every W/2 ms), within [2 ms, 50 ms].
+constexpr microseconds kPollFirst(100);
+microseconds poll_most(int world) {
+  return std::clamp(microseconds(500) * std::max(world, 1), microseconds(2000), microseconds(50000));
+}
+
 // Values go in host byte order, as torch's clients send them (little-endian in practice).
 template <typename T>
 void put(std::string &s, T v) {
@@ -61,7 +73,8 @@ C10dStore::C10dStore(const std::string &host, int port, milliseconds timeout, Cl
   bound(bound_at);
   Clock::time_point started = Clock::now(), deadline = until(timeout);
   std::string err = "not tried";
-  milliseconds backoff(10);
+  // From 0.1 ms: a store that starts listening a moment later is met a moment later.
+  std::chrono::microseconds backoff(100);
   for (;;) {
     fd_ = try_connect(host, port, deadline, &err);
     if (fd_ >= 0) break;
@@ -71,8 +84,8 @@ C10dStore::C10dStore(const std::string &host, int port, milliseconds timeout, Cl
                          " ms connecting to the torch c10d store at " + where_ + ": " + err +
                          "; check that MASTER_ADDR:MASTER_PORT (or the c10d:// rendezvous) names the torchrun "
                          "agent's store and that torchrun is still running");
-    std::this_thread::sleep_for(std::min(backoff, milliseconds(left)));
-    backoff = std::min(backoff * 2, milliseconds(250));
+    std::this_thread::sleep_for(std::min<std::chrono::microseconds>(backoff, milliseconds(left)));
+    backoff = std::min<std::chrono::microseconds>(backoff * 2, milliseconds(250));
   }
   int one = 1;
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -193,6 +206,7 @@ void C10dStore::claim(const std::string &prefix, int rank, int world, const std:
     lose("it answered an ADD on key '" + prefix + "/sl_claim/" + r + "' with " + std::to_string(n));
   auto space = [&](int64_t k) { return prefix + "/run" + std::to_string(k) + "/"; };
   space_ = space(n);
+  world_ = world;
   abort_key_ = space_ + "sl_abort";
   if (n > 1) {
     // Run N-1 of this rank must have left; if it has not, it is alive in the same job.
@@ -227,7 +241,7 @@ void C10dStore::claim(const std::string &prefix, int rank, int world, const std:
   send_all(msg, end);
   const std::string count = space_ + "sl_claimed";
   add_raw(count, 1, end);
-  milliseconds pause(1);
+  microseconds pause = kPollFirst;
   Clock::time_point next = Clock::now() + kBetween;
   // Polls end while a request still fits before END, so that the connection is whole for
   // the report below (rdzv_store.h: kShortestRequest).
@@ -239,8 +253,9 @@ void C10dStore::claim(const std::string &prefix, int rank, int world, const std:
       between();
       next = Clock::now() + kBetween;
     }
-    std::this_thread::sleep_for(std::min({pause, milliseconds(remaining_ms(last)), milliseconds(remaining_ms(next))}));
-    pause = std::min(pause * 2, milliseconds(50));
+    std::this_thread::sleep_for(std::min<microseconds>(
+        {pause, milliseconds(remaining_ms(last)), milliseconds(remaining_ms(next))}));
+    pause = std::min(pause * 2, poll_most(world));
   }
   Clock::time_point report = Clock::now() + report_grace(timeout_);
   Absent a = find_absent(
@@ -296,7 +311,7 @@ void C10dStore::wait(const std::vector<std::string> &keys, const milliseconds &t
   Clock::time_point deadline = until(timeout.count() > 0 ? std::min(timeout, timeout_) : timeout_);
   std::vector<std::string> k;
   for (const auto &key : keys) k.push_back(scoped(key));
-  milliseconds pause(1);
+  microseconds pause = kPollFirst;
   for (;;) {
     // Each request may take the rest of the store's timeout (within the bound), not just the
     // rest of this wait: a wait about to expire must still learn the answer of its last poll.
@@ -305,8 +320,8 @@ void C10dStore::wait(const std::vector<std::string> &keys, const milliseconds &t
     check_abort(req);
     int left = remaining_ms(deadline);
     if (left <= 0) break;
-    std::this_thread::sleep_for(std::min(pause, milliseconds(left)));
-    pause = std::min(pause * 2, milliseconds(50));
+    std::this_thread::sleep_for(std::min<microseconds>(pause, milliseconds(left)));
+    pause = std::min(pause * 2, poll_most(world_));
   }
   throw StoreTimeout("Wait timeout after " + std::to_string(ms_since(started)) + " ms for key(s) " +
                      first_few(keys) + " in the torch c10d store at " + where_);

@@ -100,6 +100,7 @@ class C10dStore : public RdzvStore {
   std::string space_;     // "<prefix>/run<N>/" once claimed
   std::string abort_key_; // present once the run was aborted; holds the reason
   std::string left_key_;  // set when this rank leaves the store
+  int world_ = 1;         // the job's, once claimed: it sets how often the waits poll
   const char *doing_ = ""; // what failed requests were part of, for messages
   Clock::time_point sent_at_; // when the request being answered was sent, for messages
 };

@@ -453,14 +453,20 @@ sl_status parse_chunk(Comm &c) {
 // Tears down in dependency order: connections, then the device (joins its event loop; a sub
 // only drops its share of its root's), then this rank's store client, and last the server,
 // which waits up to GRACE for the other ranks to finish with it (all but those a failure was
-// blamed on: a stuck one never lets go).
+// blamed on: a stuck one never lets go). The loop is hurried meanwhile: each pair closed and
+// the device's end wait for its tick, up to 10 ms each (loop_hurry.h); none waits for a peer,
+// so the pulses' bound is only a backstop.
 void destroy(Comm *c, milliseconds grace, bool failed_init = false) {
   try {
     SigpipeBlock block;
-    c->watch.reset(); // it probes C's pairs
-    c->ctx.reset();
-    drop_endpoints(*c); // its pairs are closed: their ports may be reused
-    c->dev.reset();
+    {
+      LoopHurry::Hold hurry(c->hurry, milliseconds(10000));
+      c->watch.reset(); // it probes C's pairs
+      c->ctx.reset();
+      drop_endpoints(*c); // its pairs are closed: their ports may be reused
+      c->dev.reset();
+    }
+    c->hurry.reset(); // after the device (its loop calls it)
     c->store.reset();
     c->lobby.reset();
     c->lobby_conn.reset();

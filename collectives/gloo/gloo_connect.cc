@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <arpa/inet.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include <gloo/broadcast.h>
+#include <gloo/common/error.h>
 #include <gloo/types.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
@@ -62,12 +64,65 @@ sl_status store_status(const std::exception &e) {
   return classify(gloo_text(e.what()));
 }
 
-// FileStore with its (protected) non-blocking presence test exposed.
+// A file:// wait's pauses between looks: from 0.1 ms, doubling up to Gloo's own 10 ms, so that
+// a long wait asks a shared filesystem no more often than Gloo's FileStore does.
+constexpr std::chrono::microseconds kFilePollFirst(100), kFilePollMost(10000);
+
+// FileStore with its (protected) non-blocking presence test exposed, and a wait that looks
+// again sooner. Gloo's (file_store.cc, FileStore::wait) sleeps 10 ms between looks, which every
+// rank paid about once per wait of the rendezvous (the join, then each peer's address), and
+// counts its timeout in whole seconds (a 500 ms wait lasted 1 s). This one backs off from
+// 0.1 ms to Gloo's 10 ms, and times out after TIMEOUT, with Gloo's words.
 class ProbingFileStore : public gloo::rendezvous::FileStore {
  public:
   explicit ProbingFileStore(const std::string &path) : FileStore(path) {}
   bool has(const std::vector<std::string> &keys) { return check(keys); }
+  void wait(const std::vector<std::string> &keys) override { wait(keys, kDefaultTimeout); }
+  void wait(const std::vector<std::string> &keys, const milliseconds &timeout) override {
+    Clock::time_point start = Clock::now();
+    std::chrono::microseconds pause = kFilePollFirst;
+    while (!check(keys)) {
+      auto elapsed = Clock::now() - start;
+      if (timeout != gloo::kNoTimeout && elapsed > timeout)
+        GLOO_THROW_IO_EXCEPTION(GLOO_ERROR_MSG("Wait timeout for key(s): ", ::gloo::MakeString(keys)));
+      auto next = pause;
+      if (timeout != gloo::kNoTimeout)
+        next = std::min(next, std::chrono::duration_cast<std::chrono::microseconds>(timeout - elapsed) +
+                                  std::chrono::microseconds(1)); // past it, for the last look
+      std::this_thread::sleep_for(next);
+      pause = std::min(pause * 2, kFilePollMost);
+    }
+  }
 };
+
+// Whether this side of a pair connects out to its peer (rather than waiting for the peer's
+// connection), as Gloo's Pair::connect (tcp/pair.cc) decides it: the side whose listening
+// address is the greater, address then port. Only that side waits for a loop tick (it closes
+// its listener: loop_hurry.h); the other waits for its peer, and is not hurried.
+bool connects_out(const std::vector<char> &self, const std::vector<char> &peer) {
+  if (self.empty() || peer.empty()) return false;
+  sockaddr_storage a = gloo::transport::tcp::Address(self).getSockaddr();
+  sockaddr_storage b = gloo::transport::tcp::Address(peer).getSockaddr();
+  if (a.ss_family != b.ss_family) return false; // Gloo refuses the pair
+  int rv = 0;
+  if (a.ss_family == AF_INET) {
+    auto &x = reinterpret_cast<const sockaddr_in &>(a), &y = reinterpret_cast<const sockaddr_in &>(b);
+    rv = memcmp(&x.sin_addr, &y.sin_addr, sizeof x.sin_addr);
+    if (rv == 0) rv = x.sin_port - y.sin_port;
+  } else if (a.ss_family == AF_INET6) {
+    auto &x = reinterpret_cast<const sockaddr_in6 &>(a), &y = reinterpret_cast<const sockaddr_in6 &>(b);
+    rv = memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr);
+    if (rv == 0) rv = x.sin6_port - y.sin6_port;
+  }
+  return rv > 0;
+}
+
+// Connects PAIR to PEER, hurrying OWNER's loop when this side connects out (connects_out),
+// for as long as a connection takes to a peer that answers at all.
+void connect_pair(Comm &owner, gloo::transport::Pair &pair, const std::vector<char> &peer) {
+  LoopHurry::Hold hold(connects_out(pair.address().bytes(), peer) ? owner.hurry : nullptr, milliseconds(100));
+  pair.connect(peer);
+}
 
 // Notes, for abort, an endpoint of a pair of OWNER (see Endpoint) in its root's list: before
 // the socket it finds can exist, so that an abort that misses the note finds the flag set
@@ -125,7 +180,7 @@ class MeshContext : public gloo::rendezvous::Context {
       auto got = store.get(key);
       auto peer = extractAddress(got, i);
       note_endpoint(owner, peer, false);
-      tc->getPair(i)->connect(peer);
+      connect_pair(owner, *tc->getPair(i), peer);
     }
     device_ = dev;
     transportContext_ = std::move(tc);
@@ -148,7 +203,7 @@ class MeshContext : public gloo::rendezvous::Context {
       if (i != rank) note_endpoint(owner, theirs[size_t(i)], false);
     abandon_if_aborted(owner);
     for (int i = 0; i < size; i++)
-      if (i != rank) tc->getPair(i)->connect(theirs[size_t(i)]);
+      if (i != rank) connect_pair(owner, *tc->getPair(i), theirs[size_t(i)]);
     abandon_if_aborted(owner); // a socket made after an abort's look: never used
     device_ = dev;
     transportContext_ = std::move(tc);
@@ -464,6 +519,7 @@ sl_status open_comm(Comm &c, const sl__rendezvous &r, const char *prefix) {
                      where + ": cannot open a Gloo device on " + why + ": " + gloo_text(e.what()) +
                          "; set SHARDLOAD_GLOO_IFACE_ADDR to this host's address on the network the ranks share");
   }
+  c.hurry = LoopHurry::attach(*c.dev);
   if (c.host->log)
     c.host->log(c.host->core, SL_LOG_DEBUG, "%s: Gloo device on %s", where.c_str(), why.c_str());
   auto mesh = std::make_shared<MeshContext>(c.rank, c.world);
@@ -505,6 +561,7 @@ sl_status open_comm_over(Comm &c, const sl_control_plane &ctl, const sl__rendezv
                      where + ": cannot open a Gloo device on " + why + ": " + gloo_text(e.what()) +
                          "; set SHARDLOAD_GLOO_IFACE_ADDR to this host's address on the network the ranks share");
   }
+  c.hurry = LoopHurry::attach(*c.dev);
   auto mesh = std::make_shared<MeshContext>(c.rank, c.world);
   c.ctx = mesh;
   c.ctx->setTimeout(c.timeout());
@@ -554,6 +611,7 @@ void connect_split(Comm &parent, Comm &sub, const std::vector<int> &members, uin
   auto mesh = std::make_shared<MeshContext>(sub.rank, sub.world);
   sub.ctx = mesh;
   sub.ctx->setTimeout(sub.timeout());
+  sub.hurry = parent.hurry;
   sub.dev = parent.dev;
   // Each member sends every other member the address of its pair toward it, point to point
   // over the parent (a slot of the parent's tag sequence, the same on every rank).

@@ -22,6 +22,7 @@ extern "C" {
 #include "internal.h"
 }
 #include "lobby.h"
+#include "loop_hurry.h"
 #include "rdzv_store.h"
 #include "tcp_store.h"
 
@@ -92,6 +93,9 @@ struct Comm {
   std::string lobby_prefix, job_key;           // sl_collective_init's lobby and job_key
   std::unique_ptr<gloo::rendezvous::Store> lobby_conn; // c10d: an unclaimed connection for the lobby
   std::unique_ptr<shardload::Lobby> lobby;     // on BASE (or LOBBY_CONN); null: no lobby
+  // Keeps DEV's event loop ticking while a call waits for its tick (loop_hurry.h); shared with
+  // the subs, like DEV, and declared before it: it must outlive the device.
+  std::shared_ptr<LoopHurry> hurry;
   std::shared_ptr<gloo::transport::Device> dev;
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   uint32_t tag = 0;     // the same sequence on every rank: one per Gloo call

@@ -32,7 +32,8 @@ TcpStore::TcpStore(const std::string &host, int port, int rank, int world, const
   bound(bound_at);
   Clock::time_point started = Clock::now(), deadline = until(timeout);
   std::string err = "not tried";
-  milliseconds backoff(10);
+  // From 0.1 ms: a store that starts listening a moment later is met a moment later.
+  std::chrono::microseconds backoff(100);
   // Rank 0 may not be listening yet, or may shed connections past its limits while many
   // ranks connect at once: keep trying until the timeout.
   for (;;) {
@@ -54,8 +55,8 @@ TcpStore::TcpStore(const std::string &host, int port, int rank, int world, const
     if (left <= 0)
       throw StoreTimeout("timed out after " + std::to_string(ms_since(started)) +
                          " ms connecting to the rendezvous store at " + where_ + " (served by rank 0): " + err);
-    std::this_thread::sleep_for(std::min(backoff, milliseconds(left)));
-    backoff = std::min(backoff * 2, milliseconds(250));
+    std::this_thread::sleep_for(std::min<std::chrono::microseconds>(backoff, milliseconds(left)));
+    backoff = std::min<std::chrono::microseconds>(backoff * 2, milliseconds(250));
   }
 }
 
