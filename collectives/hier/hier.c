@@ -415,7 +415,8 @@ static sl_status scatter_leader(hier_comm *c, void *recv, size_t recvbytes, int 
     st = c->host->fail(c->host->core, SL_ERR_MISMATCH,
                        "hier scatterv: rank %d expects %zu bytes but root rank %d sends it %llu", c->job[c->rank],
                        recvbytes, lost, (unsigned long long)c->table[c->rank]);
-  if (st != SL_OK) return leader_failed(c, st, "scatterv", lost);
+  /* this rank's own finding, not a rank lost: its host hears that it failed */
+  if (st != SL_OK) return leader_failed(c, st, "scatterv", -1);
   if (!c->local) { /* a host of one rank: straight into its buffer */
     st = c->g->scatterv(c->leaders, NULL, NULL, NULL, recv, recvbytes, rh, NULL);
     return st;
