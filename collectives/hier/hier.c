@@ -320,8 +320,11 @@ static sl_status hier_broadcast(void *comm, void *buf, size_t bytes, int root, v
     if (first && lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
       return done(c, leader_failed(c, st, "broadcast", -1));
     if (st == SL_OK && c->local) st = c->s->broadcast(c->local, buf, bytes, c->local_of[root], NULL);
-    if (st == SL_OK && !first && lead) st = leaders_bcast(c, buf, bytes, rh);
-    return done(c, st); /* the last step: nobody of this host waits on it */
+    /* the last step: nobody of this host waits on it now, but its next op would wait on this
+     * rank, which no longer takes part: its host hears whom it lost at once */
+    if (st == SL_OK && !first && lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
+      return done(c, leader_failed(c, st, "broadcast", -1));
+    return done(c, st);
   }
   if (lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
     return done(c, leader_failed(c, st, "broadcast", c->job[leader_of(c, rh)]));
