@@ -6,7 +6,8 @@
  * split), forced on one host and on hosts of one rank each as well; loads through the command
  * (scatter, broadcast, an HSDP mesh, 5 ranks on 3 hosts, and one host of 4 forced to hier) are
  * bit-identical to Gloo's; a rank killed mid-load, a leader or not, ends every rank within the
- * timeout naming it (or, on another host, its leader). */
+ * timeout naming it (or, on another host, its leader); a leader's host hears what failed it (its
+ * own check of the count table, or the leaders' last step of a broadcast) as that. */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdbool.h>
