@@ -7,9 +7,12 @@
  * (scatter, broadcast, an HSDP mesh, 5 ranks on 3 hosts, and one host of 4 forced to hier) are
  * bit-identical to Gloo's; a rank killed mid-load, a leader or not, ends every rank within the
  * timeout naming it (or, on another host, its leader); a leader's host hears what failed it (its
- * own check of the count table, or the leaders' last step of a broadcast) as that. */
+ * own check of the count table, or the leaders' last step of a broadcast) as that; ranks that
+ * cannot read the boot id are hosts of their own for hier as for auto. */
 #define _GNU_SOURCE
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -389,6 +392,37 @@ static void test_leader_failures_named(void **state) {
   }
 }
 
+/* ---- a rank that cannot read the boot id ------------------------------------------------------ */
+
+/* Ranks 2 and 3 read an empty boot id (/dev/null bound over it in a mount namespace of their
+ * own; 77 where this user may not): shm joins them to no one, so auto's hosts are {0, 1}, {2},
+ * {3}, and hier must start on the same hosts and work, not put 2 and 3 in one shm that refuses
+ * them. */
+static int unreadable_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  if (rank >= 2 && (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+                    mount("/dev/null", "/proc/sys/kernel/random/boot_id", NULL, MS_BIND, NULL) != 0))
+    return 77;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const char *why = sl_context_collective_reason(ctx);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "hier") == 0 && strstr(why, "3 hosts (2+1+1 ranks)"),
+                 "rank %d: %s (%s)", rank, sl_context_collective_name(ctx), why);
+  if (check_bcast(ctx->data, ctx->data_comm, rank, world, 70001, 60)) return 1;
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_unreadable_boot_id(void **state) {
+  if (geteuid() != 0) skip(); /* a mount namespace and a bind mount need root */
+  job j = {.tag = {"a", "a", NULL, NULL}, .timeout_ms = 10000};
+  int codes[MAX_WORLD];
+  spawn(&j, 4, unreadable_rank, "unreadable-boot-id", 60000, codes);
+  if (codes[2] == 77 || codes[3] == 77) skip();
+  for (int r = 0; r < 4; r++) assert_int_equal(codes[r], 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ops_two_hosts),
@@ -396,6 +430,7 @@ int main(void) {
       cmocka_unit_test(test_loads_match_gloo),
       cmocka_unit_test(test_rank_killed_mid_load),
       cmocka_unit_test(test_leader_failures_named),
+      cmocka_unit_test(test_unreadable_boot_id),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
