@@ -6,9 +6,13 @@
  * split), forced on one host and on hosts of one rank each as well; loads through the command
  * (scatter, broadcast, an HSDP mesh, 5 ranks on 3 hosts, and one host of 4 forced to hier) are
  * bit-identical to Gloo's; a rank killed mid-load, a leader or not, ends every rank within the
- * timeout naming it (or, on another host, its leader). */
+ * timeout naming it (or, on another host, its leader); a leader's host hears what failed it (its
+ * own check of the count table, or the leaders' last step of a broadcast) as that; ranks that
+ * cannot read the boot id are hosts of their own for hier as for auto. */
 #define _GNU_SOURCE
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -330,12 +334,103 @@ static void test_rank_killed_mid_load(void **state) {
   free(dir);
 }
 
+/* ---- what a leader's host hears when the leader failed ------------------------------------ */
+
+/* 2 hosts {0, 2}, {1, 3}. MODE 0: host b's leader (rank 1) is called for one byte more than
+ * root 0 sends it: it fails on its own finding, which its host hears as that (not as a rank
+ * lost). MODE 1: rank 3 dies before the second broadcast from rank 0, which fails rank 1 in
+ * its host's step; in the next, from rank 2 (not a leader), rank 0 fails in its last step
+ * (sending to rank 1), and rank 2, needing rank 0 in the op after, must hear that rank 0
+ * failed and whom it lost, not that rank 0 left the communicator while still needed. */
+static int leader_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const sl_collective_ops *o = ctx->data;
+  void *comm = ctx->data_comm;
+  sl_status s = SL_OK;
+  double t0 = now_s();
+  if (j->victim == 0) {
+    size_t counts[4], displs[4], total = 0;
+    for (int r = 0; r < world; r++) counts[r] = 1000 + (size_t)r, displs[r] = total, total += counts[r];
+    unsigned char *send = calloc(total, 1), recv[1100];
+    SL_CHILD_CHECK(send, "malloc");
+    s = o->scatterv(comm, send, counts, displs, recv, counts[rank] + (rank == 1), 0, NULL);
+    free(send);
+  } else {
+    unsigned char *b = calloc(1u << 20, 1);
+    SL_CHILD_CHECK(b, "malloc");
+    for (int i = 0; i < 8 && s == SL_OK; i++) {
+      if (rank == 3 && i == 1) kill(getpid(), SIGKILL);
+      s = o->broadcast(comm, b, 1u << 20, i < 2 ? 0 : 2, NULL);
+    }
+    free(b);
+  }
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s after %.2f s: %s\n", rank, sl_status_name(s), now_s() - t0, msg);
+  SL_CHILD_CHECK(now_s() - t0 < j->timeout_ms / 1000.0 * 1.5, "rank %d: too slow", rank);
+  if (j->victim == 0 && rank == 1)
+    SL_CHILD_CHECK(s == SL_ERR_MISMATCH && !strstr(msg, "leads the ranks"), "rank 1: %s", msg);
+  if (j->victim == 0 && rank == 3)
+    SL_CHILD_CHECK(s == SL_ERR_PEER && strstr(msg, "rank 1 failed") && !strstr(msg, "lost rank 0"), "rank 3: %s", msg);
+  if (j->victim == 1 && rank == 2)
+    SL_CHILD_CHECK(s != SL_OK && strstr(msg, "rank 0 lost rank 1") && !strstr(msg, "finished this communicator"),
+                   "rank 2: %s", msg);
+  if (j->victim == 1) SL_CHILD_CHECK(s != SL_OK, "rank %d: no failure", rank);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_leader_failures_named(void **state) {
+  for (int mode = 0; mode < 2; mode++) {
+    job j = {.collective = "hier", .tag = {"a", "b", "a", "b"}, .timeout_ms = 5000, .victim = mode};
+    int codes[MAX_WORLD];
+    spawn(&j, 4, leader_rank, mode ? "leader-lost" : "leader-mismatch", 60000, codes);
+    for (int r = 0; r < 4; r++)
+      if (mode == 0 || r != 3) assert_int_equal(codes[r], 0);
+  }
+}
+
+/* ---- a rank that cannot read the boot id ------------------------------------------------------ */
+
+/* Ranks 2 and 3 read an empty boot id (/dev/null bound over it in a mount namespace of their
+ * own; 77 where this user may not): shm joins them to no one, so auto's hosts are {0, 1}, {2},
+ * {3}, and hier must start on the same hosts and work, not put 2 and 3 in one shm that refuses
+ * them. */
+static int unreadable_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  if (rank >= 2 && (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+                    mount("/dev/null", "/proc/sys/kernel/random/boot_id", NULL, MS_BIND, NULL) != 0))
+    return 77;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const char *why = sl_context_collective_reason(ctx);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "hier") == 0 && strstr(why, "3 hosts (2+1+1 ranks)"),
+                 "rank %d: %s (%s)", rank, sl_context_collective_name(ctx), why);
+  if (check_bcast(ctx->data, ctx->data_comm, rank, world, 70001, 60)) return 1;
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_unreadable_boot_id(void **state) {
+  if (geteuid() != 0) skip(); /* a mount namespace and a bind mount need root */
+  job j = {.tag = {"a", "a", NULL, NULL}, .timeout_ms = 10000};
+  int codes[MAX_WORLD];
+  spawn(&j, 4, unreadable_rank, "unreadable-boot-id", 60000, codes);
+  if (codes[2] == 77 || codes[3] == 77) skip();
+  for (int r = 0; r < 4; r++) assert_int_equal(codes[r], 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ops_two_hosts),
       cmocka_unit_test(test_ops_three_hosts),
       cmocka_unit_test(test_loads_match_gloo),
       cmocka_unit_test(test_rank_killed_mid_load),
+      cmocka_unit_test(test_leader_failures_named),
+      cmocka_unit_test(test_unreadable_boot_id),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

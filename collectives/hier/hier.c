@@ -320,8 +320,11 @@ static sl_status hier_broadcast(void *comm, void *buf, size_t bytes, int root, v
     if (first && lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
       return done(c, leader_failed(c, st, "broadcast", -1));
     if (st == SL_OK && c->local) st = c->s->broadcast(c->local, buf, bytes, c->local_of[root], NULL);
-    if (st == SL_OK && !first && lead) st = leaders_bcast(c, buf, bytes, rh);
-    return done(c, st); /* the last step: nobody of this host waits on it */
+    /* the last step: nobody of this host waits on it now, but its next op would wait on this
+     * rank, which no longer takes part: its host hears whom it lost at once */
+    if (st == SL_OK && !first && lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
+      return done(c, leader_failed(c, st, "broadcast", -1));
+    return done(c, st);
   }
   if (lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
     return done(c, leader_failed(c, st, "broadcast", c->job[leader_of(c, rh)]));
@@ -415,7 +418,8 @@ static sl_status scatter_leader(hier_comm *c, void *recv, size_t recvbytes, int 
     st = c->host->fail(c->host->core, SL_ERR_MISMATCH,
                        "hier scatterv: rank %d expects %zu bytes but root rank %d sends it %llu", c->job[c->rank],
                        recvbytes, lost, (unsigned long long)c->table[c->rank]);
-  if (st != SL_OK) return leader_failed(c, st, "scatterv", lost);
+  /* this rank's own finding, not a rank lost: its host hears that it failed */
+  if (st != SL_OK) return leader_failed(c, st, "scatterv", -1);
   if (!c->local) { /* a host of one rank: straight into its buffer */
     st = c->g->scatterv(c->leaders, NULL, NULL, NULL, recv, recvbytes, rh, NULL);
     return st;

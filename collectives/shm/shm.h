@@ -106,7 +106,8 @@ void sl__keeping_host_init(keeping_host *k, const sl_module_host *real);
 
 /* This process's host, as the shm collective tells hosts apart: the kernel's boot id (with
  * SHARDLOAD_TEST_SHM_HOST_TAG), the host name, the network and pid namespaces and the uid, in
- * one line. Ranks whose keys are equal may share one segment. */
+ * one line. Ranks whose keys are equal may share one segment; a process whose boot id cannot
+ * be read has a key of its own (it shares memory with no one). */
 void sl__shm_host_key(char *key, size_t len);
 /* Names the segment's ranks in messages by LABELS (by segment rank, world entries: the job's
  * ranks) rather than by their segment ranks. COMM: the communicator init made. */
