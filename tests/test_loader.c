@@ -9,6 +9,7 @@
 #include "testutil.h"
 
 #include "internal.h"
+#include "loader.h" /* the shard arena, white-box */
 
 static char *ckpt;      /* mixed checkpoint */
 static char *dir;
@@ -568,6 +569,105 @@ static void test_small_tensors_share_transfers(void **state) {
   free(path);
 }
 
+/* The small shards the state owns share a few blocks (loader_plan.c: the shard arena): each
+ * 64-byte aligned and disjoint from every other, with its own bytes; a shard of 1 MiB or more,
+ * a caller's buffer and sim's device memory stay out of them. The blocks outlive the owner's
+ * reference while an export holds the state. On cpu both placements are host memory. */
+typedef struct every_kth {
+  sl_context *ctx;
+  int k, calls;
+  sl_device_kind where[4096];
+  void *bufs[4096];
+} every_kth;
+
+static void *bind_every_kth(void *user, const sl_tensor *t) {
+  every_kth *b = user;
+  int i = b->calls++;
+  if (i % b->k) return NULL;
+  b->where[i] = t->device;
+  assert_int_equal(sl_alloc(b->ctx, t->device, 0, t->nbytes ? (size_t)t->nbytes : 1, &b->bufs[i]), SL_OK);
+  return b->bufs[i];
+}
+
+static int cmp_addr(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)(*(const sl_tensor *const *)a)->data, y = (uintptr_t)(*(const sl_tensor *const *)b)->data;
+  return x < y ? -1 : x > y;
+}
+
+static void test_small_shards_share_blocks(void **state) {
+  enum { N = 3001, BIG = 2000, K = 7 };
+  static sl_test_tensor ts[N];
+  static char names[N][32];
+  for (int i = 0; i < N; i++) {
+    snprintf(names[i], sizeof names[i], "expert.%04d.w", i);
+    /* 0..900 F32 elements; one of 1.2 MB, one empty */
+    uint64_t n = i == BIG ? 300000 : i == 17 ? 0 : (uint64_t)(i * 37 % 901);
+    ts[i] = (sl_test_tensor){names[i], "F32", 1, {n}, NULL};
+  }
+  char *path = sl_test_path(dir, "experts.safetensors");
+  assert_int_equal(sl_test_write_st(path, ts, N, NULL), 0);
+  const char *backends[] = {"cpu", "cpu", "sim:strict", "sim:strict"};
+  const sl_cpu_offload offload[] = {SL_CPU_OFFLOAD_INFER, SL_CPU_OFFLOAD_ON, SL_CPU_OFFLOAD_INFER, SL_CPU_OFFLOAD_ON};
+  for (size_t b = 0; b < 4; b++) {
+    sl_context_options co = {.size = sizeof co, .backend = backends[b], .world_size = 1};
+    env e;
+    assert_int_equal(sl_context_create(&co, &e.ctx), SL_OK);
+    assert_int_equal(sl_source_open(e.ctx, path, &e.src), SL_OK);
+    assert_int_equal(sl_plan_create(e.ctx, &e.plan), SL_OK);
+    every_kth bind = {.ctx = e.ctx, .k = K};
+    sl_load_options o = {.size = sizeof o, .cpu_offload = offload[b], .bind = bind_every_kth, .bind_user = &bind};
+    sl_state *st = NULL;
+    if (sl_load(e.ctx, e.plan, e.src, &o, &st) != SL_OK) fail_msg("%s: %s", backends[b], sl_context_errmsg(e.ctx));
+    assert_int_equal(sl_state_count(st), N);
+    int device_memory = b == 2; /* sim's accelerator placement */
+    size_t in_arena = 0, nown = 0;
+    static const sl_tensor *own[N];
+    for (int i = 0; i < N; i++) {
+      const sl_tensor *t = sl_state_tensor(st, (size_t)i);
+      assert_string_equal(t->name, names[i]);
+      int arena = st->in_arena[i];
+      in_arena += (size_t)arena;
+      if (i % K == 0) {
+        assert_true(t->caller_buffer);
+        assert_ptr_equal(t->data, bind.bufs[i]);
+        assert_false(arena);
+      } else if (i == BIG || device_memory) {
+        assert_false(arena);
+      } else {
+        assert_true(arena);
+        assert_int_equal((uintptr_t)t->data % 64, 0);
+        own[nown++] = t;
+      }
+      unsigned char *h = read_back(&e, t);
+      for (uint64_t q = 0; q < t->nbytes; q++)
+        if (h[q] != sl_test_pattern_byte(names[i], q)) fail_msg("%s: %s byte %llu wrong", backends[b], names[i], (unsigned long long)q);
+      free(h);
+    }
+    assert_int_equal(in_arena, nown);
+    if (device_memory) {
+      assert_int_equal(st->narenas, 0);
+    } else {
+      /* ~5 MB of small shards: one block, not one per shard */
+      assert_int_equal(st->narenas, 1);
+      qsort(own, nown, sizeof *own, cmp_addr);
+      for (size_t q = 1; q < nown; q++)
+        assert_true((uintptr_t)own[q - 1]->data + (own[q - 1]->nbytes ? own[q - 1]->nbytes : 1) <= (uintptr_t)own[q]->data);
+    }
+    /* a lent shard of the arena outlives the owner's reference */
+    sl_export *ex = NULL;
+    assert_int_equal(sl_state_export(st, 1, NULL, &ex), SL_OK);
+    sl_state_destroy(st);
+    const sl_tensor *t = sl_export_tensor(ex);
+    unsigned char *h = read_back(&e, t);
+    for (uint64_t q = 0; q < t->nbytes; q++) assert_int_equal(h[q], sl_test_pattern_byte(names[1], q));
+    free(h);
+    sl_export_release(ex);
+    for (int i = 0; i < N; i += K) sl_free(e.ctx, bind.where[i], 0, bind.bufs[i]);
+    close_env(&e);
+  }
+  free(path);
+}
+
 /* Caller buffers carved from one allocation: SAME returns its start for every tensor (they
  * overlap), otherwise consecutive ranges that touch but do not overlap; the empty tensor is
  * given the start of the block either way (a zero-byte buffer overlaps nothing). */
@@ -828,6 +928,7 @@ int main(void) {
       cmocka_unit_test(test_sgd_step_through_backend),
       cmocka_unit_test(test_context_errors),
       cmocka_unit_test(test_small_tensors_share_transfers),
+      cmocka_unit_test(test_small_shards_share_blocks),
       cmocka_unit_test(test_bind_buffer_fails_and_reports_pinned),
       cmocka_unit_test(test_state_outlives_context),
       cmocka_unit_test(test_dlpack_types_from_the_table),

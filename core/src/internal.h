@@ -402,6 +402,25 @@ sl_status sl__rendezvous_parse(const char *url, sl__rendezvous *out, char *err, 
 /* ---- host memory (hostops.c) ------------------------------------------------------------- */
 /* 64-byte aligned host memory; blocks of 1 MiB and more are mapped pre-faulted. */
 void *sl__host_alloc(size_t bytes);
+/* The same, zeroed, for N elements of SIZE (NULL on overflow): a mapped block is zero already,
+ * so a large table is cleared by the kernel's populate, not a second pass. */
+void *sl__host_zalloc(size_t n, size_t size);
 void sl__host_free(void *ptr);
+/* Under AddressSanitizer: mark BYTES at P unaddressable (ON) or addressable again; a no-op
+ * otherwise. Memory carved out of one block (the shard arena) poisons what lies between its
+ * pieces, so an overrun of one shard is reported as it would be for a block of its own. */
+void sl__host_poison(void *p, size_t bytes, int on);
+#if defined(__SANITIZE_ADDRESS__)
+#define SL__HOST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SL__HOST_ASAN 1
+#endif
+#endif
+#ifdef SL__HOST_ASAN
+#define SL__HOST_GUARD 64u /* a poisoned gap after each carved piece */
+#else
+#define SL__HOST_GUARD 0u
+#endif
 
 #endif

@@ -34,6 +34,15 @@ struct sl_state {
   /* caller host buffers the load registered with the backend (unregistered at destroy) */
   void **registered;
   size_t nregistered;
+  /* Small host shards the state owns are carved out of a few blocks (loader_plan.c at
+   * carve_arena): IN_ARENA marks them (per tensor, NULL when none), ARENAS the blocks the state
+   * frees once each. A shard is never freed alone: an export holds the state, not a tensor. */
+  struct sl__arena {
+    void *base;
+    size_t bytes;
+  } *arenas;
+  size_t narenas;
+  unsigned char *in_arena;
   /* Lending (state.c; shardload.h at sl_state_export). REFS: the references beyond the owner's
    * (calloc's zero is the owner alone), one per live export; the last one frees the state.
    * FENCES: released exports whose events recorded the consumers' work, pushed without a lock

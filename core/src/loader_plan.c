@@ -33,8 +33,9 @@ sl_status sl__loader_plan(loader *L) {
   sl__mesh_coord(L->rank, L->mesh_ndim, L->mesh, L->coord);
   size_t ntake = 0, nskip = 0;
   for (size_t i = 0; i < n; i++) ntake += take[i], nskip += !take[i];
-  L->jobs = calloc(ntake ? ntake : 1, sizeof *L->jobs);
-  L->st->tensors = calloc(ntake ? ntake : 1, sizeof *L->st->tensors);
+  /* 288 + 256 bytes a tensor: at 10^5 tensors, tables worth taking populated (hostops.c) */
+  L->jobs = sl__host_zalloc(ntake ? ntake : 1, sizeof *L->jobs);
+  L->st->tensors = sl__host_zalloc(ntake ? ntake : 1, sizeof *L->st->tensors);
   L->st->skipped = calloc(nskip ? nskip : 1, sizeof *L->st->skipped);
   if (!L->jobs || !L->st->tensors || !L->st->skipped) {
     st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory planning %zu tensors", n);
@@ -212,8 +213,82 @@ static sl_status check_bound_overlap(loader *L) {
   return st;
 }
 
+/* ---- the shard arena -------------------------------------------------------------------
+ * A checkpoint of 10^4-10^5 small tensors gave each shard an allocation of its own: a heap
+ * block of its size plus a header, touched page by page (a fault per 4 KiB, the heap grown and
+ * trimmed under it), which cost more than reading the shards. The state frees its shards only
+ * all together (state.c:free_tensors; an export holds the state), so the small ones it owns
+ * are carved out of a few blocks instead, each taken from sl__host_alloc (mapped with huge
+ * pages and populated once it reaches 2 MiB) and freed once. A shard is small below the size
+ * from which sl__host_alloc maps a block of its own anyway. */
+#define SL__ARENA_SMALL (1u << 20)
+#define SL__ARENA_BLOCK ((size_t)64 << 20) /* one block's most: a failure costs at most this */
+/* a shard's bytes in a block: 64-aligned like sl__host_alloc's, at least one byte so that
+ * shards have distinct addresses, and the sanitizer's guard after it */
+#define SL__ARENA_SIZE(n) ((((size_t)(n) > 0 ? (size_t)(n) : 1) + 63) / 64 * 64 + SL__HOST_GUARD)
+
+/* T can live in the arena: host memory the state owns and frees with sl__host_free. Pinned
+ * memory is the backend's (freed with free_pinned); accelerator memory is host memory only on
+ * a backend whose alloc_device is the cpu backend's (sim's is its own, checked by is_device_ptr). */
+static bool arena_fits(const loader *L, const sl_tensor *t) {
+  if (t->nbytes >= SL__ARENA_SMALL) return false;
+  if (t->device == SL_DEVICE_CPU) return !t->pinned;
+  return t->device == SL_DEVICE_ACCELERATOR && L->ctx->be->alloc_device == sl__backend_cpu()->alloc_device;
+}
+
+/* One block for the arena shards of jobs [first, last), each at its offset. */
+static sl_status carve_block(loader *L, size_t first, size_t last, size_t bytes) {
+  sl_context *ctx = L->ctx;
+  sl_state *st = L->st;
+  unsigned char *base = sl__host_alloc(bytes);
+  if (!base) {
+    const char *a = L->jobs[first].out->name, *b = L->jobs[last - 1].out->name;
+    return sl__fail(ctx, SL_ERR_NOMEM,
+                    "cannot allocate %zu bytes of host memory on rank %d for the shards of %s .. %s: free host "
+                    "memory or raise the process's memory limit",
+                    bytes, L->rank, a, b);
+  }
+  st->arenas[st->narenas++] = (struct sl__arena){base, bytes};
+  size_t at = 0;
+  for (size_t i = first; i < last; i++) {
+    if (!st->in_arena[i]) continue;
+    sl_tensor *t = L->jobs[i].out;
+    t->data = base + at;
+    /* under ASan: everything past the shard's last byte up to the next shard */
+    if (SL__HOST_GUARD) sl__host_poison(base + at + t->nbytes, SL__ARENA_SIZE(t->nbytes) - (size_t)t->nbytes, 1);
+    at += SL__ARENA_SIZE(t->nbytes);
+  }
+  return SL_OK;
+}
+
+/* The arena shards, in file order, cut into blocks of at most SL__ARENA_BLOCK. */
+static sl_status carve_arena(loader *L) {
+  sl_state *st = L->st;
+  size_t n = 0;
+  for (size_t i = 0; i < L->njobs; i++) n += st->in_arena[i];
+  if (!n) return SL_OK;
+  /* each block holds at least one shard of < 1 MiB: at most n blocks, usually bytes / 64 MiB */
+  if (!(st->arenas = calloc(n, sizeof *st->arenas)))
+    return sl__fail(L->ctx, SL_ERR_NOMEM, "out of memory placing %zu shards", n);
+  size_t first = 0, bytes = 0;
+  for (size_t i = 0; i < L->njobs; i++) {
+    if (!st->in_arena[i]) continue;
+    size_t b = SL__ARENA_SIZE(L->jobs[i].out->nbytes);
+    if (bytes && bytes + b > SL__ARENA_BLOCK) {
+      sl_status s = carve_block(L, first, i, bytes);
+      if (s != SL_OK) return s;
+      bytes = 0;
+    }
+    if (!bytes) first = i;
+    bytes += b;
+  }
+  return carve_block(L, first, L->njobs, bytes);
+}
+
 sl_status sl__loader_bind(loader *L) {
   sl_context *ctx = L->ctx;
+  if (!(L->st->in_arena = calloc(L->njobs ? L->njobs : 1, 1)))
+    return sl__fail(ctx, SL_ERR_NOMEM, "out of memory placing %zu shards", L->njobs);
   for (size_t i = 0; i < L->njobs; i++) {
     sl_tensor *t = L->jobs[i].out;
     void *p;
@@ -224,10 +299,15 @@ sl_status sl__loader_bind(loader *L) {
       t->caller_buffer = 1;
       continue;
     }
+    if (arena_fits(L, t)) {
+      L->st->in_arena[i] = 1;
+      continue;
+    }
     st = sl_alloc(ctx, t->device, t->pinned, (size_t)t->nbytes, &t->data);
     if (st != SL_OK)
       return sl__fail(ctx, st, "%s: cannot allocate %llu bytes on %s: %s", t->name, (unsigned long long)t->nbytes,
                       sl_device_kind_name(t->device), ctx->errmsg);
   }
-  return check_bound_overlap(L);
+  sl_status st = carve_arena(L);
+  return st != SL_OK ? st : check_bound_overlap(L);
 }

@@ -102,9 +102,15 @@ static void free_tensors(sl_state *st, const char *msg) {
   }
   for (size_t i = 0; i < st->count; i++) {
     sl_tensor *t = &st->tensors[i];
-    if (t->data && !t->caller_buffer) sl__backend_free(st->be, t->device, t->pinned, t->data);
+    if (t->data && !t->caller_buffer && !(st->in_arena && st->in_arena[i]))
+      sl__backend_free(st->be, t->device, t->pinned, t->data);
     t->data = NULL;
   }
+  for (size_t i = 0; i < st->narenas; i++) {
+    sl__host_poison(st->arenas[i].base, st->arenas[i].bytes, 0); /* its guards */
+    sl__host_free(st->arenas[i].base);
+  }
+  st->narenas = 0;
 }
 
 /* On whichever thread drops the last reference (a garbage collector's, after the context is
@@ -123,7 +129,9 @@ static void state_free(sl_state *st) {
   sl__backend_ref_put(st->be); /* the last reference (the context may be gone) finalises the backend */
   for (size_t i = 0; i < st->count; i++) free((char *)st->tensors[i].name);
   for (size_t i = 0; i < st->nskipped; i++) free(st->skipped[i]);
-  free(st->tensors);
+  sl__host_free(st->tensors); /* loader_plan.c: sl__host_zalloc */
+  free(st->arenas);
+  free(st->in_arena);
   free(st->skipped);
   free(st->by_name);
   free(st);
