@@ -1491,6 +1491,18 @@ static void coalesced_reads_join_and_flush(void **state) {
   free(bz);
   sl_source_destroy(src);
   free(two);
+
+  /* a memory source has no file to coalesce: read at once */
+  static const float vals[4] = {1, 2, 3, 4};
+  sl_memory_tensor mt = {.size = sizeof mt, .name = "m", .dtype = SL_DTYPE_F32, .ndim = 1, .shape = {4}, .data = vals};
+  assert_int_equal(sl_source_open_memory(g_ctx, "mem", &mt, 1, NULL, NULL, &src), SL_OK);
+  float got[4] = {0};
+  b->done = 0;
+  assert_int_equal(sl__source_read_add(src, b, 0, 4, got, 8), SL_OK);
+  assert_int_equal(b->nreq, 0);
+  assert_int_equal(b->done, 8);
+  assert_true(got[0] == 2 && got[1] == 3);
+  sl_source_destroy(src);
   free(t0);
   free(t1);
   free(t3);
