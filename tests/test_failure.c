@@ -732,6 +732,101 @@ static void test_caller_buffers_on_failure_across_ranks(void **state) {
   }
 }
 
+/* Every-rank reads of many small tensors go into their shards in coalesced preadv calls
+ * (source_files.c, sl__source_read_add): when the file is cut short in the middle of one, every
+ * rank fails naming the tensor at the cut, the tensors before it hold their bytes, the ones
+ * after it are untouched, and nothing outside any buffer is written. */
+#define CUT_N 64  /* F32 [8, 16]: 256 bytes a rank at world 2, a 256-byte gap between */
+#define CUT_AT 40 /* the tensor the file ends in */
+
+typedef struct cut_binder {
+  const char *path;
+  uint64_t cut;
+  int calls, truncated;
+  unsigned char *bufs[CUT_N];
+  uint64_t nbytes[CUT_N];
+  int64_t row0[CUT_N];
+} cut_binder;
+
+static void *cut_bind(void *user, const sl_tensor *t) {
+  cut_binder *c = user;
+  /* binding comes after the files agreement, so every rank has opened and fingerprinted the
+   * file: each cuts it here, to the same length, before any of them reads */
+  if (c->calls == 0) c->truncated = truncate(c->path, (off_t)c->cut) == 0;
+  if (c->calls >= CUT_N) return NULL;
+  unsigned char *p = malloc((size_t)t->nbytes + 2 * GUARD);
+  if (!p) return NULL;
+  memset(p, CANARY, (size_t)t->nbytes + 2 * GUARD);
+  c->bufs[c->calls] = p;
+  c->row0[c->calls] = t->global_offset[0];
+  c->nbytes[c->calls++] = t->nbytes;
+  return p + GUARD;
+}
+
+static int cut_main(int rank, int world, void *arg) {
+  cjob *j = arg;
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .world_size = world, .rank = rank,
+                           .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = 20000};
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
+  sl_source *src = NULL;
+  SL_CHILD_CHECK(sl_source_open(ctx, j->path, &src) == SL_OK, "rank %d: source", rank);
+  char name[16];
+  snprintf(name, sizeof name, "t.%03d", CUT_AT);
+  const sl_source_tensor *cut_in = sl_source_find(src, name);
+  SL_CHILD_CHECK(cut_in != NULL, "rank %d: no %s", rank, name);
+  sl_plan *plan = NULL;
+  sl_plan_create(ctx, &plan);
+  cut_binder c = {.path = j->path, .cut = cut_in->file_offset + 100};
+  /* one transfer for all 64 (the staging budget holds them), so one batch meets the cut */
+  sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1 << 20, .bind = cut_bind, .bind_user = &c,
+                        .cpu_offload = SL_CPU_OFFLOAD_ON, .read_mode = SL_READ_EVERY_RANK};
+  sl_state *st = NULL;
+  sl_status s = sl_load(ctx, plan, src, &lo, &st);
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank %d: %s: %s\n", rank, sl_status_name(s), msg);
+  SL_CHILD_CHECK(c.truncated, "rank %d: truncate failed", rank);
+  SL_CHILD_CHECK(s != SL_OK && st == NULL, "rank %d: the load did not fail", rank);
+  SL_CHILD_CHECK(strstr(msg, name) && strstr(msg, "truncated after it was opened") && strstr(msg, j->path),
+                 "rank %d: message '%s' does not name %s, the file and the cut", rank, msg, name);
+  SL_CHILD_CHECK(c.calls == CUT_N, "rank %d: bind called %d times", rank, c.calls);
+  for (int i = 0; i < CUT_N; i++) {
+    size_t n = (size_t)c.nbytes[i];
+    SL_CHILD_CHECK(all_canary(c.bufs[i], GUARD) && all_canary(c.bufs[i] + GUARD + n, GUARD),
+                   "rank %d: bytes written outside tensor %d's buffer", rank, i);
+    snprintf(name, sizeof name, "t.%03d", i);
+    if (i < CUT_AT) {
+      for (size_t k = 0; k < n; k++)
+        SL_CHILD_CHECK(c.bufs[i][GUARD + k] == sl_test_pattern_byte(name, (uint64_t)c.row0[i] * 64 + k),
+                       "rank %d: %s byte %zu is not the checkpoint's", rank, name, k);
+    } else if (i > CUT_AT) {
+      SL_CHILD_CHECK(all_canary(c.bufs[i] + GUARD, n), "rank %d: %s was written past the cut", rank, name);
+    }
+    free(c.bufs[i]);
+  }
+  sl_plan_destroy(plan);
+  sl_source_destroy(src);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_every_rank_file_cut_mid_batch(void **state) {
+  cjob j = {.rdzv = sl_test_rendezvous("fail-cut-batch"), .path = sl_test_path(dir, "cut-batch.safetensors")};
+  sl_test_tensor ts[CUT_N];
+  char names[CUT_N][16];
+  for (int i = 0; i < CUT_N; i++) {
+    snprintf(names[i], sizeof names[i], "t.%03d", i);
+    ts[i] = (sl_test_tensor){names[i], "F32", 2, {8, 16}, NULL};
+  }
+  assert_int_equal(sl_test_write_st(j.path, ts, CUT_N, NULL), 0);
+  int codes[2];
+  int killed = sl_test_spawn(2, cut_main, &j, 60000, codes);
+  free(j.rdzv);
+  free(j.path);
+  assert_int_equal(killed, 0);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+}
+
 /* The progress callback that can fail (sl_load_options.progress_status): rank 0's callback
  * fails after its first tensor, so every rank fails the load with its message within one
  * status window (as a failure of rank 0's), the callback is not called again, and the context
@@ -808,6 +903,7 @@ int main(void) {
       cmocka_unit_test(test_one_rank_bad_options),
       cmocka_unit_test(test_caller_device_buffer_for_cpu_placement_rejected),
       cmocka_unit_test(test_caller_buffers_on_failure_across_ranks),
+      cmocka_unit_test(test_every_rank_file_cut_mid_batch),
       cmocka_unit_test(test_progress_callback_fails_every_rank),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -1362,6 +1362,256 @@ static void reopen_checks_identity(void **state) {
   free(dir);
 }
 
+/* ---- coalesced reads (sl__source_read_add / _flush) ------------------------------------- */
+
+/* Whether BUF holds bytes [OFF, OFF + N) of tensor NAME's pattern. */
+static void assert_pattern_at(const unsigned char *buf, const char *name, uint64_t off, size_t n) {
+  for (size_t k = 0; k < n; k++)
+    if (buf[k] != sl_test_pattern_byte(name, off + k)) fail_msg("%s: byte %" PRIu64 " differs", name, off + k);
+}
+
+/* sl__preadv_full: everything or up to the end of the file, the iovecs consumed as it reads. */
+static void preadv_full_consumes(void **state) {
+  char *dir = sl_test_dir("source-preadv");
+  char *p = sl_test_path(dir, "f");
+  unsigned char data[100];
+  for (int k = 0; k < 100; k++) data[k] = (unsigned char)k;
+  assert_int_equal(sl_test_write_bytes(p, data, sizeof data), 0);
+  int fd = open(p, O_RDONLY);
+  assert_true(fd >= 0);
+  unsigned char a[30], b[1], c[50], d[40];
+  struct iovec iov[4] = {{a, 30}, {b, 0}, {c, 50}, {d, 40}};
+  /* from byte 10: 90 bytes left, so d gets 10 of its 40 */
+  assert_int_equal(sl__preadv_full(fd, iov, 4, 10), 90);
+  assert_int_equal(iov[0].iov_len + iov[2].iov_len, 0);
+  assert_int_equal(iov[3].iov_len, 30);
+  assert_ptr_equal(iov[3].iov_base, d + 10);
+  assert_int_equal(a[0], 10);
+  assert_int_equal(c[0], 40);
+  assert_int_equal(d[9], 99);
+  struct iovec bad = {a, 30};
+  assert_int_equal(sl__preadv_full(-1, &bad, 1, 0), -1);
+  assert_int_equal(errno, EBADF);
+  close(fd);
+  free(p);
+  free(dir);
+}
+
+/* What joins a batch and what flushes it first: a gap of at most 16 KiB joins (read into the
+ * scratch), a wider one, a step back, another file, the iovec bound and the 8 MiB span do not;
+ * every byte lands where it was asked, and only tensor bytes are counted. */
+static void coalesced_reads_join_and_flush(void **state) {
+  char *dir = sl_test_dir("source-batch");
+  char *p = sl_test_path(dir, "m.safetensors");
+  const sl_test_tensor ts[] = {
+      {"t0", "F32", 1, {256}, NULL},    /* 1 KiB */
+      {"t1", "F32", 1, {256}, NULL},    /* 1 KiB */
+      {"wide", "I8", 1, {20000}, NULL}, /* skipped: a gap wider than 16 KiB */
+      {"t3", "F32", 1, {256}, NULL},
+      {"big0", "I8", 1, {5 << 20}, NULL}, /* two 5 MiB neighbours: no 8 MiB span holds both */
+      {"big1", "I8", 1, {5 << 20}, NULL},
+      {"huge", "I8", 1, {9 << 20}, NULL}, /* wider than a span: read at once */
+  };
+  assert_int_equal(sl_test_write_st(p, ts, sizeof ts / sizeof ts[0], NULL), 0);
+  sl_source *src = NULL;
+  assert_int_equal(sl_source_open(g_ctx, p, &src), SL_OK);
+  sl__read_batch *b = calloc(1, sizeof *b);
+  assert_non_null(b);
+  unsigned char *t0 = malloc(1024), *t1 = malloc(1024), *t3 = malloc(1024);
+  /* t0 whole, then t1's second half: the 512-byte gap joins as one scratch iovec */
+  assert_int_equal(sl__source_read_add(src, b, 0, 0, t0, 1024), SL_OK);
+  assert_int_equal(sl__source_read_add(src, b, 1, 512, t1 + 512, 512), SL_OK);
+  assert_int_equal(b->nreq, 2);
+  assert_int_equal(b->niov, 3);
+  assert_ptr_equal(b->iov[1].iov_base, b->gap);
+  assert_int_equal(b->iov[1].iov_len, 512);
+  assert_int_equal(b->done, 0); /* nothing read yet */
+  /* t3 is past 20000 skipped bytes: the pending two are read first, t3 starts a batch */
+  assert_int_equal(sl__source_read_add(src, b, 3, 0, t3, 1024), SL_OK);
+  assert_int_equal(b->nreq, 1);
+  assert_int_equal(b->done, 1024 + 512); /* tensor bytes only, not the gap */
+  assert_pattern_at(t0, "t0", 0, 1024);
+  assert_pattern_at(t1 + 512, "t1", 512, 512);
+  /* a step back (t1's first half, before t3) flushes too */
+  assert_int_equal(sl__source_read_add(src, b, 1, 0, t1, 512), SL_OK);
+  assert_int_equal(b->nreq, 1);
+  assert_pattern_at(t3, "t3", 0, 1024);
+  assert_int_equal(sl__source_read_flush(src, b), SL_OK);
+  assert_int_equal(b->nreq, 0);
+  assert_null(b->failed);
+  assert_pattern_at(t1, "t1", 0, 512);
+  assert_int_equal(b->done, 1024 + 512 + 1024 + 512);
+  /* a flush of nothing reads nothing */
+  assert_int_equal(sl__source_read_flush(src, b), SL_OK);
+
+  /* the span: big1 does not join big0 */
+  unsigned char *big = malloc((size_t)(10 << 20) + (9 << 20));
+  assert_int_equal(sl__source_read_add(src, b, 4, 0, big, 5 << 20), SL_OK);
+  assert_int_equal(sl__source_read_add(src, b, 5, 0, big + (5 << 20), 5 << 20), SL_OK);
+  assert_int_equal(b->nreq, 1);
+  assert_int_equal(b->start, sl_source_tensor_at(src, 5)->file_offset);
+  /* huge is read at once, after what was pending */
+  b->done = 0;
+  assert_int_equal(sl__source_read_add(src, b, 6, 0, big + (10 << 20), 9 << 20), SL_OK);
+  assert_int_equal(b->nreq, 0);
+  assert_int_equal(b->done, (uint64_t)(14 << 20));
+  assert_pattern_at(big, "big0", 0, 5 << 20);
+  assert_pattern_at(big + (5 << 20), "big1", 0, 5 << 20);
+  assert_pattern_at(big + (10 << 20), "huge", 0, 9 << 20);
+  free(big);
+
+  /* a request outside its tensor fails as sl__source_pread does, naming it, and leaves the
+   * pending batch as it was */
+  assert_int_equal(sl__source_read_add(src, b, 0, 0, t0, 8), SL_OK);
+  assert_int_equal(sl__source_read_add(src, b, 1, 1000, t1, 100), SL_ERR_INVALID);
+  assert_msg_has("source read of tensor 't1': bytes [1000,1100) are outside its 1024 bytes");
+  assert_string_equal(b->failed, "t1");
+  assert_int_equal(b->nreq, 1);
+  sl__source_read_discard(b);
+  assert_int_equal(b->nreq, 0);
+  assert_int_equal(b->niov, 0);
+  sl_source_destroy(src);
+
+  /* another file flushes first */
+  char *two = sl_test_dir("source-batch-two");
+  write_sharded(two, "model.safetensors.index.json", NULL);
+  assert_int_equal(sl_source_open(g_ctx, two, &src), SL_OK);
+  size_t i0 = 0, i1 = sl_source_tensor_count(src) - 1;
+  assert_int_not_equal(src->file_of[i0], src->file_of[i1]);
+  const sl_source_tensor *a = sl_source_tensor_at(src, i0), *z = sl_source_tensor_at(src, i1);
+  unsigned char *ba = malloc(a->nbytes + 1), *bz = malloc(z->nbytes + 1);
+  assert_int_equal(sl__source_read_add(src, b, i0, 0, ba, a->nbytes), SL_OK);
+  assert_int_equal(sl__source_read_add(src, b, i1, 0, bz, z->nbytes), SL_OK);
+  assert_int_equal(b->nreq, 1);
+  assert_int_equal(b->file, src->file_of[i1]);
+  assert_int_equal(sl__source_read_flush(src, b), SL_OK);
+  assert_pattern_at(ba, a->name, 0, a->nbytes);
+  assert_pattern_at(bz, z->name, 0, z->nbytes);
+  free(ba);
+  free(bz);
+  sl_source_destroy(src);
+  free(two);
+
+  /* a memory source has no file to coalesce: read at once */
+  static const float vals[4] = {1, 2, 3, 4};
+  sl_memory_tensor mt = {.size = sizeof mt, .name = "m", .dtype = SL_DTYPE_F32, .ndim = 1, .shape = {4}, .data = vals};
+  assert_int_equal(sl_source_open_memory(g_ctx, "mem", &mt, 1, NULL, NULL, &src), SL_OK);
+  float got[4] = {0};
+  b->done = 0;
+  assert_int_equal(sl__source_read_add(src, b, 0, 4, got, 8), SL_OK);
+  assert_int_equal(b->nreq, 0);
+  assert_int_equal(b->done, 8);
+  assert_true(got[0] == 2 && got[1] == 3);
+  sl_source_destroy(src);
+  free(t0);
+  free(t1);
+  free(t3);
+  free(b);
+  free(p);
+  free(dir);
+}
+
+/* More requests than one preadv takes (1100 tensors of 4 bytes, every other one read: a
+ * request and its gap per tensor): batches stop at SL__READ_IOV iovecs, and every byte lands. */
+static void coalesced_reads_iov_bound(void **state) {
+  enum { N = 2200 };
+  char *dir = sl_test_dir("source-batch-iov");
+  char *p = sl_test_path(dir, "m.safetensors");
+  sl_test_tensor *ts = calloc(N, sizeof *ts);
+  char (*names)[16] = calloc(N, sizeof *names);
+  for (int i = 0; i < N; i++) {
+    snprintf(names[i], sizeof names[i], "s.%04d", i);
+    ts[i] = (sl_test_tensor){names[i], "I8", 1, {4}, NULL};
+  }
+  assert_int_equal(sl_test_write_st(p, ts, N, NULL), 0);
+  sl_source *src = NULL;
+  assert_int_equal(sl_source_open(g_ctx, p, &src), SL_OK);
+  sl__read_batch *b = calloc(1, sizeof *b);
+  unsigned char *out = calloc(N, 4);
+  for (int pass = 0; pass < 2; pass++) {
+    /* pass 0: every other tensor (gaps); pass 1: all of them, back to back */
+    int step = pass ? 1 : 2, flushes = 0;
+    size_t before = 0;
+    for (int i = 0; i < N; i += step) {
+      assert_int_equal(sl__source_read_add(src, b, (size_t)i, 0, out + 4 * i, 4), SL_OK);
+      assert_true(b->niov <= SL__READ_IOV);
+      if (b->nreq < before) flushes++;
+      before = b->nreq;
+    }
+    assert_int_equal(sl__source_read_flush(src, b), SL_OK);
+    /* 1100 requests with gaps: 512 per batch (1023 iovecs); 2200 back to back: 1024 per batch */
+    assert_int_equal(flushes, 2);
+    assert_int_equal(b->done, (uint64_t)(N / step) * 4);
+    b->done = 0;
+    for (int i = 0; i < N; i += step) assert_pattern_at(out + 4 * i, names[i], 0, 4);
+  }
+  sl_source_destroy(src);
+  free(out);
+  free(b);
+  free(names);
+  free(ts);
+  free(p);
+  free(dir);
+}
+
+/* The file cut short under a pending batch: the flush fails naming the file and the tensor at
+ * the end (the first request not read whole), counts only the requests read whole, and leaves
+ * the batch empty; an end inside a gap names the next tensor and says "before". */
+static void coalesced_reads_truncated(void **state) {
+  char *dir = sl_test_dir("source-batch-cut");
+  char *p = sl_test_path(dir, "m.safetensors");
+  const sl_test_tensor ts[] = {
+      {"c0", "F32", 1, {256}, NULL}, {"c1", "F32", 1, {256}, NULL}, {"c2", "F32", 1, {256}, NULL},
+      {"c3", "F32", 1, {256}, NULL}};
+  assert_int_equal(sl_test_write_st(p, ts, 4, NULL), 0);
+  sl_source *src = NULL;
+  assert_int_equal(sl_source_open(g_ctx, p, &src), SL_OK);
+  sl__read_batch *b = calloc(1, sizeof *b);
+  unsigned char buf[4][1024];
+  const sl_source_tensor *c1 = sl_source_tensor_at(src, 1);
+  /* inside c1: c0 is read whole, c1 and c2 are not */
+  for (size_t i = 0; i < 3; i++) assert_int_equal(sl__source_read_add(src, b, i, 0, buf[i], 1024), SL_OK);
+  assert_int_equal(truncate(p, (off_t)(c1->file_offset + 100)), 0);
+  assert_int_equal(sl__source_read_flush(src, b), SL_ERR_IO);
+  char want[256];
+  snprintf(want, sizeof want, "%s: file ends at byte %" PRIu64 ", inside tensor 'c1' (bytes %" PRIu64 "..%" PRIu64
+           "): the file was truncated after it was opened", p, c1->file_offset + 100, c1->file_offset,
+           c1->file_offset + 1024);
+  assert_string_equal(errmsg(), want);
+  assert_string_equal(b->failed, "c1");
+  assert_int_equal(b->done, 1024);
+  assert_int_equal(b->nreq, 0);
+  assert_pattern_at(buf[0], "c0", 0, 1024);
+  assert_pattern_at(buf[1], "c1", 0, 100);
+  sl_source_destroy(src);
+  /* in the gap before c1 (c0's second half is nobody's here): c1 is named, the end is before it */
+  assert_int_equal(sl_test_write_st(p, ts, 4, NULL), 0);
+  assert_int_equal(sl_source_open(g_ctx, p, &src), SL_OK);
+  const sl_source_tensor *c0 = sl_source_tensor_at(src, 0);
+  c1 = sl_source_tensor_at(src, 1);
+  b->done = 0;
+  assert_int_equal(sl__source_read_add(src, b, 0, 0, buf[0], 512), SL_OK);
+  assert_int_equal(sl__source_read_add(src, b, 1, 0, buf[1], 1024), SL_OK);
+  assert_int_equal(b->niov, 3);
+  assert_int_equal(truncate(p, (off_t)(c0->file_offset + 700)), 0);
+  assert_int_equal(sl__source_read_flush(src, b), SL_ERR_IO);
+  snprintf(want, sizeof want, "%s: file ends at byte %" PRIu64 ", before tensor 'c1' (bytes %" PRIu64 "..%" PRIu64
+           "): the file was truncated after it was opened", p, c0->file_offset + 700, c1->file_offset,
+           c1->file_offset + 1024);
+  assert_string_equal(errmsg(), want);
+  assert_string_equal(b->failed, "c1");
+  assert_int_equal(b->done, 512);
+  assert_int_equal(b->nreq, 0);
+  /* and the batch is good for the next reads (here: the bytes still there) */
+  assert_int_equal(sl__source_read_add(src, b, 0, 0, buf[2], 600), SL_OK);
+  assert_int_equal(sl__source_read_flush(src, b), SL_OK);
+  assert_pattern_at(buf[2], "c0", 0, 600);
+  sl_source_destroy(src);
+  free(b);
+  free(p);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(single_file),       cmocka_unit_test(pread_bounds_and_truncation),
@@ -1381,6 +1631,10 @@ int main(void) {
       cmocka_unit_test(many_shards_low_fd_limit),
       cmocka_unit_test(reopen_checks_identity),
       cmocka_unit_test(own_copy_takes_rank0_table),
+      cmocka_unit_test(preadv_full_consumes),
+      cmocka_unit_test(coalesced_reads_join_and_flush),
+      cmocka_unit_test(coalesced_reads_iov_bound),
+      cmocka_unit_test(coalesced_reads_truncated),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

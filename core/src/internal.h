@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "module.h"
 #include "shardload/shardload.h"
@@ -97,6 +98,11 @@ sl_status sl__errbuf(char *err, size_t errlen, sl_status s, const char *fmt, ...
     __attribute__((format(printf, 4, 5)));
 /* pread until LEN bytes or end of file; returns the bytes read, or -1 with errno set. */
 ssize_t sl__pread_full(int fd, void *buf, size_t len, uint64_t off);
+/* preadv until every byte of the IOVCNT iovecs or end of file, resuming after short reads and
+ * EINTR; returns the bytes read, or -1 with errno set. IOV is consumed in place as it reads (each
+ * entry's base advanced, its length lowered, down to 0), so that the bytes left unread are the
+ * sum of the lengths on return, after a failure too. */
+ssize_t sl__preadv_full(int fd, struct iovec *iov, int iovcnt, uint64_t off);
 
 /* Copies the options struct a caller compiled against (OPTS_SIZE bytes, possibly older and
  * shorter than ours) into a zero-initialised full struct. NULL means all zero. */
@@ -145,6 +151,47 @@ void sl__st_header_free(sl__st_header *h);
 /* Positional read of BYTES at OFFSET of tensor I's file; loops over short reads. */
 sl_status sl__source_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, void *dst,
                            size_t bytes);
+/* Coalesced reads (every-rank mode's in-place reads: many small runs of one file, in file
+ * order). A request joins the pending batch when it is in the batch's file, starts at or after
+ * its end with at most SL__READ_GAP bytes between (read into GAP and dropped: a sharded
+ * tensor's runs of other ranks, a skipped tensor), and the batch stays within SL__READ_IOV
+ * iovecs and SL__READ_SPAN file bytes; otherwise the batch is flushed first. A zero batch is
+ * empty; it lives where its caller puts it (about 56 KiB) and holds no resources. */
+#define SL__READ_IOV 1024        /* iovecs per preadv: Linux's IOV_MAX */
+#define SL__READ_GAP (16u << 10) /* the widest gap read and dropped rather than skipped */
+#define SL__READ_SPAN (8u << 20) /* file bytes per preadv at most */
+typedef struct sl__read_batch {
+  size_t file;         /* the file of every pending request */
+  uint64_t start, end; /* the file bytes [start, end) the pending requests and gaps cover */
+  int niov;
+  size_t nreq;
+  struct {
+    size_t tensor;
+    uint64_t off; /* in the file */
+    size_t bytes;
+  } req[SL__READ_IOV];
+  struct iovec iov[SL__READ_IOV];
+  /* Tensor bytes read since the caller last cleared it (requests read whole; gaps not
+   * counted): what the caller's statistics count. */
+  uint64_t done;
+  /* After a failed add or flush: the tensor whose bytes were at the failing offset (the first
+   * request not read whole), for the caller to name; NULL after a success. */
+  const char *failed;
+  unsigned char gap[SL__READ_GAP];
+} sl__read_batch;
+/* Queues BYTES at OFFSET of tensor I's file into DST (which must stay valid until the flush),
+ * after the same checks, with the same messages, as sl__source_pread; flushes first when the
+ * request does not join. A memory source, a source without files and a request wider than
+ * SL__READ_SPAN are read at once (sl__source_pread). DST holds its bytes only once a flush
+ * succeeded. */
+sl_status sl__source_read_add(sl_source *src, sl__read_batch *b, size_t i, uint64_t offset_in_tensor, void *dst,
+                              size_t bytes);
+/* Reads the pending requests in one sl__preadv_full; the batch is empty again on return,
+ * whatever happened. A failure names the file and the tensor of the first request not read
+ * whole, in sl__source_pread's words. */
+sl_status sl__source_read_flush(sl_source *src, sl__read_batch *b);
+/* Drops the pending requests unread (a rank that failed places nothing more). */
+void sl__source_read_discard(sl__read_batch *b);
 /* Whether this rank has the files open (rank 0 always; others in every-rank mode). */
 bool sl__source_has_files(const sl_source *src);
 /* Manifest: a byte image of the tensor table + metadata that rank 0 broadcasts and other

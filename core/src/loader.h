@@ -188,13 +188,15 @@ typedef struct loader_send {
   bool hsdp_ready;
 } loader_send;
 
-/* Placements waiting for a slot's device-to-host copy (loader_recv.c). */
+/* Placements waiting for a slot's device-to-host copy; every-rank mode's coalesced in-place
+ * reads, allocated at the first transfer, empty between transfers (loader_recv.c). */
 typedef struct loader_recv {
   host_finish *finish;
   size_t nfinish, cap_finish;
   struct {
     size_t first, count; /* into finish */
   } pending[SL__MAX_SLOTS]; /* per slot of stage.slots */
+  sl__read_batch *batch;
 } loader_recv;
 
 /* The rank's own failure in phase 2 (loader.c). DEFERRED: the first failure local to this rank

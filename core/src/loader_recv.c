@@ -181,32 +181,58 @@ typedef struct own_read {
   const carve *c;
   tensor_job *j;
   size_t roff, loff;
+  const char *failed; /* the tensor a failed coalesced read names (not always J: an earlier one) */
 } own_read;
+
+/* What the batch read whole since the last call: bytes_read counts tensor bytes read, never
+ * the gaps read around them. */
+static void count_batch(loader *L) {
+  L->st->stats.bytes_read += L->recv.batch->done;
+  L->recv.batch->done = 0;
+}
 
 static sl_status read_own_run(void *user, uint64_t gs, uint64_t ls, uint64_t count) {
   own_read *o = user;
   loader *L = o->L;
   tensor_job *j = o->j;
+  sl__read_batch *b = L->recv.batch;
   size_t ef = sl_dtype_size(j->src->dtype), ep = sl_dtype_size(j->res.dtype);
   double t0 = sl__now_s();
   sl_status st;
   if (sl__reads_in_place(L, j)) {
-    /* straight from storage into the shard: no staging copy */
-    st = sl__source_pread(L->src, j->src_index, gs * ef, (unsigned char *)j->out->data + ls * ep, count * ef);
+    /* straight from storage into the shard: no staging copy; runs that follow one another in
+     * the file go in one preadv, flushed when a run does not join or the transfer ends */
+    st = sl__source_read_add(L->src, b, j->src_index, gs * ef, (unsigned char *)j->out->data + ls * ep, count * ef);
     L->st->stats.seconds_read += sl__now_s() - t0;
-  } else {
-    unsigned char *buf = o->s->host + o->c->read + o->roff;
-    st = sl__source_pread(L->src, j->src_index, gs * ef, buf, count * ef);
-    L->st->stats.seconds_read += sl__now_s() - t0;
-    o->roff += count * ef;
-    /* nothing crosses the network in this mode: the cast happens here, from the file's dtype */
-    if (st == SL_OK) st = place(L, o->s, o->c, j, buf, false, j->src->dtype, ls, count, &o->loff);
+    count_batch(L);
+    if (st != SL_OK) o->failed = b->failed;
+    return st;
   }
+  /* place() needs these bytes now: what is queued is read first, so reads stay in file order */
+  st = sl__source_read_flush(L->src, b);
+  count_batch(L);
+  if (st != SL_OK) {
+    L->st->stats.seconds_read += sl__now_s() - t0;
+    o->failed = b->failed;
+    return st;
+  }
+  unsigned char *buf = o->s->host + o->c->read + o->roff;
+  st = sl__source_pread(L->src, j->src_index, gs * ef, buf, count * ef);
+  L->st->stats.seconds_read += sl__now_s() - t0;
+  o->roff += count * ef;
   if (st == SL_OK) L->st->stats.bytes_read += count * ef;
+  /* nothing crosses the network in this mode: the cast happens here, from the file's dtype */
+  if (st == SL_OK) st = place(L, o->s, o->c, j, buf, false, j->src->dtype, ls, count, &o->loff);
   return st;
 }
 
 void sl__loader_read_own(loader *L, const transfer *x, slot *s, const carve *c) {
+  if (!L->recv.batch && L->fail.deferred == SL_OK && !(L->recv.batch = calloc(1, sizeof *L->recv.batch))) {
+    sl__loader_defer(L, NULL,
+                     sl__fail(L->ctx, SL_ERR_NOMEM, "out of memory for the every-rank read batch (%zu bytes)",
+                              sizeof *L->recv.batch));
+    return;
+  }
   own_read o = {.L = L, .s = s, .c = c};
   for (size_t i = x->first; i < x->first + x->count && L->fail.deferred == SL_OK; i++) {
     const piece *p = &L->stage.pieces[i];
@@ -214,8 +240,23 @@ void sl__loader_read_own(loader *L, const transfer *x, slot *s, const carve *c) 
     o.roff = (size_t)SL__A16(o.roff);
     o.loff = (size_t)SL__A16(o.loff);
     sl_status st = sl__region_runs(&o.j->mine, p->a, p->b, read_own_run, &o);
-    if (st != SL_OK) sl__loader_defer(L, o.j->src->name, st);
+    if (st != SL_OK) sl__loader_defer(L, o.failed ? o.failed : o.j->src->name, st);
   }
+  if (!L->recv.batch) return;
+  /* the transfer's bytes are all in place when it ends; a rank that failed places nothing more */
+  if (L->fail.deferred != SL_OK) {
+    sl__source_read_discard(L->recv.batch);
+    return;
+  }
+  double t0 = sl__now_s();
+  sl_status st = sl__source_read_flush(L->src, L->recv.batch);
+  L->st->stats.seconds_read += sl__now_s() - t0;
+  count_batch(L);
+  if (st != SL_OK) sl__loader_defer(L, L->recv.batch->failed, st);
 }
 
-void sl__loader_recv_release(loader *L) { free(L->recv.finish); }
+void sl__loader_recv_release(loader *L) {
+  free(L->recv.finish);
+  free(L->recv.batch);
+  L->recv.batch = NULL;
+}

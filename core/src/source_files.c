@@ -257,7 +257,9 @@ out_buf:
 
 /* ---- reading -------------------------------------------------------------------------- */
 
-sl_status sl__source_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, void *dst, size_t bytes) {
+/* The checks every read of tensor I's bytes passes first: the caller's arguments and the
+ * tensor's bounds. */
+static sl_status check_read(sl_source *src, size_t i, uint64_t offset_in_tensor, const void *dst, size_t bytes) {
   if (!src || i >= src->count || (!dst && bytes))
     return sl__fail(src ? src->ctx : NULL, SL_ERR_INVALID, "source read: invalid arguments");
   const sl_source_tensor *t = &src->tensors[i];
@@ -266,23 +268,116 @@ sl_status sl__source_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, 
     return sl__fail(src->ctx, SL_ERR_INVALID,
                     "source read of tensor '%s': bytes [%" PRIu64 ",%" PRIu64 ") are outside its %" PRIu64 " bytes",
                     t->name, offset_in_tensor, end, t->nbytes);
+  return SL_OK;
+}
+
+/* A read of tensor T's bytes from file F failed at byte AT: an error (ERR, errno's), or the end
+ * of the file (ERR 0). */
+static sl_status read_failed(sl_source *src, const src_file *f, const sl_source_tensor *t, uint64_t at, int err) {
+  if (err)
+    return sl__fail(src->ctx, SL_ERR_IO, "%s: read of tensor '%s' at byte %" PRIu64 " failed: %s", f->path, t->name, at,
+                    strerror(err));
+  /* a coalesced read may meet the end in the gap before the tensor: say so rather than "inside" */
+  return sl__fail(src->ctx, SL_ERR_IO,
+                  "%s: file ends at byte %" PRIu64 ", %s tensor '%s' (bytes %" PRIu64 "..%" PRIu64
+                  "): the file was truncated after it was opened",
+                  f->path, at, at < t->file_offset ? "before" : "inside", t->name, t->file_offset,
+                  t->file_offset + t->nbytes);
+}
+
+sl_status sl__source_pread(sl_source *src, size_t i, uint64_t offset_in_tensor, void *dst, size_t bytes) {
+  sl_status s = check_read(src, i, offset_in_tensor, dst, bytes);
+  if (s != SL_OK) return s;
+  const sl_source_tensor *t = &src->tensors[i];
   if (src->memory) return sl__source_memory_pread(src, i, offset_in_tensor, dst, bytes);
   const src_file *f = &src->files[src->file_of[i]];
   if (!src->has_files)
     return sl__fail(src->ctx, SL_ERR_INVALID, "source read of tensor '%s': file '%s' is not open on this rank",
                     t->name, f->path);
   int fd;
-  sl_status s = sl__source_fd(src, src->file_of[i], &fd);
-  if (s != SL_OK) return s;
+  if ((s = sl__source_fd(src, src->file_of[i], &fd)) != SL_OK) return s;
   uint64_t off = t->file_offset + offset_in_tensor;
   ssize_t r = sl__pread_full(fd, dst, bytes, off);
-  if (r < 0)
-    return sl__fail(src->ctx, SL_ERR_IO, "%s: read of tensor '%s' at byte %" PRIu64 " failed: %s", f->path,
-                    t->name, off, strerror(errno));
-  if ((size_t)r < bytes)
-    return sl__fail(src->ctx, SL_ERR_IO,
-                    "%s: file ends at byte %" PRIu64 ", inside tensor '%s' (bytes %" PRIu64 "..%" PRIu64
-                    "): the file was truncated after it was opened",
-                    f->path, off + (uint64_t)r, t->name, t->file_offset, t->file_offset + t->nbytes);
+  if (r < 0) return read_failed(src, f, t, off, errno);
+  if ((size_t)r < bytes) return read_failed(src, f, t, off + (uint64_t)r, 0);
   return SL_OK;
+}
+
+/* ---- coalesced reads ---------------------------------------------------------------------- */
+/* At 50,000 tensors of a few KiB, one pread per run is most of an every-rank load's CPU time:
+ * runs that follow one another in a file (with small gaps: the other ranks' rows, tensors this
+ * rank skips) go in one preadv instead. */
+
+void sl__source_read_discard(sl__read_batch *b) {
+  b->nreq = 0;
+  b->niov = 0;
+}
+
+sl_status sl__source_read_add(sl_source *src, sl__read_batch *b, size_t i, uint64_t offset_in_tensor, void *dst,
+                              size_t bytes) {
+  b->failed = NULL;
+  sl_status s = check_read(src, i, offset_in_tensor, dst, bytes);
+  if (s != SL_OK) {
+    b->failed = src && i < src->count ? src->tensors[i].name : NULL;
+    return s;
+  }
+  if (!bytes) return SL_OK;
+  const sl_source_tensor *t = &src->tensors[i];
+  if (src->memory || !src->has_files || bytes > SL__READ_SPAN) {
+    /* nothing to coalesce (no file), or a read as wide as a whole batch: at once, in order */
+    if ((s = sl__source_read_flush(src, b)) != SL_OK) return s;
+    if ((s = sl__source_pread(src, i, offset_in_tensor, dst, bytes)) != SL_OK) {
+      b->failed = t->name;
+      return s;
+    }
+    b->done += bytes;
+    return SL_OK;
+  }
+  size_t f = src->file_of[i];
+  uint64_t off = t->file_offset + offset_in_tensor, end = off + bytes; /* within the file: checked at open */
+  if (b->nreq && !(f == b->file && off >= b->end && off - b->end <= SL__READ_GAP && end - b->start <= SL__READ_SPAN &&
+                   b->niov + (off > b->end) + 1 <= SL__READ_IOV)) {
+    if ((s = sl__source_read_flush(src, b)) != SL_OK) return s;
+  }
+  if (!b->nreq) {
+    b->file = f;
+    b->start = b->end = off;
+  }
+  /* every gap reads into the one scratch buffer: its bytes are nobody's */
+  if (off > b->end) b->iov[b->niov++] = (struct iovec){b->gap, (size_t)(off - b->end)};
+  b->iov[b->niov++] = (struct iovec){dst, bytes};
+  b->req[b->nreq].tensor = i;
+  b->req[b->nreq].off = off;
+  b->req[b->nreq++].bytes = bytes;
+  b->end = end;
+  return SL_OK;
+}
+
+sl_status sl__source_read_flush(sl_source *src, sl__read_batch *b) {
+  b->failed = NULL;
+  if (!b->nreq) return SL_OK;
+  const src_file *f = &src->files[b->file];
+  int fd;
+  sl_status s = sl__source_fd(src, b->file, &fd);
+  if (s != SL_OK) {
+    b->failed = src->tensors[b->req[0].tensor].name;
+    sl__source_read_discard(b);
+    return s;
+  }
+  ssize_t r = sl__preadv_full(fd, b->iov, b->niov, b->start);
+  int err = r < 0 ? errno : 0;
+  /* how far it got, after a failure too: the bytes the iovecs still want (the last iovec is
+   * always a request's, so a failure leaves a request not read whole) */
+  uint64_t left = 0;
+  for (int k = 0; k < b->niov; k++) left += b->iov[k].iov_len;
+  uint64_t at = b->end - left;
+  size_t k = 0;
+  for (; k < b->nreq && b->req[k].off + b->req[k].bytes <= at; k++) b->done += b->req[k].bytes;
+  if (k < b->nreq) {
+    const sl_source_tensor *t = &src->tensors[b->req[k].tensor];
+    b->failed = t->name;
+    s = read_failed(src, f, t, at, err);
+  }
+  sl__source_read_discard(b);
+  return s;
 }

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -85,6 +86,36 @@ ssize_t sl__pread_full(int fd, void *buf, size_t len, uint64_t off) {
     }
     if (r == 0) break;
     got += (size_t)r;
+  }
+  return (ssize_t)got;
+}
+
+ssize_t sl__preadv_full(int fd, struct iovec *iov, int iovcnt, uint64_t off) {
+  size_t got = 0;
+  while (iovcnt > 0) {
+    if (!iov->iov_len) {
+      iov++;
+      iovcnt--;
+      continue;
+    }
+    ssize_t r = preadv(fd, iov, iovcnt, (off_t)(off + got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    if (r == 0) break;
+    got += (size_t)r;
+    /* consume what was read in place, so that the caller can tell after a failure how far it got */
+    for (size_t n = (size_t)r; n;) {
+      size_t take = n < iov->iov_len ? n : iov->iov_len;
+      iov->iov_base = (char *)iov->iov_base + take;
+      iov->iov_len -= take;
+      n -= take;
+      if (!iov->iov_len) {
+        iov++;
+        iovcnt--;
+      }
+    }
   }
   return (ssize_t)got;
 }
