@@ -120,17 +120,6 @@ void *sl__host_alloc(size_t bytes) {
   return base + HOST_HDR;
 }
 
-void *sl__host_zalloc(size_t n, size_t size) {
-  size_t bytes;
-  if (__builtin_mul_overflow(n, size, &bytes)) return NULL;
-  unsigned char *p = sl__host_alloc(bytes);
-  if (!p) return NULL;
-  host_hdr h;
-  memcpy(&h, p - HOST_HDR, sizeof h);
-  if (h.magic == HOST_MAGIC_HEAP) memset(p, 0, bytes); /* fresh anonymous mappings read zero */
-  return p;
-}
-
 #ifdef SL__HOST_ASAN
 #include <sanitizer/asan_interface.h>
 void sl__host_poison(void *p, size_t bytes, int on) {

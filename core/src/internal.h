@@ -449,9 +449,6 @@ sl_status sl__rendezvous_parse(const char *url, sl__rendezvous *out, char *err, 
 /* ---- host memory (hostops.c) ------------------------------------------------------------- */
 /* 64-byte aligned host memory; blocks of 1 MiB and more are mapped pre-faulted. */
 void *sl__host_alloc(size_t bytes);
-/* The same, zeroed, for N elements of SIZE (NULL on overflow): a mapped block is zero already,
- * so a large table is cleared by the kernel's populate, not a second pass. */
-void *sl__host_zalloc(size_t n, size_t size);
 void sl__host_free(void *ptr);
 /* Under AddressSanitizer: mark BYTES at P unaddressable (ON) or addressable again; a no-op
  * otherwise. Memory carved out of one block (the shard arena) poisons what lies between its

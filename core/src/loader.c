@@ -155,7 +155,7 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
   if (f->deferred != SL_OK) sl__fail(ctx, f->deferred, "%s", f->deferred_msg);
   if ((st = sl__loader_agree(&L, f->deferred, "loading")) != SL_OK) goto out_fail;
   sl__loader_pipe_release(&L);
-  sl__host_free(L.jobs);
+  free(L.jobs);
   L.st->stats.seconds = sl__now_s() - t0;
   pthread_mutex_destroy(&L.lock);
   pthread_cond_destroy(&L.cond);
@@ -164,7 +164,7 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
 
 out_fail:
   sl__loader_pipe_release(&L);
-  sl__host_free(L.jobs);
+  free(L.jobs);
   sl_state_destroy(L.st);
   pthread_mutex_destroy(&L.lock);
   pthread_cond_destroy(&L.cond);

@@ -33,9 +33,8 @@ sl_status sl__loader_plan(loader *L) {
   sl__mesh_coord(L->rank, L->mesh_ndim, L->mesh, L->coord);
   size_t ntake = 0, nskip = 0;
   for (size_t i = 0; i < n; i++) ntake += take[i], nskip += !take[i];
-  /* 288 + 256 bytes a tensor: at 10^5 tensors, tables worth taking populated (hostops.c) */
-  L->jobs = sl__host_zalloc(ntake ? ntake : 1, sizeof *L->jobs);
-  L->st->tensors = sl__host_zalloc(ntake ? ntake : 1, sizeof *L->st->tensors);
+  L->jobs = calloc(ntake ? ntake : 1, sizeof *L->jobs);
+  L->st->tensors = calloc(ntake ? ntake : 1, sizeof *L->st->tensors);
   L->st->skipped = calloc(nskip ? nskip : 1, sizeof *L->st->skipped);
   if (!L->jobs || !L->st->tensors || !L->st->skipped) {
     st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory planning %zu tensors", n);

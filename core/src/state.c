@@ -129,7 +129,7 @@ static void state_free(sl_state *st) {
   sl__backend_ref_put(st->be); /* the last reference (the context may be gone) finalises the backend */
   for (size_t i = 0; i < st->count; i++) free((char *)st->tensors[i].name);
   for (size_t i = 0; i < st->nskipped; i++) free(st->skipped[i]);
-  sl__host_free(st->tensors); /* loader_plan.c: sl__host_zalloc */
+  free(st->tensors);
   free(st->arenas);
   free(st->in_arena);
   free(st->skipped);
