@@ -10,7 +10,11 @@ as the ratio to one tensor. Python standard library only.
 The checkpoints are `shardload synth DIR/tN.safetensors --size SIZE --tensors N` (flat 1-D BF16
 tensors of equal size). Every configuration (world, source, count) runs once as a warm-up, then
 the rounds interleave every configuration (round 1 runs each once, then round 2, ...), so that
-load from other jobs on the machine falls on all of them alike. Each run is timed from the
+load from other jobs on the machine falls on all of them alike, each round in its own order
+(shuffled, seeded by the round). Each measured run comes right after --prime unmeasured runs of
+the same configuration (default 1): on the 2-core VM of bench/README.md a run right after a
+200,000-tensor one took 2-3x as long whichever build it was (the kernel taking back that run's
+memory meanwhile), and in a fixed order that fell on the same configuration every round. Each run is timed from the
 outside: fork of the command to its exit, the human report read whole (--json with --json).
 
 Columns: the median wall time of the rounds for each count, and its ratio to the median for
@@ -19,6 +23,7 @@ same rounds (the two alternate), and each row is shown for both commands.
 """
 import argparse
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -52,6 +57,8 @@ def main():
     ap.add_argument("--json", action="store_true", help="run with --json (per-tensor reports) instead")
     ap.add_argument("--base", help="another shardload command to measure beside it (e.g. main's build)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved measured rounds (default 3)")
+    ap.add_argument("--prime", type=int, default=1,
+                    help="unmeasured runs of a configuration right before each measured one (default 1)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one run may take (default 600)")
     a = ap.parse_args()
     binary = find_binary(a.bin)
@@ -76,7 +83,11 @@ def main():
         run_once(exe[c[0]], paths[c[3]], c[1], c[2], a.json, a.timeout)
     walls = {c: [] for c in configs}
     for r in range(a.rounds):
-        for c in configs:
+        order = list(configs)
+        random.Random(r).shuffle(order)
+        for c in order:
+            for _ in range(a.prime):
+                run_once(exe[c[0]], paths[c[3]], c[1], c[2], a.json, a.timeout)
             walls[c].append(run_once(exe[c[0]], paths[c[3]], c[1], c[2], a.json, a.timeout))
         print("  round %d of %d done" % (r + 1, a.rounds), file=sys.stderr, flush=True)
 
