@@ -637,6 +637,19 @@ typedef struct canaries {
   int64_t row0[3]; /* first global row of the rank's shard */
 } canaries;
 
+/* A caller buffer for T with GUARD canary bytes either side, recorded for the checks (its
+ * allocation, first global row and size); counts the call. */
+static void *guarded_buffer(const sl_tensor *t, unsigned char **buf, int64_t *row0, uint64_t *nbytes, int *calls) {
+  unsigned char *p = malloc((size_t)t->nbytes + 2 * GUARD);
+  if (!p) return NULL;
+  memset(p, CANARY, (size_t)t->nbytes + 2 * GUARD);
+  *buf = p;
+  *row0 = t->global_offset[0];
+  *nbytes = t->nbytes;
+  ++*calls;
+  return p + GUARD;
+}
+
 static void *canary_bind(void *user, const sl_tensor *t) {
   canaries *c = user;
   if (c->calls >= 3) return NULL;
@@ -645,13 +658,7 @@ static void *canary_bind(void *user, const sl_tensor *t) {
     c->calls++;
     return sl_alloc(c->ctx, SL_DEVICE_ACCELERATOR, 0, t->nbytes, &c->device) == SL_OK ? c->device : NULL;
   }
-  unsigned char *p = malloc((size_t)t->nbytes + 2 * GUARD);
-  if (!p) return NULL;
-  memset(p, CANARY, (size_t)t->nbytes + 2 * GUARD);
-  c->bufs[c->calls] = p;
-  c->row0[c->calls] = t->global_offset[0];
-  c->nbytes[c->calls++] = t->nbytes;
-  return p + GUARD;
+  return guarded_buffer(t, &c->bufs[c->calls], &c->row0[c->calls], &c->nbytes[c->calls], &c->calls);
 }
 
 /* Whether N bytes at P all still hold the canary. */
@@ -754,13 +761,7 @@ static void *cut_bind(void *user, const sl_tensor *t) {
    * file: each cuts it here, to the same length, before any of them reads */
   if (c->calls == 0) c->truncated = truncate(c->path, (off_t)c->cut) == 0;
   if (c->calls >= CUT_N) return NULL;
-  unsigned char *p = malloc((size_t)t->nbytes + 2 * GUARD);
-  if (!p) return NULL;
-  memset(p, CANARY, (size_t)t->nbytes + 2 * GUARD);
-  c->bufs[c->calls] = p;
-  c->row0[c->calls] = t->global_offset[0];
-  c->nbytes[c->calls++] = t->nbytes;
-  return p + GUARD;
+  return guarded_buffer(t, &c->bufs[c->calls], &c->row0[c->calls], &c->nbytes[c->calls], &c->calls);
 }
 
 static int cut_main(int rank, int world, void *arg) {
