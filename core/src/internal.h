@@ -174,8 +174,8 @@ typedef struct sl__read_batch {
   /* Tensor bytes read since the caller last cleared it (requests read whole; gaps not
    * counted): what the caller's statistics count. */
   uint64_t done;
-  /* After a failed add or flush: the tensor whose bytes were at the failing offset (the first
-   * request not read whole), for the caller to name; NULL after a success. */
+  /* After a failed add or flush: the tensor of the first request not read whole (the failing
+   * byte may lie in the gap in front of it), for the caller to name; NULL after a success. */
   const char *failed;
   unsigned char gap[SL__READ_GAP];
 } sl__read_batch;

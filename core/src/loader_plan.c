@@ -263,11 +263,14 @@ static sl_status carve_block(loader *L, size_t first, size_t last, size_t bytes)
 /* The arena shards, in file order, cut into blocks of at most SL__ARENA_BLOCK. */
 static sl_status carve_arena(loader *L) {
   sl_state *st = L->st;
-  size_t n = 0;
-  for (size_t i = 0; i < L->njobs; i++) n += st->in_arena[i];
+  size_t n = 0, total = 0;
+  for (size_t i = 0; i < L->njobs; i++)
+    if (st->in_arena[i]) n++, total += SL__ARENA_SIZE(L->jobs[i].out->nbytes);
   if (!n) return SL_OK;
-  /* each block holds at least one shard of < 1 MiB: at most n blocks, usually bytes / 64 MiB */
-  if (!(st->arenas = calloc(n, sizeof *st->arenas)))
+  /* every block but the last is cut only when the next shard (< 1 MiB + 128) would pass 64 MiB,
+   * so it holds more than 32 MiB */
+  size_t most = total / (SL__ARENA_BLOCK / 2) + 1;
+  if (!(st->arenas = calloc(most, sizeof *st->arenas)))
     return sl__fail(L->ctx, SL_ERR_NOMEM, "out of memory placing %zu shards", n);
   size_t first = 0, bytes = 0;
   for (size_t i = 0; i < L->njobs; i++) {

@@ -274,6 +274,9 @@ static sl_status check_read(sl_source *src, size_t i, uint64_t offset_in_tensor,
 /* A read of tensor T's bytes from file F failed at byte AT: an error (ERR, errno's), or the end
  * of the file (ERR 0). */
 static sl_status read_failed(sl_source *src, const src_file *f, const sl_source_tensor *t, uint64_t at, int err) {
+  if (err && at < t->file_offset) /* a coalesced read, in the gap before the tensor */
+    return sl__fail(src->ctx, SL_ERR_IO, "%s: read at byte %" PRIu64 ", before tensor '%s' (bytes %" PRIu64 "..%" PRIu64 "), failed: %s",
+                    f->path, at, t->name, t->file_offset, t->file_offset + t->nbytes, strerror(err));
   if (err)
     return sl__fail(src->ctx, SL_ERR_IO, "%s: read of tensor '%s' at byte %" PRIu64 " failed: %s", f->path, t->name, at,
                     strerror(err));
