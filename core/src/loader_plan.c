@@ -241,7 +241,9 @@ static sl_status carve_block(loader *L, size_t first, size_t last, size_t bytes)
   sl_state *st = L->st;
   unsigned char *base = sl__host_alloc(bytes);
   if (!base) {
-    const char *a = L->jobs[first].out->name, *b = L->jobs[last - 1].out->name;
+    size_t end = last;
+    while (!st->in_arena[end - 1]) end--; /* the block's last shard: FIRST is one */
+    const char *a = L->jobs[first].out->name, *b = L->jobs[end - 1].out->name;
     return sl__fail(ctx, SL_ERR_NOMEM,
                     "cannot allocate %zu bytes of host memory on rank %d for the shards of %s .. %s: free host "
                     "memory or raise the process's memory limit",
