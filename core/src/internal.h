@@ -98,6 +98,8 @@ sl_status sl__errbuf(char *err, size_t errlen, sl_status s, const char *fmt, ...
     __attribute__((format(printf, 4, 5)));
 /* pread until LEN bytes or end of file; returns the bytes read, or -1 with errno set. */
 ssize_t sl__pread_full(int fd, void *buf, size_t len, uint64_t off);
+/* CLOCK_MONOTONIC seconds (loader.c): the load's statistics, the source's read times */
+double sl__now_s(void);
 /* preadv until every byte of the IOVCNT iovecs or end of file, resuming after short reads and
  * EINTR; returns the bytes read, or -1 with errno set. IOV is consumed in place as it reads (each
  * entry's base advanced, its length lowered, down to 0), so that the bytes left unread are the
@@ -174,6 +176,7 @@ typedef struct sl__read_batch {
   /* Tensor bytes read since the caller last cleared it (requests read whole; gaps not
    * counted): what the caller's statistics count. */
   uint64_t done;
+  double seconds; /* the same for the seconds its reads took, failed ones included */
   /* After a failed add or flush: the tensor of the first request not read whole (the failing
    * byte may lie in the gap in front of it), for the caller to name; NULL after a success. */
   const char *failed;

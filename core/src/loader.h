@@ -243,7 +243,6 @@ typedef struct loader {
 } loader;
 
 /* ---- loader.c ---------------------------------------------------------------------------- */
-double sl__now_s(void); /* CLOCK_MONOTONIC seconds */
 /* Records this rank's first own failure of phase 2 (NAME: the tensor, or NULL when the
  * context's message names it); the reader reads no more. */
 void sl__loader_defer(loader *L, const char *name, sl_status st);

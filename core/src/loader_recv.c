@@ -184,11 +184,13 @@ typedef struct own_read {
   const char *failed; /* the tensor a failed coalesced read names (not always J: an earlier one) */
 } own_read;
 
-/* What the batch read whole since the last call: bytes_read counts tensor bytes read, never
- * the gaps read around them. */
+/* What the batch read whole since the last call, and the seconds its reads took: bytes_read
+ * counts tensor bytes read, never the gaps read around them. */
 static void count_batch(loader *L) {
   L->st->stats.bytes_read += L->recv.batch->done;
+  L->st->stats.seconds_read += L->recv.batch->seconds;
   L->recv.batch->done = 0;
+  L->recv.batch->seconds = 0;
 }
 
 static sl_status read_own_run(void *user, uint64_t gs, uint64_t ls, uint64_t count) {
@@ -197,13 +199,12 @@ static sl_status read_own_run(void *user, uint64_t gs, uint64_t ls, uint64_t cou
   tensor_job *j = o->j;
   sl__read_batch *b = L->recv.batch;
   size_t ef = sl_dtype_size(j->src->dtype), ep = sl_dtype_size(j->res.dtype);
-  double t0 = sl__now_s();
   sl_status st;
   if (sl__reads_in_place(L, j)) {
     /* straight from storage into the shard: no staging copy; runs that follow one another in
-     * the file go in one preadv, flushed when a run does not join or the transfer ends */
+     * the file go in one preadv, flushed when a run does not join or the transfer ends (the
+     * batch times its reads: no clock per run) */
     st = sl__source_read_add(L->src, b, j->src_index, gs * ef, (unsigned char *)j->out->data + ls * ep, count * ef);
-    L->st->stats.seconds_read += sl__now_s() - t0;
     count_batch(L);
     if (st != SL_OK) o->failed = b->failed;
     return st;
@@ -212,10 +213,10 @@ static sl_status read_own_run(void *user, uint64_t gs, uint64_t ls, uint64_t cou
   st = sl__source_read_flush(L->src, b);
   count_batch(L);
   if (st != SL_OK) {
-    L->st->stats.seconds_read += sl__now_s() - t0;
     o->failed = b->failed;
     return st;
   }
+  double t0 = sl__now_s();
   unsigned char *buf = o->s->host + o->c->read + o->roff;
   st = sl__source_pread(L->src, j->src_index, gs * ef, buf, count * ef);
   L->st->stats.seconds_read += sl__now_s() - t0;
@@ -248,9 +249,7 @@ void sl__loader_read_own(loader *L, const transfer *x, slot *s, const carve *c) 
     sl__source_read_discard(L->recv.batch);
     return;
   }
-  double t0 = sl__now_s();
   sl_status st = sl__source_read_flush(L->src, L->recv.batch);
-  L->st->stats.seconds_read += sl__now_s() - t0;
   count_batch(L);
   if (st != SL_OK) sl__loader_defer(L, L->recv.batch->failed, st);
 }

@@ -329,7 +329,10 @@ sl_status sl__source_read_add(sl_source *src, sl__read_batch *b, size_t i, uint6
   if (src->memory || !src->has_files || bytes > SL__READ_SPAN) {
     /* nothing to coalesce (no file), or a read as wide as a whole batch: at once, in order */
     if ((s = sl__source_read_flush(src, b)) != SL_OK) return s;
-    if ((s = sl__source_pread(src, i, offset_in_tensor, dst, bytes)) != SL_OK) {
+    double t0 = sl__now_s();
+    s = sl__source_pread(src, i, offset_in_tensor, dst, bytes);
+    b->seconds += sl__now_s() - t0;
+    if (s != SL_OK) {
       b->failed = t->name;
       return s;
     }
@@ -367,8 +370,10 @@ sl_status sl__source_read_flush(sl_source *src, sl__read_batch *b) {
     sl__source_read_discard(b);
     return s;
   }
+  double t0 = sl__now_s();
   ssize_t r = sl__preadv_full(fd, b->iov, b->niov, b->start);
   int err = r < 0 ? errno : 0;
+  b->seconds += sl__now_s() - t0;
   /* how far it got, after a failure too: the bytes the iovecs still want (the last iovec is
    * always a request's, so a failure leaves a request not read whole) */
   uint64_t left = 0;
