@@ -619,12 +619,15 @@ static void test_small_shards_share_blocks(void **state) {
     sl_state *st = NULL;
     if (sl_load(e.ctx, e.plan, e.src, &o, &st) != SL_OK) fail_msg("%s: %s", backends[b], sl_context_errmsg(e.ctx));
     assert_int_equal(sl_state_count(st), N);
+    assert_null(sl_state_find(st, "no such tensor"));
+    assert_null(sl_state_find(st, ""));
     int device_memory = b == 2; /* sim's accelerator placement */
     size_t in_arena = 0, nown = 0;
     static const sl_tensor *own[N];
     for (int i = 0; i < N; i++) {
       const sl_tensor *t = sl_state_tensor(st, (size_t)i);
       assert_string_equal(t->name, names[i]);
+      assert_ptr_equal(sl_state_find(st, names[i]), t); /* the name index, over 3,001 names */
       int arena = st->in_arena[i];
       in_arena += (size_t)arena;
       if (i % K == 0) {

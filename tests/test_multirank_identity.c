@@ -4,10 +4,12 @@
  * another job's data. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -94,6 +96,8 @@ typedef struct proc {
   const char *job_key;
   const char *want[3]; /* substrings its message must hold when it fails */
   const char *restart; /* TORCHELASTIC_RESTART_COUNT, or NULL */
+  const char *cwd;     /* its working directory (PATH relative to it), or NULL */
+  const char *reads;   /* where it opens, a substring its source's first file must hold */
 } proc;
 
 typedef struct idjob {
@@ -131,6 +135,7 @@ static int proc_main(int i, int nproc, void *arg) {
     setenv("TORCHELASTIC_RUN_ID", "run-1", 1);
     setenv("TORCHELASTIC_RESTART_COUNT", p->restart, 1);
   }
+  SL_CHILD_CHECK(!p->cwd || chdir(p->cwd) == 0, "proc %d: chdir %s", i, p->cwd);
   sl_context_options co = {.size = sizeof co, .backend = "cpu", .world_size = j->world, .rank = p->rank,
                            .rendezvous = j->rdzv, .timeout_ms = 6000, .job_key = p->job_key};
   sl_context *ctx = NULL;
@@ -145,6 +150,11 @@ static int proc_main(int i, int nproc, void *arg) {
   sl_state *st = NULL;
   s = sl_source_open(ctx, p->path, &src);
   if (s == SL_OK && i == j->tamper_proc) SL_CHILD_CHECK(flip_byte(p->path, j->tamper_offset) == 0, "tamper");
+  if (s == SL_OK && p->reads) {
+    const char *f0 = sl_source_file_at(src, 0);
+    SL_CHILD_CHECK(f0 && strstr(f0, p->reads), "proc %d (rank %d) opened %s, not in %s", i, p->rank, f0 ? f0 : "nothing",
+                   p->reads);
+  }
   if (s == SL_OK) {
     sl_plan *plan = NULL;
     sl_plan_create(ctx, &plan);
@@ -199,8 +209,8 @@ static void test_stray_rank_other_checkpoint(void **state) {
     const char *other = same_headers ? ck_b : ck_c, *base = same_headers ? "b.safetensors" : "c.safetensors";
     const char *why = same_headers ? "other tensor data" : "other safetensors headers";
     idjob j = {.rdzv = rdzv_url(tcp, "id-stray"), .world = 2, .nproc = 2, .expect = EXPECT_MISMATCH, .tamper_proc = -1};
-    j.p[0] = (proc){0, ck_a, NULL, {why, "a.safetensors", base}, NULL};
-    j.p[1] = (proc){1, other, NULL, {"rank 1", "a.safetensors", base}, NULL};
+    j.p[0] = (proc){0, ck_a, NULL, {why, "a.safetensors", base}, NULL, NULL, NULL};
+    j.p[1] = (proc){1, other, NULL, {"rank 1", "a.safetensors", base}, NULL, NULL, NULL};
     run(&j);
     free(j.rdzv);
   }
@@ -211,8 +221,8 @@ static void test_unreadable_other_path_refused(void **state) {
   char *gone = sl_test_path(dir, "elsewhere/missing.safetensors");
   idjob j = {.rdzv = rdzv_url(0, "id-unreadable"), .world = 2, .nproc = 2, .expect = EXPECT_MISMATCH,
              .tamper_proc = -1};
-  j.p[0] = (proc){0, ck_a, NULL, {"rank 1", "cannot read it", "missing.safetensors"}, NULL};
-  j.p[1] = (proc){1, gone, NULL, {"rank 1", "a.safetensors", "missing.safetensors"}, NULL};
+  j.p[0] = (proc){0, ck_a, NULL, {"rank 1", "cannot read it", "missing.safetensors"}, NULL, NULL, NULL};
+  j.p[1] = (proc){1, gone, NULL, {"rank 1", "a.safetensors", "missing.safetensors"}, NULL, NULL, NULL};
   run(&j);
   free(j.rdzv);
   free(gone);
@@ -224,20 +234,47 @@ static void test_same_checkpoint_other_path_loads(void **state) {
   for (int mode = 0; mode < 2; mode++) {
     idjob j = {.rdzv = rdzv_url(0, "id-other-path"), .world = 2, .nproc = 2, .expect = EXPECT_OK,
                .tamper_proc = -1, .mode = (sl_read_mode)mode};
-    j.p[0] = (proc){0, ck_a, NULL, {NULL}, NULL};
-    j.p[1] = (proc){1, ck_a_copy, NULL, {NULL}, NULL};
+    j.p[0] = (proc){0, ck_a, NULL, {NULL}, NULL, NULL, NULL};
+    j.p[1] = (proc){1, ck_a_copy, NULL, {NULL}, NULL, NULL, NULL};
     run(&j);
     free(j.rdzv);
   }
 }
 
+/* One path string, relative to each rank's working directory: rank 1 finds a copy there and
+ * opens it itself, rank 2 finds nothing and takes rank 0's table (its manifest, which names
+ * rank 0's files). Both read modes load rank 0's bytes on every rank. */
+static void test_some_ranks_read_their_own_copy(void **state) {
+  char *m[3], *f[2];
+  const char *sub[3] = {"/m0/", "/m1/", "/m2/"};
+  for (int r = 0; r < 3; r++) {
+    char name[16];
+    snprintf(name, sizeof name, "m%d", r);
+    m[r] = sl_test_path(dir, name);
+    assert_true(mkdir(m[r], 0700) == 0 || errno == EEXIST);
+    if (r < 2) {
+      f[r] = sl_test_path(m[r], "ck.safetensors");
+      assert_int_equal(write_ck(f[r], data_a, "{\"tag\":\"a\"}"), 0);
+    }
+  }
+  for (int mode = 0; mode < 2; mode++) {
+    idjob j = {.rdzv = rdzv_url(mode, "id-own-some"), .world = 3, .nproc = 3, .expect = EXPECT_OK, .tamper_proc = -1,
+               .mode = (sl_read_mode)mode, .truth = (const float(*)[ROWS * COLS])data_a};
+    for (int r = 0; r < 3; r++) j.p[r] = (proc){r, "ck.safetensors", NULL, {NULL}, NULL, m[r], sub[r < 2 ? r : 0]};
+    run(&j);
+    free(j.rdzv);
+  }
+  for (int r = 0; r < 3; r++) free(m[r]);
+  free(f[0]), free(f[1]);
+}
+
 /* Two whole jobs of two ranks each on one rendezvous directory, different checkpoints. */
 static void two_jobs(const char *key_a, const char *key_b, enum expect expect, const char *sub) {
   idjob j = {.rdzv = rdzv_url(0, sub), .world = 2, .nproc = 4, .expect = expect, .tamper_proc = -1};
-  j.p[0] = (proc){0, ck_a, key_a, {NULL}, NULL};
-  j.p[1] = (proc){1, ck_a, key_a, {NULL}, NULL};
-  j.p[2] = (proc){0, ck_b, key_b, {NULL}, NULL};
-  j.p[3] = (proc){1, ck_b, key_b, {NULL}, NULL};
+  j.p[0] = (proc){0, ck_a, key_a, {NULL}, NULL, NULL, NULL};
+  j.p[1] = (proc){1, ck_a, key_a, {NULL}, NULL, NULL, NULL};
+  j.p[2] = (proc){0, ck_b, key_b, {NULL}, NULL, NULL, NULL};
+  j.p[3] = (proc){1, ck_b, key_b, {NULL}, NULL, NULL, NULL};
   run(&j);
   free(j.rdzv);
 }
@@ -257,10 +294,10 @@ static void test_two_jobs_without_keys_never_mix(void **state) {
  * Here both attempts run at once on one rendezvous and each loads its own checkpoint. */
 static void test_restarts_stay_apart(void **state) {
   idjob j = {.rdzv = rdzv_url(0, "id-restart"), .world = 2, .nproc = 4, .expect = EXPECT_OK, .tamper_proc = -1};
-  j.p[0] = (proc){0, ck_a, "key", {NULL}, "0"};
-  j.p[1] = (proc){1, ck_a, "key", {NULL}, "0"};
-  j.p[2] = (proc){0, ck_b, "key", {NULL}, "1"};
-  j.p[3] = (proc){1, ck_b, "key", {NULL}, "1"};
+  j.p[0] = (proc){0, ck_a, "key", {NULL}, "0", NULL, NULL};
+  j.p[1] = (proc){1, ck_a, "key", {NULL}, "0", NULL, NULL};
+  j.p[2] = (proc){0, ck_b, "key", {NULL}, "1", NULL, NULL};
+  j.p[3] = (proc){1, ck_b, "key", {NULL}, "1", NULL, NULL};
   run(&j);
   free(j.rdzv);
 }
@@ -273,8 +310,8 @@ static void test_copy_with_other_data_refused(void **state) {
   for (int mode = 0; mode < 2; mode++) {
     idjob j = {.rdzv = rdzv_url(0, "id-data"), .world = 2, .nproc = 2, .expect = EXPECT_MISMATCH, .tamper_proc = -1,
                .mode = (sl_read_mode)mode};
-    j.p[0] = (proc){0, ck_a, NULL, {"rank 1", "other tensor data", "a-data-diff.safetensors"}, NULL};
-    j.p[1] = (proc){1, ck_data_diff, NULL, {"rank 1", "other tensor data", "a.safetensors"}, NULL};
+    j.p[0] = (proc){0, ck_a, NULL, {"rank 1", "other tensor data", "a-data-diff.safetensors"}, NULL, NULL, NULL};
+    j.p[1] = (proc){1, ck_data_diff, NULL, {"rank 1", "other tensor data", "a.safetensors"}, NULL, NULL, NULL};
     run(&j);
     free(j.rdzv);
   }
@@ -285,8 +322,8 @@ static void test_copy_with_other_header_refused_at_open(void **state) {
   for (int mode = 0; mode < 2; mode++) {
     idjob j = {.rdzv = rdzv_url(0, "id-head"), .world = 2, .nproc = 2, .expect = EXPECT_MISMATCH, .tamper_proc = -1,
                .mode = (sl_read_mode)mode};
-    j.p[0] = (proc){0, ck_a, NULL, {"rank 1", "other safetensors headers", "a-head-diff.safetensors"}, NULL};
-    j.p[1] = (proc){1, ck_head_diff, NULL, {"rank 1", "other safetensors headers", "a.safetensors"}, NULL};
+    j.p[0] = (proc){0, ck_a, NULL, {"rank 1", "other safetensors headers", "a-head-diff.safetensors"}, NULL, NULL, NULL};
+    j.p[1] = (proc){1, ck_head_diff, NULL, {"rank 1", "other safetensors headers", "a.safetensors"}, NULL, NULL, NULL};
     run(&j);
     free(j.rdzv);
   }
@@ -302,8 +339,8 @@ static void test_copy_changed_after_open_refused(void **state) {
     /* offset 12: a byte of the header JSON (the 8-byte length stays valid) */
     j.tamper_offset = header ? 12 : middle_of_w1(ck_late);
     const char *what = header ? "the safetensors headers" : "sampled tensor data";
-    j.p[0] = (proc){0, ck_a, NULL, {"rank 1", "a.safetensors", what}, NULL};
-    j.p[1] = (proc){1, ck_late, NULL, {"rank 1", "a-late.safetensors", what}, NULL};
+    j.p[0] = (proc){0, ck_a, NULL, {"rank 1", "a.safetensors", what}, NULL, NULL, NULL};
+    j.p[1] = (proc){1, ck_late, NULL, {"rank 1", "a-late.safetensors", what}, NULL, NULL, NULL};
     run(&j);
     free(j.rdzv);
   }
@@ -314,6 +351,7 @@ int main(void) {
       cmocka_unit_test(test_stray_rank_other_checkpoint),
       cmocka_unit_test(test_unreadable_other_path_refused),
       cmocka_unit_test(test_same_checkpoint_other_path_loads),
+      cmocka_unit_test(test_some_ranks_read_their_own_copy),
       cmocka_unit_test(test_two_jobs_with_job_keys_stay_apart),
       cmocka_unit_test(test_two_jobs_without_keys_never_mix),
       cmocka_unit_test(test_restarts_stay_apart),

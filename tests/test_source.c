@@ -674,179 +674,6 @@ static void flip_byte(const char *path, uint64_t at) {
   close(fd);
 }
 
-/* What rank 0's manifest makes of SRC on another rank. */
-static sl_source *manifest_of(const sl_source *src) {
-  void *buf = NULL;
-  size_t len = 0;
-  sl_source *copy = NULL;
-  assert_int_equal(sl__source_serialize(src, &buf, &len), SL_OK);
-  assert_int_equal(sl__source_deserialize(g_ctx, buf, len, &copy), SL_OK);
-  free(buf);
-  return copy;
-}
-
-static void append_byte(const char *path) {
-  int fd = open(path, O_WRONLY | O_APPEND);
-  assert_true(fd >= 0);
-  assert_int_equal(write(fd, "x", 1), 1);
-  close(fd);
-}
-
-/* Opening a copy that must fail: it fails with WANT, and REF (built from ORIG's manifest) keeps
- * its table whole, naming its own files. */
-static void copy_refused(const char *path, const sl_source *orig, sl_status want, const char *msg) {
-  sl_source *ref = manifest_of(orig), *own = (sl_source *)1;
-  sl_status s = sl__source_open_copy(g_ctx, path, ref, &own);
-  if (s != want) print_error("copy %s: %s (%s), want %s\n", path, sl_status_name(s), errmsg(), sl_status_name(want));
-  assert_int_equal(s, want);
-  assert_null(own);
-  if (msg) assert_msg_has(msg);
-  assert_same_table(orig, ref);
-  assert_false(sl__source_has_files(ref));
-  sl_source_destroy(ref);
-}
-
-/* A rank's own copy of rank 0's checkpoint (sl__source_open_copy): its headers are hashed, not
- * parsed, and when they are rank 0's it takes the table rank 0's manifest carried, with its own
- * paths: the source a parse of the copy makes. Other headers, another file size or an index
- * that does not fit the table fail, and leave the manifest's table as it was. */
-static void own_copy_takes_rank0_table(void **state) {
-  char *a = sl_test_dir("source-copy-a"), *b = sl_test_dir("source-copy-b");
-  write_sharded(a, "model.safetensors.index.json", NULL);
-  write_sharded(b, "model.safetensors.index.json", NULL);
-  sl_source *src = NULL, *parsed = NULL, *own = NULL;
-  assert_int_equal(sl_source_open(g_ctx, a, &src), SL_OK);
-  assert_int_equal(sl_source_open(g_ctx, b, &parsed), SL_OK);
-  char *bix = sl_test_path(b, "model.safetensors.index.json");
-  const char *const paths[] = {b, bix}; /* the directory, and its index */
-  for (size_t k = 0; k < 2; k++) {
-    sl_source *ref = manifest_of(src);
-    assert_int_equal(sl__source_open_copy(g_ctx, paths[k], ref, &own), SL_OK);
-    assert_true(sl__source_has_files(own));
-    assert_int_equal(sl__source_headers_digest(own), sl__source_headers_digest(src));
-    assert_same_table(parsed, own); /* b's paths, b's index metadata */
-    check_pattern(own);
-    assert_int_equal(sl_source_tensor_count(ref), 0); /* taken */
-    sl_source_destroy(ref);
-    sl_source_destroy(own);
-  }
-  sl_source_destroy(parsed);
-
-  /* another header: a byte of the second file's header differs */
-  char *b2 = sl_test_path(b, "model-00002-of-00002.safetensors"), *b1 = sl_test_path(b, "model-00001-of-00002.safetensors");
-  flip_byte(b2, 20);
-  copy_refused(b, src, SL_ERR_MISMATCH, "not rank 0's");
-  /* rank 0's headers, but a file of another size (the parse refuses it: trailing bytes) */
-  write_sharded(b, "model.safetensors.index.json", NULL);
-  append_byte(b1);
-  copy_refused(b, src, SL_ERR_FORMAT, b1);
-  assert_int_equal(sl_source_open(g_ctx, b, &parsed), SL_ERR_FORMAT);
-  /* rank 0's headers and sizes, but an index that names a tensor no file holds */
-  write_sharded(b, "model.safetensors.index.json", ",\"ghost\":\"model-00001-of-00002.safetensors\"");
-  copy_refused(b, src, SL_ERR_FORMAT, "ghost");
-  /* rank 0's headers digest (a crafted collision), but a table that puts a tensor inside the
-   * copy's header: refused (and parsed instead) */
-  write_sharded(b, "model.safetensors.index.json", NULL);
-  sl_source *forged = manifest_of(src);
-  size_t first = 0;
-  for (size_t i = 1; i < forged->count; i++)
-    if (forged->file_of[i] == forged->file_of[0] && forged->tensors[i].file_offset < forged->tensors[first].file_offset)
-      first = i;
-  assert_true(forged->tensors[first].file_offset >= 8);
-  forged->tensors[first].file_offset -= 8;
-  own = (sl_source *)1;
-  assert_int_equal(sl__source_open_copy(g_ctx, b, forged, &own), SL_ERR_MISMATCH);
-  assert_null(own);
-  assert_msg_has("inside its");
-  assert_false(sl__source_has_files(forged));
-  sl_source_destroy(forged);
-  /* a path that is not there, and a file that is not a checkpoint */
-  char *none = sl_test_path(b, "none.safetensors");
-  copy_refused(none, src, SL_ERR_NOT_FOUND, NULL);
-  assert_int_equal(sl_test_write_bytes(none, "1234", 4), 0);
-  copy_refused(none, src, SL_ERR_FORMAT, "shorter than");
-  sl_source_destroy(src);
-
-  /* a single file: its metadata is in the header, so the copy takes rank 0's; found by its path
-   * or as the only file of a directory */
-  char *fa = sl_test_path(a, "one.safetensors"), *c = sl_test_dir("source-copy-c"), *fc = sl_test_path(c, "x.safetensors");
-  assert_int_equal(sl_test_write_st(fa, k_single, 5, "{\"format\":\"pt\"}"), 0);
-  assert_int_equal(sl_test_write_st(fc, k_single, 5, "{\"format\":\"pt\"}"), 0);
-  assert_int_equal(sl_source_open(g_ctx, fa, &src), SL_OK);
-  assert_int_equal(sl_source_open(g_ctx, fc, &parsed), SL_OK);
-  const char *const singles[] = {fc, c};
-  for (size_t k = 0; k < 2; k++) {
-    sl_source *ref = manifest_of(src);
-    assert_int_equal(sl__source_open_copy(g_ctx, singles[k], ref, &own), SL_OK);
-    assert_same_table(parsed, own);
-    check_pattern(own);
-    assert_int_equal(sl_source_metadata_count(ref), 0); /* taken with the table */
-    sl_source_destroy(ref);
-    sl_source_destroy(own);
-  }
-  sl_source_destroy(parsed);
-  sl_source_destroy(src);
-  free(fa);
-  free(fc);
-  free(c);
-  free(none);
-  free(b1);
-  free(b2);
-  free(bix);
-  free(a);
-  free(b);
-}
-
-/* Rank 0 opened a one-shard checkpoint through its index, whose "metadata" are its own, and this
- * rank is given the shard alone, whose metadata are its header's __metadata__ (or the other way
- * round): the headers are equal, but rank 0's metadata are not the copy's, so the copy does not
- * take them (it is parsed instead: open_own_copy). */
-static void own_copy_metadata_from_elsewhere(void **state) {
-  static const sl_test_tensor w[] = {{"w", "F32", 1, {2}, NULL}};
-  char *d0 = sl_test_dir("source-copymeta-0"), *d1 = sl_test_dir("source-copymeta-1");
-  char *f0 = sl_test_path(d0, "m.safetensors"), *f1 = sl_test_path(d1, "m.safetensors");
-  char *ix = sl_test_path(d0, "model.safetensors.index.json");
-  assert_int_equal(sl_test_write_st(f0, w, 1, "{\"format\":\"pt\"}"), 0);
-  assert_int_equal(sl_test_write_st(f1, w, 1, "{\"format\":\"pt\"}"), 0);
-  const char *json = "{\"metadata\":{\"total_size\":8},\"weight_map\":{\"w\":\"m.safetensors\"}}";
-  assert_int_equal(sl_test_write_bytes(ix, json, strlen(json)), 0);
-  sl_source *by_index = NULL, *alone = NULL, *own = NULL;
-  const char *k, *v;
-  assert_int_equal(sl_source_open(g_ctx, d0, &by_index), SL_OK);
-  assert_int_equal(sl_source_open(g_ctx, f1, &alone), SL_OK);
-  assert_int_equal(sl__source_headers_digest(by_index), sl__source_headers_digest(alone));
-  assert_int_equal(sl_source_metadata_at(by_index, 0, &k, &v), SL_OK);
-  assert_string_equal(k, "total_size");
-  assert_int_equal(sl_source_metadata_at(alone, 0, &k, &v), SL_OK);
-  assert_string_equal(k, "format");
-  copy_refused(f1, by_index, SL_ERR_MISMATCH, "metadata"); /* it would have said total_size=8 */
-  copy_refused(d0, alone, SL_ERR_MISMATCH, "metadata");
-  /* opened alike, the copy takes rank 0's table and metadata */
-  sl_source *ref = manifest_of(alone);
-  assert_int_equal(sl__source_open_copy(g_ctx, f0, ref, &own), SL_OK);
-  assert_int_equal(sl_source_metadata_at(own, 0, &k, &v), SL_OK);
-  assert_string_equal(k, "format");
-  sl_source_destroy(own);
-  sl_source_destroy(ref);
-  ref = manifest_of(by_index);
-  char *d1ix = sl_test_path(d1, "model.safetensors.index.json");
-  assert_int_equal(sl_test_write_bytes(d1ix, json, strlen(json)), 0);
-  assert_int_equal(sl__source_open_copy(g_ctx, d1, ref, &own), SL_OK);
-  assert_int_equal(sl_source_metadata_at(own, 0, &k, &v), SL_OK);
-  assert_string_equal(k, "total_size");
-  sl_source_destroy(own);
-  sl_source_destroy(ref);
-  sl_source_destroy(alone);
-  sl_source_destroy(by_index);
-  free(d1ix);
-  free(ix);
-  free(f1);
-  free(f0);
-  free(d1);
-  free(d0);
-}
-
-
 static void identity_digest_and_names(void **state) {
   char *dir = sl_test_dir("source-identity");
   write_sharded(dir, "model.safetensors.index.json", NULL);
@@ -1621,7 +1448,6 @@ int main(void) {
       cmocka_unit_test(index_open_out_of_memory_every_allocation),
       cmocka_unit_test(find),              cmocka_unit_test(manifest_round_trip),
       cmocka_unit_test(manifest_empty_source),
-      cmocka_unit_test(own_copy_metadata_from_elsewhere),
       cmocka_unit_test(identity_digest_and_names),
       cmocka_unit_test(identity_fingerprint_sampling),
       cmocka_unit_test(index_confinement),
@@ -1630,7 +1456,6 @@ int main(void) {
       cmocka_unit_test(special_file_refused_unopened),
       cmocka_unit_test(many_shards_low_fd_limit),
       cmocka_unit_test(reopen_checks_identity),
-      cmocka_unit_test(own_copy_takes_rank0_table),
       cmocka_unit_test(preadv_full_consumes),
       cmocka_unit_test(coalesced_reads_join_and_flush),
       cmocka_unit_test(coalesced_reads_iov_bound),

@@ -148,9 +148,13 @@ uint64_t sl__region_extract(const sl__region *r, size_t esize, const void *chunk
 
 sl_status sl__shard_of(sl_plan *plan, const sl_source_tensor *t, int mesh_ndim, const int *mesh, const int *coord,
                        sl__resolved *res, sl__region *reg, uint64_t *nbytes) {
-  sl_context *ctx = sl__plan_context(plan);
   sl_status st = sl__plan_resolve(plan, t, res);
-  if (st != SL_OK) return st;
+  return st != SL_OK ? st : sl__shard_geometry(plan, t, mesh_ndim, mesh, coord, res, reg, nbytes);
+}
+
+sl_status sl__shard_geometry(sl_plan *plan, const sl_source_tensor *t, int mesh_ndim, const int *mesh,
+                             const int *coord, const sl__resolved *res, sl__region *reg, uint64_t *nbytes) {
+  sl_context *ctx = sl__plan_context(plan);
   if (sl__region_compute(t->shape, t->ndim, mesh_ndim, mesh, res->placements, coord, reg) != SL_OK)
     return sl__fail(ctx, SL_ERR_PLAN, "%s: placement does not fit its shape (ndim %d)", t->name, t->ndim);
   uint64_t elems = 1;

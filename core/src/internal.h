@@ -142,11 +142,6 @@ sl_status sl__st_parse(const uint8_t *buf, size_t len, uint64_t file_size, sl__s
 extern bool sl__st_scan;
 /* Reads the header of an open file descriptor and parses it. */
 sl_status sl__st_read(int fd, sl__st_header *out, char *err, size_t errlen);
-/* Reads the header of FD without parsing it: *DIGEST is what sl__st_read would give as
- * header_digest, *DATA_OFFSET 8 + N, *FILE_SIZE the file's size. Only the length is checked (a
- * rank whose header must equal rank 0's byte for byte needs no parse to tell: source.c). */
-sl_status sl__st_read_digest(int fd, uint64_t *digest, uint64_t *data_offset, uint64_t *file_size, char *err,
-                             size_t errlen);
 void sl__st_header_free(sl__st_header *h);
 
 /* ---- source (source.c, source_files.c, source_manifest.c) -------------------------------- */
@@ -204,12 +199,6 @@ sl_status sl__source_deserialize(sl_context *ctx, const void *buf, size_t len, s
 /* Opens the files named in a manifest-built source (every-rank read mode). */
 sl_status sl__source_open_files(sl_source *src);
 sl_status sl__source_open_local(sl_context *ctx, const char *path, sl_source **out);
-/* This rank's own copy at PATH of the checkpoint rank 0 validated (REF, built from its
- * manifest): opened as sl__source_open_local resolves PATH (a file, an index, a directory), but
- * each file's header is hashed, not parsed. When the headers digest equals REF's, the copy takes
- * REF's tensor table (REF is left without one), once each file's size and the copy's own index
- * agree with it; any other outcome fails (the caller then parses the copy to learn what it is). */
-sl_status sl__source_open_copy(sl_context *ctx, const char *path, sl_source *ref, sl_source **out);
 /* Checkpoint identity (docs/DESIGN.md#identity). XXH3-64 over every file's 8-byte header length + header
  * bytes, combined in file order; rank 0's value travels in the manifest, so a source built
  * from a manifest returns rank 0's digest. 0 only for a source with no files. */
@@ -256,9 +245,12 @@ const sl_offload_policy *sl__plan_policy(const sl_plan *plan);
 /* Placement and dtype of tensor T (rules, entries, defaults applied; dims normalised). Fails
  * with a message naming the tensor when a shard dim is out of range or a cast is not allowed. */
 sl_status sl__plan_resolve(sl_plan *plan, const sl_source_tensor *t, sl__resolved *out);
-/* Checks the plan against the source: missing entries (SL_ERR_MISSING), strictness; fills
- * take[i] (1 = load tensor i). */
+/* Checks the plan against the source: the world, missing entries (SL_ERR_MISSING),
+ * strictness; fills take[i] (1 = load tensor i). Then resolves every tensor it takes, in file
+ * order, failing at the first that does not resolve. sl__plan_check_names is its first half:
+ * the loader resolves each tensor itself, once, into the tensor's job, in the same order. */
 sl_status sl__plan_check(sl_plan *plan, const sl_source *src, int world_size, unsigned char *take);
+sl_status sl__plan_check_names(sl_plan *plan, const sl_source *src, int world_size, unsigned char *take);
 /* A digest of everything in the plan that decides what moves (for cross-rank comparison) and
  * a canonical text form (for naming the first difference). */
 uint64_t sl__plan_digest(const sl_plan *plan);
@@ -300,6 +292,9 @@ uint64_t sl__region_extract(const sl__region *r, size_t esize, const void *chunk
  * overflow checks; failures name the tensor. */
 sl_status sl__shard_of(sl_plan *plan, const sl_source_tensor *t, int mesh_ndim, const int *mesh, const int *coord,
                        sl__resolved *res, sl__region *reg, uint64_t *nbytes);
+/* Its second half, for a placement RES already resolved (sl__plan_resolve). */
+sl_status sl__shard_geometry(sl_plan *plan, const sl_source_tensor *t, int mesh_ndim, const int *mesh,
+                             const int *coord, const sl__resolved *res, sl__region *reg, uint64_t *nbytes);
 typedef sl_status (*sl__run_fn)(void *user, uint64_t gstart, uint64_t lstart, uint64_t count);
 sl_status sl__region_runs(const sl__region *r, uint64_t a, uint64_t b, sl__run_fn fn, void *user);
 

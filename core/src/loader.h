@@ -18,16 +18,14 @@
 
 #include "internal.h"
 
-typedef struct sl__name_index {
-  const char *name;
-  size_t index;
-} sl__name_index;
-
 struct sl_state {
   sl__backend_ref *be; /* a reference of its own: the state may outlive the context */
   sl_tensor *tensors;  /* file order */
   size_t count;
-  sl__name_index *by_name; /* sorted by name, for sl_state_find */
+  /* sl_state_find's index: open addressing on the names' XXH3, each slot a tensor's index + 1
+   * (0: empty); NAME_MASK + 1 slots, a power of two at least twice the count */
+  size_t *by_name;
+  size_t name_mask;
   char **skipped;
   size_t nskipped;
   sl_load_stats stats;

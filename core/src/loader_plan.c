@@ -27,7 +27,7 @@ sl_status sl__loader_plan(loader *L) {
   size_t n = sl_source_tensor_count(L->src);
   unsigned char *take = calloc(n ? n : 1, 1);
   if (!take) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory planning %zu tensors", n);
-  sl_status st = sl__plan_check(L->plan, L->src, L->world, take);
+  sl_status st = sl__plan_check_names(L->plan, L->src, L->world, take);
   if (st != SL_OK) goto out_free_take;
   L->mesh_ndim = sl__plan_mesh(L->plan, L->world, L->mesh);
   sl__mesh_coord(L->rank, L->mesh_ndim, L->mesh, L->coord);
@@ -40,6 +40,10 @@ sl_status sl__loader_plan(loader *L) {
     st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory planning %zu tensors", n);
     goto out_free_take;
   }
+  /* Each taken tensor is resolved once, into its job, in file order: the first that does not
+   * resolve fails the plan, as sl__plan_check's own pass would (the dry run's message), and
+   * before any tensor's geometry is computed. */
+  size_t nj = 0;
   for (size_t i = 0; i < n; i++) {
     const sl_source_tensor *t = sl_source_tensor_at(L->src, i);
     if (!take[i]) {
@@ -49,13 +53,18 @@ sl_status sl__loader_plan(loader *L) {
       }
       continue;
     }
-    tensor_job *j = &L->jobs[L->njobs];
-    sl_tensor *o = &L->st->tensors[L->njobs];
+    tensor_job *j = &L->jobs[nj++];
     j->src_index = i;
     j->src = t;
+    if ((st = sl__plan_resolve(L->plan, t, &j->res)) != SL_OK) goto out_free_take;
+  }
+  for (size_t k = 0; k < nj; k++) {
+    tensor_job *j = &L->jobs[k];
+    const sl_source_tensor *t = j->src;
+    sl_tensor *o = &L->st->tensors[k];
     j->out = o;
     uint64_t nbytes;
-    if ((st = sl__shard_of(L->plan, t, L->mesh_ndim, L->mesh, L->coord, &j->res, &j->mine, &nbytes)) != SL_OK)
+    if ((st = sl__shard_geometry(L->plan, t, L->mesh_ndim, L->mesh, L->coord, &j->res, &j->mine, &nbytes)) != SL_OK)
       goto out_free_take;
     j->elems = 1; /* the reader checked that this product times the element size fits */
     for (int d = 0; d < t->ndim; d++) j->elems *= (uint64_t)t->shape[d];

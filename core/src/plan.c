@@ -574,7 +574,7 @@ static sl_status check_world(sl_plan *plan, int world_size) {
                   text, (long long)mesh_ranks(plan->mesh, plan->mesh_ndim), world_size, world_size);
 }
 
-sl_status sl__plan_check(sl_plan *plan, const sl_source *src, int world_size, unsigned char *take) {
+sl_status sl__plan_check_names(sl_plan *plan, const sl_source *src, int world_size, unsigned char *take) {
   if (!plan || !src) return SL_ERR_INVALID;
   sl_status st = check_world(plan, world_size);
   if (st != SL_OK) return st;
@@ -614,7 +614,14 @@ sl_status sl__plan_check(sl_plan *plan, const sl_source *src, int world_size, un
     list_names(msg, sizeof msg, first, nfirst, unnamed);
     return sl__fail(plan->ctx, SL_ERR_UNEXPECTED, "%s", msg);
   }
+  return SL_OK;
+}
+
+sl_status sl__plan_check(sl_plan *plan, const sl_source *src, int world_size, unsigned char *take) {
+  sl_status st = sl__plan_check_names(plan, src, world_size, take);
+  if (st != SL_OK) return st;
   /* Resolve every taken tensor now, so placement and dtype errors surface in phase 1. */
+  const size_t count = sl_source_tensor_count(src);
   for (size_t i = 0; i < count; i++) {
     const sl_source_tensor *t = sl_source_tensor_at(src, i);
     if (plan->nentries && !find_entry(plan, t->name)) continue;

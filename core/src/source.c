@@ -178,95 +178,14 @@ static sl_status open_st(sl_source *src, const char *path, const char *name, sl_
   *file = src->file_count - 1;
   sl__source_adopt_fd(src, *file, fd, &st);
   char err[SL__ERRMSG_LEN - 128];
-  if (src->copy_of) { /* a copy of rank 0's: its header bytes are hashed, its table is rank 0's */
-    memset(h, 0, sizeof *h);
-    uint64_t size = 0;
-    s = sl__st_read_digest(fd, &h->header_digest, &h->data_offset, &size, err, sizeof err);
-    if (s == SL_OK) h->data_size = size - h->data_offset;
-  } else {
-    s = sl__st_read(fd, h, err, sizeof err);
-  }
+  s = sl__st_read(fd, h, err, sizeof err);
   if (s != SL_OK) return sl__fail(ctx, s, "%s: %s", path, err);
   src->files[*file].header_digest = h->header_digest;
   src->files[*file].data_offset = h->data_offset;
   return SL_OK;
 }
 
-/* A copy (sl__source_open_copy) whose headers digest is REF's takes REF's tensor table, with
- * its own file paths, once every file has the size REF's table says (the tensors cover the data
- * section exactly, as the parse of rank 0's header checked there). */
-static sl_status take_table(sl_source *src, sl_source *ref, bool with_meta) {
-  sl_context *ctx = src->ctx;
-  if (src->headers_digest != ref->headers_digest || src->file_count != ref->file_count)
-    return sl__fail(ctx, SL_ERR_MISMATCH, "the copy's headers are not rank 0's");
-  /* one side opened through an index, the other a file alone: equal headers, but the metadata
-   * come from different places (the index's "metadata", the header's __metadata__) */
-  if (with_meta == ref->meta_from_index)
-    return sl__fail(ctx, SL_ERR_MISMATCH, "the copy's metadata come from %s, rank 0's from %s",
-                    with_meta ? "its header" : "its index", with_meta ? "an index" : "a header");
-  uint64_t *need = calloc(src->file_count ? src->file_count : 1, sizeof *need);
-  if (!need) return sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
-  for (size_t f = 0; f < src->file_count; f++) need[f] = src->files[f].data_offset; /* no tensors: no data */
-  sl_status s = SL_OK;
-  for (size_t i = 0; i < ref->count && s == SL_OK; i++) {
-    const src_file *f = &src->files[ref->file_of[i]];
-    /* the digest is no proof against a crafted pair of headers: no tensor reads this copy's header */
-    if (ref->tensors[i].file_offset < f->data_offset)
-      s = sl__fail(ctx, SL_ERR_MISMATCH,
-                   "%s: rank 0's table puts tensor '%s' at byte %" PRIu64 ", inside its %" PRIu64
-                   "-byte header (another copy?)",
-                   f->path, ref->tensors[i].name, ref->tensors[i].file_offset, f->data_offset);
-    uint64_t end = ref->tensors[i].file_offset + ref->tensors[i].nbytes;
-    if (end > need[ref->file_of[i]]) need[ref->file_of[i]] = end;
-  }
-  for (size_t f = 0; f < src->file_count && s == SL_OK; f++)
-    if (src->files[f].size != need[f])
-      s = sl__fail(ctx, SL_ERR_FORMAT, "%s: %" PRIu64 " bytes, but rank 0's table needs %" PRIu64 " (another copy?)",
-                   src->files[f].path, src->files[f].size, need[f]);
-  free(need);
-  if (s != SL_OK) return s;
-  /* borrowed until the copy is complete (an index may still refuse it): settle_copy */
-  src->tensors = ref->tensors;
-  src->file_of = ref->file_of;
-  src->count = ref->count;
-  src->slots = ref->slots;
-  src->slot_mask = ref->slot_mask;
-  src->total_bytes = ref->total_bytes;
-  for (size_t i = 0; i < src->count; i++) src->tensors[i].file = src->files[src->file_of[i]].path;
-  if (with_meta) {
-    sl__free_pairs(src->meta_keys, src->meta_values, src->meta_count);
-    src->meta_keys = ref->meta_keys;
-    src->meta_values = ref->meta_values;
-    src->meta_count = ref->meta_count;
-  }
-  src->has_files = true;
-  return SL_OK;
-}
-
-/* The end of opening a copy: on success it keeps what it borrowed from REF (take_table), which
- * is left without it; on failure REF gets it back whole, its tensors naming REF's files again. */
-static void settle_copy(sl_source *src, sl_source *ref, bool ok) {
-  bool table = src->tensors && src->tensors == ref->tensors, meta = src->meta_keys && src->meta_keys == ref->meta_keys;
-  if (table || (src->slots && src->slots == ref->slots)) {
-    sl_source *drop = ok ? ref : src;
-    if (!ok)
-      for (size_t i = 0; i < ref->count; i++) ref->tensors[i].file = ref->files[ref->file_of[i]].path;
-    drop->tensors = NULL;
-    drop->file_of = NULL;
-    drop->slots = NULL;
-    drop->count = 0;
-    drop->total_bytes = 0;
-  }
-  if (meta) {
-    sl_source *drop = ok ? ref : src;
-    drop->meta_keys = drop->meta_values = NULL;
-    drop->meta_count = 0;
-  }
-}
-
-/* The headers digest, then the name index (a copy takes rank 0's table instead, and with a
- * single file its metadata, which is in the header; an index has metadata of its own; a copy
- * opened otherwise than rank 0's, one through an index and the other not, is parsed). */
+/* The headers digest, then the name index. */
 static sl_status finish(sl_source *src, bool from_index) {
   uint64_t *digests = malloc((src->file_count ? src->file_count : 1) * sizeof *digests);
   if (!digests) return sl__fail(src->ctx, SL_ERR_NOMEM, "out of memory");
@@ -274,7 +193,6 @@ static sl_status finish(sl_source *src, bool from_index) {
   src->headers_digest = sl__source_combine_digests(digests, src->file_count);
   free(digests);
   src->meta_from_index = from_index;
-  if (src->copy_of) return take_table(src, src->copy_of, !from_index);
   size_t dup = 0;
   sl_status s = sl__source_build_index(src, &dup);
   if (s == SL_ERR_NOMEM) return sl__fail(src->ctx, s, "out of memory");
@@ -526,18 +444,7 @@ out_lists:
   return s;
 }
 
-static sl_status open_by_path(sl_context *ctx, const char *path, sl_source *copy_of, sl_source **out);
-
 sl_status sl__source_open_local(sl_context *ctx, const char *path, sl_source **out) {
-  return open_by_path(ctx, path, NULL, out);
-}
-
-sl_status sl__source_open_copy(sl_context *ctx, const char *path, sl_source *ref, sl_source **out) {
-  if (!ref) return sl__fail(ctx, SL_ERR_INVALID, "sl__source_open_copy: no reference source");
-  return open_by_path(ctx, path, ref, out);
-}
-
-static sl_status open_by_path(sl_context *ctx, const char *path, sl_source *copy_of, sl_source **out) {
   if (!out) return sl__fail(ctx, SL_ERR_INVALID, "sl_source_open: out is NULL");
   *out = NULL;
   if (!path || !*path) return sl__fail(ctx, SL_ERR_INVALID, "sl_source_open: no path given");
@@ -566,15 +473,12 @@ static sl_status open_by_path(sl_context *ctx, const char *path, sl_source *copy
     s = sl__fail(ctx, s, "out of memory");
     goto out_abs;
   }
-  src->copy_of = copy_of;
   if (S_ISDIR(st.st_mode))
     s = open_dir(src, abs);
   else if (ends_with(abs, ".json"))
     s = open_index(src, abs);
   else
     s = open_single(src, abs);
-  if (copy_of) settle_copy(src, copy_of, s == SL_OK);
-  src->copy_of = NULL;
   if (s != SL_OK) {
     sl_source_destroy(src);
     goto out_abs;

@@ -39,17 +39,13 @@ enum { ID_WORLD = 0, ID_PATH = 1, ID_HEADERS = 2 /* 0: this rank could not read 
  * on (every-rank reads) and its headers prove which checkpoint it was given. Not being able to
  * is no error here; rank 0 reads for it.
  *
- * Its headers are hashed first, not parsed: when they are rank 0's byte for byte (the usual
- * case) the copy takes the table rank 0 validated (REF, from its manifest), which a parse would
- * only rebuild, at a cost that grows with the tensor count. Anything else (other headers, a file
- * of another size, an index that does not fit) is parsed as before, so the verdict is the same:
- * a copy that cannot be read, or one with headers of its own. */
-static sl_source *open_own_copy(sl_context *ctx, const char *path, sl_source *ref) {
+ * It parses and validates its copy as rank 0 does its own, at the same time as rank 0 (so the
+ * open takes one parse on every rank, not rank 0's parse, then a manifest, then its decoding):
+ * the copy's table is its own, from its own bytes, whoever else reads what. */
+static sl_source *open_own_copy(sl_context *ctx, const char *path) {
   struct stat sb;
   if (!path || !*path || stat(path, &sb) != 0) return NULL;
   sl_source *own = NULL;
-  if (sl__source_open_copy(ctx, path, ref, &own) == SL_OK) return own;
-  ctx->errmsg[0] = 0;
   if (sl__source_open_local(ctx, path, &own) != SL_OK) {
     sl__log(ctx, SL_LOG_INFO, "rank %d: cannot read %s itself (%s); rank 0's reading stands for it", ctx->rank,
             path, ctx->errmsg);
@@ -144,26 +140,66 @@ static sl_status compare_other_copies(sl_context *ctx, sl_source *mine, uint64_t
  * (sl_source_open_memory). */
 typedef sl_status (*local_open_fn)(sl_context *ctx, const void *arg, sl_source **out);
 
-/* The collective open: rank 0 builds its source with OPEN_LOCAL(ARG), every rank gets its
- * verdict (rank 0's failure as "rank 0: ..."), then the manifest; then the identity agreement.
- * PATH is what this rank was given (the path, or a memory source's label): it names the job
- * in mismatch messages. A memory source (MEMORY) exists on rank 0 only: the other ranks build
- * theirs from the manifest, marked as memory, and never look for a copy of their own; its
- * identity is the kind of source, not the label, so ranks may label it differently. */
+/* Rank 0's manifest for the ranks that read no copy of their own (NEED: one of them at least;
+ * every rank knows who they are from the identity agreement): rank 0 serializes its source,
+ * every rank takes part in the broadcast, those ranks build their source from it into *OUT; then
+ * all agree, so a rank that could not take it fails every rank with its message. */
+static sl_status send_manifest(sl_context *ctx, sl_source *src0, bool memory, bool need, sl_source **out) {
+  open_verdict v = {0};
+  void *manifest = NULL;
+  if (ctx->rank == 0) {
+    sl_status st = sl__source_serialize(src0, &manifest, &v.manifest_len);
+    if (st == SL_OK && v.manifest_len == 0) st = sl__fail(ctx, SL_ERR_FORMAT, "empty manifest");
+    v.status = (int32_t)st;
+    if (st != SL_OK) snprintf(v.msg, sizeof v.msg, "%.*s", (int)sizeof v.msg - 1, ctx->errmsg);
+  }
+  sl_status st = sl__ctl_broadcast(ctx, &v, sizeof v, 0);
+  if (st == SL_OK && v.status != SL_OK) {
+    st = (sl_status)v.status;
+    if (ctx->rank != 0) {
+      v.msg[sizeof v.msg - 1] = 0;
+      sl__fail(ctx, st, "rank 0: %s", v.msg);
+    }
+  }
+  if (st != SL_OK) {
+    free(manifest);
+    return st;
+  }
+  if (ctx->rank != 0 && !(manifest = malloc(v.manifest_len))) {
+    /* still take part in the broadcast below so rank 0 is not left waiting, then fail */
+    st = sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate a %llu-byte manifest", (unsigned long long)v.manifest_len);
+  }
+  char small[1];
+  sl_status bs = sl__ctl_broadcast(ctx, manifest ? manifest : small, manifest ? (size_t)v.manifest_len : 0, 0);
+  if (st == SL_OK) st = bs;
+  if (st == SL_OK && need) st = sl__source_deserialize_ex(ctx, manifest, (size_t)v.manifest_len, memory, out);
+  free(manifest);
+  if (bs != SL_OK) return bs;
+  return sl__agree(ctx, st, NULL, "taking rank 0's manifest", NULL);
+}
+
+/* The collective open: rank 0 builds its source with OPEN_LOCAL(ARG) while every other rank
+ * that can read its PATH opens its own copy; every rank gets rank 0's verdict (its failure as
+ * "rank 0: ..."); then the identity agreement; then rank 0's manifest, only where some rank
+ * has no copy of its own. PATH is what this rank was given (the path, or a memory source's
+ * label): it names the job in mismatch messages. A memory source (MEMORY) exists on rank 0
+ * only: the other ranks build theirs from the manifest, marked as memory, and never look for a
+ * copy of their own; its identity is the kind of source, not the label, so ranks may label it
+ * differently. */
 static sl_status open_collective(sl_context *ctx, const char *path, bool memory, local_open_fn open_local,
                                  const void *arg, sl_source **out) {
   if (ctx->world_size == 1) return open_local(ctx, arg, out);
 
-  sl_source *src = NULL, *own = NULL;
-  void *manifest = NULL;
+  sl_source *src = NULL; /* rank 0's own; elsewhere the one rank 0's manifest builds */
+  sl_source *own = NULL; /* a rank's own copy */
   uint64_t *table = NULL;
   open_verdict v = {0};
   if (ctx->rank == 0) {
     sl_status st = open_local(ctx, arg, &src);
-    if (st == SL_OK) st = sl__source_serialize(src, &manifest, &v.manifest_len);
-    if (st == SL_OK && v.manifest_len == 0) st = sl__fail(ctx, SL_ERR_FORMAT, "empty manifest");
     v.status = (int32_t)st;
     if (st != SL_OK) snprintf(v.msg, sizeof v.msg, "%.*s", (int)sizeof v.msg - 1, ctx->errmsg);
+  } else if (!memory) {
+    own = open_own_copy(ctx, path);
   }
   sl_status st = sl__ctl_broadcast(ctx, &v, sizeof v, 0);
   if (st != SL_OK) goto out_free;
@@ -175,45 +211,33 @@ static sl_status open_collective(sl_context *ctx, const char *path, bool memory,
     }
     goto out_free;
   }
-  if (ctx->rank != 0 && !(manifest = malloc(v.manifest_len))) {
-    /* still take part in the broadcast below so rank 0 is not left waiting, then fail */
-    st = sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate a %llu-byte manifest", (unsigned long long)v.manifest_len);
-  }
-  char small[1];
-  sl_status bs = sl__ctl_broadcast(ctx, manifest ? manifest : small,
-                                   manifest ? (size_t)v.manifest_len : 0, 0);
-  if (st == SL_OK) st = bs;
-  if (st == SL_OK && ctx->rank != 0)
-    st = sl__source_deserialize_ex(ctx, manifest, (size_t)v.manifest_len, memory, &src);
-  if (bs != SL_OK) goto out_free;
-  if (st == SL_OK && ctx->rank != 0 && !memory) own = open_own_copy(ctx, path, src);
 
-  /* agree: a rank that could not take the manifest fails everyone, with its message; then the
-   * identity (see the head of this file) */
+  /* the identity (see the head of this file) */
   const sl_source *mine = ctx->rank == 0 ? src : own;
   static const char memory_tag[] = "\0shardload memory source";
   uint64_t path_fact = memory ? XXH3_64bits(memory_tag, sizeof memory_tag)
                               : XXH3_64bits(path ? path : "", path ? strlen(path) : 0);
   uint64_t facts[SL__AGREE_FACTS] = {(uint64_t)ctx->world_size, path_fact, mine ? sl__source_headers_digest(mine) : 0};
-  if ((st = sl__agree(ctx, st, facts, "opening the checkpoint", &table)) != SL_OK) goto out_free;
+  if ((st = sl__agree(ctx, SL_OK, facts, "opening the checkpoint", &table)) != SL_OK) goto out_free;
   int bad = first_stranger(ctx, table);
   if (bad < 0 && (st = compare_other_copies(ctx, ctx->rank == 0 ? src : own, table, &bad)) != SL_OK) goto out_free;
   if (bad >= 0) {
     st = identity_mismatch(ctx, path, table, bad);
     goto out_free;
   }
+  /* a rank without a copy of its own takes rank 0's table; every rank sees who they are */
+  bool any_without = false;
+  for (int r = 1; r < ctx->world_size; r++) any_without |= table[(size_t)r * SL__AGREE_FACTS + ID_HEADERS] == 0;
+  if (any_without && (st = send_manifest(ctx, src, memory, ctx->rank != 0 && !own, &src)) != SL_OK) goto out_free;
   if (own) {
-    /* the same headers as rank 0's: the same tensor table, read from this rank's own path */
-    const char *o0 = sl_source_file_at(own, 0), *r0 = sl_source_file_at(src, 0);
-    if (o0 && r0 && strcmp(o0, r0) != 0)
+    const char *o0 = sl_source_file_at(own, 0);
+    if (o0 && table[(size_t)ctx->rank * SL__AGREE_FACTS + ID_PATH] != table[ID_PATH])
       sl__log(ctx, SL_LOG_INFO, "rank %d reads its own copy %s (rank 0's headers, another path)", ctx->rank, path);
-    sl_source_destroy(src);
     src = own;
     own = NULL;
   }
 out_free:
   free(table);
-  free(manifest);
   sl_source_destroy(own);
   if (st != SL_OK) {
     sl_source_destroy(src);

@@ -53,9 +53,6 @@ struct sl_source {
   const void **mem_data;
   sl_source_read_fn mem_read;
   void *mem_user;
-  /* While sl__source_open_copy opens this rank's own copy: the source rank 0's manifest built,
-   * whose headers each file must have byte for byte (hashed, not parsed); NULL otherwise. */
-  sl_source *copy_of;
 };
 
 sl_source *sl__source_new(sl_context *ctx);
