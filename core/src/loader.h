@@ -26,6 +26,7 @@ struct sl_state {
    * (0: empty); NAME_MASK + 1 slots, a power of two at least twice the count */
   size_t *by_name;
   size_t name_mask;
+  char *names; /* every tensor's name, NUL-terminated one after another: one block, not one each */
   char **skipped;
   size_t nskipped;
   sl_load_stats stats;

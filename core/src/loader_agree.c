@@ -29,6 +29,12 @@ void sl__loader_digest(loader *L) {
     const tensor_job *j = &L->jobs[i];
     h = mix64(h, j->src_index);
     h = mix64(h, (uint64_t)j->res.dtype);
+    /* the tensor as this rank's table has it: a copy's table is its own parse (source_dist.c),
+     * so two copies whose headers only hash alike differ here, before any byte moves */
+    h = mix64(h, (uint64_t)j->src->dtype);
+    h = mix64(h, j->src->file_offset);
+    h = mix64(h, j->src->nbytes);
+    for (int d = 0; d < j->src->ndim; d++) h = mix64(h, (uint64_t)j->src->shape[d]);
     for (int m = 0; m < L->mesh_ndim; m++)
       h = mix64(h, (uint64_t)(j->res.placements[m].kind * 64 + j->res.placements[m].dim));
   }

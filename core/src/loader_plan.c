@@ -43,7 +43,14 @@ sl_status sl__loader_plan(loader *L) {
   /* Each taken tensor is resolved once, into its job, in file order: the first that does not
    * resolve fails the plan, as sl__plan_check's own pass would (the dry run's message), and
    * before any tensor's geometry is computed. */
-  size_t nj = 0;
+  size_t nj = 0, name_bytes = 0;
+  for (size_t i = 0; i < n; i++)
+    if (take[i]) name_bytes += strlen(sl_source_tensor_at(L->src, i)->name) + 1;
+  if (!(L->st->names = malloc(name_bytes ? name_bytes : 1))) {
+    st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory for the names of %zu tensors (%zu bytes)", ntake, name_bytes);
+    goto out_free_take;
+  }
+  char *name_at = L->st->names;
   for (size_t i = 0; i < n; i++) {
     const sl_source_tensor *t = sl_source_tensor_at(L->src, i);
     if (!take[i]) {
@@ -75,10 +82,9 @@ sl_status sl__loader_plan(loader *L) {
     j->hsdp = L->mesh_ndim >= 2 && L->mesh[0] > 1 && j->res.placements[0].kind == SL_REPLICATE;
     j->klass |= (uint32_t)j->hsdp << 8;
     j->wire = sl_dtype_size(j->res.dtype) < sl_dtype_size(t->dtype) ? j->res.dtype : t->dtype;
-    if (!(o->name = sl__strdup(t->name))) {
-      st = sl__fail(ctx, SL_ERR_NOMEM, "out of memory");
-      goto out_free_take;
-    }
+    size_t len = strlen(t->name) + 1;
+    o->name = memcpy(name_at, t->name, len);
+    name_at += len;
     L->njobs++;
     L->st->count = L->njobs;
     o->dtype = j->res.dtype;

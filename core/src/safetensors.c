@@ -309,6 +309,8 @@ static sl_status header_nomem(char *err, size_t errlen, const char *doing, size_
 
 typedef struct scan {
   const char *p, *end;
+  char dtype[16]; /* the last tensor's dtype string and what it names: the next one is usually alike */
+  sl_dtype dtype_is;
 } scan;
 
 static void scan_ws(scan *s) {
@@ -480,7 +482,11 @@ static bool scan_tensor(scan *s, sl__st_tensor *t) {
     if (!ok) return false;
   } while (scan_char(s, ','));
   if (!scan_char(s, '}') || seen != 7) return false;
-  if ((t->dtype = sl__dtype_from_st(dtype)) == SL_DTYPE_INVALID) return false;
+  if (strcmp(dtype, s->dtype) != 0) {
+    memcpy(s->dtype, dtype, sizeof s->dtype);
+    s->dtype_is = sl__dtype_from_st(dtype);
+  }
+  if ((t->dtype = s->dtype_is) == SL_DTYPE_INVALID) return false;
   t->ndim = nd;
   uint64_t nbytes = sl_dtype_size(t->dtype);
   for (int d = 0; d < nd; d++) {
@@ -537,20 +543,25 @@ static bool scan_metadata(scan *s, sl__st_header *out) {
   return scan_char(s, '}');
 }
 
-/* No tensor name twice (the tree refuses a duplicate key): a table of name hashes. */
+/* No tensor name twice (the tree refuses a duplicate key): a table of name hashes, each slot
+ * with its hash, so that only names of one hash are compared. */
 static bool names_distinct(const sl__st_header *h) {
   size_t cap = 16;
   while (cap < 2 * h->count) cap <<= 1;
-  size_t *slot = calloc(cap, sizeof *slot);
+  struct name_slot {
+    uint64_t hash;
+    size_t index; /* + 1; 0: empty */
+  } *slot = calloc(cap, sizeof *slot);
   if (!slot) return false;
   bool ok = true;
   for (size_t i = 0; i < h->count && ok; i++) {
-    size_t k = (size_t)XXH3_64bits(h->tensors[i].name, strlen(h->tensors[i].name)) & (cap - 1);
-    while (slot[k] && ok) {
-      ok = strcmp(h->tensors[slot[k] - 1].name, h->tensors[i].name) != 0;
+    uint64_t hash = XXH3_64bits(h->tensors[i].name, strlen(h->tensors[i].name));
+    size_t k = (size_t)hash & (cap - 1);
+    while (slot[k].index && ok) {
+      ok = slot[k].hash != hash || strcmp(h->tensors[slot[k].index - 1].name, h->tensors[i].name) != 0;
       k = (k + 1) & (cap - 1);
     }
-    slot[k] = i + 1;
+    slot[k] = (struct name_slot){hash, i + 1};
   }
   free(slot);
   return ok;
@@ -559,7 +570,7 @@ static bool names_distinct(const sl__st_header *h) {
 /* The scan of TEXT into OUT (tensors in the header's order, metadata): true when it takes the
  * header, else false with OUT empty, for the tree to read. */
 static bool scan_header(const char *text, size_t n, sl__st_header *out) {
-  scan s = {text, text + n};
+  scan s = {text, text + n, "", SL_DTYPE_INVALID};
   size_t cap = 0;
   bool meta = false, ok = scan_char(&s, '{');
   if (ok && !scan_char(&s, '}')) {

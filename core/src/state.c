@@ -129,7 +129,7 @@ static void state_free(sl_state *st) {
   if (msg[0] && st->be) st->be->host.log(st->be->host.core, SL_LOG_WARN, "freeing a state: %s", msg);
   free(st->registered);
   sl__backend_ref_put(st->be); /* the last reference (the context may be gone) finalises the backend */
-  for (size_t i = 0; i < st->count; i++) free((char *)st->tensors[i].name);
+  free(st->names);
   for (size_t i = 0; i < st->nskipped; i++) free(st->skipped[i]);
   free(st->tensors);
   free(st->arenas);
@@ -278,8 +278,8 @@ SL_API const sl_tensor *sl_state_find(const sl_state *st, const char *name) {
 }
 
 /* Built once the load has placed every tensor: O(count), where a sorted table cost a sort of
- * the names (a tenth of a 50,000-tensor load's own time). Names are distinct (the source
- * refuses a name seen twice); were one not, the first in file order would be found. */
+ * the names. Names are distinct (the source refuses a name seen twice); were one not, the
+ * first in file order would be found. */
 sl_status sl__state_index(sl_state *st) {
   size_t cap = 16;
   while (cap < 2 * st->count) cap <<= 1;
