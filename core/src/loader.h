@@ -67,13 +67,26 @@ typedef struct tensor_job {
   size_t src_index;
   const sl_source_tensor *src;
   sl__resolved res;
-  sl__region mine;
-  sl_tensor *out;
+  sl_tensor *out; /* its shard's region is there too: sl__job_region */
   sl_dtype wire;    /* dtype on the wire: the smaller of file and parameter dtype */
   bool hsdp;        /* mesh dim 0 replicate on a 2-D+ mesh: scatter in replica 0, then chain */
   uint32_t klass;   /* placement class: transfers bucket only tensors of one class */
   uint64_t elems;
 } tensor_job;
+
+/* This rank's region of J's tensor (what sl__region_compute gave the plan), rebuilt from its
+ * sl_tensor: a job keeps no copy of its own, so the table the passes walk stays small (88
+ * bytes a tensor, where a region is 200). */
+static inline void sl__job_region(const tensor_job *j, sl__region *r) {
+  const sl_tensor *o = j->out;
+  r->ndim = o->ndim;
+  for (int d = 0; d < SL_MAX_DIMS; d++) {
+    bool in = d < o->ndim;
+    r->shape[d] = in ? o->global_shape[d] : 0;
+    r->off[d] = in ? o->global_offset[d] : 0;
+    r->len[d] = in ? o->local_shape[d] : 0;
+  }
+}
 
 /* A piece: global elements [a, b) of one tensor. A transfer: consecutive pieces moved by one
  * collective operation (a large tensor is cut into several transfers, small tensors of one

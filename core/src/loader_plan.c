@@ -71,7 +71,8 @@ sl_status sl__loader_plan(loader *L) {
     sl_tensor *o = &L->st->tensors[k];
     j->out = o;
     uint64_t nbytes;
-    if ((st = sl__shard_geometry(L->plan, t, L->mesh_ndim, L->mesh, L->coord, &j->res, &j->mine, &nbytes)) != SL_OK)
+    sl__region mine;
+    if ((st = sl__shard_geometry(L->plan, t, L->mesh_ndim, L->mesh, L->coord, &j->res, &mine, &nbytes)) != SL_OK)
       goto out_free_take;
     j->elems = 1; /* the reader checked that this product times the element size fits */
     for (int d = 0; d < t->ndim; d++) j->elems *= (uint64_t)t->shape[d];
@@ -93,8 +94,8 @@ sl_status sl__loader_plan(loader *L) {
     o->nbytes = nbytes;
     for (int d = 0; d < t->ndim; d++) {
       o->global_shape[d] = t->shape[d];
-      o->local_shape[d] = j->mine.len[d];
-      o->global_offset[d] = j->mine.off[d];
+      o->local_shape[d] = mine.len[d];
+      o->global_offset[d] = mine.off[d];
     }
     o->device = L->place.device;
     o->rule = L->place.rule;

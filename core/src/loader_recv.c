@@ -116,15 +116,20 @@ uint64_t sl__loader_my_part(loader *L, const transfer *x, unsigned char **direct
   for (size_t i = x->first; i < x->first + x->count; i++) {
     const piece *p = &L->stage.pieces[i];
     const tensor_job *j = sl__job_of(L, p);
-    uint64_t n = sl__region_rank_of(&j->mine, p->b) - sl__region_rank_of(&j->mine, p->a);
+    sl__region mine;
+    sl__job_region(j, &mine);
+    uint64_t n = sl__region_rank_of(&mine, p->b) - sl__region_rank_of(&mine, p->a);
     bytes += n * sl_dtype_size(j->wire);
   }
   if (x->count == 1 && L->fail.deferred == SL_OK) {
     const piece *p = &L->stage.pieces[x->first];
     const tensor_job *j = sl__job_of(L, p);
     bool same_domain = L->pipe.device_route ? !sl__shard_on_host(L, j) : sl__shard_on_host(L, j);
-    if (same_domain && j->wire == j->res.dtype)
-      *direct = (unsigned char *)j->out->data + sl__region_rank_of(&j->mine, p->a) * sl_dtype_size(j->res.dtype);
+    if (same_domain && j->wire == j->res.dtype) {
+      sl__region mine;
+      sl__job_region(j, &mine);
+      *direct = (unsigned char *)j->out->data + sl__region_rank_of(&mine, p->a) * sl_dtype_size(j->res.dtype);
+    }
   }
   return bytes;
 }
@@ -135,7 +140,9 @@ void sl__loader_place_parts(loader *L, const transfer *x, slot *s, const carve *
   for (size_t i = x->first; i < x->first + x->count; i++) {
     const piece *p = &L->stage.pieces[i];
     tensor_job *j = &L->jobs[p->job];
-    uint64_t la = sl__region_rank_of(&j->mine, p->a), n = sl__region_rank_of(&j->mine, p->b) - la;
+    sl__region mine;
+    sl__job_region(j, &mine);
+    uint64_t la = sl__region_rank_of(&mine, p->a), n = sl__region_rank_of(&mine, p->b) - la;
     if (!n) continue;
     loff = (size_t)SL__A16(loff);
     place_or_defer(L, s, c, j, recv + off, L->pipe.device_route, j->wire, la, n, &loff);
@@ -154,14 +161,16 @@ void sl__loader_place_broadcast(loader *L, const transfer *x, slot *s, const car
     const piece *p = &L->stage.pieces[i];
     tensor_job *j = &L->jobs[p->job];
     size_t ew = sl_dtype_size(j->wire);
-    uint64_t la = sl__region_rank_of(&j->mine, p->a), n = sl__region_rank_of(&j->mine, p->b) - la, first;
+    sl__region mine;
+    sl__job_region(j, &mine);
+    uint64_t la = sl__region_rank_of(&mine, p->a), n = sl__region_rank_of(&mine, p->b) - la, first;
     const unsigned char *part = buf + poff;
     loff = (size_t)SL__A16(loff);
-    if (n && sl__loader_single_run(&j->mine, p->a, p->b, &first)) {
+    if (n && sl__loader_single_run(&mine, p->a, p->b, &first)) {
       part = buf + poff + (first - p->a) * ew;
     } else if (n) {
       uint64_t got;
-      sl_status st = sl__loader_pack(L, &j->mine, ew, buf + poff, p->a, p->b, stage + c->packed + at, device, &got);
+      sl_status st = sl__loader_pack(L, &mine, ew, buf + poff, p->a, p->b, stage + c->packed + at, device, &got);
       if (st != SL_OK) {
         sl__loader_defer(L, j->src->name, st);
         return;
@@ -240,7 +249,9 @@ void sl__loader_read_own(loader *L, const transfer *x, slot *s, const carve *c) 
     o.j = &L->jobs[p->job];
     o.roff = (size_t)SL__A16(o.roff);
     o.loff = (size_t)SL__A16(o.loff);
-    sl_status st = sl__region_runs(&o.j->mine, p->a, p->b, read_own_run, &o);
+    sl__region mine;
+    sl__job_region(o.j, &mine);
+    sl_status st = sl__region_runs(&mine, p->a, p->b, read_own_run, &o);
     if (st != SL_OK) sl__loader_defer(L, o.failed ? o.failed : o.j->src->name, st);
   }
   if (!L->recv.batch) return;
