@@ -251,8 +251,8 @@ static bool arena_fits(const loader *L, const sl_tensor *t) {
   return t->device == SL_DEVICE_ACCELERATOR && L->ctx->be->alloc_device == sl__backend_cpu()->alloc_device;
 }
 
-/* One block for the arena shards of jobs [first, last), each at its offset. */
-static sl_status carve_block(loader *L, size_t first, size_t last, size_t bytes) {
+/* One block for the arena shards of jobs [first, last), each at its offset (SIZE[i] bytes). */
+static sl_status carve_block(loader *L, const uint32_t *size, size_t first, size_t last, size_t bytes) {
   sl_context *ctx = L->ctx;
   sl_state *st = L->st;
   unsigned char *base = sl__host_alloc(bytes);
@@ -272,18 +272,16 @@ static sl_status carve_block(loader *L, size_t first, size_t last, size_t bytes)
     sl_tensor *t = L->jobs[i].out;
     t->data = base + at;
     /* under ASan: everything past the shard's last byte up to the next shard */
-    if (SL__HOST_GUARD) sl__host_poison(base + at + t->nbytes, SL__ARENA_SIZE(t->nbytes) - (size_t)t->nbytes, 1);
-    at += SL__ARENA_SIZE(t->nbytes);
+    if (SL__HOST_GUARD) sl__host_poison(base + at + t->nbytes, size[i] - (size_t)t->nbytes, 1);
+    at += size[i];
   }
   return SL_OK;
 }
 
-/* The arena shards, in file order, cut into blocks of at most SL__ARENA_BLOCK. */
-static sl_status carve_arena(loader *L) {
+/* The arena shards (N of them, TOTAL bytes; SIZE[i] bytes for job i, 0 for the others), in
+ * file order, cut into blocks of at most SL__ARENA_BLOCK. */
+static sl_status carve_arena(loader *L, const uint32_t *size, size_t n, size_t total) {
   sl_state *st = L->st;
-  size_t n = 0, total = 0;
-  for (size_t i = 0; i < L->njobs; i++)
-    if (st->in_arena[i]) n++, total += SL__ARENA_SIZE(L->jobs[i].out->nbytes);
   if (!n) return SL_OK;
   /* every block but the last is cut only when the next shard (< 1 MiB + 128) would pass 64 MiB,
    * so it holds more than 32 MiB */
@@ -292,42 +290,51 @@ static sl_status carve_arena(loader *L) {
     return sl__fail(L->ctx, SL_ERR_NOMEM, "out of memory placing %zu shards", n);
   size_t first = 0, bytes = 0;
   for (size_t i = 0; i < L->njobs; i++) {
-    if (!st->in_arena[i]) continue;
-    size_t b = SL__ARENA_SIZE(L->jobs[i].out->nbytes);
-    if (bytes && bytes + b > SL__ARENA_BLOCK) {
-      sl_status s = carve_block(L, first, i, bytes);
+    if (!size[i]) continue;
+    if (bytes && bytes + size[i] > SL__ARENA_BLOCK) {
+      sl_status s = carve_block(L, size, first, i, bytes);
       if (s != SL_OK) return s;
       bytes = 0;
     }
     if (!bytes) first = i;
-    bytes += b;
+    bytes += size[i];
   }
-  return carve_block(L, first, L->njobs, bytes);
+  return carve_block(L, size, first, L->njobs, bytes);
 }
 
+/* One walk over the shards binds or allocates each and sizes the arena; the arena's carving
+ * then walks only its shards' sizes (a table of 4 bytes a job, not the 256-byte sl_tensors). */
 sl_status sl__loader_bind(loader *L) {
   sl_context *ctx = L->ctx;
-  if (!(L->st->in_arena = calloc(L->njobs ? L->njobs : 1, 1)))
+  uint32_t *size = calloc(L->njobs ? L->njobs : 1, sizeof *size);
+  if (!(L->st->in_arena = calloc(L->njobs ? L->njobs : 1, 1)) || !size) {
+    free(size);
     return sl__fail(ctx, SL_ERR_NOMEM, "out of memory placing %zu shards", L->njobs);
-  for (size_t i = 0; i < L->njobs; i++) {
+  }
+  size_t narena = 0, total = 0, ncaller = 0;
+  sl_status st = SL_OK;
+  for (size_t i = 0; i < L->njobs && st == SL_OK; i++) {
     sl_tensor *t = L->jobs[i].out;
     void *p;
-    sl_status st = bind_one(L, t, &p);
-    if (st != SL_OK) return st;
+    if ((st = bind_one(L, t, &p)) != SL_OK) break;
     if (p) {
       t->data = p;
       t->caller_buffer = 1;
+      ncaller += t->nbytes != 0;
       continue;
     }
     if (arena_fits(L, t)) {
       L->st->in_arena[i] = 1;
+      size[i] = (uint32_t)SL__ARENA_SIZE(t->nbytes);
+      narena++;
+      total += size[i];
       continue;
     }
-    st = sl_alloc(ctx, t->device, t->pinned, (size_t)t->nbytes, &t->data);
-    if (st != SL_OK)
-      return sl__fail(ctx, st, "%s: cannot allocate %llu bytes on %s: %s", t->name, (unsigned long long)t->nbytes,
-                      sl_device_kind_name(t->device), ctx->errmsg);
+    if ((st = sl_alloc(ctx, t->device, t->pinned, (size_t)t->nbytes, &t->data)) != SL_OK)
+      st = sl__fail(ctx, st, "%s: cannot allocate %llu bytes on %s: %s", t->name, (unsigned long long)t->nbytes,
+                    sl_device_kind_name(t->device), ctx->errmsg);
   }
-  sl_status st = carve_arena(L);
-  return st != SL_OK ? st : check_bound_overlap(L);
+  if (st == SL_OK) st = carve_arena(L, size, narena, total);
+  free(size);
+  return st != SL_OK || ncaller < 2 ? st : check_bound_overlap(L);
 }
