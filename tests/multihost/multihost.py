@@ -96,25 +96,27 @@ def remove_ns(ns):
     run(["ip", "netns", "del", ns], check=False)
 
 
+def harness_alive(pid):
+    """Whether PID is a live run of this harness (not a zombie, not a reused pid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return False
+    return state != "Z" and b"multihost" in cmd
+
+
 def remove_leftovers():
     """Namespaces of earlier runs of this harness whose process is gone (a run killed with
-    SIGKILL cannot clean up after itself)."""
+    SIGKILL cannot clean up after itself), and what still runs in them."""
     r = run(["ip", "netns", "list"], check=False)
     for line in r.stdout.splitlines():
         name = line.split()[0] if line.split() else ""
         m = re.match(rf"^{PREFIX}-(\d+)-", name)
-        if not m:
-            continue
-        pid = int(m.group(1))
-        alive = True
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:
-            pass
-        if not alive:
-            log(f"removing leftover namespace {name} (pid {pid} is gone)")
+        if m and int(m.group(1)) != os.getpid() and not harness_alive(int(m.group(1))):
+            log(f"removing leftover namespace {name} (run {m.group(1)} is gone)")
             remove_ns(name)
 
 
@@ -435,15 +437,27 @@ class Tests:
         return c
 
     def load(self, net, nhosts, args, per_host=RANKS_PER_HOST, hidden=(), name="load"):
-        """A good load across NHOSTS hosts, checked bit-exact against the loopback one."""
+        """A good load across NHOSTS hosts, checked bit-exact against the loopback one, with
+        the collective DESIGN.md names for the layout; in rank-0 mode what each host's ranks
+        received crossed its link (its interface's counter grew by at least as much)."""
         job = Job(self, net, nhosts, args, self.t(20), per_host=per_host, hidden=hidden, name=name)
+        rx = [net.rx_bytes(h) for h in range(nhosts)]
         job.start()
         job.wait(self.t(20) * 3)
+        rx = [net.rx_bytes(h) - rx[h] for h in range(nhosts)]
         bad = [k for k in job.ranks if k.rc != 0]
-        check(not bad, "ranks failed:\n" + job.describe())
+        check(not bad, lambda: "ranks failed:\n" + job.describe())
         reps = job.reports()
         c = self.check_collective(reps, nhosts, per_host)
         self.compare(job, args)
+        for r in reps:   # the tensor bytes of the files every rank agreed on
+            cb = r["totals"]["checkpoint_bytes"]
+            check(0.99 * self.ckpt_bytes < cb <= self.ckpt_bytes, f"rank {r['rank']}: checkpoint_bytes {cb} of "
+                                                                  f"{self.ckpt_bytes} bytes of files")
+        if "every-rank" not in args:
+            for h in range(1, nhosts):
+                got = sum(r["stats"]["bytes_received"] for r in reps if job.host_of(r["rank"]) == h)
+                check(got > 0 and rx[h] >= got, f"host {h}'s ranks received {got} bytes, its link carried {rx[h]}")
         wall = max(k.end for k in job.ranks)
         return job, reps, c, wall
 
@@ -472,14 +486,31 @@ class Tests:
         job, reps, c, wall = self.load(net, 4, ["--source", "every-rank"], name="every-4x2")
         return f"{wall:.2f} s"
 
+    def check_hsdp(self, reps, nhosts):
+        """DESIGN.md#data-flow (HSDP): rank 0 scatters within replica 0 (host 0) and each rank
+        passes its part to the same position of the next replica (host), so rank 0 sends each
+        checkpoint byte once and the last replica sends nothing."""
+        total = reps[0]["totals"]["checkpoint_bytes"]
+        sent0 = reps[0]["stats"]["bytes_sent"]
+        check(total <= sent0 <= total + 4096, f"rank 0 sent {sent0} bytes of a {total}-byte checkpoint, want once")
+        for r in reps:
+            s, mine = r["stats"], r["totals"]["bytes"]
+            if r["rank"]:
+                check(s["bytes_received"] == mine, f"rank {r['rank']} received {s['bytes_received']}, holds {mine}")
+            if r["rank"] // RANKS_PER_HOST == nhosts - 1:
+                check(s["bytes_sent"] == 0, f"rank {r['rank']} of the last replica sent {s['bytes_sent']}")
+            elif r["rank"]:
+                check(s["bytes_sent"] == mine, f"rank {r['rank']} passed on {s['bytes_sent']} bytes, holds {mine}")
+        return f"rank 0 sent {sent0 / total:.3f} x the checkpoint"
+
     def case_hsdp_2x2(self, net):
         # mesh 2x2, row-major: dim 0 (replicate) across the hosts, dim 1 (shard) within a host
         job, reps, c, wall = self.load(net, 2, ["--mesh", "2x2"], hidden=[1], name="hsdp-2x2")
-        return f"{wall:.2f} s (host 1 without the checkpoint)"
+        return f"{wall:.2f} s (host 1 without the checkpoint), {self.check_hsdp(reps, 2)}"
 
     def case_hsdp_4x2(self, net):
         job, reps, c, wall = self.load(net, 4, ["--mesh", "4x2"], name="hsdp-4x2")
-        return f"{wall:.2f} s"
+        return f"{wall:.2f} s, {self.check_hsdp(reps, 4)}"
 
     def case_readers_only_4x2(self, net):
         # rank-0 mode with the checkpoint only where rank 0 runs: hosts 1-3 see an empty directory
@@ -656,7 +687,9 @@ class Tests:
         job.wait(4 * timeout + 20)
         bound = timeout + self.t(4)
         addr = f"{NET}.200:{job.port}"
-        worst = self.rdzv_failed(job, bound, lambda k: [addr])
+        # rank 0 refuses at once to serve an address not its own; the others time out connecting
+        worst = self.rdzv_failed(job, bound, lambda k: [addr, "cannot serve the rendezvous store"] if k.rank == 0
+                                 else [addr, "SL_ERR_TIMEOUT", "connecting to the rendezvous store"])
         return f"every rank out by {worst:.2f} s (bound {bound:.1f} s), naming {addr}"
 
     def case_rdzv_dropped(self, net):
@@ -672,7 +705,8 @@ class Tests:
             net.undrop_port(0)
         bound = timeout + min(timeout / 4, 2) + self.t(4)
         addr = f"{NET}.1:{job.port}"
-        worst = self.rdzv_failed(job, bound, lambda k: [] if k.host == 0 else [addr])
+        worst = self.rdzv_failed(job, bound, lambda k: ["SL_ERR_TIMEOUT", "to join"] if k.host == 0
+                                 else [addr, "SL_ERR_TIMEOUT", "connecting to the rendezvous store"])
         for k in job.ranks:
             if k.host == 0:
                 check({2, 3} <= named_ranks(k.stderr()), f"rank {k.rank} does not name ranks 2, 3 as missing: "
@@ -719,7 +753,7 @@ def main():
         sys.exit(f"unknown case in {a.case}; --list names them")
 
     def on_signal(sig, _):
-        raise KeyboardInterrupt(f"signal {sig}")
+        raise KeyboardInterrupt(f"stopped by signal {sig}")
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, on_signal)
 
@@ -752,6 +786,9 @@ def main():
             finally:
                 net.down()
                 net = None
+    except KeyboardInterrupt as e:
+        log(f"interrupted ({e}): namespaces removed")
+        return 1
     finally:
         if net:
             net.down()
