@@ -649,7 +649,7 @@ class Tests:
 
     def slack(self):
         # past what the design accounts for: process start and teardown, the test's polling
-        # (10-20 ms), a busy 2-core machine; measured overshoot is under 0.5 s
+        # (10-20 ms), a busy 2-core machine; measured overshoot is under 0.6 s
         return self.t(3)
 
     def fault_bound(self, timeout, diagnosis):
