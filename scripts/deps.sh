@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the build and tests need, only what is missing (idempotent, quiet).
-#   scripts/deps.sh            Debian packages for the build
+#   scripts/deps.sh            Debian packages for the build (and iproute2, nftables: the
+#                              multihost test's namespace hosts, tests/multihost)
 #   scripts/deps.sh --fuzz     ... plus clang and its sanitizer/libFuzzer runtimes
 #   scripts/deps.sh --python   ... plus a Python venv with the reference implementations the
 #                              cross-checks and torchrun tests run against (torch, safetensors,
@@ -46,7 +47,8 @@ for a in "$@"; do
     *) echo "deps: unknown option $a" >&2; exit 2 ;;
   esac
 done
-pkgs=(cmake make gcc g++ pkg-config libgloo-dev libcmocka-dev libjansson-dev libxxhash-dev libsodium-dev)
+pkgs=(cmake make gcc g++ pkg-config libgloo-dev libcmocka-dev libjansson-dev libxxhash-dev libsodium-dev
+      iproute2 nftables) # ip, tc and nft for tests/multihost (unshare and mount: util-linux, mount)
 if [ "$fuzz" = 1 ]; then pkgs+=(clang libclang-rt-14-dev); fi
 if [ "$python" = 1 ] || [ "$package" = 1 ]; then pkgs+=(python3 python3-venv); fi
 if [ "$package" = 1 ]; then pkgs+=(debootstrap); fi
