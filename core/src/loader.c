@@ -116,7 +116,8 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
   if (st == SL_OK) sl__loader_digest(&L); /* what the agreements compare */
   if ((st = sl__loader_agree(&L, st, "planning")) != SL_OK) goto out_fail;
   if (L.o.read_mode == SL_READ_EVERY_RANK) {
-    /* opens a manifest-built source's files; OK at once where they are open (rank 0); refuses a
+    /* opens a manifest-built source's files; OK at once where they are open (rank 0, and every
+     * rank that opened its own copy); refuses a
      * source in rank 0's memory on every rank, world 1 included, with a message saying so */
     st = sl__source_open_files(src);
     /* alone, a rank has no one to compare its copy with */

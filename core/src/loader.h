@@ -150,6 +150,7 @@ typedef struct host_finish {
 /* What the ranks agreed on (loader_agree.c). */
 typedef struct loader_agreed {
   uint64_t digest; /* of everything that decides data movement (sl__loader_digest) */
+  uint64_t table;  /* of the loaded tensors as this rank's source has them (sl__loader_digest) */
   /* the smallest maximum allocation of any rank's backend (SL_EXT_MAX_ALLOC), 0: none; known
    * from the planning agreement on, so that every rank sizes its slots (and so its schedule) alike */
   uint64_t alloc_cap;

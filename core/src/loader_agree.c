@@ -19,7 +19,7 @@ static uint64_t mix64(uint64_t h, uint64_t v) {
 }
 
 void sl__loader_digest(loader *L) {
-  uint64_t h = sl__plan_digest(L->plan);
+  uint64_t h = sl__plan_digest(L->plan), t = 0;
   h = mix64(h, (uint64_t)L->o.cpu_offload);
   h = mix64(h, (uint64_t)L->o.strategy);
   h = mix64(h, (uint64_t)L->o.read_mode);
@@ -29,16 +29,19 @@ void sl__loader_digest(loader *L) {
     const tensor_job *j = &L->jobs[i];
     h = mix64(h, j->src_index);
     h = mix64(h, (uint64_t)j->res.dtype);
-    /* the tensor as this rank's table has it: a copy's table is its own parse (source_dist.c),
-     * so two copies whose headers only hash alike differ here, before any byte moves */
-    h = mix64(h, (uint64_t)j->src->dtype);
-    h = mix64(h, j->src->file_offset);
-    h = mix64(h, j->src->nbytes);
-    for (int d = 0; d < j->src->ndim; d++) h = mix64(h, (uint64_t)j->src->shape[d]);
     for (int m = 0; m < L->mesh_ndim; m++)
       h = mix64(h, (uint64_t)(j->res.placements[m].kind * 64 + j->res.placements[m].dim));
+    /* the tensor as this rank's table has it: a copy's table is its own parse (source_dist.c),
+     * so two copies whose headers only hash alike differ here, before any byte moves */
+    t = mix64(t, j->src_index);
+    t = mix64(t, (uint64_t)j->src->dtype);
+    t = mix64(t, j->src->file_offset);
+    t = mix64(t, j->src->nbytes);
+    t = mix64(t, (uint64_t)j->src->ndim);
+    for (int d = 0; d < j->src->ndim; d++) t = mix64(t, (uint64_t)j->src->shape[d]);
   }
   L->agreed.digest = h;
+  L->agreed.table = t;
 }
 
 /* Canonical text of everything that decides data movement: the plan plus the load options. */
@@ -77,7 +80,7 @@ static void first_difference(const char *a, const char *b, int rank_b, char *out
 sl_status sl__loader_agree(loader *L, sl_status local, const char *phase) {
   uint64_t digest = L->agreed.digest;
   sl_context *ctx = L->ctx;
-  uint64_t facts[SL__AGREE_FACTS] = {digest, sl__backend_max_alloc(ctx)}, *table = NULL;
+  uint64_t facts[SL__AGREE_FACTS] = {digest, sl__backend_max_alloc(ctx), L->agreed.table}, *table = NULL;
   sl_status st = sl__agree(ctx, local, facts, phase, &table);
   if (st != SL_OK) return st;
   loader_agreed *a = &L->agreed;
@@ -87,7 +90,14 @@ sl_status sl__loader_agree(loader *L, sl_status local, const char *phase) {
     if (cap && (!a->alloc_cap || cap < a->alloc_cap)) a->alloc_cap = cap;
   }
   int bad = sl__agree_first_differing(ctx, table, 0);
+  int bad_table = bad < 0 ? sl__agree_first_differing(ctx, table, 2) : -1;
   free(table);
+  if (bad_table >= 0)
+    return sl__fail(ctx, SL_ERR_MISMATCH,
+                    "rank %d's copy of the checkpoint holds another tensor table than rank 0's (the same plan, "
+                    "and headers whose digests are equal: two different headers of one XXH3 digest?); give "
+                    "every rank the same checkpoint",
+                    bad_table);
   if (bad < 0) return SL_OK;
   /* Ranks disagree on what to move (different plan, dtype or options: the mismatch that
    * deadlocks broadcast-based loaders). Name the first difference on every rank. */

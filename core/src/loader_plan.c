@@ -1,5 +1,6 @@
-/* Phase 1 of sl_load: the plan against the manifest gives one job per tensor (its placement,
- * dtype, region and wire dtype: the geometry computed once, by sl__shard_of), then, once
+/* Phase 1 of sl_load: the plan against the rank's table (its own copy's, or rank 0's manifest)
+ * gives one job per tensor (its placement, dtype, region and wire dtype: resolved once, the
+ * geometry computed once by sl__shard_geometry, the region kept in the tensor's sl_tensor), then, once
  * every rank agreed, the shards are bound to caller buffers or allocated
  * (docs/DESIGN.md#data-flow). */
 #define _GNU_SOURCE

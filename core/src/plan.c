@@ -631,8 +631,9 @@ sl_status sl__plan_check(sl_plan *plan, const sl_source *src, int world_size, un
   return SL_OK;
 }
 
-/* The dry run's check: exactly what sl_load's phase 1 runs (loader.c calls sl__plan_check), so
- * `shardload plan` fails where `load` would, with the same status and message. */
+/* The dry run's check: what sl_load's phase 1 checks (loader_plan.c runs sl__plan_check_names,
+ * then resolves the same tensors in the same order, each once into its job), so `shardload
+ * plan` fails where `load` would, with the same status and message. */
 SL_API sl_status sl_plan_check(sl_plan *plan, const sl_source *src, int world_size) {
   if (!plan || !src) return SL_ERR_INVALID;
   if (world_size < 1)

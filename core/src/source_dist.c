@@ -1,7 +1,9 @@
-/* Phase 1 across ranks: rank 0 alone must read and validate the checkpoint's headers (the
- * RAM-efficient path: other ranks need not even see the files), then broadcasts a manifest;
- * every rank builds its source from it. Every rank returns rank 0's error when it had one,
- * quickly, instead of waiting in a collective that will never come.
+/* Phase 1 across ranks: rank 0 must read and validate the checkpoint's headers; every other
+ * rank that can read its own path does the same with its copy, at the same time. Other ranks
+ * need not see the files at all (the RAM-efficient path): those that do not take rank 0's
+ * manifest instead, which rank 0 broadcasts only when some rank needs it. Every rank returns
+ * rank 0's error when it had one, quickly, instead of waiting in a collective that will never
+ * come.
  *
  * Then the ranks agree on a job identity before any data moves (docs/DESIGN.md#identity):
  * the world size each was started for, the checkpoint path each was given and,
@@ -14,7 +16,7 @@
  * rank, before any byte of data moves.
  *
  * sl_source_open_memory takes the same path with a table in rank 0's memory instead of files
- * (source_memory.c): the same verdict and manifest, no copy of its own on other ranks. */
+ * (source_memory.c): the same verdict, no copy of its own on other ranks, so always the manifest. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +27,8 @@
 #include "ranks_agree.h"
 #include "source_impl.h" /* the source's context, for messages */
 
+#define MANIFEST_PIECE ((size_t)1 << 20) /* bytes per broadcast of rank 0's manifest */
+
 typedef struct open_verdict {
   int32_t status;
   uint32_t pad;
@@ -33,7 +37,12 @@ typedef struct open_verdict {
 } open_verdict;
 
 /* Facts each rank contributes to the identity agreement. */
-enum { ID_WORLD = 0, ID_PATH = 1, ID_HEADERS = 2 /* 0: this rank could not read its path */ };
+enum {
+  ID_WORLD = 0,
+  ID_PATH = 1,
+  ID_HEADERS = 2, /* 0: this rank could not read its path */
+  ID_FILE = 3     /* its first file as opened (absolute), for the log: 0 where it reads no copy */
+};
 
 /* A rank other than 0 tries its own path: when it can read it, it reads its own copy from then
  * on (every-rank reads) and its headers prove which checkpoint it was given. Not being able to
@@ -165,14 +174,28 @@ static sl_status send_manifest(sl_context *ctx, sl_source *src0, bool memory, bo
     free(manifest);
     return st;
   }
-  if (ctx->rank != 0 && !(manifest = malloc(v.manifest_len))) {
-    /* still take part in the broadcast below so rank 0 is not left waiting, then fail */
-    st = sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate a %llu-byte manifest", (unsigned long long)v.manifest_len);
+  /* Every rank takes part in every piece (a rank that broadcast fewer bytes than the others
+   * would fall out of step with them): those that build from it into their buffer, the rest
+   * (ranks with a copy of their own, or one that could not allocate the manifest) into a
+   * scratch piece. A rank without even that aborts its control plane: the others fail at once,
+   * naming it, instead of waiting for it. */
+  const size_t len = (size_t)v.manifest_len, piece = len < MANIFEST_PIECE ? len : MANIFEST_PIECE;
+  unsigned char *scratch = NULL;
+  if (ctx->rank != 0 && need && !(manifest = malloc(len)))
+    st = sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate a %zu-byte manifest", len);
+  if (ctx->rank != 0 && !manifest && !(scratch = malloc(piece))) {
+    st = sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate %zu bytes to take part in rank 0's manifest", piece);
+    if (SL_HAS_OP(ctx->ctl, abort)) ctx->ctl->abort(ctx->ctl_comm);
+    return st;
   }
-  char small[1];
-  sl_status bs = sl__ctl_broadcast(ctx, manifest ? manifest : small, manifest ? (size_t)v.manifest_len : 0, 0);
+  sl_status bs = SL_OK;
+  for (size_t off = 0; off < len && bs == SL_OK; off += piece) {
+    size_t n = len - off < piece ? len - off : piece;
+    bs = sl__ctl_broadcast(ctx, manifest ? (unsigned char *)manifest + off : scratch, n, 0);
+  }
+  free(scratch);
   if (st == SL_OK) st = bs;
-  if (st == SL_OK && need) st = sl__source_deserialize_ex(ctx, manifest, (size_t)v.manifest_len, memory, out);
+  if (st == SL_OK && need) st = sl__source_deserialize_ex(ctx, manifest, len, memory, out);
   free(manifest);
   if (bs != SL_OK) return bs;
   return sl__agree(ctx, st, NULL, "taking rank 0's manifest", NULL);
@@ -217,7 +240,9 @@ static sl_status open_collective(sl_context *ctx, const char *path, bool memory,
   static const char memory_tag[] = "\0shardload memory source";
   uint64_t path_fact = memory ? XXH3_64bits(memory_tag, sizeof memory_tag)
                               : XXH3_64bits(path ? path : "", path ? strlen(path) : 0);
-  uint64_t facts[SL__AGREE_FACTS] = {(uint64_t)ctx->world_size, path_fact, mine ? sl__source_headers_digest(mine) : 0};
+  const char *file0 = mine ? sl_source_file_at(mine, 0) : NULL;
+  uint64_t facts[SL__AGREE_FACTS] = {(uint64_t)ctx->world_size, path_fact, mine ? sl__source_headers_digest(mine) : 0,
+                                     file0 ? XXH3_64bits(file0, strlen(file0)) : 0};
   if ((st = sl__agree(ctx, SL_OK, facts, "opening the checkpoint", &table)) != SL_OK) goto out_free;
   int bad = first_stranger(ctx, table);
   if (bad < 0 && (st = compare_other_copies(ctx, ctx->rank == 0 ? src : own, table, &bad)) != SL_OK) goto out_free;
@@ -230,9 +255,9 @@ static sl_status open_collective(sl_context *ctx, const char *path, bool memory,
   for (int r = 1; r < ctx->world_size; r++) any_without |= table[(size_t)r * SL__AGREE_FACTS + ID_HEADERS] == 0;
   if (any_without && (st = send_manifest(ctx, src, memory, ctx->rank != 0 && !own, &src)) != SL_OK) goto out_free;
   if (own) {
-    const char *o0 = sl_source_file_at(own, 0);
-    if (o0 && table[(size_t)ctx->rank * SL__AGREE_FACTS + ID_PATH] != table[ID_PATH])
-      sl__log(ctx, SL_LOG_INFO, "rank %d reads its own copy %s (rank 0's headers, another path)", ctx->rank, path);
+    if (file0 && table[(size_t)ctx->rank * SL__AGREE_FACTS + ID_FILE] != table[ID_FILE])
+      sl__log(ctx, SL_LOG_INFO, "rank %d reads its own copy %s (rank 0's headers, other files: %s)", ctx->rank, path,
+              file0);
     src = own;
     own = NULL;
   }

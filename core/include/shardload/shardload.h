@@ -314,8 +314,9 @@ typedef struct sl_source_tensor {
 
 /* PATH: a .safetensors file, a model.safetensors.index.json, or a directory holding one of
  * them. Validates every header (phase 1). Tensors are listed in file order.
- * Collective over the context's ranks: rank 0 reads the headers and sends them; a rank that
- * can read its own PATH also reads them, and reads its own copy from then on. The ranks agree
+ * Collective over the context's ranks: rank 0 reads the headers, and so, at the same time, does
+ * every rank that can read its own PATH, which reads its own copy from then on; rank 0 sends
+ * its table to the ranks that cannot. The ranks agree
  * that they are one job: the same world size and the same checkpoint (rank 0's headers byte
  * for byte wherever a rank can read its PATH; a PATH other than rank 0's only where that rank
  * can read it and sampled tensor data match too). Otherwise every rank fails with
