@@ -571,6 +571,33 @@ void gloo_abort(void *comm) noexcept {
   if (!c->root && c->endpoints.load()) shutdown_sockets(*c);
 }
 
+int gloo_lost(void *comm, int *ranks, int cap) noexcept {
+  if (!comm || !ranks || cap <= 0) return 0;
+  try {
+    const Comm &c = *static_cast<Comm *>(comm);
+    std::vector<int> named = job_ranks(c, c.lost);
+    int n = 0;
+    for (int r : named)
+      if (n < cap) ranks[n++] = r;
+    return n;
+  } catch (...) {
+    return 0;
+  }
+}
+
+// RANKS are the job's: the family's root (whose ranks are the job's) holds them, for its
+// store's grace at destroy.
+void gloo_note_lost(void *comm, const int *ranks, int n) noexcept {
+  if (!comm || !ranks || n <= 0) return;
+  try {
+    Comm *c = static_cast<Comm *>(comm);
+    Comm *root = c->root ? c->root : c;
+    for (int i = 0; i < n; i++)
+      if (ranks[i] >= 0 && ranks[i] < root->world) root->lost.push_back(ranks[i]);
+  } catch (...) {
+  }
+}
+
 sl_status bad_root(Comm &c, const char *op, int root) {
   return c.host->fail(c.host->core, SL_ERR_INVALID, "%s: root %d is not a rank of %d", describe(c, op).c_str(), root,
                       c.world);
@@ -835,6 +862,8 @@ const sl_collective_ops kGlooOps = {
     gloo_scatterv,
     gloo_allgather,
     gloo_barrier,
+    gloo_lost,
+    gloo_note_lost,
 };
 
 } // namespace

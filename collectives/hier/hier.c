@@ -63,6 +63,8 @@ typedef struct hier_comm {
   size_t cap;
   sl_status broken;
   char why[HIER_WHY]; /* what broke it */
+  int lost[8];        /* job ranks the leaders' Gloo lost (its `lost`), for hier_lost */
+  int nlost;
   atomic_int aborted;
 } hier_comm;
 
@@ -263,6 +265,9 @@ static sl_status usable(hier_comm *c, const char *op) {
 /* This leader's Gloo step failed (ST, having lost the job's rank LOST): the ranks of its host
  * that wait on it in shm fail at once rather than at the timeout. */
 static sl_status leader_failed(hier_comm *c, sl_status st, const char *op, int lost) {
+  /* whom the leaders' Gloo blamed, for the control plane (hier_lost) */
+  if (c->leaders && SL_HAS_OP(c->g, lost) && c->nlost == 0)
+    c->nlost = c->g->lost(c->leaders, c->lost, (int)(sizeof c->lost / sizeof c->lost[0]));
   /* the rank the step's own message names, where it names one (Gloo's "lost rank N") */
   char last[HIER_WHY];
   snprintf(last, sizeof last, "%s", ((keeper *)c->host->core)->last);
@@ -559,6 +564,23 @@ static int hier_probe(const char *backend, char *reason, size_t len) {
   return 0;
 }
 
+/* The ranks of every host whose leader the leaders' Gloo lost: a host that went silent is lost
+ * whole (its other ranks reach the job only through that leader). */
+static int hier_lost(void *comm, int *ranks, int cap) {
+  hier_comm *c = comm;
+  int n = 0;
+  if (!c || !ranks || cap <= 0) return 0;
+  for (int i = 0; i < c->nlost && i < (int)(sizeof c->lost / sizeof c->lost[0]); i++) {
+    int q = -1;
+    for (int r = 0; r < c->n && q < 0; r++)
+      if (c->job[r] == c->lost[i]) q = r;
+    if (q < 0) continue;
+    int h = c->host_of[q];
+    for (int k = 0; k < size_of(c, h) && n < cap; k++) ranks[n++] = c->job[c->members[c->first_of[h] + k]];
+  }
+  return n;
+}
+
 static const sl_collective_ops hier_ops = {
     .abi_version = SL_COLLECTIVE_ABI_VERSION,
     .size = sizeof(sl_collective_ops),
@@ -575,6 +597,7 @@ static const sl_collective_ops hier_ops = {
     .scatterv = hier_scatterv,
     .allgather = hier_allgather,
     .barrier = hier_barrier,
+    .lost = hier_lost,
 };
 
 const sl_collective_ops *sl__collective_hier(void) { return &hier_ops; }

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "loader.h"
+#include "planes.h"
 #include "ranks_agree.h"
 
 /* Rank 0 shares the outcome of its reads once per this many transfers (and at the end), not
@@ -141,6 +142,7 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
      * progress callback) leaves the context loading again, as with Gloo. */
     if (L.pipe.data_started && !ctx->data_is_ctl && !(ctx->data->flags & SL_COLL_SYNC) && SL_HAS_OP(ctx->data, abort))
       ctx->data->abort(ctx->data_comm);
+    if (L.pipe.data_started) sl__planes_note_lost(ctx);
     goto out_fail;
   }
   /* the shards are complete only once the streams drained: wherever the data path ordered its

@@ -592,6 +592,14 @@ static void close_module(const sl_collective_ops **ops, void **comm, void **dl, 
   *comm = *dl = *shim = NULL;
 }
 
+void sl__planes_note_lost(sl_context *ctx) {
+  if (ctx->data_is_ctl || !ctx->data || !ctx->data_comm || !ctx->ctl || !ctx->ctl_comm) return;
+  if (!SL_HAS_OP(ctx->data, lost) || !SL_HAS_OP(ctx->ctl, note_lost)) return;
+  int ranks[64];
+  int n = ctx->data->lost(ctx->data_comm, ranks, 64);
+  if (n > 0) ctx->ctl->note_lost(ctx->ctl_comm, ranks, n < 64 ? n : 64);
+}
+
 void sl__planes_close(sl_context *ctx) {
   if (ctx->data_is_ctl) {
     ctx->data = NULL;

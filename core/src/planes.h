@@ -23,5 +23,8 @@ void sl__plane_device_id(const sl_context *ctx, char *buf, size_t len);
 /* Closes the data plane (unless it shares the control plane's communicator), then the control
  * plane. Safe on a context whose planes are not (or only partly) open. */
 void sl__planes_close(sl_context *ctx);
+/* After the data plane failed: the ranks it lost (its `lost`) to the control plane (its
+ * `note_lost`), whose fini then waits for none of them (module.h). */
+void sl__planes_note_lost(sl_context *ctx);
 
 #endif

@@ -431,6 +431,15 @@ typedef struct sl_collective_ops {
   /* Every rank contributes BYTES; recvbuf holds world_size * BYTES in rank order. */
   sl_status (*allgather)(void *comm, const void *sendbuf, void *recvbuf, size_t bytes, void *stream);
   sl_status (*barrier)(void *comm); /* complete on return */
+  /* Optional (a table of this size or more, SL_HAS_OP), neither collective nor blocking, on the
+   * thread that runs the ops, between them. lost: the job's ranks that the failures of COMM's
+   * ops were blamed on, up to CAP of them into RANKS; returns how many (0: none known).
+   * note_lost: the job's ranks another plane lost (N of them): fini waits for none of them, as
+   * for its own (Gloo's rank 0 keeps its store up for the others only). The core passes what
+   * the data plane lost to the control plane when a load's data phase fails, so that the
+   * control plane's fini does not wait a timeout more for ranks behind a dead link. */
+  int (*lost)(void *comm, int *ranks, int cap);
+  void (*note_lost)(void *comm, const int *ranks, int n);
 } sl_collective_ops;
 
 /* Entry symbols of loadable modules (libshardload-<name>.so). The core looks for the newest
