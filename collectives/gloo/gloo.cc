@@ -376,7 +376,7 @@ sl_status diagnose(Comm &c, const std::string &what, const char *exc) {
   std::string detail = gloo_text(exc);
   sl_status kind = classify(detail);
   Lost lost = find_lost(c, kind);
-  c.lost = lost.ranks;
+  c.lost.insert(c.lost.end(), lost.ranks.begin(), lost.ranks.end()); // with any noted (gloo_note_lost)
   std::vector<int> named = job_ranks(c, lost.ranks); // a sub's members by their job ranks
   std::string msg = what + ": ";
   std::string t = std::to_string(c.timeout_ms) + " ms";

@@ -102,7 +102,7 @@ struct Comm {
   int waiting_for = -1; // the peer a point-to-point wait is on, for timeout messages
   sl_status failed = SL_OK;
   std::string failmsg;
-  std::vector<int> lost; // the ranks the failure was blamed on: fini does not wait for them
+  std::vector<int> lost; // the ranks failures were blamed on, or noted (gloo_note_lost): fini does not wait for them
   std::shared_ptr<SendWatch> watch; // from the first scatterv this rank roots; gone first at destroy
 
   // ---- split (docs/DESIGN.md#modules; HSDP replica and shard groups) ----
