@@ -626,6 +626,7 @@ typedef struct cjob {
   char *rdzv;
   char *path;
   int data_phase; /* 0: rank 1 binds a wrong buffer (phase 1); 1: rank 0's file is cut short */
+  int readers;    /* the file-cut tests: 0 every-rank reads, else that many distributed readers */
 } cjob;
 
 typedef struct canaries {
@@ -781,26 +782,36 @@ static int cut_main(int rank, int world, void *arg) {
   cut_binder c = {.path = j->path, .cut = cut_in->file_offset + 100};
   /* one transfer for all 64 (the staging budget holds them), so one batch meets the cut */
   sl_load_options lo = {.size = sizeof lo, .staging_bytes = 1 << 20, .bind = cut_bind, .bind_user = &c,
-                        .cpu_offload = SL_CPU_OFFLOAD_ON, .read_mode = SL_READ_EVERY_RANK};
+                        .cpu_offload = SL_CPU_OFFLOAD_ON,
+                        .read_mode = j->readers ? SL_READ_READERS : SL_READ_EVERY_RANK, .readers = j->readers};
   sl_state *st = NULL;
   sl_status s = sl_load(ctx, plan, src, &lo, &st);
   const char *msg = sl_context_errmsg(ctx);
   fprintf(stderr, "rank %d: %s: %s\n", rank, sl_status_name(s), msg);
   SL_CHILD_CHECK(c.truncated, "rank %d: truncate failed", rank);
   SL_CHILD_CHECK(s != SL_OK && st == NULL, "rank %d: the load did not fail", rank);
-  SL_CHILD_CHECK(strstr(msg, name) && strstr(msg, "truncated after it was opened") && strstr(msg, j->path),
-                 "rank %d: message '%s' does not name %s, the file and the cut", rank, msg, name);
+  SL_CHILD_CHECK(strstr(msg, name) && strstr(msg, j->path), "rank %d: message '%s' does not name %s and the file", rank,
+                 msg, name);
+  /* distributed readers: the cut lies in reader 1's share (the second half), which every rank
+   * names; the tensors of reader 0's share hold their bytes */
+  if (j->readers)
+    SL_CHILD_CHECK(rank == 1 || strstr(msg, "rank 1 failed in reading its share of the checkpoint"),
+                   "rank %d: message '%s' does not name reader 1", rank, msg);
+  else
+    SL_CHILD_CHECK(strstr(msg, "truncated after it was opened"), "rank %d: message '%s' does not name the cut", rank,
+                   msg);
+  const int good = j->readers ? CUT_N / 2 : CUT_AT;
   SL_CHILD_CHECK(c.calls == CUT_N, "rank %d: bind called %d times", rank, c.calls);
   for (int i = 0; i < CUT_N; i++) {
     size_t n = (size_t)c.nbytes[i];
     SL_CHILD_CHECK(all_canary(c.bufs[i], GUARD) && all_canary(c.bufs[i] + GUARD + n, GUARD),
                    "rank %d: bytes written outside tensor %d's buffer", rank, i);
     snprintf(name, sizeof name, "t.%03d", i);
-    if (i < CUT_AT) {
+    if (i < good) {
       for (size_t k = 0; k < n; k++)
         SL_CHILD_CHECK(c.bufs[i][GUARD + k] == sl_test_pattern_byte(name, (uint64_t)c.row0[i] * 64 + k),
                        "rank %d: %s byte %zu is not the checkpoint's", rank, name, k);
-    } else if (i > CUT_AT) {
+    } else if (i > CUT_AT && !j->readers) {
       SL_CHILD_CHECK(all_canary(c.bufs[i] + GUARD, n), "rank %d: %s was written past the cut", rank, name);
     }
     free(c.bufs[i]);
@@ -811,8 +822,9 @@ static int cut_main(int rank, int world, void *arg) {
   return 0;
 }
 
-static void test_every_rank_file_cut_mid_batch(void **state) {
-  cjob j = {.rdzv = sl_test_rendezvous("fail-cut-batch"), .path = sl_test_path(dir, "cut-batch.safetensors")};
+static void file_cut(int readers) {
+  cjob j = {.rdzv = sl_test_rendezvous(readers ? "fail-cut-readers" : "fail-cut-batch"),
+            .path = sl_test_path(dir, "cut-batch.safetensors"), .readers = readers};
   sl_test_tensor ts[CUT_N];
   char names[CUT_N][16];
   for (int i = 0; i < CUT_N; i++) {
@@ -827,6 +839,13 @@ static void test_every_rank_file_cut_mid_batch(void **state) {
   assert_int_equal(killed, 0);
   for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
 }
+
+static void test_every_rank_file_cut_mid_batch(void **state) { file_cut(0); }
+
+/* Distributed readers (two): the file is cut short inside reader 1's share once every reader
+ * has proved its copy; reader 1's read fails, and every rank fails within the status window
+ * naming rank 1, the tensor and the file. */
+static void test_reader_cannot_read_its_share(void **state) { file_cut(2); }
 
 /* The progress callback that can fail (sl_load_options.progress_status): rank 0's callback
  * fails after its first tensor, so every rank fails the load with its message within one
@@ -905,6 +924,7 @@ int main(void) {
       cmocka_unit_test(test_caller_device_buffer_for_cpu_placement_rejected),
       cmocka_unit_test(test_caller_buffers_on_failure_across_ranks),
       cmocka_unit_test(test_every_rank_file_cut_mid_batch),
+      cmocka_unit_test(test_reader_cannot_read_its_share),
       cmocka_unit_test(test_progress_callback_fails_every_rank),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -526,9 +526,9 @@ static void manifest_round_trip(void **state) {
   assert_int_equal(sl__source_pread(copy, 0, 0, b, 4), SL_ERR_INVALID);
   assert_msg_has("not open");
   /* every-rank mode opens them */
-  assert_int_equal(sl__source_open_files(copy), SL_OK);
+  assert_int_equal(sl__source_open_files(copy, false), SL_OK);
   assert_true(sl__source_has_files(copy));
-  assert_int_equal(sl__source_open_files(copy), SL_OK); /* idempotent */
+  assert_int_equal(sl__source_open_files(copy, false), SL_OK); /* idempotent */
   check_pattern(copy);
   /* the copy serializes to the same bytes */
   void *buf2 = NULL;
@@ -601,7 +601,7 @@ static void manifest_round_trip(void **state) {
   /* a copy of the checkpoint that is shorter than the manifest needs */
   assert_int_equal(sl__source_deserialize(g_ctx, buf, len, &copy), SL_OK);
   assert_int_equal(truncate(sl_source_file_at(src, 1), (off_t)(sl_source_tensor_at(src, 4)->file_offset + 3)), 0);
-  assert_int_equal(sl__source_open_files(copy), SL_ERR_FORMAT);
+  assert_int_equal(sl__source_open_files(copy, false), SL_ERR_FORMAT);
   assert_msg_has(sl_source_file_at(src, 1));
   assert_msg_has("lm_head");
   assert_false(sl__source_has_files(copy));
@@ -609,7 +609,7 @@ static void manifest_round_trip(void **state) {
   /* and a missing one */
   assert_int_equal(sl__source_deserialize(g_ctx, buf, len, &copy), SL_OK);
   assert_int_equal(unlink(sl_source_file_at(src, 0)), 0);
-  assert_int_equal(sl__source_open_files(copy), SL_ERR_NOT_FOUND);
+  assert_int_equal(sl__source_open_files(copy, false), SL_ERR_NOT_FOUND);
   assert_msg_has(sl_source_file_at(src, 0));
   sl_source_destroy(copy);
 
@@ -631,7 +631,7 @@ static void manifest_empty_source(void **state) {
   assert_int_equal(sl__source_serialize(src, &buf, &len), SL_OK);
   assert_int_equal(sl__source_deserialize(g_ctx, buf, len, &copy), SL_OK);
   assert_same_table(src, copy);
-  assert_int_equal(sl__source_open_files(copy), SL_OK);
+  assert_int_equal(sl__source_open_files(copy, false), SL_OK);
   sl_source_destroy(copy);
   assert_int_equal(sl__source_deserialize(g_ctx, NULL, 0, &copy), SL_ERR_FORMAT);
   free(buf);
@@ -712,7 +712,7 @@ static void identity_digest_and_names(void **state) {
   assert_string_equal(sl__source_file_name(copy, 1), "model-00002-of-00002.safetensors");
   assert_int_equal(sl__source_file_fingerprint(copy, 0, again), SL_ERR_INVALID);
   assert_msg_has("not open");
-  assert_int_equal(sl__source_open_files(copy), SL_OK);
+  assert_int_equal(sl__source_open_files(copy, false), SL_OK);
   for (size_t f = 0; f < 2; f++) {
     assert_int_equal(sl__source_file_fingerprint(copy, f, again), SL_OK);
     assert_int_equal(again[0], fp[f][0]);
@@ -1020,7 +1020,7 @@ static void non_regular_files(void **state) {
     alarm(10);
     sl_source *copy = NULL;
     if (sl__source_deserialize(g_ctx, buf, len, &copy) != SL_OK) _exit(98);
-    sl_status s = sl__source_open_files(copy);
+    sl_status s = sl__source_open_files(copy, false);
     bool named = strstr(sl_context_errmsg(g_ctx), shard) && strstr(sl_context_errmsg(g_ctx), "FIFO");
     sl_source_destroy(copy);
     _exit(s == SL_ERR_INVALID && named ? 0 : 1);

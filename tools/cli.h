@@ -229,6 +229,7 @@ typedef struct cli_load_args {
   const char *dump_dir;   /* NULL: no dump */
   sl_strategy strategy;   /* --strategy */
   sl_read_mode read_mode; /* --source */
+  int readers;            /* --readers; 0: one per host */
   int timeout_ms;         /* --timeout; 0: the library default */
   int json;
   int progress;           /* draw a progress line on stderr (a terminal) */

@@ -62,8 +62,12 @@ static const char HELP[] =
     "  --strategy S            scatter (each rank receives only its shard; default) or\n"
     "                          broadcast (every rank receives whole tensors: Accelerate's\n"
     "                          algorithm, the baseline)\n"
-    "  --source S              rank0 (only rank 0 reads the checkpoint; default) or every-rank\n"
-    "                          (each rank reads its own byte ranges; nothing is sent)\n"
+    "  --source S              rank0 (only rank 0 reads the checkpoint; default), every-rank\n"
+    "                          (each rank reads its own byte ranges; nothing is sent) or\n"
+    "                          readers (distributed readers: the lowest rank of each host, or\n"
+    "                          --readers N ranks, each read a share and send it; each reader\n"
+    "                          needs the checkpoint, the other ranks need not see it)\n"
+    "  --readers N             with --source readers: N readers (default: one per host)\n"
     "  --timeout SECONDS       rendezvous and collective timeout (default 300)\n"
     "  --dump DIR              write this rank's shards to DIR/rank-<r>.safetensors (through a\n"
     "                          temporary file in DIR renamed into place; when one rank's dump\n"
@@ -136,7 +140,9 @@ uint64_t cli_peak_rss_bytes(void) {
 }
 
 static const char *strategy_name(sl_strategy s) { return s == SL_STRATEGY_BROADCAST ? "broadcast" : "scatter"; }
-static const char *source_name(sl_read_mode m) { return m == SL_READ_EVERY_RANK ? "every-rank" : "rank0"; }
+static const char *source_name(sl_read_mode m) {
+  return m == SL_READ_EVERY_RANK ? "every-rank" : m == SL_READ_READERS ? "readers" : "rank0";
+}
 
 static const char *where_desc(const sl_context *ctx, const sl_tensor *t) {
   return t->device == SL_DEVICE_ACCELERATOR ? sl_context_device_description(ctx) : "host memory";
@@ -468,7 +474,7 @@ static char *job_key(const cli_load_args *a) {
   if (!f) return NULL;
   static const char *const offload[] = {"infer", "on", "off"};
   static const char *const strategy[] = {"scatter", "broadcast"};
-  static const char *const source[] = {"rank0", "every-rank"};
+  static const char *const source[] = {"rank0", "every-rank", "readers"};
   const cli_plan_args *p = &a->plan;
   fprintf(f, "shardload job 1; world size %d", a->world_size);
   key_str(f, "checkpoint", a->path);
@@ -486,7 +492,8 @@ static char *job_key(const cli_load_args *a) {
   fprintf(f, "; cpu offload %s; strategy %s; source %s; staging %llu",
           (unsigned)a->cpu_offload < 3 ? offload[a->cpu_offload] : "?",
           (unsigned)a->strategy < 2 ? strategy[a->strategy] : "?",
-          (unsigned)a->read_mode < 2 ? source[a->read_mode] : "?", (unsigned long long)a->staging_bytes);
+          (unsigned)a->read_mode < 3 ? source[a->read_mode] : "?", (unsigned long long)a->staging_bytes);
+  fprintf(f, "; readers %d", a->readers);
   if (fclose(f) != 0) {
     free(text);
     return NULL;
@@ -570,6 +577,7 @@ int cli_load_rank(const cli_load_args *a, FILE *out, const char *out_name) {
   lo.staging_bytes = (size_t)a->staging_bytes;
   lo.strategy = a->strategy;
   lo.read_mode = a->read_mode;
+  lo.readers = a->readers;
   if (a->test_hooks) cli_hook_load(ctx, &lo);
   if (a->progress) {
     lo.progress = on_progress;
@@ -642,6 +650,7 @@ enum {
   OPT_JSON,
   OPT_STRATEGY,
   OPT_SOURCE,
+  OPT_READERS,
   OPT_TIMEOUT,
   OPT_NPROC,
   OPT_RANK,
@@ -674,6 +683,7 @@ int cli_cmd_load(int argc, char **argv) {
       {"json", no_argument, NULL, OPT_JSON},
       {"strategy", required_argument, NULL, OPT_STRATEGY},
       {"source", required_argument, NULL, OPT_SOURCE},
+      {"readers", required_argument, NULL, OPT_READERS},
       {"timeout", required_argument, NULL, OPT_TIMEOUT},
       {"nproc", required_argument, NULL, OPT_NPROC},
       {"rank", required_argument, NULL, OPT_RANK},
@@ -747,7 +757,14 @@ int cli_cmd_load(int argc, char **argv) {
     case OPT_SOURCE:
       if (!strcmp(optarg, "rank0")) a.read_mode = SL_READ_RANK0;
       else if (!strcmp(optarg, "every-rank")) a.read_mode = SL_READ_EVERY_RANK;
-      else return cli_usage_error("--source", "'%s' is not a source; use rank0 or every-rank", optarg);
+      else if (!strcmp(optarg, "readers")) a.read_mode = SL_READ_READERS;
+      else return cli_usage_error("--source", "'%s' is not a source; use rank0, every-rank or readers", optarg);
+      break;
+    case OPT_READERS:
+      if (cli_parse_int(optarg, 1, SL_MAX_WORLD_SIZE, &n))
+        return cli_usage_error("--readers", "'%s' is not a reader count; give an integer from 1 to the world size",
+                               optarg);
+      a.readers = (int)n;
       break;
     case OPT_TIMEOUT:
       if (parse_timeout(optarg, &a.timeout_ms))

@@ -69,6 +69,11 @@ struct sl_context {
   void *data_shim; /* same for data (NULL when data_is_ctl) */
   bool data_is_ctl;
   sl_control_plane control; /* what data modules bootstrap through */
+  /* The hosts, as the host staging counts them (docs/DESIGN.md#readers): HOST_OF[r] is rank
+   * r's host, numbered by first rank; NHOSTS of them. Agreed at creation from every rank's
+   * evidence (one boot id, host name, user and namespaces), so alike on every rank. */
+  int *host_of;
+  int nhosts;
   char data_reason[256];
   char backend_reason[512]; /* "cpu: auto, cuda: no CUDA driver (...)"; "NAME: asked for" */
   char device_desc[256];
@@ -197,7 +202,7 @@ bool sl__source_has_files(const sl_source *src);
 sl_status sl__source_serialize(const sl_source *src, void **buf, size_t *len);
 sl_status sl__source_deserialize(sl_context *ctx, const void *buf, size_t len, sl_source **out);
 /* Opens the files named in a manifest-built source (every-rank read mode). */
-sl_status sl__source_open_files(sl_source *src);
+sl_status sl__source_open_files(sl_source *src, bool readers);
 sl_status sl__source_open_local(sl_context *ctx, const char *path, sl_source **out);
 /* Checkpoint identity (docs/DESIGN.md#identity). XXH3-64 over every file's 8-byte header length + header
  * bytes, combined in file order; rank 0's value travels in the manifest, so a source built

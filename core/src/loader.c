@@ -56,9 +56,20 @@ bool sl__loader_reader_halted(loader *L) {
 }
 
 sl_status sl__loader_status_window(loader *L, size_t k) {
-  if (L->o.read_mode != SL_READ_RANK0 || ((k + 1) % SL__STATUS_WINDOW != 0 && k + 1 != L->stage.nxfers)) return SL_OK;
-  /* rank 0's reads of this window, told to every rank (docs/DESIGN.md#data-flow) */
+  if (L->o.read_mode == SL_READ_EVERY_RANK || ((k + 1) % SL__STATUS_WINDOW != 0 && k + 1 != L->stage.nxfers))
+    return SL_OK;
   sl_context *ctx = L->ctx;
+  if (L->nreaders > 1) {
+    /* every reader's reads of this window, told to every rank: the first reader that failed
+     * is named (docs/DESIGN.md#readers) */
+    if (L->my_reader >= 0 && L->fail.root_st != SL_OK) sl__fail(ctx, L->fail.root_st, "%s", L->fail.root_msg);
+    double t0 = sl__now_s();
+    sl_status st = sl__agree(ctx, L->my_reader >= 0 ? L->fail.root_st : SL_OK, NULL,
+                             "reading its share of the checkpoint (a distributed reader)", NULL);
+    L->st->stats.seconds_wait += sl__now_s() - t0;
+    return st;
+  }
+  /* rank 0's reads of this window, told to every rank (docs/DESIGN.md#data-flow) */
   if (L->rank == 0 && L->fail.root_st != SL_OK) sl__fail(ctx, L->fail.root_st, "%s", L->fail.root_msg);
   double t0 = sl__now_s();
   sl_status st = sl__share_root_status(ctx, L->rank == 0 ? L->fail.root_st : SL_OK, 0);
@@ -78,11 +89,14 @@ static sl_status check_args(loader *L, const sl_load_options *opts, sl_state **o
     return sl__fail(ctx, SL_ERR_INVALID, "sl_load: the plan belongs to another context");
   sl__copy_sized(&L->o, sizeof L->o, opts, opts ? opts->size : 0);
   if (L->o.cpu_offload > SL_CPU_OFFLOAD_OFF || L->o.strategy > SL_STRATEGY_BROADCAST ||
-      L->o.read_mode > SL_READ_EVERY_RANK)
+      L->o.read_mode > SL_READ_READERS)
     return sl__fail(ctx, SL_ERR_INVALID, "sl_load: cpu_offload, strategy or read_mode out of range");
   if (L->o.pipeline_slots < 0 || L->o.pipeline_slots > SL__MAX_SLOTS)
     return sl__fail(ctx, SL_ERR_INVALID, "sl_load: pipeline_slots is %d; use 0 (default %d) to %d", L->o.pipeline_slots,
                     SL__DEFAULT_SLOTS, SL__MAX_SLOTS);
+  if (L->o.readers < 0 || L->o.readers > L->world)
+    return sl__fail(ctx, SL_ERR_INVALID, "sl_load: readers is %d; give 0 (one per host) to the world size %d",
+                    L->o.readers, L->world);
   if (L->o.staging_bytes == 0) L->o.staging_bytes = SL__DEFAULT_STAGING;
   if (L->o.staging_bytes < SL__MIN_STAGING) L->o.staging_bytes = SL__MIN_STAGING;
   sl_status st = sl_resolve_placement(L->o.cpu_offload, sl__plan_policy(L->plan), &L->place);
@@ -114,13 +128,16 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
 
   /* phase 1: metadata, plan, agreement — nothing is allocated or bound before all agree */
   st = sl__loader_plan(&L);
+  if (st == SL_OK) st = sl__loader_readers(&L);
   if (st == SL_OK) sl__loader_digest(&L); /* what the agreements compare */
   if ((st = sl__loader_agree(&L, st, "planning")) != SL_OK) goto out_fail;
-  if (L.o.read_mode == SL_READ_EVERY_RANK) {
+  if (L.o.read_mode == SL_READ_EVERY_RANK || L.o.read_mode == SL_READ_READERS) {
     /* opens a manifest-built source's files; OK at once where they are open (rank 0, and every
-     * rank that opened its own copy); refuses a
-     * source in rank 0's memory on every rank, world 1 included, with a message saying so */
-    st = sl__source_open_files(src);
+     * rank that opened its own copy); refuses a source in rank 0's memory on every rank (every
+     * reader), world 1 included, with a message saying so. With distributed readers only the
+     * readers open them, and only their copies are compared. */
+    bool readers = L.o.read_mode == SL_READ_READERS;
+    st = !readers || L.my_reader >= 0 ? sl__source_open_files(src, readers) : SL_OK;
     /* alone, a rank has no one to compare its copy with */
     if (L.world > 1 && (st = sl__loader_agree_files(&L, st)) != SL_OK) goto out_fail;
     if (st != SL_OK) goto out_fail;
@@ -159,6 +176,7 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
   if ((st = sl__loader_agree(&L, f->deferred, "loading")) != SL_OK) goto out_fail;
   sl__loader_pipe_release(&L);
   free(L.jobs);
+  free(L.reader_rank);
   L.st->stats.seconds = sl__now_s() - t0;
   pthread_mutex_destroy(&L.lock);
   pthread_cond_destroy(&L.cond);
@@ -168,6 +186,7 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
 out_fail:
   sl__loader_pipe_release(&L);
   free(L.jobs);
+  free(L.reader_rank);
   sl_state_destroy(L.st);
   pthread_mutex_destroy(&L.lock);
   pthread_cond_destroy(&L.cond);

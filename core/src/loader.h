@@ -4,6 +4,7 @@
  *   loader.c        sl_load's arguments, the phase sequence, closing; the rank's own failure
  *   loader_agree.c  every agreement over the control plane, the plan digest and canonical text
  *   loader_plan.c   phase 1: plan -> tensor jobs (geometry computed once), binding/allocating
+ *   loader_readers.c who reads: the readers and each one's share of the tensors
  *   loader_stage.c  the staging slots and their memory bound: sizing, carve-up, schedule
  *   loader_pipe.c   phase 2's pipeline: the reader thread, slot states, the main loop
  *   loader_send.c   the sending side: rank 0 reads, casts, packs; scatter, broadcast, HSDP chain
@@ -71,6 +72,7 @@ typedef struct tensor_job {
   sl_dtype wire;    /* dtype on the wire: the smaller of file and parameter dtype */
   bool hsdp;        /* mesh dim 0 replicate on a 2-D+ mesh: scatter in replica 0, then chain */
   uint32_t klass;   /* placement class: transfers bucket only tensors of one class */
+  int reader;       /* which reader reads it (loader_readers.c; 0 where rank 0 reads alone) */
   uint64_t elems;
 } tensor_job;
 
@@ -108,6 +110,7 @@ typedef struct transfer {
   uint64_t file_bytes;    /* bytes read from storage */
   bool plain;             /* no piece is cast on the way: the read area is S, dense */
   bool hsdp;
+  int root; /* the rank that reads it and sends it (rank 0, or its reader) */
 } transfer;
 
 /* The carve-up of a slot for one transfer (offsets into its host and device parts;
@@ -135,6 +138,7 @@ typedef enum slot_state { SLOT_FREE = 0, SLOT_READING, SLOT_READY, SLOT_INFLIGHT
 typedef struct slot_read {
   slot_state state;
   size_t xfer;       /* transfer being read / ready */
+  size_t free_for;   /* the first transfer that may use the slot now (its last one retired + N) */
   sl_status st;      /* the read's outcome */
   char msg[512];     /* its message (the reader's private error buffer) */
   bool direct;       /* the reader read straight into the tensor (world 1) */
@@ -187,7 +191,7 @@ typedef struct loader_pipe {
   double read_seconds;
 } loader_pipe;
 
-/* Rank 0's per-rank scratch and the HSDP sub-communicators (loader_send.c). */
+/* The root's per-rank scratch and the HSDP sub-communicators (loader_send.c). */
 typedef struct loader_send {
   size_t *counts, *displs;
   int *group;          /* per rank: the first rank holding the same region (it packs once) */
@@ -195,7 +199,7 @@ typedef struct loader_send {
   sl__region *regions; /* per rank, rank 0 only */
   uint64_t *part_off;  /* per rank: where its part of the current piece starts in the send buffer */
   /* HSDP: sub-communicators of the data plane (NULL when unused) */
-  void *g_shard0;        /* replica 0's ranks: rank 0 scatters within it */
+  void *g_shard;         /* this rank's replica (where rank 0 reads alone: replica 0's only) */
   void *g_pair_a, *g_pair_b; /* replica chain links (r even -> a, r odd -> b) */
   int replicas, shard_ranks, my_replica;
   bool hsdp_ready;
@@ -243,6 +247,11 @@ typedef struct loader {
   tensor_job *jobs;
   size_t njobs;
   uint64_t total_bytes;
+  /* Who reads (loader_readers.c): READER_RANK[i] is reader i's rank, NREADERS of them (where
+   * rank 0 reads alone: one, rank 0; every-rank reads: none); MY_READER this rank's index, or -1. */
+  int *reader_rank;
+  int nreaders;
+  int my_reader;
   /* created and destroyed by loader.c; guards pipe.reads, pipe.stop and fail.reader_halt */
   pthread_mutex_t lock;
   pthread_cond_t cond;
@@ -278,6 +287,14 @@ sl_status sl__loader_agree_files(loader *L, sl_status local);
 /* ---- loader_plan.c ----------------------------------------------------------------------- */
 sl_status sl__loader_plan(loader *L);
 sl_status sl__loader_bind(loader *L);
+
+/* ---- loader_readers.c -------------------------------------------------------------------- */
+/* The readers of this load and each job's reader (after sl__loader_plan). */
+sl_status sl__loader_readers(loader *L);
+/* Which of R readers reads each of N tensors in file order (AT(U, i) the i-th): contiguous
+ * shares in file order balanced by bytes, by whole files where there are at least 2R files,
+ * else by tensors (each unit goes to the share its middle byte falls in). OUT[i]: 0 to R-1. */
+void sl__readers_share(size_t n, const sl_source_tensor *(*at)(void *u, size_t i), void *u, int R, int *out);
 
 /* ---- loader_stage.c ---------------------------------------------------------------------- */
 /* Sizes the slots, builds the schedule, creates the streams and allocates the slots that

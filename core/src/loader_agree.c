@@ -25,6 +25,7 @@ void sl__loader_digest(loader *L) {
   h = mix64(h, (uint64_t)L->o.read_mode);
   h = mix64(h, (uint64_t)L->o.staging_bytes);
   h = mix64(h, (uint64_t)L->o.pipeline_slots);
+  h = mix64(h, (uint64_t)(L->o.read_mode == SL_READ_READERS ? L->o.readers : 0));
   for (size_t i = 0; i < L->njobs; i++) {
     const tensor_job *j = &L->jobs[i];
     h = mix64(h, j->src_index);
@@ -48,8 +49,9 @@ void sl__loader_digest(loader *L) {
 static char *load_canonical(const sl_plan *plan, const sl_load_options *o) {
   char *p = sl__plan_canonical(plan), *out = NULL;
   if (!p) return NULL;
-  if (asprintf(&out, "%scpu_offload %d\nstrategy %d\nread_mode %d\nstaging %zu\npipeline_slots %d\n", p,
-               (int)o->cpu_offload, (int)o->strategy, (int)o->read_mode, o->staging_bytes, o->pipeline_slots) < 0)
+  if (asprintf(&out, "%scpu_offload %d\nstrategy %d\nread_mode %d\nstaging %zu\npipeline_slots %d\nreaders %d\n", p,
+               (int)o->cpu_offload, (int)o->strategy, (int)o->read_mode, o->staging_bytes, o->pipeline_slots,
+               o->read_mode == SL_READ_READERS ? o->readers : 0) < 0)
     out = NULL;
   free(p);
   return out;
@@ -140,15 +142,25 @@ typedef struct fp_verdict {
 
 sl_status sl__loader_agree_files(loader *L, sl_status local) {
   sl_context *ctx = L->ctx;
+  /* with distributed readers only the readers read: theirs are the copies compared */
+  const bool readers = L->o.read_mode == SL_READ_READERS, reads = !readers || L->my_reader >= 0;
   size_t nf = sl__source_file_count(L->src);
   uint64_t *fp = local == SL_OK ? calloc(nf ? 2 * nf : 1, sizeof *fp) : NULL;
   if (local == SL_OK && !fp) local = sl__fail(ctx, SL_ERR_NOMEM, "out of memory fingerprinting %zu files", nf);
   uint64_t combined = 0;
-  if (local == SL_OK) local = sl__source_fingerprint_all(L->src, &combined, fp);
+  if (local == SL_OK && reads) local = sl__source_fingerprint_all(L->src, &combined, fp);
   uint64_t facts[SL__AGREE_FACTS] = {combined, nf}, *table = NULL;
-  sl_status st = sl__agree(ctx, local, facts, "checking every rank's copy of the checkpoint", &table);
+  sl_status st = sl__agree(ctx, local, facts,
+                           readers ? "checking every reader's copy of the checkpoint"
+                                   : "checking every rank's copy of the checkpoint",
+                           &table);
   if (st != SL_OK) goto out_free;
-  int bad = sl__agree_first_differing(ctx, table, 0);
+  int bad = -1;
+  if (!readers) bad = sl__agree_first_differing(ctx, table, 0);
+  for (int i = 1; readers && i < L->nreaders && bad < 0; i++) {
+    int r = L->reader_rank[i];
+    if (table[(size_t)r * SL__AGREE_FACTS] != table[0]) bad = r;
+  }
   uint64_t nf0 = table[1];
   free(table);
   if (bad < 0) goto out_free;
@@ -170,12 +182,13 @@ sl_status sl__loader_agree_files(loader *L, sl_status local) {
   if (st != SL_OK) goto out_free;
   const char *name = v.file < nf ? sl__source_file_name(L->src, (size_t)v.file) : NULL;
   st = sl__fail(ctx, SL_ERR_MISMATCH,
-                "%s: rank %d reads a different copy of this file than rank 0 (%s differ%s); every-rank reading "
-                "needs the same bytes on every rank: replace rank %d's copy with rank 0's (check for a partial or "
-                "modified download), or let rank 0 read alone (read mode rank0, --source rank0)",
+                "%s: rank %d reads a different copy of this file than rank 0 (%s differ%s); %s needs the same bytes "
+                "on every %s: replace rank %d's copy with rank 0's (check for a partial or modified download), or "
+                "let rank 0 read alone (read mode rank0, --source rank0)",
                 name ? name : "(a file rank 0 does not have)", bad,
                 v.header ? "the safetensors headers" : "sampled tensor data blocks",
-                v.header ? "" : " while the headers are identical", bad);
+                v.header ? "" : " while the headers are identical", readers ? "reading by distributed readers" : "every-rank reading",
+                readers ? "reader" : "rank", bad);
 out_free:
   free(fp);
   return st;

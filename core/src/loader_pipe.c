@@ -56,6 +56,7 @@ static sl_status retire_slot(loader *L, slot *s) {
   sl__loader_finish_host(L, s);
   pthread_mutex_lock(&L->lock);
   read_of(L, s)->state = SLOT_FREE;
+  read_of(L, s)->free_for = L->pipe.retired + (size_t)L->stage.nslots; /* it held transfer `retired` */
   pthread_cond_broadcast(&L->cond);
   pthread_mutex_unlock(&L->lock);
   return SL_OK;
@@ -72,16 +73,20 @@ static sl_status record_slot(loader *L, slot *s) {
   return st;
 }
 
-/* ---- the reader (rank 0) ----------------------------------------------------------------- */
+/* ---- the reader (rank 0, or each distributed reader) --------------------------------------- */
+/* It reads the transfers this rank sends, each into its slot once the slot's last transfer
+ * retired (FREE_FOR: with distributed readers the slot's last transfer may have been another
+ * reader's, received into it). */
 static void *reader_main(void *arg) {
   loader *L = arg;
   loader_pipe *p = &L->pipe;
   sl_status failed = SL_OK;
   for (size_t k = 0; k < L->stage.nxfers; k++) {
+    if (L->stage.xfers[k].root != L->rank) continue;
     slot *s = &L->stage.slots[k % (size_t)L->stage.nslots];
     slot_read *rd = read_of(L, s);
     pthread_mutex_lock(&L->lock);
-    while (rd->state != SLOT_FREE && !p->stop) pthread_cond_wait(&L->cond, &L->lock);
+    while ((rd->state != SLOT_FREE || rd->free_for != k) && !p->stop) pthread_cond_wait(&L->cond, &L->lock);
     if (p->stop) {
       pthread_mutex_unlock(&L->lock);
       break;
@@ -100,7 +105,7 @@ static void *reader_main(void *arg) {
     bool halt = sl__loader_reader_halted(L);
     if (halt && st == SL_OK) st = failed = SL_ERR_PEER;
     if (st == SL_OK) st = failed = sl__loader_root_read(L, &L->stage.xfers[k], s, &direct);
-    else snprintf(rd->msg, sizeof rd->msg, "not read after an earlier failure on rank 0");
+    else snprintf(rd->msg, sizeof rd->msg, "not read after an earlier failure on rank %d", L->rank);
     rd->direct = direct;
     sl__thread_errbuf(NULL, 0);
     double dt = sl__now_s() - t0;
@@ -126,7 +131,7 @@ static void stop_reader(loader *L) {
   p->reader_running = false;
 }
 
-/* Rank 0: waits for the reader to have transfer K ready in its slot. */
+/* The transfer's root: waits for its reader thread to have transfer K ready in its slot. */
 static void wait_ready(loader *L, slot *s, size_t k) {
   double t0 = sl__now_s();
   const slot_read *rd = read_of(L, s);
@@ -175,7 +180,7 @@ static sl_status choose_route(loader *L) {
   char why[384];
   sl__route route = sl__data_route(ctx->data, be, why, sizeof why);
   if (route == SL__ROUTE_NONE) return sl__fail(ctx, SL_ERR_UNSUPPORTED, "%s", why);
-  p->device_route = route == SL__ROUTE_DEVICE && L->o.read_mode == SL_READ_RANK0;
+  p->device_route = route == SL__ROUTE_DEVICE && L->o.read_mode != SL_READ_EVERY_RANK;
   p->can_cast_device = SL_HAS_OP(be, cast_async);
   p->can_2d = SL_HAS_OP(be, copy_2d_async);
   ask_device_casts(L);
@@ -237,7 +242,7 @@ static sl_status run_transfer(loader *L, size_t k, slot *s) {
     return SL_OK;
   }
   const unsigned char *S = NULL;
-  if (L->rank == 0 && sl__loader_root_wire(L, x, s, &c, read_of(L, s), &S)) return SL_OK;
+  if (L->rank == x->root && sl__loader_root_wire(L, x, s, &c, read_of(L, s), &S)) return SL_OK;
   sl_status st;
   if (L->o.strategy == SL_STRATEGY_BROADCAST) {
     const unsigned char *buf;
@@ -258,7 +263,8 @@ sl_status sl__loader_pipe(loader *L) {
   loader_pipe *p = &L->pipe;
   const loader_stage *g = &L->stage;
   sl_status st = setup(L);
-  bool reader = L->rank == 0 && L->o.read_mode == SL_READ_RANK0 && g->nxfers > 0;
+  for (int i = 0; i < g->nslots; i++) p->reads[i].free_for = (size_t)i; /* slot i first serves transfer i */
+  bool reader = L->my_reader >= 0 && g->nxfers > 0;
   if (st == SL_OK && reader) {
     if (pthread_create(&p->reader, NULL, reader_main, L) != 0)
       st = sl__fail(ctx, SL_ERR_NOMEM, "cannot start the reader thread");
@@ -272,11 +278,12 @@ sl_status sl__loader_pipe(loader *L) {
   for (size_t k = 0; k < g->nxfers; k++) {
     slot *s = &L->stage.slots[k % (size_t)g->nslots];
     /* free this transfer's slot (it held transfer k-N) and, on rank 0, the one the reader fills
-     * while this transfer moves (it held k+1-N) */
-    size_t ahead = reader && g->nslots >= 2 ? 2 : 1; /* one slot: strictly one stage after another */
+     * while this transfer moves (it held k+1-N); a distributed reader frees every slot before
+     * this transfer's, for its reads ahead of its next turns */
+    size_t ahead = reader && g->nslots >= 2 ? (L->nreaders > 1 ? (size_t)g->nslots : 2) : 1; /* one slot: strictly one stage after another */
     if ((st = retire_until(L, k + ahead > (size_t)g->nslots ? k + ahead - (size_t)g->nslots : 0)) != SL_OK)
       goto out_fail;
-    if (reader) wait_ready(L, s, k);
+    if (reader && g->xfers[k].root == L->rank) wait_ready(L, s, k);
     if ((st = run_transfer(L, k, s)) != SL_OK) goto out_fail;
     if ((st = record_slot(L, s)) != SL_OK) sl__loader_defer(L, NULL, st);
     if (L->rank == 0) report_progress(L, &g->xfers[k]);
@@ -287,7 +294,7 @@ sl_status sl__loader_pipe(loader *L) {
   L->st->stats.seconds_read += p->read_seconds;
   /* A stream-ordered data collective may report a failure of its last operations only at its
    * next call (an NCCL watchdog's abort lets the stream drain): its barrier is that call. */
-  if (!(ctx->data->flags & SL_COLL_SYNC) && L->o.read_mode == SL_READ_RANK0 && g->nxfers &&
+  if (!(ctx->data->flags & SL_COLL_SYNC) && L->o.read_mode != SL_READ_EVERY_RANK && g->nxfers &&
       (st = ctx->data->barrier(ctx->data_comm)) != SL_OK)
     return st;
   return SL_OK;

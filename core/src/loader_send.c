@@ -327,10 +327,23 @@ static sl_status after_data_op(loader *L) {
   return SL_OK;
 }
 
-/* HSDP sub-communicators: replica 0 (where rank 0 scatters) and the chain links between
- * neighbouring replicas (r even: link a, r odd: link b). */
+/* HSDP sub-communicators: the chain links between neighbouring replicas (r even: link a, r
+ * odd: link b); in each, the lower replica's rank is 0 and the upper's 1. */
 static void *link_comm(loader *L, int lower_replica) {
   return lower_replica % 2 == 0 ? L->send.g_pair_a : L->send.g_pair_b;
+}
+
+/* One hop of the HSDP chain over the link between replicas LOWER and LOWER + 1: FROM_LOWER
+ * says which way the part goes. */
+static sl_status chain_hop(loader *L, int lower, bool from_lower, unsigned char *buf, uint64_t bytes) {
+  sl_context *ctx = L->ctx;
+  sl_status st = ctx->data->broadcast(link_comm(L, lower), buf, (size_t)bytes, from_lower ? 0 : 1, L->stage.s_comm);
+  if (st != SL_OK) return st;
+  L->st->stats.transfers++;
+  bool sends = (L->send.my_replica == lower) == from_lower;
+  if (sends) L->st->stats.bytes_sent += bytes;
+  else L->st->stats.bytes_received += bytes;
+  return SL_OK;
 }
 
 sl_status sl__loader_scatter(loader *L, const transfer *x, slot *s, const carve *c, const unsigned char *S,
@@ -339,39 +352,34 @@ sl_status sl__loader_scatter(loader *L, const transfer *x, slot *s, const carve 
   const loader_send *d = &L->send;
   void *stream = L->stage.s_comm;
   bool hsdp = x->hsdp && d->hsdp_ready;
+  /* HSDP: the root scatters within its own replica Q, and the chain carries the parts away
+   * from Q both ways (rank 0's replica is 0: down the chain only) */
+  int q = hsdp ? x->root / d->shard_ranks : 0, r = d->my_replica;
   sl_status st = before_data_op(L);
   if (st != SL_OK) return st;
-  if (!hsdp || d->my_replica == 0) {
-    int nranks = hsdp ? d->shard_ranks : L->world;
+  if (!hsdp || r == q) {
+    int nranks = hsdp ? d->shard_ranks : L->world, root = hsdp ? x->root % d->shard_ranks : x->root;
     const unsigned char *sendbuf = NULL;
-    if (L->rank == 0 && (st = root_layout(L, x, s, c, S, nranks, &sendbuf)) != SL_OK) {
+    if (L->rank == x->root && (st = root_layout(L, x, s, c, S, nranks, &sendbuf)) != SL_OK) {
       sl__loader_root_failed(L, st, L->ctx->errmsg); /* a pack that could not be enqueued: still take part */
       if (!sendbuf) sendbuf = S;
     }
-    void *comm = hsdp ? d->g_shard0 : ctx->data_comm;
-    st = ctx->data->scatterv(comm, sendbuf, d->counts, d->displs, recv, (size_t)mine, 0, stream);
+    void *comm = hsdp ? d->g_shard : ctx->data_comm;
+    st = ctx->data->scatterv(comm, sendbuf, d->counts, d->displs, recv, (size_t)mine, root, stream);
     if (st != SL_OK) return st; /* the data plane failed: the job did (the others see it or lose this rank) */
     L->st->stats.transfers++;
-    if (L->rank == 0)
-      for (int r = 1; r < nranks; r++) L->st->stats.bytes_sent += d->counts[r];
+    if (L->rank == x->root)
+      for (int k = 0; k < nranks; k++) L->st->stats.bytes_sent += k == root ? 0 : d->counts[k];
     else
       L->st->stats.bytes_received += mine;
   }
   if (hsdp) {
-    /* the chain: every replica passes its part on to the next, so rank 0 sends its own part
-     * once whatever the number of replicas (docs/DESIGN.md#data-flow) */
-    if (d->my_replica > 0) {
-      st = ctx->data->broadcast(link_comm(L, d->my_replica - 1), recv, (size_t)mine, 0, stream);
-      if (st != SL_OK) return st;
-      L->st->stats.transfers++;
-      L->st->stats.bytes_received += mine;
-    }
-    if (d->my_replica < d->replicas - 1) {
-      st = ctx->data->broadcast(link_comm(L, d->my_replica), recv, (size_t)mine, 0, stream);
-      if (st != SL_OK) return st;
-      L->st->stats.transfers++;
-      L->st->stats.bytes_sent += mine;
-    }
+    /* the chain: every replica passes its part on to the next one away from Q, so the root
+     * sends its own part once whatever the number of replicas (docs/DESIGN.md#data-flow) */
+    if (r > q && (st = chain_hop(L, r - 1, true, recv, mine)) != SL_OK) return st;
+    if (r < q && (st = chain_hop(L, r, false, recv, mine)) != SL_OK) return st;
+    if (r >= q && r < d->replicas - 1 && (st = chain_hop(L, r, true, recv, mine)) != SL_OK) return st;
+    if (r <= q && r > 0 && (st = chain_hop(L, r - 1, false, recv, mine)) != SL_OK) return st;
   }
   return after_data_op(L);
 }
@@ -382,14 +390,14 @@ sl_status sl__loader_broadcast(loader *L, const transfer *x, slot *s, const carv
                                const unsigned char **buf) {
   sl_context *ctx = L->ctx;
   unsigned char *stage = L->pipe.device_route ? s->dev : s->host;
-  unsigned char *b = L->rank == 0 ? (unsigned char *)S : stage + c->recv;
+  unsigned char *b = L->rank == x->root ? (unsigned char *)S : stage + c->recv;
   *buf = b;
   sl_status st = before_data_op(L);
-  if (st == SL_OK) st = ctx->data->broadcast(ctx->data_comm, b, (size_t)x->wire_bytes, 0, L->stage.s_comm);
+  if (st == SL_OK) st = ctx->data->broadcast(ctx->data_comm, b, (size_t)x->wire_bytes, x->root, L->stage.s_comm);
   if (st == SL_OK) st = after_data_op(L);
   if (st != SL_OK) return st;
   L->st->stats.transfers++;
-  if (L->rank == 0) L->st->stats.bytes_sent += x->wire_bytes * (uint64_t)(L->world - 1);
+  if (L->rank == x->root) L->st->stats.bytes_sent += x->wire_bytes * (uint64_t)(L->world - 1);
   else L->st->stats.bytes_received += x->wire_bytes;
   return SL_OK;
 }
@@ -414,7 +422,7 @@ sl_status sl__loader_hsdp_setup(loader *L) {
   loader_send *d = &L->send;
   bool any = false;
   for (size_t i = 0; i < L->njobs; i++) any |= L->jobs[i].hsdp;
-  if (!any || L->o.strategy != SL_STRATEGY_SCATTER || L->o.read_mode != SL_READ_RANK0 || !SL_HAS_OP(ctx->data, split))
+  if (!any || L->o.strategy != SL_STRATEGY_SCATTER || L->o.read_mode == SL_READ_EVERY_RANK || !SL_HAS_OP(ctx->data, split))
     return SL_OK;
   int nrep = L->mesh[0], SR = L->world / nrep, r = L->coord[0], sh = L->rank % SR;
   d->replicas = nrep;
@@ -425,7 +433,9 @@ sl_status sl__loader_hsdp_setup(loader *L) {
   if (r % 2 == 1) ca = ((r - 1) / 2) * SR + sh, ka = 1;
   if (r % 2 == 1 && r + 1 < nrep) cb = ((r - 1) / 2) * SR + sh, kb = 0;
   if (r % 2 == 0 && r >= 2) cb = ((r - 2) / 2) * SR + sh, kb = 1;
-  sl_status st = ctx->data->split(ctx->data_comm, r == 0 ? 0 : -1, L->rank, &d->g_shard0);
+  /* the replicas a root scatters in: replica 0 where rank 0 reads alone, each one's own with
+   * distributed readers (a reader of any replica scatters within it) */
+  sl_status st = ctx->data->split(ctx->data_comm, r == 0 || L->nreaders > 1 ? r : -1, L->rank, &d->g_shard);
   if (st == SL_OK) st = ctx->data->split(ctx->data_comm, ca, ka, &d->g_pair_a);
   if (st == SL_OK) st = ctx->data->split(ctx->data_comm, cb, kb, &d->g_pair_b);
   if (st != SL_OK) return st;
@@ -438,7 +448,7 @@ void sl__loader_send_release(loader *L) {
   loader_send *d = &L->send;
   if (d->g_pair_b) ctx->data->fini(d->g_pair_b);
   if (d->g_pair_a) ctx->data->fini(d->g_pair_a);
-  if (d->g_shard0) ctx->data->fini(d->g_shard0);
+  if (d->g_shard) ctx->data->fini(d->g_shard);
   free(d->counts);
   free(d->displs);
   free(d->group);

@@ -145,6 +145,43 @@ static void order_pieces(loader *L, transfer *x) {
   }
 }
 
+/* Distributed readers: each reader's transfers (its share, in file order) are taken in turn,
+ * one of each reader per round, so that while one reader's transfer moves the others read
+ * their next ones (docs/DESIGN.md#readers). Each reader still reads its share front to back. */
+static sl_status interleave(loader *L) {
+  loader_stage *g = &L->stage;
+  if (L->nreaders < 2 || g->nxfers < 2) return SL_OK;
+  size_t R = (size_t)L->nreaders;
+  size_t *next = calloc(R, sizeof *next); /* per reader: its next transfer in file order */
+  int *idx = calloc((size_t)L->world, sizeof *idx);
+  transfer *out = malloc(g->nxfers * sizeof *out);
+  if (!next || !idx || !out) {
+    free(next);
+    free(idx);
+    free(out);
+    return sl__fail(L->ctx, SL_ERR_NOMEM, "out of memory ordering %zu transfers between readers", g->nxfers);
+  }
+  for (size_t i = 0; i < R; i++) idx[L->reader_rank[i]] = (int)i;
+  /* per reader, the first transfer of its share; shares are contiguous in file order */
+  for (size_t i = 0; i < R; i++) next[i] = SIZE_MAX;
+  for (size_t k = g->nxfers; k-- > 0;) next[idx[g->xfers[k].root]] = k;
+  size_t n = 0;
+  while (n < g->nxfers)
+    for (size_t i = 0; i < R; i++) {
+      size_t k = next[i];
+      if (k >= g->nxfers) continue;
+      out[n++] = g->xfers[k];
+      int root = g->xfers[k].root;
+      for (k++; k < g->nxfers && g->xfers[k].root != root; k++) {}
+      next[i] = k;
+    }
+  free(g->xfers);
+  g->xfers = out;
+  free(next);
+  free(idx);
+  return SL_OK;
+}
+
 static sl_status schedule(loader *L) {
   loader_stage *g = &L->stage;
   size_t cap_p = 0, cap_x = 0;
@@ -157,17 +194,18 @@ static sl_status schedule(loader *L) {
     const tensor_job *j = &L->jobs[ji];
     const uint64_t c = cost_per_elem(L, j);
     const uint32_t k = j->klass | (uint32_t)casts_to_wire(j) << 9;
+    const int root = L->nreaders ? L->reader_rank[j->reader] : 0;
     uint64_t a = 0;
     while (a < j->elems) {
       uint64_t room = cur && cap - used > SL__PIECE_PAD ? (cap - used - SL__PIECE_PAD) / c : 0;
-      if (cur && (klass != k || room == 0 || cur->count >= MAX_PIECES_PER_TRANSFER)) {
+      if (cur && (klass != k || cur->root != root || room == 0 || cur->count >= MAX_PIECES_PER_TRANSFER)) {
         order_pieces(L, cur);
         cur = NULL;
       }
       if (!cur) {
         if (!grow((void **)&g->xfers, &cap_x, g->nxfers + 1, sizeof *g->xfers)) goto nomem;
         cur = &g->xfers[g->nxfers++];
-        *cur = (transfer){.first = g->npieces, .hsdp = j->hsdp, .plain = true};
+        *cur = (transfer){.first = g->npieces, .hsdp = j->hsdp, .plain = true, .root = root};
         used = 0;
         klass = k;
         room = (cap - SL__PIECE_PAD) / c ? (cap - SL__PIECE_PAD) / c : 1;
@@ -186,7 +224,7 @@ static sl_status schedule(loader *L) {
     }
   }
   order_pieces(L, cur);
-  return SL_OK;
+  return interleave(L);
 nomem:
   return sl__fail(L->ctx, SL_ERR_NOMEM, "out of memory scheduling %zu tensors", L->njobs);
 }
@@ -209,6 +247,8 @@ sl_status sl__loader_stage_setup(loader *L) {
   const loader_pipe *p = &L->pipe;
   loader_stage *g = &L->stage;
   g->nslots = L->o.pipeline_slots <= 0 ? SL__DEFAULT_SLOTS : L->o.pipeline_slots;
+  /* distributed readers: a slot for each reader's read ahead, and the one in flight */
+  if (L->o.pipeline_slots <= 0 && L->nreaders > 1) g->nslots = L->nreaders + 1;
 
   if (g->nslots > SL__MAX_SLOTS) g->nslots = SL__MAX_SLOTS;
 

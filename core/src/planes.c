@@ -238,6 +238,19 @@ static void shm_blockers(const sl_context *ctx, const plane_intent *in, bool all
   }
 }
 
+/* The hosts as host staging counts them (shm_host), numbered by their first rank: HOST_OF[r]
+ * for every rank; returns how many. FIRST: scratch of N ints. */
+static int number_hosts(int n, const plane_intent *in, int *host_of, int *first) {
+  int hosts = 0;
+  for (int r = 0; r < n; r++) {
+    int h = 0;
+    while (h < hosts && !shm_host(&in[first[h]], &in[r])) h++;
+    if (h == hosts) first[hosts++] = r;
+    host_of[r] = h;
+  }
+  return hosts;
+}
+
 /* Host staging: local for one rank; shm where every rank is on rank 0's machine (one boot id
  * and host name) as one user in one network and pid namespace; hier where the ranks span hosts
  * and some host has more than one (shm within each host, gloo between the hosts' leaders);
@@ -412,9 +425,11 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
   plane_intent *in = calloc((size_t)ctx->world_size, sizeof *in);
   plane_verdict *v = calloc((size_t)ctx->world_size, sizeof *v);
   int *scratch = calloc(2 * (size_t)ctx->world_size, sizeof *scratch); /* host_plane's */
+  free(ctx->host_of);
+  ctx->host_of = calloc((size_t)ctx->world_size, sizeof *ctx->host_of);
   /* without the tables this rank cannot take part: say so in the agreement below, so that the
    * others fail with its message rather than waiting in the allgather */
-  sl_status st = in && v && scratch ? SL_OK
+  sl_status st = in && v && scratch && ctx->host_of ? SL_OK
                          : sl__fail(ctx, SL_ERR_NOMEM, "cannot allocate the table of %d ranks' collectives",
                                     ctx->world_size);
   if ((st = sl__agree(ctx, st, NULL, AGREE_START, NULL)) != SL_OK) goto out_free;
@@ -425,6 +440,7 @@ static sl_status agree_on_data(sl_context *ctx, const char *want, char *chosen, 
             in[r].device_id[0] ? in[r].device_id : "(host memory)", in[r].hostname,
             in[r].boot_id[0] ? in[r].boot_id : "unknown");
   }
+  ctx->nhosts = number_hosts(ctx->world_size, in, ctx->host_of, scratch);
   /* ranks asked for different collectives would each choose their own: refuse it on all */
   for (int r = 1; r < ctx->world_size; r++) {
     if (strcmp(in[r].want, in[0].want) == 0) continue;
@@ -609,6 +625,9 @@ void sl__planes_close(sl_context *ctx) {
     close_module(&ctx->data, &ctx->data_comm, &ctx->data_dl, &ctx->data_shim);
   }
   close_module(&ctx->ctl, &ctx->ctl_comm, &ctx->ctl_dl, &ctx->ctl_shim);
+  free(ctx->host_of);
+  ctx->host_of = NULL;
+  ctx->nhosts = 0;
 }
 
 /* ---- public ---------------------------------------------------------------------------------- */

@@ -271,9 +271,11 @@ out_src:
   return s;
 }
 
-sl_status sl__source_open_files(sl_source *src) {
+sl_status sl__source_open_files(sl_source *src, bool readers) {
   if (!src) return SL_ERR_INVALID;
-  if (src->memory) return sl__source_memory_refuse(src, "every-rank reading (read_mode every_rank)");
+  if (src->memory)
+    return sl__source_memory_refuse(src, readers ? "reading by distributed readers (read_mode readers)"
+                                                 : "every-rank reading (read_mode every_rank)");
   if (src->has_files) return SL_OK;
   sl_context *ctx = src->ctx;
   sl_status s = SL_OK;
@@ -289,8 +291,10 @@ sl_status sl__source_open_files(sl_source *src) {
     int fd;
     struct stat st;
     s = sl__source_open_regular(ctx, sf->path,
-                                " on this rank (every-rank reading needs the checkpoint on a filesystem every "
-                                "rank sees)",
+                                readers ? " on this rank, a reader (distributed readers need the checkpoint on "
+                                          "every reader: give this host a copy, or choose --readers to match)"
+                                        : " on this rank (every-rank reading needs the checkpoint on a filesystem "
+                                          "every rank sees)",
                                 &fd, &st);
     if (s != SL_OK) goto out_close;
     if ((uint64_t)st.st_size < need) {

@@ -302,11 +302,12 @@ class Context:
 
     def load(self, plan: "Plan", source: "Source", *, cpu_offload: bool | None = None,
              strategy: str = "scatter", read_mode: str = "rank0", staging_bytes: int = 0,
-             pipeline_slots: int = 0, bind: Callable[["LoadedTensor"], Any] | None = None,
+             pipeline_slots: int = 0, readers: int = 0, bind: Callable[["LoadedTensor"], Any] | None = None,
              progress: Callable[..., None] | None = None, progress_bar: bool | None = None) -> "State":
         """Loads SOURCE under PLAN (collective). cpu_offload: True = CPU, False = the accelerator,
-        None = the plan's offload policy decides. read_mode "rank0" (only rank 0 reads) or
-        "every-rank". bind(t) may return a torch tensor (contiguous, at least t.nbytes, on t's
+        None = the plan's offload policy decides. read_mode "rank0" (only rank 0 reads),
+        "every-rank" or "readers" (distributed readers: READERS ranks, 0 = one per host, each read
+        a share and send it). bind(t) may return a torch tensor (contiguous, at least t.nbytes, on t's
         device) to be filled in place, or None to let the state own one.
         progress(done_bytes, total_bytes, done_tensors, total_tensors) is called on rank 0 only
         (the library reports there) after each tensor whose bytes are all in place, from the
@@ -323,13 +324,14 @@ class Context:
         o.size = sizeof(o)
         o.cpu_offload = _tri(cpu_offload)
         strategies = {"scatter": _capi.STRATEGY_SCATTER, "broadcast": _capi.STRATEGY_BROADCAST}
-        modes = {"rank0": _capi.READ_RANK0, "every-rank": _capi.READ_EVERY_RANK}
+        modes = {"rank0": _capi.READ_RANK0, "every-rank": _capi.READ_EVERY_RANK, "readers": _capi.READ_READERS}
         read_mode = _spelling(read_mode, "read_mode")
         if strategy not in strategies or read_mode not in modes:
             raise ValueError(f"strategy must be one of {list(strategies)}, read_mode one of {list(modes)}")
         o.strategy, o.read_mode = strategies[strategy], modes[read_mode]
         o.staging_bytes = cint(staging_bytes, "staging_bytes", 0, SIZE_MAX)
         o.pipeline_slots = cint(pipeline_slots, "pipeline_slots")
+        o.readers = cint(readers, "readers")
         ctx_p, plan_p, src_p = self._p, plan._p, source._p
         trap = Trap()
         binder = _Binder(bind, trap) if bind is not None else None

@@ -30,7 +30,7 @@ OFFLOAD_NONE, OFFLOAD_CPU = 0, 1
 DEVICE_CPU, DEVICE_ACCELERATOR = 1, 2
 # sl_strategy / sl_read_mode
 STRATEGY_SCATTER, STRATEGY_BROADCAST = 0, 1
-READ_RANK0, READ_EVERY_RANK = 0, 1
+READ_RANK0, READ_EVERY_RANK, READ_READERS = 0, 1, 2
 
 # sl_dtype: never renumbered (shardload.h)
 DTYPES = {
@@ -120,7 +120,7 @@ class LoadOptions(Structure):
         ("staging_bytes", c_size_t), ("bind", c_void_p), ("bind_user", c_void_p),
         ("progress", PROGRESS_FN), ("progress_user", c_void_p),
         ("bind_buffer", BIND_BUFFER_FN), ("bind_buffer_user", c_void_p),
-        ("pipeline_slots", c_int), ("reserved_", c_int), ("progress_status", PROGRESS_STATUS_FN),
+        ("pipeline_slots", c_int), ("readers", c_int), ("progress_status", PROGRESS_STATUS_FN),
     ]
 
 

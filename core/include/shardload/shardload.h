@@ -423,7 +423,14 @@ SL_API sl_status sl_plan_describe(sl_plan *plan, const sl_source_tensor *t, char
 typedef struct sl_state sl_state;
 
 typedef enum sl_strategy { SL_STRATEGY_SCATTER = 0, SL_STRATEGY_BROADCAST = 1 } sl_strategy;
-typedef enum sl_read_mode { SL_READ_RANK0 = 0, SL_READ_EVERY_RANK = 1 } sl_read_mode;
+/* Who reads the checkpoint's bytes from storage (docs/DESIGN.md#readers):
+ * RANK0       rank 0 alone, and sends every byte (RAM-efficient loading; the default);
+ * EVERY_RANK  every rank reads its own parts from its own copy; nothing crosses the network;
+ * READERS     distributed readers: R ranks (sl_load_options.readers; default one per host, its
+ *             lowest rank) each read a disjoint share of the tensors, balanced by bytes and in
+ *             file order, and send every piece to the ranks that own it. Every byte is read
+ *             once in the job; each reader's NIC carries about 1/R of the checkpoint. */
+typedef enum sl_read_mode { SL_READ_RANK0 = 0, SL_READ_EVERY_RANK = 1, SL_READ_READERS = 2 } sl_read_mode;
 
 typedef struct sl_tensor {
   const char *name;
@@ -504,7 +511,12 @@ typedef struct sl_load_options {
    * at most 8; 1 runs every stage strictly after the previous one (the baseline benchmarks
    * compare against). The staging budget is split between them. */
   int pipeline_slots;
-  int reserved_;
+  /* READERS: how many readers (1 to the world size); 0: one per host. Chosen alike on every
+   * rank: the lowest rank of each host first, then the next lowest of each, and so on. A
+   * reader reads its own path (it must see the checkpoint; the others need not); in READERS
+   * the default pipeline_slots is R + 1 (at most 8), so that each reader reads ahead while the
+   * others send. Ignored by the other modes. */
+  int readers;
   /* The progress callback that can fail the load (it wins over progress, and takes
    * progress_user): called on rank 0 after each tensor, as progress. A status other than SL_OK,
    * with MESSAGE (NUL-terminated within MESSAGE_LEN, may be left empty), fails the load on every
@@ -521,6 +533,14 @@ typedef struct sl_load_options {
  * is then only good for sl_context_destroy. */
 SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const sl_load_options *opts,
                          sl_state **out);
+/* Distributed readers, as sl_load chooses them (docs/DESIGN.md#readers), for planners that show
+ * a load before it runs (`shardload plan --hosts`). sl_readers_choose: the readers of a world
+ * whose rank r runs on host HOST_OF[r] (0 to world-1), READERS of them (0: one per host):
+ * their ranks, ascending, into READER_RANK (room for the world); returns how many, or -1 for a
+ * bad argument or no memory. sl_readers_share: which reader (0 to READERS-1) reads each of N
+ * tensors, the tensors a load takes in file order (OUT[i] for TENSORS[i]). */
+SL_API int sl_readers_choose(int world, const int *host_of, int readers, int *reader_rank);
+SL_API void sl_readers_share(size_t n, const sl_source_tensor *const *tensors, int readers, int *out);
 SL_API void sl_state_destroy(sl_state *st);
 SL_API size_t sl_state_count(const sl_state *st);
 SL_API const sl_tensor *sl_state_tensor(const sl_state *st, size_t i);
