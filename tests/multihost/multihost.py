@@ -487,7 +487,7 @@ class Tests:
             cb = r["totals"]["checkpoint_bytes"]
             check(0.99 * self.ckpt_bytes < cb <= self.ckpt_bytes, f"rank {r['rank']}: checkpoint_bytes {cb} of "
                                                                   f"{self.ckpt_bytes} bytes of files")
-        if "every-rank" not in args:
+        if "every-rank" not in args and "readers" not in args:
             for h in range(1, nhosts):
                 got = sum(r["stats"]["bytes_received"] for r in reps if job.host_of(r["rank"]) == h)
                 check(got > 0 and rx[h] >= got, f"host {h}'s ranks received {got} bytes, its link carried {rx[h]}")
@@ -567,6 +567,89 @@ class Tests:
             if k.host != 1:
                 check(named_ranks(err) & {2, 3}, lambda: f"rank {k.rank} names no rank of host 1: {err.strip()[-1500:]}")
         return f"every rank out by {max(k.end for k in job.ranks):.2f} s, host 0's naming host 1's rank"
+
+    # -- distributed readers (DESIGN.md#readers) --
+
+    def check_readers(self, job, reps, readers):
+        """Every checkpoint byte read once in the job, by READERS only, each about its share
+        (within a 24 MiB shard file: the shares are whole files where files are many, else
+        tensors); a rank that reads nothing sends nothing (but for the HSDP chain)."""
+        total = reps[0]["totals"]["checkpoint_bytes"]
+        read = {r["rank"]: r["stats"]["bytes_read"] for r in reps}
+        check(sum(read.values()) == total, f"the ranks read {sum(read.values())} bytes of a {total}-byte checkpoint")
+        for r, b in read.items():
+            if r in readers:
+                check(0 < b <= total / len(readers) + (24 << 20), f"reader rank {r} read {b} of {total} bytes")
+            else:
+                check(b == 0, f"rank {r} is no reader but read {b} bytes")
+        return ", ".join(f"r{r} read {read[r] / 2**20:.1f} MiB" for r in sorted(readers))
+
+    def case_readers_2x2(self, net):
+        # one reader per host by default: the lowest rank of each (ranks 0 and 2)
+        job, reps, c, wall = self.load(net, 2, ["--source", "readers"], name="readers-2x2")
+        return f"{wall:.2f} s, {self.check_readers(job, reps, {0, 2})}"
+
+    def case_readers_4x2(self, net):
+        job, reps, c, wall = self.load(net, 4, ["--source", "readers"], name="readers-4x2")
+        return f"{wall:.2f} s, {self.check_readers(job, reps, {0, 2, 4, 6})}"
+
+    def case_readers_hidden_4x2(self, net):
+        # two readers (ranks 0 and 2, hosts 0 and 1); hosts 2 and 3 cannot see the checkpoint
+        job, reps, c, wall = self.load(net, 4, ["--source", "readers", "--readers", "2"], hidden=[2, 3],
+                                       name="readers-hidden-4x2")
+        return f"{wall:.2f} s (hosts 2-3 without the checkpoint), {self.check_readers(job, reps, {0, 2})}"
+
+    def case_readers_hsdp_4x2(self, net):
+        # HSDP across the hosts, a reader in every replica: each scatters within its own replica
+        # (host) and the chain carries its parts both ways
+        job, reps, c, wall = self.load(net, 4, ["--source", "readers", "--mesh", "4x2"], name="readers-hsdp-4x2")
+        return f"{wall:.2f} s, {self.check_readers(job, reps, {0, 2, 4, 6})}"
+
+    def case_reader_hidden_fails(self, net):
+        # a reader (rank 2, host 1's lowest) that cannot see the checkpoint fails every rank
+        # before any byte moves, each naming rank 2 (rank 2 its own error)
+        timeout = self.t(10)
+        job = Job(self, net, 2, ["--source", "readers"], timeout, hidden=[1], dump=False, name="reader-hidden")
+        job.start()
+        job.wait(3 * timeout + 20)
+        for k in job.ranks:
+            check(k.rc > 0, lambda: f"rank {k.rank} exit {k.rc}, want a failure:\n" + job.describe())
+            check(k.end <= timeout, lambda: f"rank {k.rank} exited at {k.end:.2f} s, want <= {timeout} s:\n"
+                                            + job.describe())
+            err = k.stderr()
+            check("a reader" in err, lambda: f"rank {k.rank} does not say a reader lacks the checkpoint: "
+                                             f"{err.strip()[-1500:]}")
+            if k.rank != 2:
+                check(2 in named_ranks(err), lambda: f"rank {k.rank} does not name rank 2: {err.strip()[-1500:]}")
+        return f"every rank out by {max(k.end for k in job.ranks):.2f} s, naming rank 2"
+
+    def case_readers_figures(self, net):
+        """rank 0's bytes sent and the load time at 4 hosts, rank-0 mode vs distributed readers,
+        without and with a tbf limit on every host's link (both directions): the figures of
+        bench/README.md. What must hold: the readers' rank 0 sends about a quarter of what rank
+        0 sends alone, and no reader sends more than about a quarter of the checkpoint."""
+        rate_mbit = 400
+        out = []
+        for limited in (False, True):
+            if limited:
+                for h in range(4):
+                    net.limit(h, f"{rate_mbit}mbit")
+            try:
+                res = {}
+                for mode in ("rank0", "readers"):
+                    job, reps, c, wall = self.load(net, 4, ["--source", mode], name=f"fig-{mode}-{int(limited)}")
+                    res[mode] = (reps[0]["stats"]["bytes_sent"], max(r["stats"]["bytes_sent"] for r in reps), wall)
+            finally:
+                if limited:
+                    for h in range(4):
+                        net.unlimit(h)
+            s0, s1 = res["rank0"][0], res["readers"][0]
+            check(s1 <= 0.35 * s0, f"rank 0 sent {s1} bytes as one of 4 readers, {s0} alone: want about a quarter")
+            check(res["readers"][1] <= 0.35 * s0, f"a reader sent {res['readers'][1]} bytes, rank 0 alone {s0}")
+            out.append(f"{'tbf ' + str(rate_mbit) + ' Mbit/s' if limited else 'no limit'}: rank0 mode rank 0 sent "
+                       f"{s0 / 2**20:.1f} MiB in {res['rank0'][2]:.2f} s, readers rank 0 sent {s1 / 2**20:.1f} MiB "
+                       f"(busiest reader {res['readers'][1] / 2**20:.1f} MiB) in {res['readers'][2]:.2f} s")
+        return "; ".join(out)
 
     def case_one_rank_per_host(self, net):
         job, reps, c, wall = self.load(net, 4, [], per_host=1, name="gloo-4x1")
@@ -786,6 +869,12 @@ CASES = [
     ("every_rank_4x2", 4, "case_every_rank_4x2"),
     ("hsdp_4x2", 4, "case_hsdp_4x2"),
     ("every_rank_hidden_fails", 2, "case_every_rank_hidden_fails"),
+    ("readers_2x2", 2, "case_readers_2x2"),
+    ("readers_4x2", 4, "case_readers_4x2"),
+    ("readers_hidden_4x2", 4, "case_readers_hidden_4x2"),
+    ("readers_hsdp_4x2", 4, "case_readers_hsdp_4x2"),
+    ("reader_hidden_fails", 2, "case_reader_hidden_fails"),
+    ("readers_figures", 4, "case_readers_figures"),
     ("gloo_4x1", 4, "case_one_rank_per_host"),
     ("partition_gloo_4x2", 4, "case_partition_gloo_4x2"),
     ("rate_limit", 2, "case_rate_limit"),
