@@ -795,7 +795,8 @@ static int cut_main(int rank, int world, void *arg) {
   /* distributed readers: the cut lies in reader 1's share (the second half), which every rank
    * names; the tensors of reader 0's share hold their bytes */
   if (j->readers)
-    SL_CHILD_CHECK(rank == 1 || strstr(msg, "rank 1 failed in reading its share of the checkpoint"),
+    SL_CHILD_CHECK(strstr(msg, rank == 1 ? "a distributed reader could not read its share"
+                                          : "rank 1: a distributed reader could not read its share"),
                    "rank %d: message '%s' does not name reader 1", rank, msg);
   else
     SL_CHILD_CHECK(strstr(msg, "truncated after it was opened"), "rank %d: message '%s' does not name the cut", rank,

@@ -60,12 +60,20 @@ sl_status sl__loader_status_window(loader *L, size_t k) {
     return SL_OK;
   sl_context *ctx = L->ctx;
   if (L->nreaders > 1) {
-    /* every reader's reads of this window, told to every rank: the first reader that failed
-     * is named (docs/DESIGN.md#readers) */
-    if (L->my_reader >= 0 && L->fail.root_st != SL_OK) sl__fail(ctx, L->fail.root_st, "%s", L->fail.root_msg);
+    /* every reader's reads of this window, told to every rank (docs/DESIGN.md#readers): each
+     * rank's status word, then the first failed reader's message from it */
     double t0 = sl__now_s();
-    sl_status st = sl__agree(ctx, L->my_reader >= 0 ? L->fail.root_st : SL_OK, NULL,
-                             "reading its share of the checkpoint (a distributed reader)", NULL);
+    int32_t mine = L->my_reader >= 0 ? (int32_t)L->fail.root_st : (int32_t)SL_OK;
+    sl_status st = sl__ctl_allgather(ctx, &mine, L->fail.window, sizeof mine);
+    int bad = -1;
+    for (int r = 0; st == SL_OK && r < L->world && bad < 0; r++)
+      if (L->fail.window[r] != (int32_t)SL_OK) bad = r;
+    if (st == SL_OK && bad >= 0) {
+      if (bad == L->rank)
+        sl__fail(ctx, L->fail.root_st, "a distributed reader could not read its share of the checkpoint: %s",
+                 L->fail.root_msg);
+      st = sl__share_root_status(ctx, bad == L->rank ? L->fail.root_st : SL_OK, bad);
+    }
     L->st->stats.seconds_wait += sl__now_s() - t0;
     return st;
   }

@@ -227,6 +227,7 @@ typedef struct loader_fail {
   sl_status root_st;
   char root_msg[SL__ERRMSG_LEN];
   bool reader_halt;
+  int32_t *window; /* distributed readers: every rank's status word of a status window */
 } loader_fail;
 
 typedef struct loader {
@@ -273,8 +274,8 @@ void sl__loader_defer(loader *L, const char *name, sl_status st);
 void sl__loader_root_failed(loader *L, sl_status st, const char *msg);
 /* Whether this rank failed on its own: the reader stops reading (called by the reader thread). */
 bool sl__loader_reader_halted(loader *L);
-/* After transfer K: at the end of a status window, rank 0 tells every rank how its reads went
- * (rank-0 reads only); a failure there is every rank's. */
+/* After transfer K: at the end of a status window, rank 0 (or every distributed reader) tells
+ * every rank how its reads went; a failure there is every rank's. */
 sl_status sl__loader_status_window(loader *L, size_t k);
 
 /* ---- loader_agree.c ---------------------------------------------------------------------- */

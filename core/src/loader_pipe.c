@@ -200,6 +200,10 @@ static sl_status choose_route(loader *L) {
 }
 
 static sl_status setup(loader *L) {
+  /* the readers' status windows (loader.c): allocated here, so that a rank without the memory
+   * fails the agreement that follows rather than a window */
+  if (L->nreaders > 1 && !(L->fail.window = calloc((size_t)L->world, sizeof *L->fail.window)))
+    return sl__fail(L->ctx, SL_ERR_NOMEM, "out of memory for %d ranks' read status", L->world);
   sl_status st = choose_route(L);
   if (st == SL_OK) st = sl__loader_stage_setup(L);
   if (st == SL_OK) st = sl__loader_send_setup(L);
@@ -305,6 +309,8 @@ out_fail:
 
 void sl__loader_pipe_release(loader *L) {
   stop_reader(L);
+  free(L->fail.window);
+  L->fail.window = NULL;
   sl__loader_stage_drain(L);
   sl__loader_send_release(L);
   sl__loader_stage_release(L);

@@ -160,6 +160,7 @@ def world1(tmp, sd, path):
     check(all(torch.equal(st5[k].to_torch(), tt_v) for k, tt_v in ((k, ctx.load(plan, src)[k].to_torch()) for k in sd)),
           "memory source = file source")
     expect(shardload.ShardloadError, lambda: ctx.load(plan, msrc, read_mode="every-rank"), "rank0")
+    expect(shardload.ShardloadError, lambda: ctx.load(plan, msrc, read_mode="readers"), "distributed readers", "rank0")
     # strided and non-contiguous tensors go through the read callback
     nc = {"t": torch.arange(20, dtype=torch.float32).reshape(4, 5).t()}
     st6 = ctx.load(ctx.plan(), ctx.open_state_dict(nc))
@@ -272,11 +273,14 @@ def pg_rank(rank, world, init, path, out):
         if rank == 1:  # a context of its own on the side must not shift the job's numbering
             shardload.Context(world_size=1, rank=0).close()
         results = []
-        for _ in range(2):  # two contexts in a row in one job: distinct keys, same store
+        for i in range(2):  # two contexts in a row in one job: distinct keys, same store
             with shardload.Context() as ctx:
                 check((ctx.rank, ctx.world_size) == (rank, world), "rank/world from the group")
                 src = ctx.open(path)
-                st = ctx.load(ctx.plan(param_dtype="F32"), src)
+                # the second one by distributed readers: every rank reads a share and sends it
+                how = {"read_mode": "readers", "readers": world} if i else {}
+                st = ctx.load(ctx.plan(param_dtype="F32"), src, **how)
+                check(not i or st.stats()["bytes_read"] > 0, f"rank {rank} read its share")
                 w = st["w"].to_torch()
                 results.append((tuple(st["w"].global_offset), w.clone()))
                 ctx.agree(True)
