@@ -279,14 +279,23 @@ sl_status sl__loader_pipe(loader *L) {
   if ((st = sl__loader_agree(L, st, "preparing the data path (staging, streams)")) != SL_OK) goto out_fail;
   p->data_started = true;
   if ((st = sl__loader_hsdp_setup(L)) != SL_OK) goto out_fail; /* collective: a failure is every rank's */
+  const size_t N = (size_t)g->nslots;
+  size_t next_own = 0; /* a reader: the first transfer after K that it reads */
   for (size_t k = 0; k < g->nxfers; k++) {
-    slot *s = &L->stage.slots[k % (size_t)g->nslots];
-    /* free this transfer's slot (it held transfer k-N) and, on rank 0, the one the reader fills
-     * while this transfer moves (it held k+1-N); a distributed reader frees every slot before
-     * this transfer's, for its reads ahead of its next turns */
-    size_t ahead = reader && g->nslots >= 2 ? (L->nreaders > 1 ? (size_t)g->nslots : 2) : 1; /* one slot: strictly one stage after another */
-    if ((st = retire_until(L, k + ahead > (size_t)g->nslots ? k + ahead - (size_t)g->nslots : 0)) != SL_OK)
-      goto out_fail;
+    slot *s = &L->stage.slots[k % N];
+    /* free this transfer's slot (it held transfer k-N) and, on a reader, the one its reader
+     * thread fills next while this transfer moves (the slot of its next own transfer J, which
+     * held J-N), as long as that is before K: one slot runs strictly one stage after another */
+    size_t upto = k + 1 > N ? k + 1 - N : 0;
+    if (reader && N >= 2) {
+      if (next_own <= k)
+        for (next_own = k + 1; next_own < g->nxfers && g->xfers[next_own].root != L->rank; next_own++) {}
+      if (next_own < g->nxfers && next_own + 1 > N) {
+        size_t want = next_own + 1 - N < k ? next_own + 1 - N : k;
+        if (want > upto) upto = want;
+      }
+    }
+    if ((st = retire_until(L, upto)) != SL_OK) goto out_fail;
     if (reader && g->xfers[k].root == L->rank) wait_ready(L, s, k);
     if ((st = run_transfer(L, k, s)) != SL_OK) goto out_fail;
     if ((st = record_slot(L, s)) != SL_OK) sl__loader_defer(L, NULL, st);
