@@ -202,6 +202,43 @@ int cli_plan_args_check(const cli_plan_args *args);
  * the option) and returns CLI_EXIT_ERROR; on success CLI_EXIT_OK with *out set. */
 int cli_plan_build(sl_context *ctx, const cli_plan_args *args, sl_plan **out);
 
+/* ---- plan --hosts/--readers/--traffic: a scatter load's bytes (plan_traffic.c) ------- */
+/* One way of reading: rank 0 alone, or distributed readers. Per-rank arrays have the world's
+ * length, per-host ones the hosts'. */
+typedef struct cli_traffic_mode {
+  int nreaders;
+  int *reader_rank;          /* ascending */
+  uint64_t *read;            /* per reader: the file bytes of its share */
+  uint64_t *sent, *received; /* per rank: every byte it sends / receives (the chain's included) */
+  uint64_t *link_sent, *link_received; /* per host: what crosses its link, out / in */
+  uint64_t largest_read, max_sent, busiest_link;
+  int max_sent_rank, busiest_host, busiest_in; /* busiest_in: the link's busiest way is in */
+  uint64_t received_min, received_median, received_max; /* median: the lower middle value */
+} cli_traffic_mode;
+
+typedef struct cli_traffic {
+  int world, hosts, ranks_per_host, readers_asked; /* readers_asked: --readers, 0 one per host */
+  int mesh_ndim, mesh[SL_MAX_MESH_DIMS];
+  size_t tensors;      /* those the load takes */
+  uint64_t read_bytes; /* their file bytes */
+  cli_traffic_mode rank0, readers;
+} cli_traffic;
+
+/* The human report lists every rank up to this world (or only rank R when given). */
+#define CLI_TRAFFIC_LIST_RANKS 64
+
+/* The traffic of a scatter load of SRC (opened from PATH) under PLAN by WORLD ranks on HOSTS
+ * hosts of WORLD/HOSTS consecutive ranks each (HOSTS divides WORLD), READERS distributed readers
+ * (0: one per host), as sl_load would move it. Prints the error line on failure (CLI_EXIT_ERROR,
+ * *T left empty). */
+int cli_traffic_compute(sl_context *ctx, const char *path, sl_plan *plan, const sl_source *src, int world, int hosts,
+                        int readers, cli_traffic *t);
+void cli_traffic_free(cli_traffic *t);
+/* The human section; ONLY_RANK >= 0 lists that rank alone. Writes are checked by O. */
+void cli_traffic_table(cli_out *o, const cli_traffic *t, int only_rank);
+/* The "traffic" object of `plan --json`; NULL when out of memory. */
+json_t *cli_traffic_json(const cli_traffic *t);
+
 /* ---- subcommands: argc/argv start at the subcommand name --------------------------- */
 int cli_cmd_inspect(int argc, char **argv);
 int cli_cmd_plan(int argc, char **argv);

@@ -1,5 +1,6 @@
 /* shardload plan: a dry run of the shard geometry (every rank's local shape and global offset
- * of every tensor, and its bytes), plus the plan options `plan` and `load` share. */
+ * of every tensor, and its bytes) and, with --hosts/--readers/--traffic, of the bytes a load
+ * moves (plan_traffic.c); plus the plan options `plan` and `load` share. */
 #define _GNU_SOURCE
 #include <getopt.h>
 #include <stdio.h>
@@ -26,13 +27,41 @@ static const char HELP[] =
     "                        later rules win)\n"
     "  --param-dtype DT      cast floating tensors to DT (F32, BF16, F16, F64, torch names)\n"
     "  --plan FILE           read a JSON plan file first; the options above override it\n"
-    "  --rank R              show only rank R\n"
+    "  --rank R              show only rank R (in the traffic section too)\n"
+    "  --hosts H             the world runs on H hosts of N/H consecutive ranks each (H must\n"
+    "                        divide N; default 1); shows the traffic section\n"
+    "  --readers R           distributed readers, 1..N, chosen as `load --source readers\n"
+    "                        --readers R` chooses them (the lowest rank of each host, then the\n"
+    "                        next lowest...; default one per host); shows the traffic section\n"
+    "  --traffic             the traffic section alone: no per-rank tensor tables (fast at any\n"
+    "                        world)\n"
     "  --json                one JSON object on stdout instead of the tables; a path that\n"
     "                        is not UTF-8 is kept: \"path\" has each invalid byte as U+FFFD\n"
     "                        and \"path_bytes_hex\" the exact bytes in hex. Written rank by\n"
     "                        rank (memory does not grow with --world); an error, a full disk\n"
     "                        included, ends it there with exit status 1\n"
-    "  -h, --help            show this help\n";
+    "  -h, --help            show this help\n"
+    "\n"
+    "The traffic section (--hosts, --readers or --traffic): the bytes a load with the scatter\n"
+    "strategy moves, side by side for rank 0 reading alone (--source rank0) and for distributed\n"
+    "readers (--source readers). A reader sends every other rank exactly its part of each tensor\n"
+    "of its share, in the wire dtype (the smaller of the file's and --param-dtype's); under HSDP\n"
+    "(a 2-D+ mesh whose dim 0 is replicate) it scatters within its own replica and each rank\n"
+    "passes its part to the same position in the next replica away from the reader's, one hop\n"
+    "per replica. A host's link carries only bytes between ranks of different hosts. Shown:\n"
+    "each reader's rank, host, bytes read and bytes sent (every byte its rank sends, chain\n"
+    "hops included); each host's link bytes out and in;\n"
+    "bytes received per rank as min/median/max (the median is the lower middle value), and\n"
+    "every rank when N <= 64 (or rank R with --rank); the largest share read, what rank 0 and\n"
+    "the busiest sender send, and the busiest link. With --json, the document holds a\n"
+    "\"traffic\" object after \"mesh\": {\"strategy\": \"scatter\", \"hosts\", \"ranks_per_host\",\n"
+    "\"tensors\", \"read_bytes\", \"rank0\": MODE, \"readers\": MODE}, MODE being {\"reader_count\",\n"
+    "\"largest_read_bytes\", \"rank0_sent_bytes\", \"max_sent_bytes\", \"busiest_link\": {\"host\",\n"
+    "\"direction\" (\"out\"/\"in\"), \"bytes\"} (host and direction null when no byte crosses a\n"
+    "link), \"received_bytes\": {\"min\", \"median\", \"max\"}, \"readers\": [{\"rank\", \"host\",\n"
+    "\"read_bytes\", \"sent_bytes\"}], \"hosts\": [{\"host\", \"first_rank\", \"link_sent_bytes\",\n"
+    "\"link_received_bytes\"}], \"rank_received_bytes\" and \"rank_sent_bytes\": one integer per\n"
+    "rank}; with --traffic the document ends there, with no \"ranks\" array.\n";
 
 /* ---- plan options shared with `load` ---------------------------------------------------- */
 
@@ -233,15 +262,20 @@ static void rank_table(cli_out *o, int rank, int world, const plan_row *rows, si
  * without its closing brace, and each rank object, dumped on its own, is indented to its depth
  * in "ranks" (cli_out's indent: four spaces after every newline; strings hold no raw newline). */
 
-/* {"path", ["path_bytes_hex",] "world_size", "mesh", then "ranks": [ up to the first rank. */
-static int json_stream_head(cli_out *o, const char *path, long world, int mesh_ndim, const int64_t *mesh) {
+/* {"path", ["path_bytes_hex",] "world_size", "mesh", ["traffic",] then "ranks": [ up to the
+ * first rank. */
+/* TRAFFIC (NULL: none) comes after "mesh"; with TRAFFIC_ONLY the document ends after it, with
+ * no "ranks". */
+static int json_stream_head(cli_out *o, const char *path, long world, int mesh_ndim, const int64_t *mesh,
+                            const cli_traffic *traffic, int traffic_only) {
   json_t *head = json_object(), *value = NULL, *hex = NULL;
   int bad = cli_json_path_values(path, &value, &hex);
   bad |= json_object_set_new(head, "path", value);
   if (hex) bad |= json_object_set_new(head, "path_bytes_hex", hex);
   bad |= json_object_set_new(head, "world_size", json_integer(world));
   bad |= json_object_set_new(head, "mesh", cli_json_dims(mesh_ndim, mesh));
-  int rc = bad ? -1 : cli_out_json_open_array(o, head, "ranks");
+  if (traffic) bad |= json_object_set_new(head, "traffic", cli_traffic_json(traffic));
+  int rc = bad ? -1 : traffic_only ? cli_out_json_document(o, head) : cli_out_json_open_array(o, head, "ranks");
   json_decref(head);
   return rc == 0 ? CLI_EXIT_OK : cli_out_fail(path, o, "the JSON report");
 }
@@ -280,14 +314,17 @@ int cli_cmd_plan(int argc, char **argv) {
       {"world", required_argument, NULL, 'w'},
       {"rank", required_argument, NULL, 'r'},
       {"json", no_argument, NULL, 'j'},
+      {"hosts", required_argument, NULL, 'H'},
+      {"readers", required_argument, NULL, 'R'},
+      {"traffic", no_argument, NULL, 'T'},
       {"help", no_argument, NULL, 'h'},
       CLI_PLAN_LONGOPTS,
       {0, 0, 0, 0},
   };
   cli_plan_args pa;
   memset(&pa, 0, sizeof pa);
-  long world = 0, only_rank = -1;
-  int json = 0, c, r;
+  long world = 0, only_rank = -1, hosts = 0, readers = 0;
+  int json = 0, traffic_only = 0, c, r;
   opterr = 0;
   while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
     if ((r = cli_plan_option(&pa, c, optarg)) != 0) {
@@ -304,6 +341,16 @@ int cli_cmd_plan(int argc, char **argv) {
         return cli_usage_error("--rank", "'%s' is not a rank; give an integer from 0", optarg);
       break;
     case 'j': json = 1; break;
+    case 'H':
+      if (cli_parse_int(optarg, 1, 1 << 20, &hosts))
+        return cli_usage_error("--hosts", "'%s' is not a number of hosts; give a positive integer", optarg);
+      break;
+    case 'R':
+      if (cli_parse_int(optarg, 1, 1 << 20, &readers))
+        return cli_usage_error("--readers", "'%s' is not a number of readers; give an integer from 1 to the world size",
+                               optarg);
+      break;
+    case 'T': traffic_only = 1; break;
     case 'h': return cli_print_help(HELP);
     default: return cli_bad_option("plan", c, argv);
     }
@@ -324,6 +371,12 @@ int cli_cmd_plan(int argc, char **argv) {
   if (only_rank >= world)
     return cli_usage_error("--rank", "rank %ld is outside a world of %ld; give 0..%ld", only_rank,
                            world, world - 1);
+  if (hosts && world % hosts)
+    return cli_usage_error("--hosts", "a world of %ld ranks does not split into %ld hosts of equal size; give a "
+                           "divisor of %ld (each host holds world/H consecutive ranks)", world, hosts, world);
+  if (readers > world)
+    return cli_usage_error("--readers", "%ld readers in a world of %ld ranks; give 1..%ld", readers, world, world);
+  const int traffic_on = hosts || readers || traffic_only;
   if ((r = cli_plan_args_check(&pa)) != CLI_EXIT_OK) return r;
 
   sl_context *ctx = NULL;
@@ -332,6 +385,8 @@ int cli_cmd_plan(int argc, char **argv) {
   sl_source *src = NULL;
   sl_plan *plan = NULL;
   plan_row *rows = NULL;
+  cli_traffic traffic;
+  memset(&traffic, 0, sizeof traffic);
   cli_out o;
   cli_out_init(&o, cli_report(), "stdout");
   sl_status s = sl_source_open(ctx, path, &src);
@@ -360,13 +415,26 @@ int cli_cmd_plan(int argc, char **argv) {
   int mesh_ndim = sl_plan_mesh(plan, (int)world, plan_mesh);
   int64_t mesh[SL_MAX_MESH_DIMS];
   for (int d = 0; d < mesh_ndim; d++) mesh[d] = plan_mesh[d];
+  if (traffic_on) {
+    rc = cli_traffic_compute(ctx, path, plan, src, (int)world, hosts ? (int)hosts : 1, (int)readers, &traffic);
+    if (rc != CLI_EXIT_OK) goto out_rows;
+  }
   if (json) {
-    if ((rc = json_stream_head(&o, path, world, mesh_ndim, mesh)) != CLI_EXIT_OK) goto out_rows;
+    rc = json_stream_head(&o, path, world, mesh_ndim, mesh, traffic_on ? &traffic : NULL, traffic_only);
+    if (rc != CLI_EXIT_OK || traffic_only) goto out_rows;
   } else {
     char m[160];
     cli_out_puts(&o, "plan for ");
     cli_out_escaped(&o, path, 0);
     cli_out_printf(&o, ": world %ld, mesh %s, %zu tensors\n", world, cli_dims_str(m, sizeof m, mesh_ndim, mesh), n);
+    if (traffic_on) {
+      cli_traffic_table(&o, &traffic, (int)only_rank);
+      if (cli_out_flush(&o) != 0) {
+        rc = cli_out_fail(path, &o, "the traffic section");
+        goto out_rows;
+      }
+      if (traffic_only) goto out_rows;
+    }
   }
   size_t written = 0;
   for (long rank = 0; rank < world; rank++) {
@@ -387,6 +455,7 @@ int cli_cmd_plan(int argc, char **argv) {
   if (json) rc = json_stream_end(&o, path, written);
 
 out_rows:
+  cli_traffic_free(&traffic);
   free(rows);
 out_plan:
   sl_plan_destroy(plan);
