@@ -117,6 +117,11 @@ static void run_case(const rcase *c) {
     free(ba), free(bb), free(pa), free(pb);
   }
   assert_int_equal(read_sum, ckpt); /* every byte read once in the job */
+  /* the launcher's merged report says so too */
+  assert_int_equal(jint(jd, "ranks_that_read", NULL), nreaders);
+  assert_int_equal(jint(jr, "ranks_that_read", NULL), 1);
+  assert_int_equal(jint(jr, "max_rank_bytes_read", NULL), ckpt);
+  assert_true(jint(jd, "max_rank_bytes_read", NULL) <= ckpt / (uint64_t)nreaders + (2u << 20));
   json_decref(jr);
   json_decref(jd);
   free(ref);

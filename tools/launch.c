@@ -386,6 +386,8 @@ static void print_table_file(cli_out *o, const char *path) {
 
 /* The merged table. Every write goes through O, which keeps the first failure (the caller
  * flushes and reports it). */
+static void spread(const launch *L, json_t **reports, int *readers, uint64_t *read_max, uint64_t *sent_max);
+
 static void print_human(cli_out *o, const launch *L, json_t **reports, uint64_t ckpt) {
   char h1[32], h2[32], h3[32], h4[32], h5[32], pls[1024];
   json_t *r0 = reports[0];
@@ -411,16 +413,34 @@ static void print_human(cli_out *o, const launch *L, json_t **reports, uint64_t 
                    jget_real(j, "totals", "seconds"),
                    cli_human_bytes(h5, sizeof h5, jget_u64(j, "stats", "peak_rss_bytes")));
   }
-  uint64_t sent0 = jget_u64(r0, "stats", "bytes_sent");
+  uint64_t sent0 = jget_u64(r0, "stats", "bytes_sent"), read_max, sent_max;
+  int readers;
+  spread(L, reports, &readers, &read_max, &sent_max);
   cli_out_printf(o,
                  "total: checkpoint %s on %d ranks in %.3f s wall (%.2f GB/s); rank 0 sent %.3f x the checkpoint "
                  "bytes\n",
                  cli_human_bytes(h1, sizeof h1, ckpt), L->n, L->wall, L->wall > 0 ? (double)ckpt / L->wall / 1e9 : 0.0,
                  ckpt ? (double)sent0 / (double)ckpt : 0.0);
+  if (!strcmp(jget_str(r0, "source"), "readers"))
+    cli_out_printf(o, "readers: %d ranks read, the most one read %.3f x the checkpoint bytes and the most one sent %.3f x\n",
+                   readers, ckpt ? (double)read_max / (double)ckpt : 0.0, ckpt ? (double)sent_max / (double)ckpt : 0.0);
   if (L->a->dump_dir) {
     cli_out_puts(o, "dump: ");
     cli_out_escaped(o, L->a->dump_dir, 0);
     cli_out_puts(o, "/rank-<r>.safetensors\n");
+  }
+}
+
+/* Across the ranks' reports: how many read from storage, the most one read and the most one
+ * sent (distributed readers spread both; rank-0 reads put both on rank 0). */
+static void spread(const launch *L, json_t **reports, int *readers, uint64_t *read_max, uint64_t *sent_max) {
+  *readers = 0;
+  *read_max = *sent_max = 0;
+  for (int r = 0; r < L->n; r++) {
+    uint64_t rd = jget_u64(reports[r], "stats", "bytes_read"), sn = jget_u64(reports[r], "stats", "bytes_sent");
+    *readers += rd > 0;
+    if (rd > *read_max) *read_max = rd;
+    if (sn > *sent_max) *sent_max = sn;
   }
 }
 
@@ -441,6 +461,12 @@ static json_t *merged_head(const launch *L, json_t **reports, uint64_t ckpt) {
   bad |= json_object_set_new(root, "rank0_bytes_sent", json_integer((json_int_t)sent0));
   bad |= json_object_set_new(root, "rank0_sent_per_checkpoint_byte",
                              json_real(ckpt ? (double)sent0 / (double)ckpt : 0.0));
+  int readers;
+  uint64_t read_max, sent_max;
+  spread(L, reports, &readers, &read_max, &sent_max);
+  bad |= json_object_set_new(root, "ranks_that_read", json_integer(readers));
+  bad |= json_object_set_new(root, "max_rank_bytes_read", json_integer((json_int_t)read_max));
+  bad |= json_object_set_new(root, "max_rank_bytes_sent", json_integer((json_int_t)sent_max));
   if (!bad) return root;
   json_decref(root);
   return NULL;
