@@ -767,6 +767,8 @@ static void test_errors(void **state) {
       {"--strategy gather", "--strategy"}, {"--source rank1", "--source"},   {"--timeout 0", "--timeout"},
       {"--timeout -3", "--timeout"},       {"--timeout soon", "--timeout"},  {"--nproc 0", "--nproc"},
       {"--nproc two", "--nproc"},          {"--nproc 1025", "--nproc"},
+      {"--readers 2", "--readers"},        {"--source readers --readers 0", "--readers"},
+      {"--source readers --readers 3 --nproc 2", "--readers"},
   };
   for (size_t i = 0; i < sizeof bad_load / sizeof bad_load[0]; i++) {
     assert_int_equal(sl_test_run(&out, ENV1 " %s load '%s' %s", sl_test_bin(), g_single, bad_load[i].args), 2);

@@ -826,6 +826,13 @@ int cli_cmd_load(int argc, char **argv) {
   if (a.world_size && a.rank >= a.world_size)
     return cli_usage_error("--rank", "rank %d is outside a world of %d; give 0..%d", a.rank, a.world_size,
                            a.world_size - 1);
+  if (a.readers && a.read_mode != SL_READ_READERS)
+    return cli_usage_error("--readers", "counts distributed readers; give it with --source readers");
+  if (a.readers && a.nproc && a.readers > a.nproc)
+    return cli_usage_error("--readers", "%d readers in a world of %d ranks; give 1..%d", a.readers, a.nproc, a.nproc);
+  if (a.readers && a.world_size && a.readers > a.world_size)
+    return cli_usage_error("--readers", "%d readers in a world of %d ranks; give 1..%d", a.readers, a.world_size,
+                           a.world_size);
   if (a.nproc && (a.world_size || a.rendezvous))
     return cli_usage_error("--nproc", "starts its own ranks and rendezvous; drop --rank, --world-size and "
                            "--rendezvous");
