@@ -2,11 +2,12 @@
  * bootstrapped over real Gloo on loopback: its ops and sub-communicators beyond one ring of
  * slots; loads bit-exact with Gloo's through the command (worlds 2, 3 and 4, casts, an HSDP
  * mesh, the broadcast strategy); a rank killed mid-load or stopped ends every rank within the
- * timeout naming it, an abort ends a pending op, and nothing is left in /dev/shm nor as an
- * abstract socket; strangers (a process of no rank, a rank's thread with a wrong token, another
- * user) are refused and the job goes on; ranks of "other hosts" (SHARDLOAD_TEST_SHM_HOST_TAG)
- * make a forced shm fail everywhere naming them, and make auto choose hier (shm within each
- * host, Gloo between them: tests/test_multirank_hier.c). */
+ * timeout naming it, an abort ends a pending op, a rank away in a step outside the segment (a
+ * hier leader between the hosts) is given a timeout more and its verdict named, and nothing is
+ * left in /dev/shm nor as an abstract socket; strangers (a process of no rank, a rank's thread
+ * with a wrong token, another user) are refused and the job goes on; ranks of "other hosts"
+ * (SHARDLOAD_TEST_SHM_HOST_TAG) make a forced shm fail everywhere naming them, and make auto
+ * choose hier (shm within each host, Gloo between them: tests/test_multirank_hier.c). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -917,6 +918,51 @@ static void test_alone_tells_peers(void **state) {
   for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
 }
 
+/* A rank away in a step outside the segment (sl__shm_away: a hier leader between the hosts)
+ * is given one timeout more by a peer whose wait on it runs out: rank 0 stays away one and a
+ * half timeouts, then roots a broadcast, which rank 1 gets; then, on a split, it stays away as
+ * long and breaks the communicator saying whom it lost, which rank 1's failure names. */
+static int away_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  const sl_collective_ops *o = ctx->data;
+  void *sub = NULL;
+  SL_CHILD_CHECK(o->split(ctx->data_comm, 0, rank, &sub) == SL_OK, "rank %d: split", rank);
+  unsigned char b[4096];
+  for (size_t i = 0; i < sizeof b; i++) b[i] = rank == 0 ? pat(9, 0, i) : 0;
+  useconds_t away_us = (useconds_t)j->timeout_ms * 1500u;
+  if (rank == 0) {
+    sl__shm_away(ctx->data_comm, true);
+    usleep(away_us);
+    sl__shm_away(ctx->data_comm, false);
+  }
+  sl_status st = o->broadcast(ctx->data_comm, b, sizeof b, 0, NULL);
+  SL_CHILD_CHECK(st == SL_OK, "rank %d: the broadcast from a root back from away: %s", rank, sl_context_errmsg(ctx));
+  for (size_t i = 0; i < sizeof b; i++) SL_CHILD_CHECK(b[i] == pat(9, 0, i), "rank %d: byte %zu", rank, i);
+  if (rank == 0) {
+    sl__shm_away(sub, true);
+    usleep(away_us);
+    sl__shm_break(sub, SL_ERR_TIMEOUT, 7, "a step outside the segment failed");
+  } else {
+    st = o->broadcast(sub, b, sizeof b, 0, NULL);
+    const char *msg = sl_context_errmsg(ctx);
+    fprintf(stderr, "rank 1: %s: %s\n", sl_status_name(st), msg);
+    SL_CHILD_CHECK(st == SL_ERR_PEER && strstr(msg, "rank 0 lost rank 7"), "rank 1: %s: '%s'", sl_status_name(st), msg);
+  }
+  o->fini(sub);
+  sl_context_destroy(ctx);
+  return 0;
+}
+
+static void test_away_rank_given_a_timeout(void **state) {
+  job j = {.collective = "shm", .timeout_ms = 2000};
+  int codes[2];
+  spawn(&j, 2, away_rank, "away", 60000, codes);
+  for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
+}
+
 /* Where a sandbox refuses memfd_create (here a seccomp filter on rank 1), auto keeps host
  * staging on Gloo naming the rank, rather than choose shm and fail at its start. */
 static int sandboxed_rank(int rank, int world, void *arg) {
@@ -968,6 +1014,7 @@ int main(void) {
       cmocka_unit_test(test_bad_descriptor),
       cmocka_unit_test(test_rank_leaves_after_its_part),
       cmocka_unit_test(test_slow_op_within_timeout),
+      cmocka_unit_test(test_away_rank_given_a_timeout),
       cmocka_unit_test(test_alone_tells_peers),
       cmocka_unit_test(test_auto_sandboxed),
   };

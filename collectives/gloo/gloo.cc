@@ -325,6 +325,15 @@ Lost find_lost(Comm &c, sl_status kind) {
   if (!c.store) { // bootstrapped over a control plane: no reports, only the connections tell
     lost.ranks = broken_pairs(c);
     lost.closed = !lost.ranks.empty();
+    // A point-to-point wait that ran out (a scatterv's) was on a peer silent all along: a
+    // connection broken under it ends the wait at once. Connections that broke meanwhile are
+    // the peers that gave up, most likely on this rank, stuck on that one (hier's leaders: a
+    // root stuck sending to a host behind a dead link, the other leaders waiting on the root).
+    if (kind == SL_ERR_TIMEOUT && c.waiting_for >= 0 &&
+        std::count(lost.ranks.begin(), lost.ranks.end(), c.waiting_for) == 0) {
+      lost.ranks = {c.waiting_for};
+      lost.closed = false;
+    }
     // with one peer (an HSDP chain link), a timeout can only have waited for that one
     if (lost.ranks.empty() && kind == SL_ERR_TIMEOUT && c.world == 2) lost.ranks = {1 - c.rank};
     return lost;
@@ -869,3 +878,7 @@ const sl_collective_ops kGlooOps = {
 } // namespace
 
 extern "C" const sl_collective_ops *sl__collective_gloo(void) { return &kGlooOps; }
+
+extern "C" void sl__gloo_set_timeout(void *comm, int timeout_ms) {
+  if (comm && timeout_ms > 0) static_cast<shardload::gloo_internal::Comm *>(comm)->timeout_ms = timeout_ms;
+}

@@ -21,7 +21,11 @@
  *
  * Failures: every step's module names the rank it lost; a leader whose Gloo step failed breaks
  * its host's shm communicator (sl__shm_break), so that the ranks of its host waiting on it fail
- * at once naming the rank it lost. Any failure breaks the communicator for good. */
+ * at once naming the rank it lost. While in a Gloo step a leader is away (sl__shm_away): a rank
+ * of its host whose wait on it runs out then waits for that step's end rather than name its
+ * leader, alive. On more than two hosts the root of a failed leaders' step tells the leaders
+ * waiting on it whom it lost (the verdict), so that they name the silent host rather than the
+ * root. Any failure breaks the communicator for good. */
 #define _GNU_SOURCE
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -55,6 +59,7 @@ typedef struct hier_comm {
   void *world;   /* Gloo over the whole communicator */
   void *hostg;   /* Gloo over this host (the shm communicator's control plane; init's only) */
   void *leaders; /* Gloo over the hosts' leaders (NULL unless this rank leads and nhosts > 1) */
+  void *verdict; /* Gloo over the leaders too, for a failed step's verdict (init's, nhosts > 2) */
   void *local;   /* shm over this host (NULL for a host of one rank) */
   sl_control_plane hostctl;
   uint64_t *table;           /* n counts: a scatterv's, as the leaders learn them */
@@ -146,6 +151,7 @@ static void hier_fini(void *comm) {
   if (!c) return;
   /* sub-communicators before their parents (module.h) */
   if (c->local) c->s->fini(c->local);
+  if (c->verdict) c->g->fini(c->verdict);
   if (c->leaders) c->g->fini(c->leaders);
   if (c->hostg) c->g->fini(c->hostg);
   if (c->world) c->g->fini(c->world);
@@ -161,6 +167,15 @@ static sl_status label_host(hier_comm *c) {
   sl_status st = sl__shm_label(c->local, labels);
   free(labels);
   return st;
+}
+
+/* How long a leader that failed waiting on a leaders' step's root waits for the root's verdict:
+ * the root's own wait on the host it lost ran out about when this rank's did (it started it
+ * when this rank started waiting on the root, or a moment before), and every rank must be out
+ * within the timeout and little more. */
+static int verdict_grace_ms(int timeout_ms) {
+  int t = timeout_ms > 0 ? timeout_ms / 4 : 2000;
+  return t < 100 ? 100 : t > 2000 ? 2000 : t;
 }
 
 static sl_status hier_init(const sl_collective_init *init, void **comm) {
@@ -216,6 +231,10 @@ static sl_status hier_init(const sl_collective_init *init, void **comm) {
   st = c->g->init(&gi, &c->world);
   if (st == SL_OK) st = c->g->split(c->world, c->myhost, me, &c->hostg);
   if (st == SL_OK && c->nhosts > 1) st = c->g->split(c->world, leads(c) ? 0 : -1, me, &c->leaders);
+  /* where a leaders' step has more than one peer to wait on, a leader that waited on the step's
+   * root learns from it whom it lost, within a grace (leader_failed) */
+  if (st == SL_OK && c->nhosts > 2) st = c->g->split(c->world, leads(c) ? 0 : -1, me, &c->verdict);
+  if (st == SL_OK && c->verdict) sl__gloo_set_timeout(c->verdict, verdict_grace_ms(init->timeout_ms));
   if (st == SL_OK && size_of(c, c->myhost) > 1) {
     c->hostctl = (sl_control_plane){sizeof c->hostctl, c, hostctl_broadcast, hostctl_allgather};
     sl_collective_init si = gi;
@@ -262,20 +281,86 @@ static sl_status usable(hier_comm *c, const char *op) {
   return c->host->fail(c->host->core, c->broken, "hier %s: the data plane failed earlier: %s", op, c->why);
 }
 
-/* This leader's Gloo step failed (ST, having lost the job's rank LOST): the ranks of its host
- * that wait on it in shm fail at once rather than at the timeout. */
-static sl_status leader_failed(hier_comm *c, sl_status st, const char *op, int lost) {
+/* This leader is away between the hosts (a leaders' Gloo step) or back: a rank of its host
+ * whose wait on it runs out meanwhile waits for the step's end (sl__shm_away), which its Gloo
+ * timeout bounds, rather than name this rank, alive, when it is another host that is silent. */
+static void away(hier_comm *c, bool on) {
+  if (c->local) sl__shm_away(c->local, on);
+}
+
+/* The job's rank LOST's communicator rank, or -1. */
+static int comm_rank_of(const hier_comm *c, int lost) {
+  for (int r = 0; r < c->n && lost >= 0; r++)
+    if (c->job[r] == lost) return r;
+  return -1;
+}
+
+/* A failed leaders' step's verdict, from the step's root to the other leaders: whom the root
+ * lost (a job rank, or -1), for the leaders that waited on the root. */
+typedef struct verdict {
+  int32_t magic, lost;
+} verdict;
+#define HIER_VERDICT 0x76726474 /* "tdrv" */
+
+/* The root of the failed step (host RH, this rank's): tells every leader it did not lose whom
+ * it lost (LOST), each within the grace (a leader that does not listen costs it that once). */
+static void tell_verdict(hier_comm *c, int rh, int lost) {
+  verdict v = {HIER_VERDICT, lost};
+  int q = comm_rank_of(c, lost), n = 0;
+  for (int h = 0; h < c->nhosts; h++) {
+    bool gone = q >= 0 && c->host_of[q] == h;
+    c->hcounts[h] = h == rh || gone ? 0 : sizeof v, c->hdispls[h] = 0;
+    n += c->hcounts[h] != 0;
+  }
+  if (n) c->g->scatterv(c->verdict, &v, c->hcounts, c->hdispls, NULL, 0, rh, NULL);
+}
+
+/* A leader whose step failed waiting on the step's root (host RH's leader): the root's verdict
+ * within the grace, the job rank it lost on another host than this one's; -1 when none came
+ * (the root is silent itself: this rank's own finding stands). */
+static int hear_verdict(hier_comm *c, int rh) {
+  verdict v = {0, -1};
+  if (c->g->scatterv(c->verdict, NULL, NULL, NULL, &v, sizeof v, rh, NULL) != SL_OK || v.magic != HIER_VERDICT)
+    return -1;
+  int q = comm_rank_of(c, v.lost); /* trust no peer: a rank of the communicator, of another host */
+  return q >= 0 && c->host_of[q] != c->myhost && c->host_of[q] != rh ? v.lost : -1;
+}
+
+/* This leader's Gloo step failed (ST, having lost the job's rank LOST; RH: the host whose
+ * leader is the step's root, or -1: no root, or this rank's own finding): the ranks of its
+ * host that wait on it in shm fail at once rather than at the timeout, naming whom it lost. */
+static sl_status leader_failed(hier_comm *c, sl_status st, const char *op, int lost, int rh) {
   /* whom the leaders' Gloo blamed, for the control plane (hier_lost) */
   if (c->leaders && SL_HAS_OP(c->g, lost) && c->nlost == 0)
     c->nlost = c->g->lost(c->leaders, c->lost, (int)(sizeof c->lost / sizeof c->lost[0]));
-  /* the rank the step's own message names, where it names one (Gloo's "lost rank N") */
+  /* the rank the step's own message names, where it names one (Gloo's "lost rank N"), else
+   * the one Gloo blamed (a timeout's "waiting for rank N") */
   char last[HIER_WHY];
   snprintf(last, sizeof last, "%s", ((keeper *)c->host->core)->last);
   const char *at = strstr(last, "lost rank ");
-  int named, q = -1;
+  int named;
   if (at && sscanf(at, "lost rank %d", &named) == 1 && named >= 0) lost = named;
-  for (int r = 0; r < c->n && q < 0 && lost >= 0; r++)
-    if (c->job[r] == lost) q = r;
+  else if (lost < 0 && rh >= 0 && c->nlost > 0) lost = c->lost[0];
+  /* the root of a step that other leaders wait on tells them whom it lost; a leader that
+   * waited on the root (which may only wait on another, silent, host) asks it. With two
+   * hosts the root's only peer is this rank's host: nothing to tell. */
+  if (c->verdict && rh >= 0 && rh == c->myhost) {
+    tell_verdict(c, rh, lost);
+    c->host->fail(c->host->core, st, "%s", last); /* the step's message, not the verdict's */
+  } else if (c->verdict && rh >= 0 && lost >= 0 && lost == c->job[leader_of(c, rh)]) {
+    int theirs = hear_verdict(c, rh);
+    char mine[HIER_WHY];
+    snprintf(mine, sizeof mine, "%s", last);
+    if (theirs >= 0) {
+      snprintf(last, sizeof last,
+               "hier %s: rank %d, the leaders' root, lost rank %d and failed; rank %d waited on it: %.*s", op, lost,
+               theirs, c->job[c->rank], (int)sizeof last - 120, mine); /* the head says it all */
+      lost = theirs;
+      c->lost[0] = theirs, c->nlost = 1; /* the host behind it is the one lost (hier_lost) */
+    }
+    c->host->fail(c->host->core, st, "%s", last);
+  }
+  int q = comm_rank_of(c, lost);
   /* another host's leader leaves the job when it loses a rank of its host, which only its
    * own message names: say whom it leads (docs/DESIGN.md#hier) */
   if (q >= 0 && c->host_of[q] != c->myhost && leader_of(c, c->host_of[q]) == q && size_of(c, c->host_of[q]) > 1) {
@@ -303,9 +388,24 @@ static sl_status leader_failed(hier_comm *c, sl_status st, const char *op, int l
  * (flat), whose sends are watched, so that a leader that died fails the root at once, where a
  * send of Gloo's own broadcast to a dead peer may wait out the timeout. */
 static sl_status leaders_bcast(hier_comm *c, void *buf, size_t bytes, int rh) {
-  if (c->myhost != rh) return c->g->scatterv(c->leaders, NULL, NULL, NULL, buf, bytes, rh, NULL);
-  for (int h = 0; h < c->nhosts; h++) c->hcounts[h] = h == rh ? 0 : bytes, c->hdispls[h] = 0;
-  return c->g->scatterv(c->leaders, buf, c->hcounts, c->hdispls, NULL, 0, rh, NULL);
+  sl_status st;
+  away(c, true);
+  if (c->myhost != rh) {
+    st = c->g->scatterv(c->leaders, NULL, NULL, NULL, buf, bytes, rh, NULL);
+  } else {
+    for (int h = 0; h < c->nhosts; h++) c->hcounts[h] = h == rh ? 0 : bytes, c->hdispls[h] = 0;
+    st = c->g->scatterv(c->leaders, buf, c->hcounts, c->hdispls, NULL, 0, rh, NULL);
+  }
+  if (st == SL_OK) away(c, false); /* failed: it stays away until leader_failed breaks its shm */
+  return st;
+}
+
+/* The leaders' scatterv of a host's parts in one piece from host RH's leader, away as above. */
+static sl_status leaders_scatterv(hier_comm *c, const void *send, void *recv, size_t recvbytes, int rh) {
+  away(c, true);
+  sl_status st = c->g->scatterv(c->leaders, send, c->hcounts, c->hdispls, recv, recvbytes, rh, NULL);
+  if (st == SL_OK) away(c, false);
+  return st;
 }
 
 static sl_status bad_root(hier_comm *c, const char *op, int root) {
@@ -323,16 +423,16 @@ static sl_status hier_broadcast(void *comm, void *buf, size_t bytes, int root, v
     /* a leader root sends to the other hosts first: they work while its own host takes it */
     bool first = leader_of(c, rh) == root;
     if (first && lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
-      return done(c, leader_failed(c, st, "broadcast", -1));
+      return done(c, leader_failed(c, st, "broadcast", -1, rh));
     if (st == SL_OK && c->local) st = c->s->broadcast(c->local, buf, bytes, c->local_of[root], NULL);
     /* the last step: nobody of this host waits on it now, but its next op would wait on this
      * rank, which no longer takes part: its host hears whom it lost at once */
     if (st == SL_OK && !first && lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
-      return done(c, leader_failed(c, st, "broadcast", -1));
+      return done(c, leader_failed(c, st, "broadcast", -1, rh));
     return done(c, st);
   }
   if (lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
-    return done(c, leader_failed(c, st, "broadcast", c->job[leader_of(c, rh)]));
+    return done(c, leader_failed(c, st, "broadcast", c->job[leader_of(c, rh)], rh));
   if (c->local) st = c->s->broadcast(c->local, buf, bytes, 0, NULL);
   return done(c, st);
 }
@@ -389,9 +489,9 @@ static sl_status scatter_root(hier_comm *c, const unsigned char *send, const siz
         base = c->scratch;
       }
     }
-    if (st == SL_OK) st = c->g->scatterv(c->leaders, base, c->hcounts, c->hdispls, NULL, 0, rh, NULL);
+    if (st == SL_OK) st = leaders_scatterv(c, base, NULL, 0, rh);
   }
-  if (st != SL_OK) return leader_failed(c, st, "scatterv", -1);
+  if (st != SL_OK) return leader_failed(c, st, "scatterv", -1, rh);
   if (!c->local) {
     if (recvbytes && send + displs[c->rank] != recv) memmove(recv, send + displs[c->rank], recvbytes);
     return SL_OK;
@@ -407,7 +507,7 @@ static sl_status scatter_root(hier_comm *c, const unsigned char *send, const siz
 static sl_status scatter_leader(hier_comm *c, void *recv, size_t recvbytes, int root) {
   int rh = c->host_of[root], lost = c->job[root];
   sl_status st = leaders_bcast(c, c->table, (size_t)c->n * sizeof *c->table, rh);
-  if (st != SL_OK) return leader_failed(c, st, "scatterv", lost);
+  if (st != SL_OK) return leader_failed(c, st, "scatterv", lost, rh);
   /* trust no peer: the table must add up, and give this rank what it was called with */
   uint64_t total = 0;
   int k = size_of(c, c->myhost);
@@ -424,14 +524,15 @@ static sl_status scatter_leader(hier_comm *c, void *recv, size_t recvbytes, int 
                        "hier scatterv: rank %d expects %zu bytes but root rank %d sends it %llu", c->job[c->rank],
                        recvbytes, lost, (unsigned long long)c->table[c->rank]);
   /* this rank's own finding, not a rank lost: its host hears that it failed */
-  if (st != SL_OK) return leader_failed(c, st, "scatterv", -1);
+  if (st != SL_OK) return leader_failed(c, st, "scatterv", -1, -1);
   if (!c->local) { /* a host of one rank: straight into its buffer */
-    st = c->g->scatterv(c->leaders, NULL, NULL, NULL, recv, recvbytes, rh, NULL);
-    return st;
+    st = leaders_scatterv(c, NULL, recv, recvbytes, rh);
+    return st != SL_OK ? leader_failed(c, st, "scatterv", lost, rh) : SL_OK;
   }
-  if ((st = scratch_for(c, total, "scatterv")) == SL_OK)
-    st = c->g->scatterv(c->leaders, NULL, NULL, NULL, c->scratch, (size_t)total, rh, NULL);
-  if (st != SL_OK) return leader_failed(c, st, "scatterv", lost);
+  /* out of memory: this rank's own failure, naming no rank lost */
+  if ((st = scratch_for(c, total, "scatterv")) != SL_OK) return leader_failed(c, st, "scatterv", -1, -1);
+  if ((st = leaders_scatterv(c, NULL, c->scratch, (size_t)total, rh)) != SL_OK)
+    return leader_failed(c, st, "scatterv", lost, rh);
   size_t at = 0;
   for (int i = 0; i < k; i++) c->hdispls[i] = at, at += c->hcounts[i];
   return c->s->scatterv(c->local, c->scratch, c->hcounts, c->hdispls, recv, recvbytes, 0, NULL);
@@ -482,8 +583,11 @@ static sl_status hier_barrier(void *comm) {
   sl_status st = usable(c, "barrier");
   if (st != SL_OK) return st;
   if (c->local) st = c->s->barrier(c->local);
-  if (st == SL_OK && c->leaders && (st = c->g->barrier(c->leaders)) != SL_OK)
-    return done(c, leader_failed(c, st, "barrier", -1));
+  if (st == SL_OK && c->leaders) {
+    away(c, true);
+    if ((st = c->g->barrier(c->leaders)) != SL_OK) return done(c, leader_failed(c, st, "barrier", -1, -1));
+    away(c, false);
+  }
   if (st == SL_OK && c->local && c->nhosts > 1) st = c->s->barrier(c->local);
   return done(c, st);
 }
@@ -494,6 +598,7 @@ static void hier_abort(void *comm) {
   if (!c) return;
   atomic_store(&c->aborted, 1);
   if (c->local) c->s->abort(c->local);
+  if (c->verdict) c->g->abort(c->verdict);
   if (c->leaders) c->g->abort(c->leaders);
   if (c->hostg) c->g->abort(c->hostg);
   if (c->world) c->g->abort(c->world);

@@ -209,6 +209,7 @@ static sl_status wait_for(shm_comm *c, uint32_t *w, uint32_t target, int who, in
                           const char *what) {
   double deadline = now_ms() + c->timeout_ms;
   uint32_t last = load(w);
+  bool graced = false;
   for (;;) {
     uint32_t v = load(w);
     if ((int32_t)(v - target) >= 0) return SL_OK;
@@ -216,6 +217,14 @@ static sl_status wait_for(shm_comm *c, uint32_t *w, uint32_t target, int who, in
     sl_status st = trouble(c, op, w, target, need, arg);
     if (st != SL_OK) return st;
     double left = deadline - now_ms();
+    /* the rank waited on is away in a step bounded by a timeout of its own (a hier leader
+     * between the hosts), which may have started after this wait: that step fails first, and
+     * its verdict (trouble, above) names whom it lost; one timeout more, once */
+    if (left <= 0 && !graced && load(&c->words[who].away)) {
+      graced = true;
+      deadline = now_ms() + c->timeout_ms;
+      continue;
+    }
     if (left <= 0) {
       /* name a stopped member first: the rank waited on may itself wait for it */
       shm_seg *s = c->seg;
@@ -1190,4 +1199,9 @@ void sl__shm_break(void *comm, sl_status st, int lost, const char *why) {
   __atomic_compare_exchange_n(mine, &expect, (uint32_t)FAIL_OP << 24 | named, false, __ATOMIC_ACQ_REL,
                               __ATOMIC_RELAXED);
   wake(mine);
+}
+
+void sl__shm_away(void *comm, bool away) {
+  shm_comm *c = comm;
+  if (c) store(&c->words[c->rank].away, away ? 1u : 0u);
 }

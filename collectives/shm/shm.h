@@ -52,7 +52,8 @@ typedef struct chan_rank {
   uint32_t bar;    /* barriers it has reached */
   uint32_t fail;   /* 0: fine; else FAIL_OP << 24 | the job's rank it lost + 1 (an op failed), or
                     * FAIL_LEFT << 24 | its rank + 1 (it finished the communicator) */
-  char pad[LINE - 16];
+  uint32_t away;   /* nonzero: in a step outside the segment (sl__shm_away) */
+  char pad[LINE - 20];
 } chan_rank;
 
 typedef struct chan_part {
@@ -117,5 +118,11 @@ sl_status sl__shm_label(void *comm, const int *labels);
  * job outside the segment (a hier leader that lost a rank of another host), or, with LOST < 0,
  * that this rank failed. Reports nothing through the host. */
 void sl__shm_break(void *comm, sl_status st, int lost, const char *why);
+/* Says that this rank is AWAY (or back): in a step outside the segment that is bounded by a
+ * timeout of its own (a hier leader's Gloo step between the hosts), which a member waiting on
+ * it cannot see progress in. A wait on a rank away that runs out gives it one timeout more,
+ * ending as soon as it fails (sl__shm_break: its verdict, naming the rank it lost) or goes on,
+ * rather than name a rank alive that only waits on another. */
+void sl__shm_away(void *comm, bool away);
 
 #endif

@@ -339,6 +339,10 @@ const sl_collective_ops *sl__collective_shm(void); /* collectives/shm/shm.c */
 #ifdef SHARDLOAD_HAVE_GLOO
 const sl_collective_ops *sl__collective_gloo(void); /* collectives/gloo/gloo.cc */
 const sl_collective_ops *sl__collective_hier(void); /* collectives/hier/hier.c */
+/* Sets the timeout of COMM, a Gloo communicator (one of the module's own, a split's included),
+ * for the ops that follow: hier's leaders' verdict, which must come within a grace, not a
+ * whole timeout (collectives/hier/hier.c). */
+void sl__gloo_set_timeout(void *comm, int timeout_ms);
 #endif
 /* One plain SGD step x -= lr * g on host memory (F64/F32/F16/BF16), for backends whose
  * memory the host can address. */

@@ -741,37 +741,29 @@ class Tests:
         question to rank 0's store, limited to min(timeout/2, 5 s) when it cannot be reached."""
         return timeout + (min(timeout / 2, 5) if diagnosis else 0) + self.slack()
 
-    def silent_host(self, net, name, fault, heal, collective, nhosts=2, strict=False):
-        """Host 1 goes silent mid-load (FAULT), with COLLECTIVE: hier (auto's choice for 2 hosts
-        of 2) or gloo.
+    def silent_host(self, net, name, fault, heal, collective, nhosts=2):
+        """Host 1 goes silent mid-load (FAULT), with COLLECTIVE: hier (auto's choice for hosts
+        of 2) or gloo. Every rank names a rank across (a survivor a rank of host 1, a rank of
+        host 1 one elsewhere) and exits within the bound.
 
-        gloo: every rank names a rank across and exits within the bound.
-        hier: the hosts' leaders (ranks 0, 2) name a rank across. The other ranks wait on their
-        leader over shm, whose timeout runs out as the leader's Gloo one does, and name their own
-        leader ("rank 0 did not start the op within the timeout"): only "names some rank" is
-        asserted of them (reported). Every rank, rank 0 included, exits within the bound: the
-        data plane's lost ranks reach the control plane (module.h: lost, note_lost), whose store
-        then waits for none of host 1's ranks (which cannot hang up over a dead link). On 4 hosts hier names no rank of host 1 at all (the other leaders time out waiting on
-        rank 0, stuck sending to host 1, and rank 0 then blames the first leader that hung up):
-        reported, so 4 hosts run with gloo only.
-        STRICT: hier held to what gloo is held to (every rank names a rank across, rank 0 exits
-        in time): the known-bug cases, which fail today and are not run by default."""
-        assert collective == "gloo" or nhosts == 2 or strict
+        gloo: the bound has the diagnosis's time (find_lost asks rank 0's store).
+        hier: the leaders' and shm's communicators have no store to ask: the timeout alone. A
+        leader's wait on another leader names the one it waited on; the ranks of a host wait on
+        their leader over shm, which, while the leader is away in its Gloo step, gives it a
+        timeout more and names whom the leader lost once it fails (collectives/shm/shm.c:
+        sl__shm_away, sl__shm_break); on more than 2 hosts the leaders that waited on the
+        step's root (stuck sending to host 1) hear from it whom it lost, within a grace
+        (collectives/hier/hier.c: leader_failed). Every rank, rank 0 included, exits within the
+        bound: the data plane's lost ranks reach the control plane (module.h: lost,
+        note_lost), whose store then waits for none of host 1's ranks (which cannot hang up
+        over a dead link)."""
         args = [] if collective == "hier" else ["--collective", "gloo"]
         try:
             job, tf = self.fault_job(net, name, fault, args=args, nhosts=nhosts)
         finally:
             heal()
-        if collective == "hier" and strict:
-            bound = self.fault_bound(job.timeout, False)
-            namers, late = set(range(job.world)), {}
-        elif collective == "hier":   # the leaders' and shm's communicators have no store to ask
-            bound = self.fault_bound(job.timeout, False)
-            namers, late = {0, 2}, {}
-        else:
-            bound = self.fault_bound(job.timeout, True)
-            namers, late = set(range(job.world)), {}
-        times = self.check_failed(job, tf, 1, bound, namers, late)
+        bound = self.fault_bound(job.timeout, collective == "gloo")
+        times = self.check_failed(job, tf, 1, bound, set(range(job.world)))
         return f"at {tf:.2f} s; after it: {times} (bound {bound:.1f} s)"
 
     def case_link_down(self, net):
@@ -784,21 +776,14 @@ class Tests:
     def case_partition(self, net):
         return self.silent_host(net, "partition", lambda j: net.partition(1), net.heal, "hier")
 
+    def case_partition_4x2(self, net):
+        return self.silent_host(net, "partition-4x2", lambda j: net.partition(1), net.heal, "hier", nhosts=4)
+
     def case_partition_gloo(self, net):
         return self.silent_host(net, "partition-gloo", lambda j: net.partition(1), net.heal, "gloo")
 
     def case_partition_gloo_4x2(self, net):
         return self.silent_host(net, "partition-gloo-4x2", lambda j: net.partition(1), net.heal, "gloo", nhosts=4)
-
-    # known bugs (KNOWN_BUGS below): the correct behaviour, failing today
-
-    def case_bug_hier_link_down(self, net):
-        return self.silent_host(net, "bug-link-down", lambda j: net.link(1, "down"), lambda: net.link(1, "up"),
-                                "hier", strict=True)
-
-    def case_bug_hier_partition_4x2(self, net):
-        return self.silent_host(net, "bug-partition-4x2", lambda j: net.partition(1), net.heal, "hier", nhosts=4,
-                                strict=True)
 
     def case_kill_host(self, net):
         def kill(job):
@@ -876,6 +861,7 @@ CASES = [
     ("reader_hidden_fails", 2, "case_reader_hidden_fails"),
     ("readers_figures", 4, "case_readers_figures"),
     ("gloo_4x1", 4, "case_one_rank_per_host"),
+    ("partition_4x2", 4, "case_partition_4x2"),
     ("partition_gloo_4x2", 4, "case_partition_gloo_4x2"),
     ("rate_limit", 2, "case_rate_limit"),
     ("link_down", 2, "case_link_down"),
@@ -887,12 +873,9 @@ CASES = [
     ("rdzv_dropped", 2, "case_rdzv_dropped"),
 ]
 # Cases that assert the correct behaviour where the product does not give it yet; run only when
-# named (--case), as reproductions. bug_hier_link_down: under hier, ranks 1 and 3 name their own
-# (alive) leader. bug_hier_partition_4x2: on 4 hosts no rank outside host 1
-# names a rank of host 1 (rank 0 blames the first other leader that timed out and hung up).
+# named (--case), as reproductions. None now: hier's silent host (link_down, partition,
+# partition_4x2) is held to what gloo's is.
 KNOWN_BUGS = [
-    ("bug_hier_link_down", 2, "case_bug_hier_link_down"),
-    ("bug_hier_partition_4x2", 4, "case_bug_hier_partition_4x2"),
 ]
 
 
