@@ -11,11 +11,13 @@
 #define _GNU_SOURCE
 #include "cli_testlib.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 
 static char *g_dir;
 static char *g_synth; /* 4 MiB in 2 shard files */
 static char *g_many;  /* 1500 small tensors */
+static char *g_files; /* 2 MiB in 8 shard files */
 
 static const char *hooks_bin(void) {
   const char *b = getenv("SHARDLOAD_TEST_HOOKS_BIN");
@@ -42,6 +44,44 @@ static unsigned char *slurp(const char *path, size_t *n) {
   fclose(f);
   *n = (size_t)len;
   return b;
+}
+
+/* The largest unit a share is made of (docs/DESIGN.md#readers): with at least 2R files, a whole
+ * file's tensor bytes, else the largest tensor's; a share is within one unit of B/R. */
+static uint64_t largest_unit(const char *path, int readers) {
+  char *files[64];
+  int n = 0;
+  struct stat sb;
+  assert_int_equal(stat(path, &sb), 0);
+  if (S_ISDIR(sb.st_mode)) {
+    DIR *d = opendir(path);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < 64;)
+      if (strstr(e->d_name, ".safetensors") && !strstr(e->d_name, ".json")) files[n++] = sl_test_path(path, e->d_name);
+    closedir(d);
+  } else {
+    files[n++] = strdup(path);
+  }
+  uint64_t most = 0;
+  for (int i = 0; i < n; i++) {
+    st_file f;
+    st_open(files[i], &f);
+    if (n >= 2 * readers) {
+      if (f.file_size - f.data_off > most) most = f.file_size - f.data_off;
+    } else {
+      size_t count;
+      const char **names = st_names(&f, &count);
+      for (size_t k = 0; k < count; k++) {
+        st_tensor t;
+        assert_int_equal(st_find(&f, names[k], &t), 0);
+        if (t.end - t.begin > most) most = t.end - t.begin;
+      }
+      free(names);
+    }
+    st_close(&f);
+    free(files[i]);
+  }
+  return most;
 }
 
 typedef struct rcase {
@@ -85,7 +125,8 @@ static void run_case(const rcase *c) {
     for (int i = 0; c->want_readers[i] >= 0; i++) is_reader[c->want_readers[i]] = 1, nreaders++;
   else
     for (int i = 0; i < c->readers; i++) is_reader[i] = 1, nreaders++;
-  /* the largest tensor: a share is balanced by bytes to within one tensor (or one file) */
+  /* a share is balanced by bytes to within one tensor (or one file) */
+  const uint64_t unit = largest_unit(c->path, nreaders);
   st_file f;
   uint64_t read_sum = 0;
   for (int r = 0; r < c->world; r++) {
@@ -98,8 +139,10 @@ static void run_case(const rcase *c) {
       if (!strstr(c->extra, "--mesh")) assert_int_equal(jint(b, "stats", "bytes_sent"), 0);
     } else {
       assert_true(read > 0);
-      /* a fair share, give or take a 2 MiB shard file (synth's) or a tensor */
-      assert_true(read <= ckpt / (uint64_t)nreaders + (2u << 20));
+      if (read > ckpt / (uint64_t)nreaders + unit)
+        fail_msg("rank %d read %llu bytes: more than a share of %llu plus a unit of %llu (%s)", r,
+                 (unsigned long long)read, (unsigned long long)(ckpt / (uint64_t)nreaders), (unsigned long long)unit,
+                 c->extra);
     }
     /* each rank ends with the same shards: the same bytes held */
     assert_int_equal(jint(a, "totals", "bytes"), jint(b, "totals", "bytes"));
@@ -121,7 +164,7 @@ static void run_case(const rcase *c) {
   assert_int_equal(jint(jd, "ranks_that_read", NULL), nreaders);
   assert_int_equal(jint(jr, "ranks_that_read", NULL), 1);
   assert_int_equal(jint(jr, "max_rank_bytes_read", NULL), ckpt);
-  assert_true(jint(jd, "max_rank_bytes_read", NULL) <= ckpt / (uint64_t)nreaders + (2u << 20));
+  assert_true(jint(jd, "max_rank_bytes_read", NULL) <= ckpt / (uint64_t)nreaders + unit);
   json_decref(jr);
   json_decref(jd);
   free(ref);
@@ -132,10 +175,11 @@ static int setup(void **state) {
   g_dir = sl_test_dir("readers");
   g_synth = sl_test_path(g_dir, "synth");
   g_many = sl_test_path(g_dir, "many.safetensors");
+  g_files = sl_test_path(g_dir, "files");
   char *out = NULL;
-  int rc = sl_test_run(&out, "rm -rf '%s' && %s synth '%s' --size 4MiB --shards 2 && %s synth '%s' --size 3MiB "
-                       "--tensors 1500 --seed 7",
-                       g_synth, sl_test_bin(), g_synth, sl_test_bin(), g_many);
+  int rc = sl_test_run(&out, "rm -rf '%s' '%s' && %s synth '%s' --size 4MiB --shards 2 && %s synth '%s' --size 3MiB "
+                       "--tensors 1500 --seed 7 && %s synth '%s' --size 2MiB --shards 8 --seed 3",
+                       g_synth, g_files, sl_test_bin(), g_synth, sl_test_bin(), g_many, sl_test_bin(), g_files);
   if (rc != 0) fprintf(stderr, "%s\n", out ? out : "");
   free(out);
   return rc;
@@ -144,6 +188,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
   free(g_synth);
   free(g_many);
+  free(g_files);
   free(g_dir);
   return 0;
 }
@@ -166,14 +211,26 @@ static void test_matrix(void **state) {
 }
 
 /* HSDP 2x2: readers in both replicas, so a root scatters within its own replica and the chain
- * carries its parts up as well as down. */
+ * carries its parts up as well as down; 3x2 on three hosts: the middle replica's reader sends
+ * both ways at once. */
 static void test_hsdp(void **state) {
-  static const int all[] = {0, 1, 2, 3, -1}, upper[] = {0, 2, -1};
+  static const int all[] = {0, 1, 2, 3, -1}, upper[] = {0, 2, -1}, three[] = {0, 2, 4, -1};
   rcase a = {g_synth, 4, "--backend cpu --staging 256K --mesh 2x2 --placement '[replicate, shard(0)]'", 4, NULL, all};
   run_case(&a);
   /* two hosts of two ranks (replica 0 on host a, replica 1 on host b): one reader each */
   rcase b = {g_synth, 4, "--backend cpu --staging 256K --mesh 2x2 --placement '[replicate, shard(0)]'", 0, "a,a,b,b",
              upper};
+  run_case(&b);
+  rcase c = {g_synth, 6, "--backend cpu --staging 256K --mesh 3x2 --placement '[replicate, shard(0)]'", 0,
+             "a,a,b,b,c,c", three};
+  run_case(&c);
+}
+
+/* Eight files: shares by whole files (at least 2R files), for two and four readers. */
+static void test_shares_by_file(void **state) {
+  rcase a = {g_files, 4, "--backend cpu --staging 256K", 2, NULL, NULL};
+  run_case(&a);
+  rcase b = {g_files, 4, "--backend cpu --staging 256K", 4, NULL, NULL};
   run_case(&b);
 }
 
@@ -210,6 +267,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matrix),
       cmocka_unit_test(test_hsdp),
+      cmocka_unit_test(test_shares_by_file),
       cmocka_unit_test(test_device),
       cmocka_unit_test(test_one_reader_per_host),
       cmocka_unit_test(test_many_small_tensors),

@@ -493,7 +493,7 @@ static char *job_key(const cli_load_args *a) {
           (unsigned)a->cpu_offload < 3 ? offload[a->cpu_offload] : "?",
           (unsigned)a->strategy < 2 ? strategy[a->strategy] : "?",
           (unsigned)a->read_mode < 3 ? source[a->read_mode] : "?", (unsigned long long)a->staging_bytes);
-  fprintf(f, "; readers %d", a->readers);
+  if (a->read_mode == SL_READ_READERS) fprintf(f, "; readers %d", a->readers);
   if (fclose(f) != 0) {
     free(text);
     return NULL;

@@ -69,9 +69,7 @@ sl_status sl__loader_status_window(loader *L, size_t k) {
     for (int r = 0; st == SL_OK && r < L->world && bad < 0; r++)
       if (L->fail.window[r] != (int32_t)SL_OK) bad = r;
     if (st == SL_OK && bad >= 0) {
-      if (bad == L->rank)
-        sl__fail(ctx, L->fail.root_st, "a distributed reader could not read its share of the checkpoint: %s",
-                 L->fail.root_msg);
+      if (bad == L->rank) sl__fail(ctx, L->fail.root_st, "%s", L->fail.root_msg);
       st = sl__share_root_status(ctx, bad == L->rank ? L->fail.root_st : SL_OK, bad);
     }
     L->st->stats.seconds_wait += sl__now_s() - t0;
@@ -102,7 +100,7 @@ static sl_status check_args(loader *L, const sl_load_options *opts, sl_state **o
   if (L->o.pipeline_slots < 0 || L->o.pipeline_slots > SL__MAX_SLOTS)
     return sl__fail(ctx, SL_ERR_INVALID, "sl_load: pipeline_slots is %d; use 0 (default %d) to %d", L->o.pipeline_slots,
                     SL__DEFAULT_SLOTS, SL__MAX_SLOTS);
-  if (L->o.readers < 0 || L->o.readers > L->world)
+  if (L->o.read_mode == SL_READ_READERS && (L->o.readers < 0 || L->o.readers > L->world))
     return sl__fail(ctx, SL_ERR_INVALID, "sl_load: readers is %d; give 0 (one per host) to the world size %d",
                     L->o.readers, L->world);
   if (L->o.staging_bytes == 0) L->o.staging_bytes = SL__DEFAULT_STAGING;
@@ -139,11 +137,12 @@ SL_API sl_status sl_load(sl_context *ctx, sl_plan *plan, sl_source *src, const s
   if (st == SL_OK) st = sl__loader_readers(&L);
   if (st == SL_OK) sl__loader_digest(&L); /* what the agreements compare */
   if ((st = sl__loader_agree(&L, st, "planning")) != SL_OK) goto out_fail;
-  if (L.o.read_mode == SL_READ_EVERY_RANK || L.o.read_mode == SL_READ_READERS) {
+  if (L.o.read_mode == SL_READ_EVERY_RANK || (L.o.read_mode == SL_READ_READERS && L.nreaders > 1)) {
     /* opens a manifest-built source's files; OK at once where they are open (rank 0, and every
      * rank that opened its own copy); refuses a source in rank 0's memory on every rank (every
      * reader), world 1 included, with a message saying so. With distributed readers only the
-     * readers open them, and only their copies are compared. */
+     * readers open them, and only their copies are compared; one reader is rank-0 reads (a
+     * source in rank 0's memory included). */
     bool readers = L.o.read_mode == SL_READ_READERS;
     st = !readers || L.my_reader >= 0 ? sl__source_open_files(src, readers) : SL_OK;
     /* alone, a rank has no one to compare its copy with */

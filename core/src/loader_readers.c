@@ -7,6 +7,9 @@
 
 #include "loader.h"
 
+/* One file: the same path (a source interns each file's path, a caller's table may not). */
+static bool same_file(const char *a, const char *b) { return a == b || (a && b && strcmp(a, b) == 0); }
+
 void sl__readers_share(size_t n, const sl_source_tensor *(*at)(void *u, size_t i), void *u, int R, int *out) {
   unsigned __int128 total = 0;
   size_t files = 0;
@@ -14,7 +17,7 @@ void sl__readers_share(size_t n, const sl_source_tensor *(*at)(void *u, size_t i
   for (size_t i = 0; i < n; i++) {
     const sl_source_tensor *t = at(u, i);
     total += t->nbytes;
-    if (i == 0 || t->file != prev) files++;
+    if (i == 0 || !same_file(t->file, prev)) files++;
     prev = t->file;
   }
   const bool by_file = R > 1 && files >= 2 * (size_t)R;
@@ -24,7 +27,7 @@ void sl__readers_share(size_t n, const sl_source_tensor *(*at)(void *u, size_t i
     size_t e = i + 1;
     uint64_t bytes = at(u, i)->nbytes;
     if (by_file)
-      for (const char *f = at(u, i)->file; e < n && at(u, e)->file == f; e++) bytes += at(u, e)->nbytes;
+      for (const char *f = at(u, i)->file; e < n && same_file(at(u, e)->file, f); e++) bytes += at(u, e)->nbytes;
     int r = 0;
     if (R > 1 && total) {
       unsigned __int128 mid = cum + bytes / 2;

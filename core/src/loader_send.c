@@ -188,7 +188,11 @@ bool sl__loader_root_wire(loader *L, const transfer *x, slot *s, const carve *c,
      * rank 0 itself places nothing more */
     const loader_fail *f = &L->fail;
     if (f->deferred != SL_OK) sl__loader_root_failed(L, f->deferred, f->deferred_msg); /* why the reader stopped */
-    else sl__loader_root_failed(L, rd->st, rd->msg);
+    else if (L->nreaders > 1) { /* the status window names this rank; say what it failed at */
+      char why[SL__ERRMSG_LEN];
+      snprintf(why, sizeof why, "a distributed reader could not read its share of the checkpoint: %s", rd->msg);
+      sl__loader_root_failed(L, rd->st, why);
+    } else sl__loader_root_failed(L, rd->st, rd->msg);
     memset(s->host, 0, c->landing);
     direct = false;
   }
