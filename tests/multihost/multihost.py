@@ -550,11 +550,12 @@ class Tests:
         job, reps, c, wall = self.load(net, 4, [], hidden=[1, 2, 3], name="readers-only-4x2")
         return f"{wall:.2f} s (hosts 1-3 without the checkpoint)"
 
-    def case_every_rank_hidden_fails(self, net):
-        # the control for the hidden checkpoint: every-rank where host 1 cannot see it fails
-        # every rank, host 1's naming what it could not open
+    def hidden_fails(self, net, args, words, named, name):
+        """A load on 2 hosts where host 1 cannot see the checkpoint but must read it: every rank
+        fails within the timeout saying WORDS (each in its stderr), and every rank of host 0
+        names a rank of NAMED."""
         timeout = self.t(10)
-        job = Job(self, net, 2, ["--source", "every-rank"], timeout, hidden=[1], dump=False, name="every-hidden")
+        job = Job(self, net, 2, args, timeout, hidden=[1], dump=False, name=name)
         job.start()
         job.wait(3 * timeout + 20)
         for k in job.ranks:
@@ -562,11 +563,19 @@ class Tests:
             check(k.end <= timeout, lambda: f"rank {k.rank} exited at {k.end:.2f} s, want <= {timeout} s:\n"
                                             + job.describe())
             err = k.stderr()
-            check("SL_ERR_NOT_FOUND" in err and "cannot open on this rank" in err,
-                  lambda: f"rank {k.rank} does not say the checkpoint could not be opened: {err.strip()[-1500:]}")
+            check(all(w in err for w in words),
+                  lambda: f"rank {k.rank} does not say {words}: {err.strip()[-1500:]}")
             if k.host != 1:
-                check(named_ranks(err) & {2, 3}, lambda: f"rank {k.rank} names no rank of host 1: {err.strip()[-1500:]}")
-        return f"every rank out by {max(k.end for k in job.ranks):.2f} s, host 0's naming host 1's rank"
+                check(named_ranks(err) & named, lambda: f"rank {k.rank} names no rank of {sorted(named)}: "
+                                                        f"{err.strip()[-1500:]}")
+        return max(k.end for k in job.ranks)
+
+    def case_every_rank_hidden_fails(self, net):
+        # the control for the hidden checkpoint: every-rank where host 1 cannot see it fails
+        # every rank, host 1's naming what it could not open
+        out = self.hidden_fails(net, ["--source", "every-rank"], ["SL_ERR_NOT_FOUND", "cannot open on this rank"],
+                                {2, 3}, "every-hidden")
+        return f"every rank out by {out:.2f} s, host 0's naming host 1's rank"
 
     # -- distributed readers (DESIGN.md#readers) --
 
@@ -607,21 +616,9 @@ class Tests:
 
     def case_reader_hidden_fails(self, net):
         # a reader (rank 2, host 1's lowest) that cannot see the checkpoint fails every rank
-        # before any byte moves, each naming rank 2 (rank 2 its own error)
-        timeout = self.t(10)
-        job = Job(self, net, 2, ["--source", "readers"], timeout, hidden=[1], dump=False, name="reader-hidden")
-        job.start()
-        job.wait(3 * timeout + 20)
-        for k in job.ranks:
-            check(k.rc > 0, lambda: f"rank {k.rank} exit {k.rc}, want a failure:\n" + job.describe())
-            check(k.end <= timeout, lambda: f"rank {k.rank} exited at {k.end:.2f} s, want <= {timeout} s:\n"
-                                            + job.describe())
-            err = k.stderr()
-            check("a reader" in err, lambda: f"rank {k.rank} does not say a reader lacks the checkpoint: "
-                                             f"{err.strip()[-1500:]}")
-            if k.rank != 2:
-                check(2 in named_ranks(err), lambda: f"rank {k.rank} does not name rank 2: {err.strip()[-1500:]}")
-        return f"every rank out by {max(k.end for k in job.ranks):.2f} s, naming rank 2"
+        # before any byte moves, host 0's ranks naming rank 2 (rank 2 its own error)
+        out = self.hidden_fails(net, ["--source", "readers"], ["a reader"], {2}, "reader-hidden")
+        return f"every rank out by {out:.2f} s, host 0's naming rank 2"
 
     def case_readers_figures(self, net):
         """rank 0's bytes sent and the load time at 4 hosts, rank-0 mode vs distributed readers,
