@@ -7,7 +7,8 @@
  *   loader_readers.c who reads: the readers and each one's share of the tensors
  *   loader_stage.c  the staging slots and their memory bound: sizing, carve-up, schedule
  *   loader_pipe.c   phase 2's pipeline: the reader thread, slot states, the main loop
- *   loader_send.c   the sending side: rank 0 reads, casts, packs; scatter, broadcast, HSDP chain
+ *   loader_send.c   the sending side: the root (rank 0, or a distributed reader) reads, casts,
+ *                   packs; scatter, broadcast, HSDP chain
  *   loader_recv.c   the receiving side: placement, host finishes, every-rank reads
  *
  * struct loader is cut into parts, each written by the one file named at it; any loader file
@@ -122,7 +123,7 @@ typedef struct carve {
 } carve;
 
 /* One staging slot's memory (loader_stage.c). Host part (pinned when the backend has pinned
- * memory): rank 0 reads into it, host routes send and receive through it, and device-to-host
+ * memory): the transfer's root reads into it, host routes send and receive through it, and device-to-host
  * copies of CPU placements land in it. Device part (device route only): the same carve-up in
  * device memory. */
 typedef struct slot {
@@ -269,7 +270,7 @@ typedef struct loader {
 /* Records this rank's first own failure of phase 2 (NAME: the tensor, or NULL when the
  * context's message names it); the reader reads no more. */
 void sl__loader_defer(loader *L, const char *name, sl_status st);
-/* Rank 0's own failure in phase 2 (a read, a pack, the caller's progress callback): the first
+/* A root's own failure in phase 2 (a read, a pack, rank 0's progress callback): the first
  * one is what the next status window tells every rank; rank 0 places nothing more from here on. */
 void sl__loader_root_failed(loader *L, sl_status st, const char *msg);
 /* Whether this rank failed on its own: the reader stops reading (called by the reader thread). */
@@ -316,10 +317,10 @@ sl_status sl__loader_send_setup(loader *L);
 /* collective: the HSDP sub-communicators, where a transfer chains */
 sl_status sl__loader_hsdp_setup(loader *L);
 void sl__loader_send_release(loader *L);
-/* Rank 0 (reader thread): transfer X from storage into slot S's read area, or straight into
+/* The root's reader thread: transfer X from storage into slot S's read area, or straight into
  * its tensor (*DIRECT). */
 sl_status sl__loader_root_read(loader *L, const transfer *x, slot *s, bool *direct);
-/* Rank 0: the wire bytes *S of transfer X, after the read RD; true when nothing is left to move
+/* The root: the wire bytes *S of transfer X, after the read RD; true when nothing is left to move
  * (world 1, read in place). A failure is rank 0's own: it still takes part. */
 bool sl__loader_root_wire(loader *L, const transfer *x, slot *s, const carve *c, const slot_read *rd,
                           const unsigned char **S);

@@ -1,14 +1,14 @@
 /* Phase 2 of sl_load: the pipeline (docs/DESIGN.md#data-flow).
  *
  * The schedule (loader_stage.c) is a list of transfers; each runs through one of N staging
- * slots, so rank 0's reader thread reads transfer k+1 while transfer k is copied up, cast,
- * packed and sent (loader_send.c) and placed (loader_recv.c). A slot's memory is rewritten
- * only after the events recorded after its last use completed (retire_slot), as module.h's
- * asynchronous contract requires.
+ * slots, so the reader thread (rank 0's, or each distributed reader's) reads ahead while
+ * transfer k is copied up, cast, packed and sent (loader_send.c) and placed (loader_recv.c). A
+ * slot's memory is rewritten only after the events recorded after its last use completed
+ * (retire_slot), as module.h's asynchronous contract requires.
  *
- * Rank 0 shares the outcome of its reads once per status window (loader.c); a transfer whose
- * read failed is sent as zeros, rank 0 places nothing more, and the window's verdict fails
- * every rank (sl_bind_fn's contract says what that leaves). */
+ * Rank 0 (or every distributed reader) shares the outcome of its reads once per status window
+ * (loader.c); a transfer whose read failed is sent as zeros, its root places nothing more, and
+ * the window's verdict fails every rank (sl_bind_fn's contract says what that leaves). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>

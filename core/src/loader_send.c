@@ -1,13 +1,14 @@
-/* Phase 2 of sl_load: the sending side of a transfer (docs/DESIGN.md#data-flow). Rank 0 reads
- * a transfer from storage (on the reader thread), casts it to the wire dtype and packs each
- * rank's part; every rank then takes part in the collective that moves it: the scatter (HSDP:
- * within replica 0, then down the replica chain) or the baseline's broadcast. Two routes,
- * chosen by the memory domains the data plane accepts:
- * - host route (Gloo): rank 0 reads, casts and packs in host memory, the collective moves host
- *   bytes;
- * - device route (NCCL, simccl): rank 0 reads into the pinned slot and copies it up on the copy
- *   stream; the data stream waits for that copy, casts and packs on the device and runs the
- *   collective.
+/* Phase 2 of sl_load: the sending side of a transfer (docs/DESIGN.md#data-flow). Its root (rank
+ * 0, or the transfer's distributed reader: docs/DESIGN.md#readers) reads it from storage (on
+ * the reader thread), casts it to the wire dtype and packs each rank's part; every rank then
+ * takes part in the collective that moves it: the scatter (HSDP: within the root's replica,
+ * then along the replica chain) or the baseline's broadcast. Two routes, chosen by the memory
+ * domains the data plane accepts:
+ * - host route (Gloo): the root reads, casts and packs in host memory, the collective moves
+ *   host bytes;
+ * - device route (NCCL, simccl): the root reads into the pinned slot and copies it up on the
+ *   copy stream; the data stream waits for that copy, casts and packs on the device and runs
+ *   the collective.
  * Where the received bytes go from there is loader_recv.c's. */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -234,7 +235,7 @@ static void region_of_rank(loader *L, const tensor_job *j, int r, sl__region *ou
   sl__region_compute(j->src->shape, j->src->ndim, L->mesh_ndim, L->mesh, j->res.placements, coord, out);
 }
 
-/* Rank 0: counts and displacements of the scatter to ranks [0, NRANKS) (every rank, or
+/* The root: counts and displacements of the scatter to ranks [0, NRANKS) (every rank, or
  * replica 0's under HSDP). A rank's bytes are its parts of the pieces one after another (the
  * layout sl__loader_my_part gives; aligned because pieces are ordered by element size). When
  * every part already lies in S at exactly that layout they are sent from there; otherwise
