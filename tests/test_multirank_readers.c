@@ -12,6 +12,7 @@
 #include "cli_testlib.h"
 
 #include <dirent.h>
+#include <stdbool.h>
 #include <sys/stat.h>
 
 static char *g_dir;
@@ -160,6 +161,18 @@ static void run_case(const rcase *c) {
     free(ba), free(bb), free(pa), free(pb);
   }
   assert_int_equal(read_sum, ckpt); /* every byte read once in the job */
+  /* over a collective with scatterv_group (gloo, hier) the readers' transfers move in rounds,
+   * every rank taking part in each; never in rank-0 mode, nor for broadcasts or the HSDP chain */
+  const char *coll = json_string_value(json_object_get(json_object_get(jd, "collective"), "name"));
+  assert_non_null(coll);
+  bool grouped = (!strcmp(coll, "gloo") || !strcmp(coll, "hier")) && !strstr(c->extra, "--strategy broadcast") &&
+                 !strstr(c->extra, "--mesh") && nreaders > 1;
+  for (int r = 0; r < c->world; r++) {
+    uint64_t rounds = jint(json_array_get(rd, (size_t)r), "stats", "rounds");
+    assert_int_equal(jint(json_array_get(rr, (size_t)r), "stats", "rounds"), 0);
+    if ((rounds > 0) != grouped)
+      fail_msg("rank %d ran %llu rounds of the readers' transfers (%s)", r, (unsigned long long)rounds, c->extra);
+  }
   /* the launcher's merged report says so too */
   assert_int_equal(jint(jd, "ranks_that_read", NULL), nreaders);
   assert_int_equal(jint(jr, "ranks_that_read", NULL), 1);
@@ -202,6 +215,12 @@ static void test_matrix(void **state) {
       {NULL, 4, "--backend cpu --staging 256K --strategy broadcast", 4, NULL, NULL},
       {NULL, 3, "--backend cpu --staging 256K --param-dtype F64", 3, NULL, NULL},
       {NULL, 4, "--backend cpu --staging 256K --replicate '*norm*' --param-dtype F16", 4, NULL, NULL},
+      /* Gloo: in rounds, one group op for the transfers of every reader in turn */
+      {NULL, 2, "--backend cpu --staging 256K --collective gloo", 2, NULL, NULL},
+      {NULL, 4, "--backend cpu --staging 256K --collective gloo", 4, NULL, NULL},
+      {NULL, 4, "--backend cpu --staging 256K --collective gloo", 3, NULL, NULL},
+      {NULL, 3, "--backend cpu --staging 256K --collective gloo --param-dtype F64", 3, NULL, NULL},
+      {NULL, 4, "--backend cpu --staging 256K --collective gloo --strategy broadcast", 2, NULL, NULL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     rcase c = cases[i];
@@ -261,6 +280,8 @@ static void test_many_small_tensors(void **state) {
   run_case(&a);
   rcase b = {g_many, 4, "--backend cpu --staging 64K --strategy broadcast", 2, NULL, NULL};
   run_case(&b);
+  rcase g = {g_many, 4, "--backend cpu --staging 64K --collective gloo", 4, NULL, NULL};
+  run_case(&g);
 }
 
 int main(void) {

@@ -168,6 +168,7 @@ static json_t *stats_json(const load_totals *tot) {
     bad |= json_object_set_new(sj, "staging_bytes", json_integer((json_int_t)s->staging_bytes));
     bad |= json_object_set_new(sj, "device_staging_bytes", json_integer((json_int_t)s->device_staging_bytes));
     bad |= json_object_set_new(sj, "transfers", json_integer((json_int_t)s->transfers));
+    bad |= json_object_set_new(sj, "rounds", json_integer((json_int_t)s->rounds));
     bad |= json_object_set_new(sj, "seconds", json_real(s->seconds));
     bad |= json_object_set_new(sj, "seconds_read", json_real(s->seconds_read));
     bad |= json_object_set_new(sj, "seconds_wait", json_real(s->seconds_wait));

@@ -694,6 +694,92 @@ sl_status scatterv_impl(void *comm, const void *sendbuf, const size_t *counts, c
   });
 }
 
+// Several scatterv's from distinct roots as one op (module.h): every item's sends and
+// receives are posted before any is waited on, each item on its own slot, so a rank receives
+// from every root at once and each root's link carries its own sends beside the others'.
+sl_status scatterv_group_impl(void *comm, const sl_scatter_item *items, int n) {
+  Comm &c = *static_cast<Comm *>(comm);
+  if (n < 1 || n > SL_SCATTER_GROUP_MAX || !items)
+    return c.host->fail(c.host->core, SL_ERR_INVALID, "%s: %d items; give 1 to %d",
+                        describe(c, "scatterv group").c_str(), n, SL_SCATTER_GROUP_MAX);
+  int mine = -1; // the item this rank roots
+  for (int i = 0; i < n; i++) {
+    int root = items[i].root;
+    if (root < 0 || root >= c.world) return bad_root(c, "scatterv group", root);
+    for (int k = 0; k < i; k++)
+      if (items[k].root == root)
+        return c.host->fail(c.host->core, SL_ERR_INVALID, "%s: items %d and %d have the same root %d",
+                            describe(c, "scatterv group").c_str(), k, i, root);
+    if (root == c.rank) mine = i;
+  }
+  if (mine >= 0 && items[mine].counts[c.rank] != items[mine].recvbytes)
+    return c.host->fail(c.host->core, SL_ERR_INVALID, "%s: root sends itself %zu bytes but receives %zu",
+                        describe(c, "scatterv group").c_str(), items[mine].counts[c.rank], items[mine].recvbytes);
+  std::string what = describe(c, "scatterv group") + " (" + std::to_string(n) + " scatters from ranks";
+  for (int i = 0; i < n; i++) what += (i ? ", " : " ") + std::to_string(c.job_rank(items[i].root));
+  what += ")";
+  if (unusable(c)) return guarded(c, what, [] {});
+  const char *own = mine >= 0 ? static_cast<const char *>(items[mine].sendbuf) + items[mine].displs[c.rank] : nullptr;
+  void *own_to = mine >= 0 ? items[mine].recvbuf : nullptr;
+  size_t own_bytes = mine >= 0 ? items[mine].recvbytes : 0;
+  if (c.world == 1) {
+    if (own_bytes && own != own_to) memmove(own_to, own, own_bytes);
+    return SL_OK;
+  }
+  const uint64_t tag0 = c.tag;
+  c.tag += uint64_t(n);
+  return guarded(c, what, [&] {
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends(size_t(c.world));
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs(static_cast<size_t>(n));
+    if (mine >= 0) {
+      const sl_scatter_item &it = items[mine];
+      uint64_t slot = gloo::Slot::build(kScattervSlotPrefix, tag0 + uint64_t(mine));
+      auto *base = const_cast<char *>(static_cast<const char *>(it.sendbuf));
+      for (int r = 0; r < c.world; r++) {
+        if (r == c.rank || it.counts[r] == 0) continue;
+        sends[size_t(r)] = c.ctx->createUnboundBuffer(base + it.displs[r], it.counts[r]);
+        for (size_t off = 0; off < it.counts[r]; off += c.chunk)
+          sends[size_t(r)]->send(r, slot, off, std::min(c.chunk, it.counts[r] - off));
+      }
+    }
+    for (int i = 0; i < n; i++) {
+      if (i == mine || items[i].recvbytes == 0) continue;
+      uint64_t slot = gloo::Slot::build(kScattervSlotPrefix, tag0 + uint64_t(i));
+      recvs[size_t(i)] = c.ctx->createUnboundBuffer(items[i].recvbuf, items[i].recvbytes);
+      for (size_t off = 0; off < items[i].recvbytes; off += c.chunk)
+        recvs[size_t(i)]->recv(items[i].root, slot, off, std::min(c.chunk, items[i].recvbytes - off));
+    }
+    // the root's own part: every buffer it sends from is read meanwhile, so it moves only after
+    // the sends where it lands on one of them
+    bool copy_early = own_bytes && own != own_to;
+    for (int r = 0; copy_early && r < c.world; r++) {
+      if (!sends[size_t(r)]) continue;
+      const uintptr_t b = reinterpret_cast<uintptr_t>(items[mine].sendbuf) + items[mine].displs[r];
+      const uintptr_t d = reinterpret_cast<uintptr_t>(own_to);
+      if (d < b + items[mine].counts[r] && b < d + own_bytes) copy_early = false;
+    }
+    if (copy_early) memmove(own_to, own, own_bytes);
+    if (mine >= 0) {
+      if (!c.watch) c.watch = std::make_shared<SendWatch>(c); // inherits the blocked SIGPIPE
+      for (int r = 0; r < c.world; r++) {
+        if (!sends[size_t(r)]) continue;
+        c.waiting_for = r;
+        for (size_t off = 0; off < items[mine].counts[r]; off += c.chunk)
+          if (!c.watch->wait(sends[size_t(r)].get(), r))
+            throw std::runtime_error("Connection closed by peer " + std::to_string(c.job_rank(r)) +
+                                     " while sending to it");
+      }
+    }
+    for (int i = 0; i < n; i++) {
+      if (!recvs[size_t(i)]) continue;
+      c.waiting_for = items[i].root;
+      for (size_t off = 0; off < items[i].recvbytes; off += c.chunk) recvs[size_t(i)]->waitRecv(c.timeout());
+    }
+    if (own_bytes && own != own_to && !copy_early) memmove(own_to, own, own_bytes);
+    c.waiting_for = -1;
+  });
+}
+
 sl_status allgather_impl(void *comm, const void *sendbuf, void *recvbuf, size_t bytes) {
   Comm &c = *static_cast<Comm *>(comm);
   std::string what = describe(c, "allgather") + " (" + std::to_string(bytes) + " bytes per rank)";
@@ -839,6 +925,14 @@ sl_status gloo_scatterv(void *comm, const void *sendbuf, const size_t *counts, c
   }
 }
 
+sl_status gloo_scatterv_group(void *comm, const sl_scatter_item *items, int n, void *stream) noexcept {
+  try {
+    return scatterv_group_impl(comm, items, n);
+  } catch (...) {
+    return out_of_memory(static_cast<Comm *>(comm)->host);
+  }
+}
+
 sl_status gloo_allgather(void *comm, const void *sendbuf, void *recvbuf, size_t bytes, void *stream) noexcept {
   try {
     return allgather_impl(comm, sendbuf, recvbuf, bytes);
@@ -873,6 +967,7 @@ const sl_collective_ops kGlooOps = {
     gloo_barrier,
     gloo_lost,
     gloo_note_lost,
+    gloo_scatterv_group,
 };
 
 } // namespace

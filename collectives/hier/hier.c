@@ -565,6 +565,179 @@ static sl_status hier_scatterv(void *comm, const void *sendbuf, const size_t *co
   return done(c, scatter_leader(c, recvbuf, recvbytes, root));
 }
 
+/* Several scatterv's from distinct roots as one op (module.h). Where every root leads its host
+ * (the loader's distributed readers, one per host) across hosts: each root tells the leaders
+ * its count table, the leaders' Gloo moves every root's host parts at once (its
+ * scatterv_group), then each host scatters each item over its shm in item order (the root's
+ * host from the root's send buffer). Else each item is a scatterv in turn. A failure between
+ * the hosts names whom Gloo lost; with several roots no verdict is told (a leader's Gloo names
+ * the silent root, or the rank a root lost in its own message). */
+static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *it, int n, void *stream) {
+  hier_comm *c = comm;
+  sl_status st = usable(c, "scatterv group");
+  if (st != SL_OK) return st;
+  if (n < 1 || n > SL_SCATTER_GROUP_MAX || !it)
+    return done(c, c->host->fail(c->host->core, SL_ERR_INVALID, "hier scatterv group: %d items; give 1 to %d", n,
+                                 SL_SCATTER_GROUP_MAX));
+  bool grouped = c->nhosts > 1 && SL_HAS_OP(c->g, scatterv_group) && n > 1;
+  for (int i = 0; i < n; i++) {
+    if (it[i].root < 0 || it[i].root >= c->n) return bad_root(c, "scatterv group", it[i].root);
+    for (int k = 0; k < i; k++)
+      if (it[k].root == it[i].root)
+        return done(c, c->host->fail(c->host->core, SL_ERR_INVALID,
+                                     "hier scatterv group: items %d and %d have the same root %d", k, i, it[i].root));
+    grouped &= leader_of(c, c->host_of[it[i].root]) == it[i].root;
+  }
+  if (!grouped) {
+    for (int i = 0; i < n && st == SL_OK; i++)
+      st = hier_scatterv(comm, it[i].sendbuf, it[i].counts, it[i].displs, it[i].recvbuf, it[i].recvbytes, it[i].root,
+                         stream);
+    return st;
+  }
+  int mine = -1;
+  for (int i = 0; i < n; i++)
+    if (it[i].root == c->rank) mine = i;
+  if (mine >= 0 && it[mine].counts[c->rank] != it[mine].recvbytes)
+    return done(c, c->host->fail(c->host->core, SL_ERR_INVALID,
+                                 "hier scatterv group: the root sends itself %zu bytes but receives %zu",
+                                 it[mine].counts[c->rank], it[mine].recvbytes));
+  const size_t H = (size_t)c->nhosts, N = (size_t)c->n, K = (size_t)size_of(c, c->myhost);
+  /* per item: the count table (N), each host's count and displacement between the leaders (H
+   * each), this host's ranks' counts and displacements over shm (K each), where its host's part
+   * lands in the scratch and how long it is */
+  uint64_t *table = NULL, *at = NULL, *len = NULL;
+  size_t *hc = NULL, *hd = NULL, *lc = NULL, *ld = NULL;
+  if (leads(c)) {
+    table = calloc((size_t)n * N, sizeof *table), hc = calloc((size_t)n * H, sizeof *hc);
+    hd = calloc((size_t)n * H, sizeof *hd), at = calloc((size_t)n, sizeof *at), len = calloc((size_t)n, sizeof *len);
+  }
+  lc = calloc(K, sizeof *lc), ld = calloc(K, sizeof *ld);
+  if (!lc || !ld || (leads(c) && (!table || !hc || !hd || !at || !len))) {
+    st = c->host->fail(c->host->core, SL_ERR_NOMEM, "hier scatterv group: out of memory for %d items' tables", n);
+    if (leads(c)) st = leader_failed(c, st, "scatterv group", -1, -1);
+    goto out;
+  }
+  if (leads(c)) {
+    /* the count tables, each from its root; each host's part of each item in one piece */
+    for (int i = 0; i < n && st == SL_OK; i++) {
+      uint64_t *t = table + (size_t)i * N;
+      int rh = c->host_of[it[i].root];
+      if (i == mine)
+        for (size_t r = 0; r < N; r++) t[r] = it[i].counts[r];
+      if ((st = leaders_bcast(c, t, N * sizeof *t, rh)) != SL_OK) {
+        st = leader_failed(c, st, "scatterv group", i == mine ? -1 : c->job[it[i].root], rh);
+        goto out;
+      }
+      uint64_t total = 0;
+      for (size_t h = 0; h < H; h++) {
+        uint64_t sum = 0;
+        for (int k = 0; k < size_of(c, (int)h); k++) {
+          uint64_t v = t[c->members[c->first_of[h] + k]];
+          if (__builtin_add_overflow(sum, v, &sum) || v > SIZE_MAX || sum > SIZE_MAX) st = SL_ERR_MISMATCH;
+        }
+        hc[(size_t)i * H + h] = (int)h == rh ? 0 : (size_t)sum;
+        if (st == SL_OK && (int)h != rh && __builtin_add_overflow(total, sum, &total)) st = SL_ERR_MISMATCH;
+      }
+      if (st == SL_OK && i != mine && t[c->rank] != it[i].recvbytes) st = SL_ERR_MISMATCH;
+      if (st != SL_OK) {
+        st = c->host->fail(c->host->core, SL_ERR_MISMATCH,
+                           "hier scatterv group: root rank %d's count table does not add up for host %d (rank %d "
+                           "expects %zu bytes)",
+                           c->job[it[i].root], c->myhost, c->job[c->rank], it[i].recvbytes);
+        st = leader_failed(c, st, "scatterv group", -1, -1);
+        goto out;
+      }
+      len[i] = i == mine ? total : hc[(size_t)i * H + (size_t)c->myhost];
+    }
+    /* the scratch: this rank's own item packed by host where its parts do not lie so in its
+     * send buffer, and each other item's part of this host (a host of one rank receives
+     * straight into its buffer) */
+    uint64_t need = 0;
+    for (int i = 0; i < n; i++) {
+      bool in_place = true;
+      if (i == mine)
+        for (size_t h = 0; h < H; h++) {
+          size_t p = 0, l = 0;
+          for (int k = 0; (int)h != c->myhost && k < size_of(c, (int)h); k++) {
+            int r = c->members[c->first_of[h] + k];
+            if (k == 0) p = it[i].displs[r];
+            else if (it[i].counts[r] && it[i].displs[r] != p + l) in_place = false;
+            l += it[i].counts[r];
+          }
+          hd[(size_t)i * H + h] = p;
+        }
+      at[i] = need;
+      if ((i == mine && !in_place) || (i != mine && c->local)) need += len[i];
+      else at[i] = UINT64_MAX; /* not in the scratch */
+    }
+    if ((st = scratch_for(c, need, "scatterv group")) != SL_OK) {
+      st = leader_failed(c, st, "scatterv group", -1, -1);
+      goto out;
+    }
+    sl_scatter_item g[SL_SCATTER_GROUP_MAX];
+    for (int i = 0; i < n; i++) {
+      int rh = c->host_of[it[i].root];
+      g[i] = (sl_scatter_item){.root = rh};
+      if (i == mine) {
+        const unsigned char *base = it[i].sendbuf;
+        if (at[i] != UINT64_MAX) { /* packed: each other host's parts in its order */
+          size_t p = (size_t)at[i];
+          base = c->scratch + p;
+          for (size_t h = 0; h < H; h++) {
+            hd[(size_t)i * H + h] = p - (size_t)at[i];
+            for (int k = 0; (int)h != c->myhost && k < size_of(c, (int)h); k++) {
+              int r = c->members[c->first_of[h] + k];
+              if (it[i].counts[r]) memcpy(c->scratch + p, (const unsigned char *)it[i].sendbuf + it[i].displs[r],
+                                          it[i].counts[r]);
+              p += it[i].counts[r];
+            }
+          }
+        }
+        g[i].sendbuf = base, g[i].counts = hc + (size_t)i * H, g[i].displs = hd + (size_t)i * H;
+      } else {
+        g[i].recvbuf = at[i] != UINT64_MAX ? c->scratch + at[i] : it[i].recvbuf;
+        g[i].recvbytes = (size_t)len[i];
+      }
+    }
+    away(c, true);
+    if ((st = c->g->scatterv_group(c->leaders, g, n, NULL)) != SL_OK) {
+      st = leader_failed(c, st, "scatterv group", -1, -1);
+      goto out;
+    }
+    away(c, false);
+  }
+  /* each item over this host's shm, in item order */
+  for (int i = 0; i < n && st == SL_OK; i++) {
+    int root = it[i].root, rh = c->host_of[root];
+    if (!c->local) { /* a host of one rank: the root's own part, or what its Gloo brought */
+      const unsigned char *own = i == mine ? (const unsigned char *)it[i].sendbuf + it[i].displs[c->rank] : NULL;
+      if (own && it[i].recvbytes && own != it[i].recvbuf) memmove(it[i].recvbuf, own, it[i].recvbytes);
+      continue;
+    }
+    if (c->myhost == rh) {
+      if (c->rank == root)
+        for (size_t k = 0; k < K; k++) {
+          int r = c->members[c->first_of[c->myhost] + k];
+          lc[k] = it[i].counts[r], ld[k] = it[i].displs[r];
+        }
+      st = c->s->scatterv(c->local, c->rank == root ? it[i].sendbuf : NULL, lc, ld, it[i].recvbuf, it[i].recvbytes,
+                          c->local_of[root], NULL);
+    } else if (leads(c)) {
+      size_t p = 0;
+      for (size_t k = 0; k < K; k++) {
+        lc[k] = (size_t)table[(size_t)i * N + (size_t)c->members[c->first_of[c->myhost] + k]];
+        ld[k] = p, p += lc[k];
+      }
+      st = c->s->scatterv(c->local, c->scratch + at[i], lc, ld, it[i].recvbuf, it[i].recvbytes, 0, NULL);
+    } else {
+      st = c->s->scatterv(c->local, NULL, NULL, NULL, it[i].recvbuf, it[i].recvbytes, 0, NULL);
+    }
+  }
+out:
+  free(table), free(hc), free(hd), free(at), free(len), free(lc), free(ld);
+  return done(c, st);
+}
+
 /* One host: its shm, whose ranks are this communicator's (and which names a silent rank, which
  * a Gloo communicator bootstrapped over the control plane cannot). More: the whole
  * communicator's Gloo (small, rare). */
@@ -703,6 +876,7 @@ static const sl_collective_ops hier_ops = {
     .allgather = hier_allgather,
     .barrier = hier_barrier,
     .lost = hier_lost,
+    .scatterv_group = hier_scatterv_group,
 };
 
 const sl_collective_ops *sl__collective_hier(void) { return &hier_ops; }

@@ -179,6 +179,9 @@ typedef struct loader_pipe {
   bool device_route;   /* the data plane moves device memory (docs/DESIGN.md#data-flow) */
   bool device_is_host; /* cpu backend */
   bool can_cast_device, can_2d;
+  /* distributed readers' transfers run in rounds, one group op each (the data collective has
+   * scatterv_group): ROUND_MAX transfers from distinct roots at most, else 1 */
+  size_t round_max;
   /* [from][to]: the backend casts the pair on the device (cast_async of 0 elements said SL_OK) */
   bool cast_on_device[SL_DTYPE_COUNT_][SL_DTYPE_COUNT_];
   slot_read reads[SL__MAX_SLOTS]; /* beside stage.slots, index for index */
@@ -309,6 +312,10 @@ void sl__loader_stage_drain(loader *L);
 void sl__loader_stage_release(loader *L);
 
 /* ---- loader_pipe.c ----------------------------------------------------------------------- */
+/* Whether distributed readers' transfers run in rounds, each one group op of the data
+ * collective (its scatterv_group), which takes a slot per reader in flight and one per reader
+ * reading ahead (loader_stage.c sizes them so). */
+bool sl__loader_rounds(const loader *L);
 sl_status sl__loader_pipe(loader *L);
 void sl__loader_pipe_release(loader *L);
 
@@ -330,6 +337,11 @@ sl_status sl__loader_scatter(loader *L, const transfer *x, slot *s, const carve 
                              unsigned char *recv, uint64_t mine);
 sl_status sl__loader_broadcast(loader *L, const transfer *x, slot *s, const carve *c, const unsigned char *S,
                                const unsigned char **buf);
+/* Every rank: the scatters of a round of M transfers from distinct roots (none HSDP) as one
+ * group op of the data plane (sl_collective_ops.scatterv_group). A failure is the data plane's. */
+sl_status sl__loader_scatter_round(loader *L, const transfer *const *x, slot *const *sl, const carve *c,
+                                   const unsigned char *const *S, unsigned char *const *recv, const uint64_t *mine,
+                                   size_t m);
 /* Region R's elements of [a, b) from SRC (the piece's data) to DST, on the device or the host;
  * *COUNT: how many. */
 sl_status sl__loader_pack(loader *L, const sl__region *r, size_t es, const unsigned char *src, uint64_t a, uint64_t b,

@@ -26,6 +26,7 @@ void sl__loader_digest(loader *L) {
   h = mix64(h, (uint64_t)L->o.staging_bytes);
   h = mix64(h, (uint64_t)L->o.pipeline_slots);
   h = mix64(h, (uint64_t)(L->o.read_mode == SL_READ_READERS ? L->o.readers : 0));
+  h = mix64(h, (uint64_t)sl__loader_rounds(L)); /* it sizes the slots, so the schedule */
   for (size_t i = 0; i < L->njobs; i++) {
     const tensor_job *j = &L->jobs[i];
     h = mix64(h, j->src_index);

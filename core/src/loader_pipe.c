@@ -199,6 +199,26 @@ static sl_status choose_route(loader *L) {
   return SL_OK;
 }
 
+bool sl__loader_rounds(const loader *L) {
+  return L->nreaders > 1 && L->o.read_mode == SL_READ_READERS && L->o.strategy == SL_STRATEGY_SCATTER &&
+         SL_HAS_OP(L->ctx->data, scatterv_group);
+}
+
+/* How many transfers from K on run as one round: consecutive ones from distinct roots (the
+ * schedule takes one of each reader in turn), none HSDP (its chain runs after its own scatter),
+ * at most ROUND_MAX. */
+static size_t round_len(const loader *L, size_t k) {
+  const loader_stage *g = &L->stage;
+  size_t m = 0;
+  while (m < L->pipe.round_max && k + m < g->nxfers && !g->xfers[k + m].hsdp) {
+    bool seen = false;
+    for (size_t i = 0; i < m; i++) seen |= g->xfers[k + i].root == g->xfers[k + m].root;
+    if (seen) break;
+    m++;
+  }
+  return m > 1 ? m : 1;
+}
+
 static sl_status setup(loader *L) {
   /* the readers' status windows (loader.c): allocated here, so that a rank without the memory
    * fails the agreement that follows rather than a window */
@@ -207,6 +227,11 @@ static sl_status setup(loader *L) {
   sl_status st = choose_route(L);
   if (st == SL_OK) st = sl__loader_stage_setup(L);
   if (st == SL_OK) st = sl__loader_send_setup(L);
+  /* rounds: a slot in flight for each of their transfers, and one for each reader's read ahead */
+  size_t half = (size_t)L->stage.nslots / 2, R = (size_t)L->nreaders;
+  L->pipe.round_max = 1;
+  if (sl__loader_rounds(L)) L->pipe.round_max = R < half ? R : half;
+  if (L->pipe.round_max > SL_SCATTER_GROUP_MAX) L->pipe.round_max = SL_SCATTER_GROUP_MAX;
   return st;
 }
 
@@ -262,6 +287,38 @@ static sl_status run_transfer(loader *L, size_t k, slot *s) {
   return SL_OK;
 }
 
+/* A round of M > 1 transfers from K on (round_len): each root readies its wire bytes, then one
+ * group op moves them all, then every rank places its parts of each. */
+static sl_status run_round(loader *L, size_t k, size_t m, bool reader) {
+  const transfer *x[SL_SCATTER_GROUP_MAX] = {0};
+  slot *sl[SL_SCATTER_GROUP_MAX] = {0};
+  carve c[SL_SCATTER_GROUP_MAX] = {0};
+  const unsigned char *S[SL_SCATTER_GROUP_MAX] = {0};
+  unsigned char *recv[SL_SCATTER_GROUP_MAX] = {0};
+  bool direct[SL_SCATTER_GROUP_MAX] = {0};
+  uint64_t mine[SL_SCATTER_GROUP_MAX] = {0};
+  for (size_t i = 0; i < m; i++) {
+    x[i] = &L->stage.xfers[k + i];
+    sl[i] = &L->stage.slots[(k + i) % (size_t)L->stage.nslots];
+    c[i] = sl__loader_carve(L, x[i]);
+    S[i] = NULL;
+    if (L->rank == x[i]->root) {
+      if (reader) wait_ready(L, sl[i], k + i);
+      /* nothing is left to move only at world 1, which has one reader */
+      (void)sl__loader_root_wire(L, x[i], sl[i], &c[i], read_of(L, sl[i]), &S[i]);
+    }
+    unsigned char *d, *stage = L->pipe.device_route ? sl[i]->dev : sl[i]->host;
+    mine[i] = sl__loader_my_part(L, x[i], &d);
+    direct[i] = d != NULL;
+    recv[i] = d ? d : stage + c[i].recv;
+  }
+  sl_status st = sl__loader_scatter_round(L, x, sl, c, S, recv, mine, m);
+  if (st != SL_OK) return st;
+  for (size_t i = 0; i < m; i++)
+    if (!direct[i]) sl__loader_place_parts(L, x[i], sl[i], &c[i], recv[i]);
+  return SL_OK;
+}
+
 sl_status sl__loader_pipe(loader *L) {
   sl_context *ctx = L->ctx;
   loader_pipe *p = &L->pipe;
@@ -281,26 +338,35 @@ sl_status sl__loader_pipe(loader *L) {
   if ((st = sl__loader_hsdp_setup(L)) != SL_OK) goto out_fail; /* collective: a failure is every rank's */
   const size_t N = (size_t)g->nslots;
   size_t next_own = 0; /* a reader: the first transfer after K that it reads */
-  for (size_t k = 0; k < g->nxfers; k++) {
-    slot *s = &L->stage.slots[k % N];
-    /* free this transfer's slot (it held transfer k-N) and, on a reader, the one its reader
-     * thread fills next while this transfer moves (the slot of its next own transfer J, which
+  for (size_t k = 0; k < g->nxfers;) {
+    /* transfers [k, k + m): one, or a round of distributed readers' (run_round) */
+    const size_t m = L->pipe.round_max > 1 ? round_len(L, k) : 1, last = k + m - 1;
+    /* free these transfers' slots (each held its transfer's k-N) and, on a reader, the one its
+     * reader thread fills next while they move (the slot of its next own transfer J, which
      * held J-N), as long as that is before K: one slot runs strictly one stage after another */
-    size_t upto = k + 1 > N ? k + 1 - N : 0;
+    size_t upto = last + 1 > N ? last + 1 - N : 0;
     if (reader && N >= 2) {
-      if (next_own <= k)
-        for (next_own = k + 1; next_own < g->nxfers && g->xfers[next_own].root != L->rank; next_own++) {}
+      if (next_own <= last)
+        for (next_own = last + 1; next_own < g->nxfers && g->xfers[next_own].root != L->rank; next_own++) {}
       if (next_own < g->nxfers && next_own + 1 > N) {
         size_t want = next_own + 1 - N < k ? next_own + 1 - N : k;
         if (want > upto) upto = want;
       }
     }
     if ((st = retire_until(L, upto)) != SL_OK) goto out_fail;
-    if (reader && g->xfers[k].root == L->rank) wait_ready(L, s, k);
-    if ((st = run_transfer(L, k, s)) != SL_OK) goto out_fail;
-    if ((st = record_slot(L, s)) != SL_OK) sl__loader_defer(L, NULL, st);
-    if (L->rank == 0) report_progress(L, &g->xfers[k]);
-    if ((st = sl__loader_status_window(L, k)) != SL_OK) goto out_fail;
+    if (m > 1) {
+      st = run_round(L, k, m, reader);
+    } else {
+      if (reader && g->xfers[k].root == L->rank) wait_ready(L, &L->stage.slots[k % N], k);
+      st = run_transfer(L, k, &L->stage.slots[k % N]);
+    }
+    if (st != SL_OK) goto out_fail;
+    for (size_t i = k; i <= last; i++) {
+      if ((st = record_slot(L, &L->stage.slots[i % N])) != SL_OK) sl__loader_defer(L, NULL, st);
+      if (L->rank == 0) report_progress(L, &g->xfers[i]);
+      if ((st = sl__loader_status_window(L, i)) != SL_OK) goto out_fail;
+    }
+    k = last + 1;
   }
   if ((st = retire_until(L, g->nxfers)) != SL_OK) goto out_fail;
   stop_reader(L);

@@ -389,6 +389,42 @@ sl_status sl__loader_scatter(loader *L, const transfer *x, slot *s, const carve 
   return after_data_op(L);
 }
 
+/* Every rank: the scatters of a round of M transfers X[i] from distinct roots (distributed
+ * readers, loader_pipe.c; none HSDP) as one group op of the data plane, so that every reader's
+ * bytes move at once: transfer X[i] through slot SL[i] with carve C[i] and its root's wire
+ * bytes S[i], received into RECV[i] (MINE[i] bytes). A rank roots one item at most, so the
+ * root's scatter tables serve it alone. A failure is the data plane's. */
+sl_status sl__loader_scatter_round(loader *L, const transfer *const *x, slot *const *sl, const carve *c,
+                                   const unsigned char *const *S, unsigned char *const *recv, const uint64_t *mine,
+                                   size_t m) {
+  sl_context *ctx = L->ctx;
+  const loader_send *d = &L->send;
+  sl_scatter_item it[SL_SCATTER_GROUP_MAX];
+  sl_status st = before_data_op(L);
+  if (st != SL_OK) return st;
+  for (size_t i = 0; i < m; i++) {
+    it[i] = (sl_scatter_item){.recvbuf = recv[i], .recvbytes = (size_t)mine[i], .root = x[i]->root};
+    if (L->rank != x[i]->root) continue;
+    const unsigned char *sendbuf = NULL;
+    if ((st = root_layout(L, x[i], sl[i], &c[i], S[i], L->world, &sendbuf)) != SL_OK) {
+      sl__loader_root_failed(L, st, L->ctx->errmsg); /* a pack that could not be enqueued: still take part */
+      if (!sendbuf) sendbuf = S[i];
+    }
+    it[i].sendbuf = sendbuf, it[i].counts = d->counts, it[i].displs = d->displs;
+  }
+  st = ctx->data->scatterv_group(ctx->data_comm, it, (int)m, L->stage.s_comm);
+  if (st != SL_OK) return st; /* the data plane failed: the job did */
+  L->st->stats.rounds++;
+  for (size_t i = 0; i < m; i++) {
+    L->st->stats.transfers++;
+    if (L->rank == x[i]->root)
+      for (int k = 0; k < L->world; k++) L->st->stats.bytes_sent += k == L->rank ? 0 : d->counts[k];
+    else
+      L->st->stats.bytes_received += mine[i];
+  }
+  return after_data_op(L);
+}
+
 /* Accelerate's algorithm, kept as the baseline: every rank receives the whole transfer (and
  * keeps its parts, loader_recv.c). */
 sl_status sl__loader_broadcast(loader *L, const transfer *x, slot *s, const carve *c, const unsigned char *S,

@@ -247,8 +247,9 @@ sl_status sl__loader_stage_setup(loader *L) {
   const loader_pipe *p = &L->pipe;
   loader_stage *g = &L->stage;
   g->nslots = L->o.pipeline_slots <= 0 ? SL__DEFAULT_SLOTS : L->o.pipeline_slots;
-  /* distributed readers: a slot for each reader's read ahead, and the one in flight */
-  if (L->o.pipeline_slots <= 0 && L->nreaders > 1) g->nslots = L->nreaders + 1;
+  /* distributed readers: a slot for each reader's read ahead, and the one in flight; in rounds
+   * (sl__loader_rounds) a slot in flight for each reader too */
+  if (L->o.pipeline_slots <= 0 && L->nreaders > 1) g->nslots = L->nreaders * (sl__loader_rounds(L) ? 2 : 1) + 1;
 
   if (g->nslots > SL__MAX_SLOTS) g->nslots = SL__MAX_SLOTS;
 

@@ -131,7 +131,7 @@ class LoadStats(Structure):
         ("bytes_received", c_uint64), ("bytes_h2d", c_uint64), ("staging_bytes", c_uint64),
         ("seconds", c_double), ("bytes_d2h", c_uint64), ("device_staging_bytes", c_uint64),
         ("transfers", c_uint64), ("seconds_read", c_double), ("seconds_wait", c_double),
-        ("seconds_phase1", c_double),
+        ("seconds_phase1", c_double), ("rounds", c_uint64),
     ]
 
 

@@ -382,6 +382,16 @@ enum {
   SL_COLL_SYNC = 1u << 0 /* every op is complete on return; stream arguments are ignored */
 };
 
+/* One scatterv of a group (sl_collective_ops.scatterv_group). */
+typedef struct sl_scatter_item {
+  const void *sendbuf;
+  const size_t *counts, *displs;
+  void *recvbuf;
+  size_t recvbytes;
+  int root;
+} sl_scatter_item;
+#define SL_SCATTER_GROUP_MAX 8
+
 typedef struct sl_collective_ops {
   uint32_t abi_version; /* SL_COLLECTIVE_ABI_VERSION */
   uint32_t size;
@@ -440,6 +450,15 @@ typedef struct sl_collective_ops {
    * control plane's fini does not wait a timeout more for ranks behind a dead link. */
   int (*lost)(void *comm, int *ranks, int cap);
   void (*note_lost)(void *comm, const int *ranks, int n);
+  /* Optional (SL_HAS_OP): N scatterv's from N distinct roots as one op, their bytes moving at
+   * once (each root's sends beside the others', not after them), so that distributed readers
+   * on N hosts load N links at a time (docs/DESIGN.md#readers). Item i is scatterv's arguments
+   * (same rules; sendbuf, counts and displs read on items[i].root only); every rank passes the
+   * same N (at most SL_SCATTER_GROUP_MAX) and the same roots in the same order. As if the items
+   * ran one after another in that order, except that none waits for another's bytes; a failure
+   * of any item fails the op (its message names the rank lost). Absent: the core calls
+   * scatterv for each item in turn. */
+  sl_status (*scatterv_group)(void *comm, const struct sl_scatter_item *items, int n, void *stream);
 } sl_collective_ops;
 
 /* Entry symbols of loadable modules (libshardload-<name>.so). The core looks for the newest

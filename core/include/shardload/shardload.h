@@ -515,7 +515,9 @@ typedef struct sl_load_options {
    * rank: the lowest rank of each host first, then the next lowest of each, and so on. A
    * reader reads its own path (it must see the checkpoint; the others need not); in READERS
    * the default pipeline_slots is R + 1 (at most 8), so that each reader reads ahead while the
-   * others send. Ignored by the other modes. */
+   * others send, and 2R + 1 (at most 8) where the data collective moves several readers'
+   * transfers at once (its scatterv_group: rounds of up to half the slots, docs/DESIGN.md#readers).
+   * Ignored by the other modes. */
   int readers;
   /* The progress callback that can fail the load (it wins over progress, and takes
    * progress_user): called on rank 0 after each tensor, as progress. A status other than SL_OK,
@@ -563,6 +565,7 @@ typedef struct sl_load_stats {
   double seconds_read;     /* of which reading storage */
   double seconds_wait;     /* of which waiting for the data plane (collectives, copies) */
   double seconds_phase1;   /* of which agreeing, planning and allocating */
+  uint64_t rounds;         /* of the transfers, group ops that moved several distributed readers' at once */
 } sl_load_stats;
 SL_API sl_status sl_state_stats(const sl_state *st, sl_load_stats *out);
 
