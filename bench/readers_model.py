@@ -11,13 +11,17 @@ Assumptions (what the loader does, docs/DESIGN.md#data-flow and #readers):
   network time, plus a fixed start (--start seconds: rendezvous, headers, agreements);
 - rank-0 mode: one disk reads B; rank 0's link sends every other host's share, B (H-1)/H
   (host staging sends each host's parts once, to its leader: the hier collective);
-- distributed readers as built: R readers (default one per host), each reads B/R, up to
-  min(R, slots - 1) of them at once (slots = min(8, R + 1)), each host's readers sharing its
-  disk; the collective runs one operation at a time, so the network time is still the sum over
-  transfers of what crosses the root's link: B (H-1)/H at one link's rate;
-- distributed readers with every reader's transfer in flight at once (an all-to-all round; not
-  built): each reader's link sends (H-1)/H of its share, each host's link receives what its
-  ranks own from other hosts, B (H-1)/H^2, in parallel.
+- distributed readers over a collective without scatterv_group (one operation at a time):
+  R readers, each reads B/R, up to min(R, slots - 1) of them at once (slots = min(8, R + 1)),
+  each host's readers sharing its disk; the network time is the sum over transfers of what
+  crosses the root's link: B (H-1)/H at one link's rate ("serial");
+- distributed readers in rounds (as built over gloo, hier and nccl: their scatterv_group):
+  M = min(R, 8) readers' transfers move at once, one each, through 2M + 1 slots (at most 17),
+  so M readers read while M others' bytes move; the cross-host bytes go through min(M, H)
+  links at once, and each host's link receives what its ranks own from other hosts,
+  B (H-1)/H^2 ("rounds");
+- every reader's transfer in flight at once (no limit of 8 a round; not built): as rounds with
+  M = R ("all at once").
 Bandwidths are per host, in GB/s (1e9 bytes); sizes take KiB/MiB/GiB/TB suffixes.
 """
 import argparse
@@ -34,19 +38,23 @@ def parse_size(s):
 
 
 def model(B, H, disk, nic, readers=0, start=0.0):
-    """Seconds: (rank-0 mode, readers as built, readers all at once)."""
+    """Seconds: (rank-0 mode, readers one operation at a time, readers in rounds, all at once)."""
     gb = 1e9
     R = readers or H
-    slots = min(8, R + 1)
     cross = B * (H - 1) / H                    # bytes that must leave their reader's host
+    per_host_recv = B * (H - 1) / H / H        # what each host's ranks receive from the others
     t_rank0 = max(B / (disk * gb), cross / (nic * gb))
-    at_once = min(R, slots - 1)                # readers reading at the same time
-    hosts_reading = min(at_once, H)            # each host's readers share its disk
-    t_built = max(B / (hosts_reading * disk * gb), cross / (nic * gb))
-    per_reader_send = cross / R
-    per_host_recv = B * (H - 1) / H / H
-    t_all = max(B / (min(R, H) * disk * gb), max(per_reader_send * max(1, R // H), per_host_recv) / (nic * gb))
-    return start + t_rank0, start + t_built, start + t_all
+
+    def readers_time(reading, sending_links):
+        read = B / (min(reading, H) * disk * gb)   # each host's readers share its disk
+        net = max(cross / (min(sending_links, H) * nic * gb), per_host_recv / (nic * gb))
+        return max(read, net)
+
+    t_serial = max(B / (min(min(R, 7), H) * disk * gb), cross / (nic * gb))
+    M = min(R, 8)
+    t_rounds = readers_time(M, M)
+    t_all = readers_time(R, R)
+    return start + t_rank0, start + t_serial, start + t_rounds, start + t_all
 
 
 def main():
@@ -59,14 +67,15 @@ def main():
     ap.add_argument("--start", type=float, default=0.0, help="fixed seconds added to every mode")
     a = ap.parse_args()
     print(f"checkpoint {a.bytes / 1e9:.3g} GB; readers: {a.readers or 'one per host'}; seconds, and rank-0 mode / "
-          f"readers")
-    print(f"{'hosts':>5} {'disk GB/s':>9} {'link GB/s':>9} {'rank0 s':>9} {'readers s':>9} {'x':>6} "
-          f"{'all-at-once s':>13} {'x':>6}")
+          f"each")
+    print(f"{'hosts':>5} {'disk GB/s':>9} {'link GB/s':>9} {'rank0 s':>9} {'serial s':>9} {'x':>6} "
+          f"{'rounds s':>9} {'x':>6} {'all-at-once s':>13} {'x':>6}")
     for d in map(float, a.disk.split(",")):
         for n in map(float, a.nic.split(",")):
             for h in map(int, a.hosts.split(",")):
-                t0, t1, t2 = model(a.bytes, h, d, n, a.readers, a.start)
-                print(f"{h:5d} {d:9.3g} {n:9.3g} {t0:9.2f} {t1:9.2f} {t0 / t1:6.2f} {t2:13.2f} {t0 / t2:6.2f}")
+                t0, t1, t2, t3 = model(a.bytes, h, d, n, a.readers, a.start)
+                print(f"{h:5d} {d:9.3g} {n:9.3g} {t0:9.2f} {t1:9.2f} {t0 / t1:6.2f} {t2:9.2f} {t0 / t2:6.2f} "
+                      f"{t3:13.2f} {t0 / t3:6.2f}")
 
 
 if __name__ == "__main__":

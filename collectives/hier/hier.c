@@ -565,13 +565,23 @@ static sl_status hier_scatterv(void *comm, const void *sendbuf, const size_t *co
   return done(c, scatter_leader(c, recvbuf, recvbytes, root));
 }
 
+/* A leader's failed group step: its host hears whom the leaders' Gloo blamed. On more than two
+ * hosts the root of the group's first item also tells the leaders whom it lost: a leader that
+ * finished its part of the group early waits on that root in the next group's first count
+ * table (leader_failed's verdict), and would otherwise name the root, alive, rather than the
+ * silent host. */
+static sl_status group_failed(hier_comm *c, sl_status st, bool first_root) {
+  if (SL_HAS_OP(c->g, lost) && c->nlost == 0)
+    c->nlost = c->g->lost(c->leaders, c->lost, (int)(sizeof c->lost / sizeof c->lost[0]));
+  return leader_failed(c, st, "scatterv group", c->nlost > 0 ? c->lost[0] : -1, first_root ? c->myhost : -1);
+}
+
 /* Several scatterv's from distinct roots as one op (module.h). Where every root leads its host
  * (the loader's distributed readers, one per host) across hosts: each root tells the leaders
  * its count table, the leaders' Gloo moves every root's host parts at once (its
  * scatterv_group), then each host scatters each item over its shm in item order (the root's
  * host from the root's send buffer). Else each item is a scatterv in turn. A failure between
- * the hosts names whom Gloo lost; with several roots no verdict is told (a leader's Gloo names
- * the silent root, or the rank a root lost in its own message). */
+ * the hosts names whom Gloo lost (group_failed). */
 static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *it, int n, void *stream) {
   hier_comm *c = comm;
   sl_status st = usable(c, "scatterv group");
@@ -701,7 +711,7 @@ static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *it, int 
     }
     away(c, true);
     if ((st = c->g->scatterv_group(c->leaders, g, n, NULL)) != SL_OK) {
-      st = leader_failed(c, st, "scatterv group", -1, -1);
+      st = group_failed(c, st, mine == 0);
       goto out;
     }
     away(c, false);

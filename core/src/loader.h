@@ -62,7 +62,10 @@ size_t sl__state_fence_count(sl_state *st);
 #define SL__DEFAULT_STAGING (64u << 20)
 #define SL__MIN_STAGING 4096u
 #define SL__DEFAULT_SLOTS 2
-#define SL__MAX_SLOTS 8
+#define SL__MAX_SLOTS 8 /* what sl_load_options.pipeline_slots may ask for */
+/* distributed readers in rounds (loader_pipe.c): a slot in flight and one reading ahead for
+ * each of up to SL_SCATTER_GROUP_MAX readers, and one more */
+#define SL__MAX_ROUND_SLOTS (2 * SL_SCATTER_GROUP_MAX + 1)
 #define SL__A16(x) (((uint64_t)(x) + 15) & ~(uint64_t)15)
 
 typedef struct tensor_job {
@@ -168,7 +171,7 @@ typedef struct loader_stage {
   transfer *xfers;
   size_t nxfers;
   int nslots;
-  slot slots[SL__MAX_SLOTS];
+  slot slots[SL__MAX_ROUND_SLOTS];
   size_t slot_bytes;
   bool host_pinned;
   void *s_copy, *s_comm; /* backend streams: host<->device copies; data collective + device work */
@@ -184,7 +187,7 @@ typedef struct loader_pipe {
   size_t round_max;
   /* [from][to]: the backend casts the pair on the device (cast_async of 0 elements said SL_OK) */
   bool cast_on_device[SL_DTYPE_COUNT_][SL_DTYPE_COUNT_];
-  slot_read reads[SL__MAX_SLOTS]; /* beside stage.slots, index for index */
+  slot_read reads[SL__MAX_ROUND_SLOTS]; /* beside stage.slots, index for index */
   size_t retired;      /* transfers [0, retired) have been retired */
   uint64_t done_bytes; /* rank 0: of total_bytes, what progress reported done */
   /* reader thread (rank 0) */
@@ -216,7 +219,7 @@ typedef struct loader_recv {
   size_t nfinish, cap_finish;
   struct {
     size_t first, count; /* into finish */
-  } pending[SL__MAX_SLOTS]; /* per slot of stage.slots */
+  } pending[SL__MAX_ROUND_SLOTS]; /* per slot of stage.slots */
   sl__read_batch *batch;
 } loader_recv;
 

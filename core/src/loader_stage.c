@@ -248,10 +248,12 @@ sl_status sl__loader_stage_setup(loader *L) {
   loader_stage *g = &L->stage;
   g->nslots = L->o.pipeline_slots <= 0 ? SL__DEFAULT_SLOTS : L->o.pipeline_slots;
   /* distributed readers: a slot for each reader's read ahead, and the one in flight; in rounds
-   * (sl__loader_rounds) a slot in flight for each reader too */
-  if (L->o.pipeline_slots <= 0 && L->nreaders > 1) g->nslots = L->nreaders * (sl__loader_rounds(L) ? 2 : 1) + 1;
-
-  if (g->nslots > SL__MAX_SLOTS) g->nslots = SL__MAX_SLOTS;
+   * (sl__loader_rounds) a slot in flight for each reader of a round too, up to
+   * SL_SCATTER_GROUP_MAX readers a round */
+  bool rounds = sl__loader_rounds(L);
+  if (L->o.pipeline_slots <= 0 && L->nreaders > 1) g->nslots = L->nreaders * (rounds ? 2 : 1) + 1;
+  int most = L->o.pipeline_slots <= 0 && rounds ? SL__MAX_ROUND_SLOTS : SL__MAX_SLOTS;
+  if (g->nslots > most) g->nslots = most;
 
   g->slot_bytes = slot_size(L);
   sl_status st = schedule(L);
@@ -313,7 +315,7 @@ void sl__loader_stage_drain(loader *L) {
 void sl__loader_stage_release(loader *L) {
   sl_context *ctx = L->ctx;
   loader_stage *g = &L->stage;
-  for (int i = 0; i < SL__MAX_SLOTS; i++) {
+  for (int i = 0; i < SL__MAX_ROUND_SLOTS; i++) {
     slot *s = &g->slots[i];
     if (s->host) sl_free(ctx, SL_DEVICE_CPU, g->host_pinned, s->host);
     if (s->dev) ctx->be->free_device(ctx->be_ctx, s->dev);

@@ -515,8 +515,9 @@ typedef struct sl_load_options {
    * rank: the lowest rank of each host first, then the next lowest of each, and so on. A
    * reader reads its own path (it must see the checkpoint; the others need not); in READERS
    * the default pipeline_slots is R + 1 (at most 8), so that each reader reads ahead while the
-   * others send, and 2R + 1 (at most 8) where the data collective moves several readers'
-   * transfers at once (its scatterv_group: rounds of up to half the slots, docs/DESIGN.md#readers).
+   * others send, and 2R + 1 (at most 17) where the data collective moves several readers'
+   * transfers at once (its scatterv_group: rounds of up to 8 readers' transfers, one each, with
+   * a slot in flight and one reading ahead for each, docs/DESIGN.md#readers).
    * Ignored by the other modes. */
   int readers;
   /* The progress callback that can fail the load (it wins over progress, and takes
