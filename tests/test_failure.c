@@ -627,6 +627,7 @@ typedef struct cjob {
   char *path;
   int data_phase; /* 0: rank 1 binds a wrong buffer (phase 1); 1: rank 0's file is cut short */
   int readers;    /* the file-cut tests: 0 every-rank reads, else that many distributed readers */
+  const char *collective; /* the data collective, or NULL: auto (shm here) */
 } cjob;
 
 typedef struct canaries {
@@ -767,8 +768,8 @@ static void *cut_bind(void *user, const sl_tensor *t) {
 
 static int cut_main(int rank, int world, void *arg) {
   cjob *j = arg;
-  sl_context_options co = {.size = sizeof co, .backend = "cpu", .world_size = world, .rank = rank,
-                           .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = 20000};
+  sl_context_options co = {.size = sizeof co, .backend = "cpu", .collective = j->collective, .world_size = world,
+                           .rank = rank, .local_rank = rank, .rendezvous = j->rdzv, .timeout_ms = 20000};
   sl_context *ctx = NULL;
   SL_CHILD_CHECK(sl_context_create(&co, &ctx) == SL_OK, "rank %d: context", rank);
   sl_source *src = NULL;
@@ -823,9 +824,9 @@ static int cut_main(int rank, int world, void *arg) {
   return 0;
 }
 
-static void file_cut(int readers) {
+static void file_cut(int readers, const char *collective) {
   cjob j = {.rdzv = sl_test_rendezvous(readers ? "fail-cut-readers" : "fail-cut-batch"),
-            .path = sl_test_path(dir, "cut-batch.safetensors"), .readers = readers};
+            .path = sl_test_path(dir, "cut-batch.safetensors"), .readers = readers, .collective = collective};
   sl_test_tensor ts[CUT_N];
   char names[CUT_N][16];
   for (int i = 0; i < CUT_N; i++) {
@@ -841,12 +842,17 @@ static void file_cut(int readers) {
   for (int r = 0; r < 2; r++) assert_int_equal(codes[r], 0);
 }
 
-static void test_every_rank_file_cut_mid_batch(void **state) { file_cut(0); }
+static void test_every_rank_file_cut_mid_batch(void **state) { file_cut(0, NULL); }
 
 /* Distributed readers (two): the file is cut short inside reader 1's share once every reader
  * has proved its copy; reader 1's read fails, and every rank fails within the status window
  * naming rank 1, the tensor and the file. */
-static void test_reader_cannot_read_its_share(void **state) { file_cut(2); }
+static void test_reader_cannot_read_its_share(void **state) { file_cut(2, NULL); }
+
+/* The same over Gloo, whose readers' transfers move in rounds (one group op for both readers'):
+ * reader 1's failed read still takes part in its round, with zeros, and the status window after
+ * it fails every rank alike. */
+static void test_reader_cannot_read_its_share_in_rounds(void **state) { file_cut(2, "gloo"); }
 
 /* The progress callback that can fail (sl_load_options.progress_status): rank 0's callback
  * fails after its first tensor, so every rank fails the load with its message within one
@@ -926,6 +932,7 @@ int main(void) {
       cmocka_unit_test(test_caller_buffers_on_failure_across_ranks),
       cmocka_unit_test(test_every_rank_file_cut_mid_batch),
       cmocka_unit_test(test_reader_cannot_read_its_share),
+      cmocka_unit_test(test_reader_cannot_read_its_share_in_rounds),
       cmocka_unit_test(test_progress_callback_fails_every_rank),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -297,12 +297,15 @@ static sl_status run_round(loader *L, size_t k, size_t m, bool reader) {
   unsigned char *recv[SL_SCATTER_GROUP_MAX] = {0};
   bool direct[SL_SCATTER_GROUP_MAX] = {0};
   uint64_t mine[SL_SCATTER_GROUP_MAX] = {0};
+  const sl_status before = L->fail.deferred;
+  size_t own = m; /* the item this rank roots */
   for (size_t i = 0; i < m; i++) {
     x[i] = &L->stage.xfers[k + i];
     sl[i] = &L->stage.slots[(k + i) % (size_t)L->stage.nslots];
     c[i] = sl__loader_carve(L, x[i]);
     S[i] = NULL;
     if (L->rank == x[i]->root) {
+      own = i;
       if (reader) wait_ready(L, sl[i], k + i);
       /* nothing is left to move only at world 1, which has one reader */
       (void)sl__loader_root_wire(L, x[i], sl[i], &c[i], read_of(L, sl[i]), &S[i]);
@@ -314,8 +317,20 @@ static sl_status run_round(loader *L, size_t k, size_t m, bool reader) {
   }
   sl_status st = sl__loader_scatter_round(L, x, sl, c, S, recv, mine, m);
   if (st != SL_OK) return st;
-  for (size_t i = 0; i < m; i++)
+  /* A failure this rank met readying its own item (its read) stops it placing from that item
+   * on, as when the transfers move one at a time: the round's items before it still land
+   * (sl_bind_fn's contract: the tensors before the failure may hold their bytes, later ones
+   * are untouched). */
+  loader_fail *f = &L->fail;
+  const sl_status now = f->deferred;
+  const bool own_failed = before == SL_OK && now != SL_OK;
+  char why[SL__ERRMSG_LEN];
+  if (own_failed) memcpy(why, f->deferred_msg, sizeof why);
+  for (size_t i = 0; i < m; i++) {
+    if (own_failed) f->deferred = i < own ? SL_OK : now; /* what a placement fails with is dropped */
     if (!direct[i]) sl__loader_place_parts(L, x[i], sl[i], &c[i], recv[i]);
+  }
+  if (own_failed) f->deferred = now, memcpy(f->deferred_msg, why, sizeof why);
   return SL_OK;
 }
 
