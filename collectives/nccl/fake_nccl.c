@@ -16,7 +16,20 @@
  *    synchronises the device, and a kernel that never ends holds it.
  *  - A call on a communicator that was aborted or destroyed, or where NCCL's
  *    ncclCommEnsureReady refuses one still in progress (ncclCommSplit, ncclCommCount,
- *    ncclCommUserRank, ncclCommFinalize, ncclCommDestroy), fails and counts a violation.
+ *    ncclCommUserRank, ncclCommFinalize, ncclCommDestroy, and the send and receive), fails and
+ *    counts a violation.
+ *  - Communicators of one unique id are the ranks of one job (in one process: the test's
+ *    threads). ncclSend and ncclRecv move bytes between them: each is posted at the end of its
+ *    group (the outermost ncclGroupEnd; one outside a group is a group of its own, as in NCCL;
+ *    fakenccl_groups counts them), and a send meets the oldest receive of its pair of ranks,
+ *    posted before or after it, whatever the group; the receive then has its bytes. A pair
+ *    whose sizes differ is a violation (it fails both communicators, ncclInvalidUsage); so is
+ *    an ncclGroupEnd without its ncclGroupStart, and a group still open when the test asks for
+ *    the violations. The memory is host memory (no device); fakenccl_stream_busy says whether
+ *    a stream's posted operations have all met theirs (the test's fake runtime completes its
+ *    events by it). An abort or destroy drops its communicator's operations that met none
+ *    (their kernels exit).
+ *  - ncclBroadcast and ncclAllGather refuse (no data moves through them).
  *
  * fakenccl_* are the test's handles on it. */
 #define _GNU_SOURCE
@@ -33,6 +46,7 @@
 
 typedef struct fcomm {
   int nranks, rank;
+  ncclUniqueId id; /* the job's: communicators of one id exchange bytes */
   atomic_int state; /* the asynchronous result (ncclResult_t) */
   double ready_at;  /* an init or finalize in progress: ncclSuccess from then on */
   atomic_int abort_flag;
@@ -49,8 +63,28 @@ static fcomm *g_live;
 static int g_nlive, g_violations, g_children;
 static int g_split_ms = 20, g_abort_lag_ms = 0, g_stuck = 0;
 static char g_last[256];
+static int g_next_id;     /* the unique ids given out */
+static int g_open_groups; /* threads inside ncclGroupStart ... ncclGroupEnd */
+static int g_groups;      /* groups posted (a send or receive outside one is one) */
 static cudaStream_t g_last_stream; /* the stream the last data op was given */
 static int g_data_ops;
+
+/* A send or receive, in its thread's open group until it is posted, then on the pending list
+ * until the other side of its pair is posted too. */
+typedef struct p2p {
+  fcomm *comm;
+  bool send;
+  int peer;
+  void *buf; /* a send's bytes are only read */
+  size_t bytes;
+  cudaStream_t stream;
+  unsigned long seq; /* when it was posted */
+  struct p2p *next;
+} p2p;
+static p2p *g_pending;                       /* posted, not met, oldest first (under g_mu) */
+static unsigned long g_seq;                  /* operations posted so far */
+static __thread int t_depth;                 /* this thread's ncclGroupStart nesting */
+static __thread p2p *t_group, *t_group_last; /* its operations in the open group, in call order */
 
 static double now_ms(void) {
   struct timespec t;
@@ -63,11 +97,12 @@ static void nap_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
-static fcomm *comm_new(int nranks, int rank, ncclResult_t state, double ready_at) {
+static fcomm *comm_new(int nranks, int rank, const ncclUniqueId *id, ncclResult_t state, double ready_at) {
   fcomm *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->nranks = nranks;
   c->rank = rank;
+  if (id) c->id = *id;
   atomic_init(&c->state, state);
   c->ready_at = ready_at;
   pthread_mutex_lock(&g_mu);
@@ -76,6 +111,13 @@ static fcomm *comm_new(int nranks, int rank, ncclResult_t state, double ready_at
   g_nlive++;
   pthread_mutex_unlock(&g_mu);
   return c;
+}
+
+/* Whether C is a live communicator no abort or destroy has taken (caller holds g_mu). */
+static bool live_locked(const fcomm *c) {
+  const fcomm *l = g_live;
+  while (l && l != c) l = l->next;
+  return l && !l->ending;
 }
 
 /* Whether COMM is a live communicator no abort or destroy has taken (with END, takes it); a
@@ -109,6 +151,15 @@ static void free_comm(fcomm *c) {
       g_nlive--;
       break;
     }
+  for (p2p **p = &g_pending; *p;) { /* its kernels exited: what they waited for never comes */
+    p2p *o = *p;
+    if (o->comm == c) {
+      *p = o->next;
+      free(o);
+    } else {
+      p = &o->next;
+    }
+  }
   pthread_mutex_unlock(&g_mu);
   free(c);
 }
@@ -156,8 +207,9 @@ API int fakenccl_live(void) {
 }
 API int fakenccl_violations(char *last, size_t len) {
   pthread_mutex_lock(&g_mu);
-  int n = g_violations;
-  if (last && len) snprintf(last, len, "%s", g_last);
+  int n = g_violations + g_open_groups;
+  if (last && len)
+    snprintf(last, len, "%s", g_open_groups ? "a group left open (ncclGroupStart without its ncclGroupEnd)" : g_last);
   pthread_mutex_unlock(&g_mu);
   return n;
 }
@@ -169,6 +221,28 @@ API cudaStream_t fakenccl_last_stream(int *ops) {
   if (ops) *ops = g_data_ops;
   pthread_mutex_unlock(&g_mu);
   return s;
+}
+/* The groups posted so far. */
+API int fakenccl_groups(void) {
+  pthread_mutex_lock(&g_mu);
+  int n = g_groups;
+  pthread_mutex_unlock(&g_mu);
+  return n;
+}
+/* The operations posted so far, and whether any posted on STREAM up to the UPTO'th has not met
+ * its other side yet (an event recorded after them on STREAM is not complete). */
+API unsigned long fakenccl_posted(void) {
+  pthread_mutex_lock(&g_mu);
+  unsigned long n = g_seq;
+  pthread_mutex_unlock(&g_mu);
+  return n;
+}
+API int fakenccl_stream_busy(cudaStream_t stream, unsigned long upto) {
+  pthread_mutex_lock(&g_mu);
+  int busy = 0;
+  for (p2p *o = g_pending; o && !busy; o = o->next) busy = o->stream == stream && o->seq <= upto;
+  pthread_mutex_unlock(&g_mu);
+  return busy;
 }
 static void saw_stream(cudaStream_t st) {
   pthread_mutex_lock(&g_mu);
@@ -186,13 +260,15 @@ API ncclResult_t ncclGetVersion(int *v) {
 API ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
   if (!id) return ncclInvalidArgument;
   memset(id, 0, sizeof *id);
-  memcpy(id->internal, "fakenccl", 8);
+  pthread_mutex_lock(&g_mu);
+  snprintf(id->internal, sizeof id->internal, "fakenccl %d", ++g_next_id); /* a job of its own */
+  pthread_mutex_unlock(&g_mu);
   return ncclSuccess;
 }
 API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t *cfg) {
   if (!comm || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
   bool blocking = !cfg || cfg->blocking != 0;
-  fcomm *c = comm_new(nranks, rank, blocking ? ncclSuccess : ncclInProgress, blocking ? 0 : now_ms() + 5);
+  fcomm *c = comm_new(nranks, rank, &id, blocking ? ncclSuccess : ncclInProgress, blocking ? 0 : now_ms() + 5);
   if (!c) return ncclSystemError;
   *comm = (ncclComm_t)c;
   return blocking ? ncclSuccess : ncclInProgress;
@@ -223,7 +299,7 @@ static void *split_main(void *arg) {
     if (j->split_ms >= 0 && now_ms() - start >= j->split_ms) break;
     nap_ms(1);
   }
-  fcomm *child = j->nocolor ? NULL : comm_new(1, 0, res, 0);
+  fcomm *child = j->nocolor ? NULL : comm_new(1, 0, NULL, res, 0);
   if (!j->nocolor) __atomic_add_fetch(&g_children, 1, __ATOMIC_RELEASE);
   __atomic_store_n(j->newcomm, (ncclComm_t)child, __ATOMIC_RELEASE); /* NCCL's write, at the job's end */
   atomic_store(&j->parent->state, res);
@@ -292,18 +368,10 @@ API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
   if (r == ncclSuccess) *rank = ((fcomm *)comm)->rank;
   return r;
 }
-/* No data moves without a device: the data ops refuse, after noting the stream they were given
- * (what the module must take from the backend: its streams' cudaStream_t). */
+/* The collectives refuse, after noting the stream they were given (what the module must take
+ * from the backend: its streams' cudaStream_t); the send and receive below do the same. */
 API ncclResult_t ncclBroadcast(const void *s, void *r, size_t n, ncclDataType_t t, int root, ncclComm_t c,
                                cudaStream_t st) {
-  saw_stream(st);
-  return ncclInvalidUsage;
-}
-API ncclResult_t ncclSend(const void *s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
-  saw_stream(st);
-  return ncclInvalidUsage;
-}
-API ncclResult_t ncclRecv(void *r, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
   saw_stream(st);
   return ncclInvalidUsage;
 }
@@ -311,8 +379,106 @@ API ncclResult_t ncclAllGather(const void *s, void *r, size_t n, ncclDataType_t 
   saw_stream(st);
   return ncclInvalidUsage;
 }
-API ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
-API ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
+/* Posts O (under g_mu): it meets the oldest posted operation of the other side of its pair in
+ * its job, whose bytes then move, or waits on the pending list. */
+static void post_locked(p2p *o) {
+  o->seq = ++g_seq;
+  p2p **at = &g_pending;
+  for (; *at; at = &(*at)->next) {
+    p2p *q = *at;
+    if (q->send != o->send && q->comm->rank == o->peer && q->peer == o->comm->rank &&
+        q->comm->nranks == o->comm->nranks && memcmp(&q->comm->id, &o->comm->id, sizeof q->comm->id) == 0)
+      break;
+  }
+  if (!*at) {
+    *at = o; /* the end of the list: oldest first */
+    o->next = NULL;
+    return;
+  }
+  p2p *q = *at, *snd = o->send ? o : q, *rcv = o->send ? q : o;
+  *at = q->next;
+  if (snd->bytes == rcv->bytes) {
+    if (snd->bytes) memcpy(rcv->buf, snd->buf, snd->bytes);
+  } else { /* NCCL's kernels would read or write past one of the buffers, or wait forever */
+    g_violations++;
+    snprintf(g_last, sizeof g_last, "ncclSend of %zu bytes from rank %d met an ncclRecv of %zu bytes on rank %d",
+             snd->bytes, snd->comm->rank, rcv->bytes, rcv->comm->rank);
+    atomic_store(&snd->comm->state, ncclInvalidUsage);
+    atomic_store(&rcv->comm->state, ncclInvalidUsage);
+  }
+  free(o);
+  free(q);
+}
+
+/* A send or receive: into this thread's open group, or, outside one, a group of its own. */
+static ncclResult_t p2p_call(bool send, const char *call, void *buf, size_t n, ncclDataType_t t, int peer,
+                             ncclComm_t comm, cudaStream_t st) {
+  saw_stream(st);
+  ncclResult_t r = ensure_ready(comm, call);
+  if (r != ncclSuccess) return r;
+  fcomm *c = (fcomm *)comm;
+  if (peer < 0 || peer >= c->nranks) return ncclInvalidArgument;
+  if (t != ncclUint8 && t != ncclInt8) return ncclInvalidUsage; /* this fake moves bytes only */
+  if (n && !buf) return ncclInvalidArgument;
+  p2p *o = calloc(1, sizeof *o);
+  if (!o) return ncclSystemError;
+  *o = (p2p){c, send, peer, buf, n, st, 0, NULL};
+  if (t_depth > 0) {
+    if (t_group_last) t_group_last->next = o;
+    else t_group = o;
+    t_group_last = o;
+    return ncclSuccess;
+  }
+  pthread_mutex_lock(&g_mu);
+  g_groups++;
+  post_locked(o);
+  pthread_mutex_unlock(&g_mu);
+  return ncclSuccess;
+}
+API ncclResult_t ncclSend(const void *s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+  return p2p_call(true, "ncclSend", (void *)s, n, t, peer, c, st);
+}
+API ncclResult_t ncclRecv(void *r, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+  return p2p_call(false, "ncclRecv", r, n, t, peer, c, st);
+}
+
+API ncclResult_t ncclGroupStart(void) {
+  if (t_depth++ == 0) {
+    pthread_mutex_lock(&g_mu);
+    g_open_groups++;
+    pthread_mutex_unlock(&g_mu);
+  }
+  return ncclSuccess;
+}
+/* The outermost ends the group: its operations are posted in the order they were called. */
+API ncclResult_t ncclGroupEnd(void) {
+  pthread_mutex_lock(&g_mu);
+  if (t_depth == 0) {
+    g_violations++;
+    snprintf(g_last, sizeof g_last, "ncclGroupEnd without ncclGroupStart");
+    pthread_mutex_unlock(&g_mu);
+    return ncclInvalidUsage;
+  }
+  if (--t_depth == 0) {
+    g_open_groups--;
+    g_groups++;
+    p2p *o = t_group;
+    t_group = t_group_last = NULL;
+    while (o) {
+      p2p *next = o->next;
+      if (live_locked(o->comm)) {
+        post_locked(o);
+      } else { /* aborted or destroyed inside the group: NCCL would use freed memory */
+        g_violations++;
+        snprintf(g_last, sizeof g_last, "ncclGroupEnd of an operation on a communicator that was aborted or destroyed");
+        free(o);
+      }
+      o = next;
+    }
+  }
+  pthread_mutex_unlock(&g_mu);
+  return ncclSuccess;
+}
 API const char *ncclGetErrorString(ncclResult_t r) {
   switch (r) {
     case ncclSuccess: return "no error";

@@ -2,7 +2,9 @@
  * (libshardload-nccl.so) in the shape of simccl: it moves CUDA device memory only, its ops are
  * stream-ordered (ENQUEUED on the stream they are given, module.h), it bootstraps through the
  * control plane (nccl_init.c) and it aborts. NCCL itself is opened at run time (nccl_lib.c),
- * so the module loads, and probe() explains, where NCCL or the driver is missing.
+ * so the module loads, and probe() explains, where NCCL or the driver is missing. A scatterv is
+ * one NCCL group of sends and receives; a scatterv group (module.h) is one group of them all,
+ * so that each root's sends run beside the other roots'.
  *
  * Streams: the module pairs with any backend of native API "cuda" (module.h, Native handles)
  * and asks the backend for the cudaStream_t of each stream it is given (SL_EXT_NATIVE_STREAM;
@@ -142,13 +144,30 @@ static sl_status cuda_step(nccl_comm *c, const char *op, cudaError_t e) {
 typedef struct nccl_args {
   const void *send;
   void *recv;
-  size_t bytes, recvbytes;
-  const size_t *counts, *displs;
+  size_t bytes;
   int root;
+  /* scatterv, scatterv group: the items (one for scatterv), read before issue() returns */
+  const sl_scatter_item *items;
+  int n;
 } nccl_args;
 
-typedef enum nccl_op { OP_BROADCAST, OP_SCATTERV, OP_ALLGATHER } nccl_op;
-static const char *const op_name[] = {"broadcast", "scatterv", "allgather"};
+typedef enum nccl_op { OP_BROADCAST, OP_SCATTERV, OP_SCATTERV_GROUP, OP_ALLGATHER } nccl_op;
+static const char *const op_name[] = {"broadcast", "scatterv", "scatterv group", "allgather"};
+
+/* The NCCL calls of one scatterv inside an open group: its root sends each other rank with
+ * bytes its part (its own part is a device copy, after the group); the others receive. */
+static ncclResult_t scatter_calls(nccl_comm *c, const sl_scatter_item *it, cudaStream_t s) {
+  const sl_nccl_lib *L = c->L;
+  ncclResult_t r = ncclSuccess;
+  if (c->rank == it->root) {
+    for (int p = 0; p < c->world && r == ncclSuccess; p++)
+      if (p != it->root && it->counts[p])
+        r = L->Send((const char *)it->sendbuf + it->displs[p], it->counts[p], ncclUint8, p, c->comm, s);
+  } else if (it->recvbytes) {
+    r = L->Recv(it->recvbuf, it->recvbytes, ncclUint8, it->root, c->comm, s);
+  }
+  return r;
+}
 
 /* The NCCL calls of one op on S (caller holds MU, COMM is live). */
 static sl_status enqueue(nccl_comm *c, nccl_op op, const nccl_args *a, cudaStream_t s) {
@@ -159,24 +178,23 @@ static sl_status enqueue(nccl_comm *c, nccl_op op, const nccl_args *a, cudaStrea
     return after_call(c, name, L->Broadcast(a->send, a->recv, a->bytes, ncclUint8, a->root, c->comm, s));
   case OP_ALLGATHER:
     return after_call(c, name, L->AllGather(a->send, a->recv, a->bytes, ncclUint8, c->comm, s));
-  case OP_SCATTERV: {
-    /* root: one send per rank with bytes (its own part is a device copy); the others: one receive */
+  case OP_SCATTERV:
+  case OP_SCATTERV_GROUP: {
+    /* every item's calls in one group, so that each root's sends run beside the others' (a
+     * scatterv is a group of one); the root's own part is a copy after it on the stream */
     ncclResult_t r = L->GroupStart();
     if (r == ncclSuccess) {
-      if (c->rank == a->root) {
-        for (int p = 0; p < c->world && r == ncclSuccess; p++)
-          if (p != a->root && a->counts[p])
-            r = L->Send((const char *)a->send + a->displs[p], a->counts[p], ncclUint8, p, c->comm, s);
-      } else if (a->recvbytes) {
-        r = L->Recv(a->recv, a->recvbytes, ncclUint8, a->root, c->comm, s);
-      }
+      for (int i = 0; i < a->n && r == ncclSuccess; i++) r = scatter_calls(c, &a->items[i], s);
       ncclResult_t e = L->GroupEnd(); /* always closes the group it opened */
       if (r == ncclSuccess) r = e;
     }
     sl_status st = after_call(c, name, r);
-    if (st == SL_OK && c->rank == a->root && a->recvbytes) {
-      const char *own = (const char *)a->send + a->displs[a->root];
-      if (own != a->recv) st = cuda_step(c, name, cudaMemcpyAsync(a->recv, own, a->recvbytes, cudaMemcpyDeviceToDevice, s));
+    for (int i = 0; i < a->n && st == SL_OK; i++) {
+      const sl_scatter_item *it = &a->items[i];
+      if (c->rank != it->root || !it->recvbytes) continue;
+      const char *own = (const char *)it->sendbuf + it->displs[it->root];
+      if (own != it->recvbuf)
+        st = cuda_step(c, name, c->rt->CopyAsync(it->recvbuf, own, it->recvbytes, s));
     }
     return st;
   }
@@ -219,21 +237,50 @@ static sl_status nccl_broadcast(void *comm, void *buf, size_t bytes, int root, v
   return issue(c, OP_BROADCAST, &a, stream);
 }
 
+/* The items of a scatterv (one) or a scatterv group (module.h): 1 to SL_SCATTER_GROUP_MAX of
+ * them, from distinct roots of C, and the item this rank roots sends it what it receives. */
+static sl_status check_items(nccl_comm *c, const char *op, const sl_scatter_item *it, int n) {
+  if (n < 1 || n > SL_SCATTER_GROUP_MAX || !it)
+    return c->host->fail(c->host->core, SL_ERR_INVALID, SL_CCL_NAME " %s on rank %d: %d items; give 1 to %d", op,
+                         c->job_rank, n, SL_SCATTER_GROUP_MAX);
+  sl_status st;
+  for (int i = 0; i < n; i++) {
+    if ((st = check_root(c, op, it[i].root)) != SL_OK) return st;
+    for (int k = 0; k < i; k++)
+      if (it[k].root == it[i].root)
+        return c->host->fail(c->host->core, SL_ERR_INVALID,
+                             SL_CCL_NAME " %s on rank %d: items %d and %d have the same root %d", op, c->job_rank, k,
+                             i, it[i].root);
+    if (it[i].root == c->rank && it[i].counts[c->rank] != it[i].recvbytes)
+      return c->host->fail(c->host->core, SL_ERR_INVALID,
+                           SL_CCL_NAME " %s on rank %d: the root sends itself %zu bytes but receives %zu", op,
+                           c->job_rank, it[i].counts[c->rank], it[i].recvbytes);
+  }
+  return SL_OK;
+}
+
+/* counts and displs are read before issue() returns: nothing keeps them (module.h) */
 static sl_status nccl_scatterv(void *comm, const void *sendbuf, const size_t *counts, const size_t *displs,
                                void *recvbuf, size_t recvbytes, int root, void *stream) {
   nccl_comm *c = comm;
   sl_status st;
   if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return sl__nccl_report_dead(c, "scatterv");
-  if ((st = check_root(c, "scatterv", root)) != SL_OK) return st;
-  if (c->rank == root && counts[root] != recvbytes)
-    return c->host->fail(c->host->core, SL_ERR_INVALID,
-                         SL_CCL_NAME " scatterv on rank %d: the root sends itself %zu bytes but receives %zu",
-                         c->job_rank,
-                         counts[root], recvbytes);
-  /* counts and displs are read before issue() returns: nothing keeps them (module.h) */
-  nccl_args a = {.send = sendbuf, .recv = recvbuf, .recvbytes = recvbytes, .counts = counts, .displs = displs,
-                 .root = root};
+  sl_scatter_item it = {sendbuf, counts, displs, recvbuf, recvbytes, root};
+  if ((st = check_items(c, "scatterv", &it, 1)) != SL_OK) return st;
+  nccl_args a = {.items = &it, .n = 1};
   return issue(c, OP_SCATTERV, &a, stream);
+}
+
+/* N scatterv's as one NCCL group (module.h): this rank's sends, as the root of its item, and its
+ * receives from every other item's root are enqueued together, so that no root's bytes wait for
+ * another's. Items and their counts and displs are read before issue() returns. */
+static sl_status nccl_scatterv_group(void *comm, const sl_scatter_item *items, int n, void *stream) {
+  nccl_comm *c = comm;
+  sl_status st;
+  if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return sl__nccl_report_dead(c, "scatterv group");
+  if ((st = check_items(c, "scatterv group", items, n)) != SL_OK) return st;
+  nccl_args a = {.items = items, .n = n};
+  return issue(c, OP_SCATTERV_GROUP, &a, stream);
 }
 
 static sl_status nccl_allgather(void *comm, const void *sendbuf, void *recvbuf, size_t bytes, void *stream) {
@@ -340,6 +387,7 @@ static const sl_collective_ops nccl_ops = {
     .scatterv = nccl_scatterv,
     .allgather = nccl_allgather,
     .barrier = nccl_barrier,
+    .scatterv_group = nccl_scatterv_group,
 };
 
 __attribute__((visibility("default"))) const sl_collective_ops *sl_collective_module_v2(void) { return &nccl_ops; }

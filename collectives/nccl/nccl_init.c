@@ -37,12 +37,24 @@ static void nap(int ms) {
   nanosleep(&ts, NULL);
 }
 
+/* The vendor runtime's calls of the data path (sl_nccl_rt), wrapped: under HIP their names are
+ * macros over the runtime opened at run time (vendor_hip.h), which have no address. */
+static cudaError_t rt_event_create(cudaEvent_t *ev) { return cudaEventCreateWithFlags(ev, cudaEventDisableTiming); }
+static cudaError_t rt_event_record(cudaEvent_t ev, cudaStream_t s) { return cudaEventRecord(ev, s); }
+static cudaError_t rt_event_query(cudaEvent_t ev) { return cudaEventQuery(ev); }
+static cudaError_t rt_event_destroy(cudaEvent_t ev) { return cudaEventDestroy(ev); }
+static cudaError_t rt_copy_async(void *dst, const void *src, size_t bytes, cudaStream_t s) {
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+}
+const sl_nccl_rt sl__nccl_rt = {rt_event_create, rt_event_record, rt_event_query, rt_event_destroy, rt_copy_async};
+
 nccl_comm *sl__nccl_comm_new(const sl_module_host *host, const sl_nccl_lib *L, const sl_backend_ops *be_ops, void *be,
                              int device, int timeout_ms) {
   nccl_comm *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->host = host;
   c->L = L;
+  c->rt = &sl__nccl_rt;
   c->be_ops = be_ops;
   c->be = be;
   /* checked at init (nccl.c): a backend of native API cuda hands out its streams' handles */
@@ -78,8 +90,8 @@ cudaStream_t sl__nccl_stream(const nccl_comm *c, void *stream) { return (cudaStr
 void sl__nccl_comm_free(nccl_comm *c) {
   sl__nccl_bind(c);
   sl__nccl_watch_stop(c);
-  for (int i = 0; i < c->q_len; i++) cudaEventDestroy(c->q[(c->q_head + i) % NCCL_MAX_PENDING].ev);
-  for (int i = 0; i < c->n_spare; i++) cudaEventDestroy(c->spare[i]);
+  for (int i = 0; i < c->q_len; i++) c->rt->EventDestroy(c->q[(c->q_head + i) % NCCL_MAX_PENDING].ev);
+  for (int i = 0; i < c->n_spare; i++) c->rt->EventDestroy(c->spare[i]);
   /* An abort or destroy that outlived its bound (nccl_end.c) leaves kernels of COMM that may
    * still run on the module's stream, reading the barrier's buffer and waiting on its events:
    * those stay behind with it, since destroying the stream would first wait for kernels that do

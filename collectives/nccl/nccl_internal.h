@@ -52,6 +52,19 @@ const sl_nccl_lib *sl__nccl_lib(char *why, size_t len);
 /* "what NCCL said": the result's string plus NCCL's last error text (COMM may be NULL). */
 void sl__nccl_describe(const sl_nccl_lib *L, ncclComm_t comm, ncclResult_t r, char *buf, size_t len);
 
+/* The device runtime calls of the data path: the events the watchdog waits on and the root's
+ * own part of a scatterv (a device-to-device copy). Through a table so that the test of the
+ * module against a fake NCCL (test_nccl_module --fake) runs ops to their end without a device;
+ * every communicator starts with sl__nccl_rt, the vendor runtime's (nccl_init.c). */
+typedef struct sl_nccl_rt {
+  cudaError_t (*EventCreate)(cudaEvent_t *ev); /* cudaEventDisableTiming */
+  cudaError_t (*EventRecord)(cudaEvent_t ev, cudaStream_t s);
+  cudaError_t (*EventQuery)(cudaEvent_t ev);
+  cudaError_t (*EventDestroy)(cudaEvent_t ev);
+  cudaError_t (*CopyAsync)(void *dst, const void *src, size_t bytes, cudaStream_t s); /* device to device */
+} sl_nccl_rt;
+extern const sl_nccl_rt sl__nccl_rt;
+
 /* An operation the watchdog waits for: an event recorded after it on its stream. */
 typedef struct nccl_pending {
   cudaEvent_t ev;
@@ -63,6 +76,7 @@ typedef struct nccl_pending {
 typedef struct nccl_comm {
   const sl_module_host *host;
   const sl_nccl_lib *L;
+  const sl_nccl_rt *rt; /* sl__nccl_rt but in the fake test */
   const sl_backend_ops *be_ops;
   void *be;
   sl_ext_native_stream_fn native; /* the backend's SL_EXT_NATIVE_STREAM: its streams' cudaStream_t */

@@ -73,7 +73,7 @@ static void poll_locked(nccl_comm *c) {
   }
   while (c->q_len > 0) {
     nccl_pending *p = &c->q[c->q_head];
-    cudaError_t e = cudaEventQuery(p->ev);
+    cudaError_t e = c->rt->EventQuery(p->ev);
     if (e == cudaErrorNotReady) break;
     if (e != cudaSuccess) {
       sl__nccl_kill(c, SL_ERR_BACKEND, SL_CCL_NAME " %s on rank %d (" SL_GPU_NAME ":%d): the stream failed (%s: %s)",
@@ -106,8 +106,8 @@ sl_status sl__nccl_track(nccl_comm *c, const char *op, cudaStream_t stream) {
   if (atomic_load(&c->dead)) return SL_ERR_COMM;
   cudaEvent_t ev = NULL;
   cudaError_t e = c->n_spare > 0 ? (ev = c->spare[--c->n_spare], cudaSuccess)
-                                 : cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-  if (e == cudaSuccess) e = cudaEventRecord(ev, stream);
+                                 : c->rt->EventCreate(&ev);
+  if (e == cudaSuccess) e = c->rt->EventRecord(ev, stream);
   if (e != cudaSuccess) {
     if (ev) c->spare[c->n_spare++] = ev;
     /* the op is queued on this rank and cannot be watched: kill rather than risk a hang */

@@ -6,8 +6,9 @@
  *
  * With --fake: the module's code (its objects, linked in) against a fake libnccl.so.2
  * (fake_nccl.c) that its own dlopen finds on LD_LIBRARY_PATH, for the paths only a GPU reaches
- * otherwise: a non-blocking split whose child NCCL writes late, and teardown behind a stuck
- * kernel. */
+ * otherwise: a non-blocking split whose child NCCL writes late, teardown behind a stuck
+ * kernel, and a scatterv group's bytes between the ranks of a job (threads; the fake moves
+ * sends and receives, and the module's events and copies run on a fake runtime, sl_nccl_rt). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -142,6 +143,8 @@ static void table_is_valid(void **state) {
   assert_non_null(g_ops->scatterv);
   assert_non_null(g_ops->allgather);
   assert_non_null(g_ops->barrier);
+  assert_true(SL_HAS_OP(g_ops, scatterv_group));
+  assert_non_null(g_ops->scatterv_group);
 }
 
 /* Only the entry symbol is exported: internal names and the static CUDA runtime are not. */
@@ -294,6 +297,9 @@ typedef struct fake_api {
   int (*violations)(char *last, size_t len);
   int (*children_written)(void);
   cudaStream_t (*last_stream)(int *ops);
+  unsigned long (*posted)(void);
+  int (*stream_busy)(cudaStream_t stream, unsigned long upto);
+  int (*groups)(void);
 } fake_api;
 static fake_api F;
 static const sl_nccl_lib *g_L;
@@ -587,6 +593,275 @@ static void data_ops_go_on_the_backends_native_streams(void **state) {
   assert_no_violation();
 }
 
+
+/* ---- scatterv group: a job of the fake's ranks, ops run to their end -------------------- */
+
+/* The device runtime of the module's data path (sl_nccl_rt) without a device: an event is
+ * complete once every send and receive the fake had posted on its stream when it was recorded
+ * has met its other side; the root's own part is copied at once (host memory; its buffers are
+ * not the ones the sends read). */
+typedef struct fake_event {
+  cudaStream_t stream;
+  unsigned long upto;
+} fake_event;
+static cudaError_t fr_event_create(cudaEvent_t *ev) {
+  fake_event *e = calloc(1, sizeof *e);
+  if (!e) return cudaErrorMemoryAllocation;
+  *ev = (cudaEvent_t)e;
+  return cudaSuccess;
+}
+static cudaError_t fr_event_record(cudaEvent_t ev, cudaStream_t s) {
+  fake_event *e = (fake_event *)ev;
+  e->stream = s;
+  e->upto = F.posted();
+  return cudaSuccess;
+}
+static cudaError_t fr_event_query(cudaEvent_t ev) {
+  fake_event *e = (fake_event *)ev;
+  return F.stream_busy(e->stream, e->upto) ? cudaErrorNotReady : cudaSuccess;
+}
+static cudaError_t fr_event_destroy(cudaEvent_t ev) {
+  free(ev);
+  return cudaSuccess;
+}
+static int g_copies; /* the root's own parts copied */
+static cudaError_t fr_copy_async(void *dst, const void *src, size_t bytes, cudaStream_t s) {
+  memmove(dst, src, bytes);
+  __atomic_add_fetch(&g_copies, 1, __ATOMIC_RELAXED);
+  return cudaSuccess;
+}
+static const sl_nccl_rt g_fake_rt = {fr_event_create, fr_event_record, fr_event_query, fr_event_destroy,
+                                     fr_copy_async};
+
+/* W communicators of one unique id, rank r's in C[r] (the fake forms them without a
+ * bootstrap), wrapped as init wraps them but on the fake runtime, their watchdogs running. */
+static void fake_job(rank_host *h, nccl_comm **c, int w, int timeout_ms) {
+  ncclUniqueId id;
+  assert_int_equal(g_L->GetUniqueId(&id), ncclSuccess);
+  ncclConfig_t cfg;
+  sl__nccl_config(&cfg);
+  for (int r = 0; r < w; r++) {
+    host_init(&h[r]);
+    c[r] = sl__nccl_comm_new(&h[r].host, g_L, &fake_cuda_streams, &g_dummy_handle, r, timeout_ms);
+    assert_non_null(c[r]);
+    c[r]->rt = &g_fake_rt;
+    ncclComm_t comm = NULL;
+    assert_int_equal(g_L->CommInitRankConfig(&comm, w, id, r, &cfg), ncclInProgress);
+    c[r]->comm = comm;
+  }
+  for (int r = 0; r < w; r++) {
+    char what[256];
+    assert_int_equal(sl__nccl_settle(c[r], c[r]->comm, what, sizeof what), SL_OK);
+    c[r]->rank = c[r]->job_rank = r;
+    c[r]->world = w;
+    assert_int_equal(sl__nccl_watch_start(c[r]), SL_OK);
+  }
+}
+
+/* One rank's scatterv group on its own thread, then a wait for its stream's events (the
+ * watchdog's queue drained). Its count tables are scribbled over once the op returned: the
+ * module must have read them by then (module.h). */
+typedef struct group_run {
+  nccl_comm *c;
+  sl_scatter_item items[SL_SCATTER_GROUP_MAX];
+  size_t counts[SL_SCATTER_GROUP_MAX][MAX_RANKS], displs[SL_SCATTER_GROUP_MAX][MAX_RANKS];
+  int n;
+  void *stream;
+  sl_status st, drained;
+} group_run;
+
+static void *group_main(void *arg) {
+  group_run *r = arg;
+  r->st = g_ops->scatterv_group(r->c, r->items, r->n, r->stream);
+  memset(r->counts, 0xA5, sizeof r->counts);
+  memset(r->displs, 0x5A, sizeof r->displs);
+  r->drained = r->st == SL_OK ? sl__nccl_drain(r->c, "test") : r->st;
+  return NULL;
+}
+
+static void run_groups(group_run *runs, int w) {
+  pthread_t t[MAX_RANKS];
+  for (int r = 0; r < w; r++) assert_int_equal(pthread_create(&t[r], NULL, group_main, &runs[r]), 0);
+  for (int r = 0; r < w; r++) pthread_join(t[r], NULL);
+}
+
+/* Three scatterv's from ranks 2, 0 and 3 of four as one op, one NCCL group on each rank (every
+ * item's bytes at once): every rank gets each item's part, byte for byte and nothing past it,
+ * from the root's displacement (gaps and a reversed order in its send buffer); an item that
+ * sends a rank 0 bytes leaves its buffer alone; each root's own part is the device copy; rank
+ * 1 roots none. sendbuf, counts and displs are given on their root only. */
+static void scatterv_group_moves_every_items_bytes(void **state) {
+  enum { W = 4, N = 3, GUARD = 16, FILL = 0xEE };
+  static const int roots[N] = {2, 0, 3};
+  static const size_t counts[N][W] = {{5, 0, 7, 3}, {4, 6, 2, 0}, {1, 9, 0, 8}};
+  static const size_t displs[N][W] = {{40, 99, 20, 3}, {30, 10, 0, 90}, {60, 31, 0, 5}};
+  static unsigned char send[N][128], recv[W][N][32];
+  for (int i = 0; i < N; i++)
+    for (size_t k = 0; k < sizeof send[i]; k++) send[i][k] = (unsigned char)(i * 64 + k * 7 + 1);
+  memset(recv, FILL, sizeof recv);
+  rank_host h[W];
+  nccl_comm *c[W];
+  F.config(20, 0);
+  int live0 = F.live(), copies0 = __atomic_load_n(&g_copies, __ATOMIC_RELAXED);
+  fake_job(h, c, W, 5000);
+  static group_run runs[W];
+  for (int r = 0; r < W; r++) {
+    group_run *g = &runs[r];
+    memset(g, 0, sizeof *g);
+    g->c = c[r];
+    g->n = N;
+    assert_int_equal(fb_create(NULL, &g->stream), SL_OK); /* a stream of its own per rank */
+    for (int i = 0; i < N; i++) {
+      sl_scatter_item *it = &g->items[i];
+      *it = (sl_scatter_item){.recvbuf = recv[r][i], .recvbytes = counts[i][r], .root = roots[i]};
+      if (r != roots[i]) continue;
+      memcpy(g->counts[i], counts[i], sizeof counts[i]);
+      memcpy(g->displs[i], displs[i], sizeof displs[i]);
+      *it = (sl_scatter_item){send[i], g->counts[i], g->displs[i], recv[r][i], counts[i][r], roots[i]};
+    }
+  }
+  int groups0 = F.groups();
+  run_groups(runs, W);
+  assert_int_equal(F.groups(), groups0 + W); /* each rank's calls in one group: every item at once */
+  for (int r = 0; r < W; r++) {
+    print_message("rank %d: %s, drained %s: %s\n", r, sl_status_name(runs[r].st), sl_status_name(runs[r].drained),
+                  h[r].msg);
+    assert_int_equal(runs[r].st, SL_OK);
+    assert_int_equal(runs[r].drained, SL_OK);
+    for (int i = 0; i < N; i++) {
+      size_t n = counts[i][r];
+      if (n) assert_memory_equal(recv[r][i], send[i] + displs[i][r], n);
+      for (size_t k = n; k < n + GUARD; k++)
+        if (recv[r][i][k] != FILL) fail_msg("rank %d, item %d: byte %zu past its %zu was written", r, i, k, n);
+    }
+  }
+  assert_int_equal(__atomic_load_n(&g_copies, __ATOMIC_RELAXED), copies0 + N); /* each root's own part */
+  /* the communicators are fine after it: another group, now with rank 1 a root too */
+  for (int r = 0; r < W; r++) {
+    group_run *g = &runs[r];
+    g->n = 1;
+    g->items[0] = (sl_scatter_item){.recvbuf = recv[r][0], .recvbytes = 2, .root = 1};
+    if (r == 1) {
+      for (int p = 0; p < W; p++) g->counts[0][p] = 2, g->displs[0][p] = (size_t)p * 2;
+      g->items[0] = (sl_scatter_item){send[1], g->counts[0], g->displs[0], recv[r][0], 2, 1};
+    }
+  }
+  run_groups(runs, W);
+  for (int r = 0; r < W; r++) {
+    assert_int_equal(runs[r].st, SL_OK);
+    assert_int_equal(runs[r].drained, SL_OK);
+    assert_memory_equal(recv[r][0], send[1] + r * 2, 2);
+  }
+  for (int r = 0; r < W; r++) g_ops->fini(c[r]);
+  assert_int_equal(F.live(), live0);
+  for (int r = 0; r < W; r++) assert_string_equal(h[r].warn, "");
+  assert_no_violation();
+}
+
+/* The items' rules (module.h): 1 to SL_SCATTER_GROUP_MAX of them, roots of the communicator and
+ * distinct, the root's own count its receive. Each is refused before NCCL is called, and the
+ * communicator stays usable. */
+static void scatterv_group_refuses_bad_items(void **state) {
+  enum { W = 3 };
+  rank_host h[W];
+  nccl_comm *c[W];
+  F.config(20, 0);
+  int live0 = F.live(), ops0 = 0, ops1 = 0;
+  fake_job(h, c, W, 5000);
+  static char buf[16];
+  size_t counts[W] = {4, 4, 4}, displs[W] = {0, 4, 8};
+  sl_scatter_item it[SL_SCATTER_GROUP_MAX + 1];
+  for (int i = 0; i <= SL_SCATTER_GROUP_MAX; i++) it[i] = (sl_scatter_item){.recvbuf = buf, .recvbytes = 4, .root = 1};
+  F.last_stream(&ops0);
+  struct {
+    const sl_scatter_item *items;
+    int n;
+    const char *want;
+  } bad[] = {
+      {it, 0, "nccl scatterv group on rank 0: 0 items; give 1 to 8"},
+      {it, SL_SCATTER_GROUP_MAX + 1, "nccl scatterv group on rank 0: 9 items; give 1 to 8"},
+      {NULL, 1, "nccl scatterv group on rank 0: 1 items; give 1 to 8"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(g_ops->scatterv_group(c[0], bad[i].items, bad[i].n, NULL), SL_ERR_INVALID);
+    assert_string_equal(h[0].msg, bad[i].want);
+  }
+  it[1].root = 3;
+  assert_int_equal(g_ops->scatterv_group(c[0], it, 2, NULL), SL_ERR_INVALID);
+  assert_string_equal(h[0].msg, "nccl scatterv group on rank 0: root 3 is not a rank of 3");
+  it[1].root = -1;
+  assert_int_equal(g_ops->scatterv_group(c[0], it, 2, NULL), SL_ERR_INVALID);
+  assert_string_equal(h[0].msg, "nccl scatterv group on rank 0: root -1 is not a rank of 3");
+  it[1].root = 2;
+  it[2].root = 1;
+  assert_int_equal(g_ops->scatterv_group(c[0], it, 3, NULL), SL_ERR_INVALID);
+  assert_string_equal(h[0].msg, "nccl scatterv group on rank 0: items 0 and 2 have the same root 1");
+  /* this rank's own item sends it 4 bytes but receives 3 */
+  it[2] = (sl_scatter_item){buf, counts, displs, buf, 3, 0};
+  assert_int_equal(g_ops->scatterv_group(c[0], it, 3, NULL), SL_ERR_INVALID);
+  assert_string_equal(h[0].msg, "nccl scatterv group on rank 0: the root sends itself 4 bytes but receives 3");
+  F.last_stream(&ops1);
+  assert_int_equal(ops1, ops0); /* no NCCL call was made */
+  assert_false(atomic_load(&c[0]->dead));
+  for (int r = 0; r < W; r++) g_ops->fini(c[r]);
+  assert_int_equal(F.live(), live0);
+  assert_no_violation();
+}
+
+/* A failure of any item fails the op, as scatterv's: on an aborted communicator it fails at
+ * once, naming the abort; where a rank never joins, the ranks whose items wait on it are
+ * aborted by their watchdog within the timeout, and their next op says so. */
+static void scatterv_group_fails_as_scatterv_does(void **state) {
+  enum { W = 3, T = 1000 };
+  rank_host h[W];
+  nccl_comm *c[W];
+  F.config(20, 0);
+  int live0 = F.live();
+  fake_job(h, c, W, T);
+  static char send[2][16], recv[W][2][8];
+  size_t counts[W] = {4, 4, 4}, displs[W] = {0, 4, 8};
+  /* rank 2 never calls: items from ranks 0 and 2 */
+  static group_run runs[2];
+  for (int r = 0; r < 2; r++) {
+    group_run *g = &runs[r];
+    memset(g, 0, sizeof *g);
+    g->c = c[r];
+    g->n = 2;
+    assert_int_equal(fb_create(NULL, &g->stream), SL_OK);
+    g->items[0] = (sl_scatter_item){.recvbuf = recv[r][0], .recvbytes = 4, .root = 0};
+    g->items[1] = (sl_scatter_item){.recvbuf = recv[r][1], .recvbytes = 4, .root = 2};
+    if (r == 0) {
+      memcpy(g->counts[0], counts, sizeof counts);
+      memcpy(g->displs[0], displs, sizeof displs);
+      g->items[0] = (sl_scatter_item){send[0], g->counts[0], g->displs[0], recv[r][0], 4, 0};
+    }
+  }
+  double t0 = now_s();
+  run_groups(runs, 2);
+  double dt = now_s() - t0;
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(runs[r].st, SL_OK); /* enqueued */
+    assert_int_equal(runs[r].drained, SL_ERR_COMM);
+    sl_status st = g_ops->scatterv_group(c[r], runs[r].items, 2, runs[r].stream);
+    print_message("rank %d after %.2f s: %s: %s\n", r, dt, sl_status_name(st), h[r].msg);
+    assert_int_equal(st, SL_ERR_TIMEOUT);
+    char want[160];
+    snprintf(want, sizeof want, "nccl scatterv group: nccl scatterv group on rank %d (cuda:%d): no operation completed "
+                                "within 1000 ms", r, r);
+    assert_non_null(strstr(h[r].msg, want));
+  }
+  assert_true(dt < 1.6 * T / 1e3);
+  /* rank 2, aborted (sl_context_abort): its op fails before NCCL is called */
+  g_ops->abort(c[2]);
+  size_t own[W] = {0, 0, 0};
+  sl_scatter_item mine = {send[1], own, displs, recv[2][0], 0, 2};
+  assert_int_equal(g_ops->scatterv_group(c[2], &mine, 1, NULL), SL_ERR_COMM);
+  assert_string_equal(h[2].msg, "nccl scatterv group: nccl on rank 2 (cuda:2): aborted (sl_context_abort)");
+  for (int r = 0; r < W; r++) g_ops->fini(c[r]);
+  assert_int_equal(F.live(), live0);
+  assert_no_violation();
+}
+
 static int run_fake(void) {
   char why[512] = "";
   g_ops = sl_collective_module_v2();
@@ -607,7 +882,11 @@ static int run_fake(void) {
   F.violations = (int (*)(char *, size_t))dlsym(h, "fakenccl_violations");
   F.children_written = (int (*)(void))dlsym(h, "fakenccl_children_written");
   F.last_stream = (cudaStream_t(*)(int *))dlsym(h, "fakenccl_last_stream");
-  if (!F.config || !F.stick || !F.violations || !F.children_written || !F.last_stream) {
+  F.posted = (unsigned long (*)(void))dlsym(h, "fakenccl_posted");
+  F.stream_busy = (int (*)(cudaStream_t, unsigned long))dlsym(h, "fakenccl_stream_busy");
+  F.groups = (int (*)(void))dlsym(h, "fakenccl_groups");
+  if (!F.config || !F.stick || !F.violations || !F.children_written || !F.last_stream || !F.posted ||
+      !F.stream_busy || !F.groups) {
     fprintf(stderr, "the fake NCCL lacks its fakenccl_* handles\n");
     return 1;
   }
@@ -619,6 +898,9 @@ static int run_fake(void) {
       cmocka_unit_test(fini_ends_behind_a_stuck_destroy),
       cmocka_unit_test(a_later_teardown_waits_in_full),
       cmocka_unit_test(data_ops_go_on_the_backends_native_streams),
+      cmocka_unit_test(scatterv_group_moves_every_items_bytes),
+      cmocka_unit_test(scatterv_group_refuses_bad_items),
+      cmocka_unit_test(scatterv_group_fails_as_scatterv_does),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -63,6 +63,7 @@ static void table_is_valid(void **state) {
   assert_string_equal(g_ops->device_backend, "hip");
   assert_true(g_ops->probe && g_ops->init && g_ops->fini && g_ops->abort && g_ops->split);
   assert_true(g_ops->broadcast && g_ops->scatterv && g_ops->allgather && g_ops->barrier);
+  assert_true(SL_HAS_OP(g_ops, scatterv_group) && g_ops->scatterv_group); /* the NCCL sources' */
   /* only the entry leaves the module: not the NCCL sources' internals, not the HIP table */
   assert_null(dlsym(g_dl, "sl__nccl_lib"));
   assert_null(dlsym(g_dl, "sl__hip_rt"));
