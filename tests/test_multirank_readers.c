@@ -221,6 +221,7 @@ static void test_matrix(void **state) {
       {NULL, 4, "--backend cpu --staging 256K --collective gloo", 3, NULL, NULL},
       {NULL, 3, "--backend cpu --staging 256K --collective gloo --param-dtype F64", 3, NULL, NULL},
       {NULL, 4, "--backend cpu --staging 256K --collective gloo --strategy broadcast", 2, NULL, NULL},
+      {NULL, 4, "--backend cpu --staging 256K --collective gloo --replicate '*norm*' --param-dtype BF16", 4, NULL, NULL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     rcase c = cases[i];
@@ -261,6 +262,10 @@ static void test_device(void **state) {
   run_case(&a);
   rcase b = {g_synth, 2, "--backend sim:strict --cpu-offload on --staging 256K --param-dtype F32", 2, NULL, NULL};
   run_case(&b);
+  /* host staging over Gloo in rounds to device shards, with a cast on the way */
+  rcase g = {g_synth, 4, "--backend sim:strict --cpu-offload off --staging 256K --collective gloo --param-dtype F16", 4,
+             NULL, NULL};
+  run_case(&g);
 }
 
 /* One reader per host by default, the lowest rank of each (hosts a: 0, 2; b: 1, 3), under

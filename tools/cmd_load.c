@@ -352,13 +352,15 @@ static void report_table(cli_out *o, const sl_context *ctx, const sl_state *st, 
     cli_out_puts(o, "\n");
   }
   if (tot->have_stats) {
-    char h3[32], h4[32], h5[32], h6[32], h7[32], h8[32];
+    char h3[32], h4[32], h5[32], h6[32], h7[32], h8[32], rounds[64] = "";
     const sl_load_stats *s = &tot->stats;
+    /* distributed readers' transfers that moved several at once (docs/DESIGN.md#readers) */
+    if (s->rounds) snprintf(rounds, sizeof rounds, " (%llu rounds of several readers')", (unsigned long long)s->rounds);
     cli_out_printf(o,
-                   "stats: read %s, sent %s, received %s in %llu transfers, host to device %s, device to host "
+                   "stats: read %s, sent %s, received %s in %llu transfers%s, host to device %s, device to host "
                    "%s, staging %s host + %s device, peak RSS %s\n",
                    cli_human_bytes(h1, sizeof h1, s->bytes_read), cli_human_bytes(h2, sizeof h2, s->bytes_sent),
-                   cli_human_bytes(h3, sizeof h3, s->bytes_received), (unsigned long long)s->transfers,
+                   cli_human_bytes(h3, sizeof h3, s->bytes_received), (unsigned long long)s->transfers, rounds,
                    cli_human_bytes(h4, sizeof h4, s->bytes_h2d), cli_human_bytes(h5, sizeof h5, s->bytes_d2h),
                    cli_human_bytes(h6, sizeof h6, s->staging_bytes),
                    cli_human_bytes(h7, sizeof h7, s->device_staging_bytes),

@@ -421,9 +421,16 @@ static void print_human(cli_out *o, const launch *L, json_t **reports, uint64_t 
                  "bytes\n",
                  cli_human_bytes(h1, sizeof h1, ckpt), L->n, L->wall, L->wall > 0 ? (double)ckpt / L->wall / 1e9 : 0.0,
                  ckpt ? (double)sent0 / (double)ckpt : 0.0);
-  if (!strcmp(jget_str(r0, "source"), "readers"))
-    cli_out_printf(o, "readers: %d ranks read, the most one read %.3f x the checkpoint bytes and the most one sent %.3f x\n",
+  if (!strcmp(jget_str(r0, "source"), "readers")) {
+    /* every rank takes part in every round: rank 0's count is the job's */
+    uint64_t rounds = jget_u64(r0, "stats", "rounds");
+    cli_out_printf(o, "readers: %d ranks read, the most one read %.3f x the checkpoint bytes and the most one sent %.3f x",
                    readers, ckpt ? (double)read_max / (double)ckpt : 0.0, ckpt ? (double)sent_max / (double)ckpt : 0.0);
+    /* none: a collective without scatterv_group, broadcasts, HSDP (docs/DESIGN.md#readers) */
+    if (rounds) cli_out_printf(o, "; %llu rounds sent several readers' transfers at once", (unsigned long long)rounds);
+    else if (readers > 1) cli_out_puts(o, "; their transfers moved one at a time");
+    cli_out_puts(o, "\n");
+  }
   if (L->a->dump_dir) {
     cli_out_puts(o, "dump: ");
     cli_out_escaped(o, L->a->dump_dir, 0);
