@@ -49,6 +49,7 @@
 #include <gloo/types.h>
 
 #include "gloo_internal.h"
+#include "shardload/module_util.h" /* sl_scatter_items_read */
 
 // ---- shared with gloo_connect.cc (gloo_internal.h) ------------------------------------------
 
@@ -697,11 +698,16 @@ sl_status scatterv_impl(void *comm, const void *sendbuf, const size_t *counts, c
 // Several scatterv's from distinct roots as one op (module.h): every item's sends and
 // receives are posted before any is waited on, each item on its own slot, so a rank receives
 // from every root at once and each root's link carries its own sends beside the others'.
-sl_status scatterv_group_impl(void *comm, const sl_scatter_item *items, int n) {
+sl_status scatterv_group_impl(void *comm, const sl_scatter_item *given, int n) {
   Comm &c = *static_cast<Comm *>(comm);
-  if (n < 1 || n > SL_SCATTER_GROUP_MAX || !items)
+  if (n < 1 || n > SL_SCATTER_GROUP_MAX || !given)
     return c.host->fail(c.host->core, SL_ERR_INVALID, "%s: %d items; give 1 to %d",
                         describe(c, "scatterv group").c_str(), n, SL_SCATTER_GROUP_MAX);
+  sl_scatter_item items[SL_SCATTER_GROUP_MAX];
+  if (!sl_scatter_items_read(given, n, items))
+    return c.host->fail(c.host->core, SL_ERR_ABI, "%s: items of %zu bytes are older than this module knows; rebuild "
+                        "the caller against this shardload's shardload/module.h",
+                        describe(c, "scatterv group").c_str(), given[0].size);
   int mine = -1; // the item this rank roots
   for (int i = 0; i < n; i++) {
     int root = items[i].root;

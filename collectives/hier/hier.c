@@ -35,6 +35,7 @@
 
 #include "../shm/shm.h"
 #include "internal.h"
+#include "shardload/module_util.h" /* sl_scatter_items_read */
 
 #define HIER_KEY 256 /* a host key (sl__shm_host_key) */
 #define HIER_WHY SHM_WHY
@@ -565,30 +566,35 @@ static sl_status hier_scatterv(void *comm, const void *sendbuf, const size_t *co
   return done(c, scatter_leader(c, recvbuf, recvbytes, root));
 }
 
-/* A leader's failed group step: its host hears whom the leaders' Gloo blamed. On more than two
- * hosts the root of the group's first item also tells the leaders whom it lost: a leader that
- * finished its part of the group early waits on that root in the next group's first count
- * table (leader_failed's verdict), and would otherwise name the root, alive, rather than the
- * silent host. */
-static sl_status group_failed(hier_comm *c, sl_status st, bool first_root) {
+/* A leader's failed group step (the count tables or the data): its host hears whom the
+ * leaders' Gloo blamed. No verdict is told or heard: in a group every leader waits on every
+ * root itself, so each names the silent host on its own (but where that host roots no item of
+ * the group a leader waiting on a stuck root names the root: docs/DESIGN.md#hier). */
+static sl_status group_failed(hier_comm *c, sl_status st) {
   if (SL_HAS_OP(c->g, lost) && c->nlost == 0)
     c->nlost = c->g->lost(c->leaders, c->lost, (int)(sizeof c->lost / sizeof c->lost[0]));
-  return leader_failed(c, st, "scatterv group", c->nlost > 0 ? c->lost[0] : -1, first_root ? c->myhost : -1);
+  return leader_failed(c, st, "scatterv group", c->nlost > 0 ? c->lost[0] : -1, -1);
 }
 
 /* Several scatterv's from distinct roots as one op (module.h). Where every root leads its host
  * (the loader's distributed readers, one per host) across hosts: each root tells the leaders
- * its count table, the leaders' Gloo moves every root's host parts at once (its
- * scatterv_group), then each host scatters each item over its shm in item order (the root's
- * host from the root's send buffer). Else each item is a scatterv in turn. A failure between
- * the hosts names whom Gloo lost (group_failed). */
-static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *it, int n, void *stream) {
+ * its count table and the leaders' Gloo moves every root's host parts, each step one group of
+ * every root's at once (its scatterv_group), then each host scatters each item over its shm in
+ * item order (the root's host from the root's send buffer). Else each item is a scatterv in
+ * turn. A failure between the hosts names whom Gloo lost (group_failed). */
+static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *given, int n, void *stream) {
   hier_comm *c = comm;
   sl_status st = usable(c, "scatterv group");
   if (st != SL_OK) return st;
-  if (n < 1 || n > SL_SCATTER_GROUP_MAX || !it)
+  if (n < 1 || n > SL_SCATTER_GROUP_MAX || !given)
     return done(c, c->host->fail(c->host->core, SL_ERR_INVALID, "hier scatterv group: %d items; give 1 to %d", n,
                                  SL_SCATTER_GROUP_MAX));
+  sl_scatter_item it[SL_SCATTER_GROUP_MAX];
+  if (!sl_scatter_items_read(given, n, it))
+    return done(c, c->host->fail(c->host->core, SL_ERR_ABI,
+                                 "hier scatterv group: items of %zu bytes are older than this module knows; rebuild "
+                                 "the caller against this shardload's shardload/module.h",
+                                 given[0].size));
   bool grouped = c->nhosts > 1 && SL_HAS_OP(c->g, scatterv_group) && n > 1;
   for (int i = 0; i < n; i++) {
     if (it[i].root < 0 || it[i].root >= c->n) return bad_root(c, "scatterv group", it[i].root);
@@ -628,16 +634,29 @@ static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *it, int 
     goto out;
   }
   if (leads(c)) {
-    /* the count tables, each from its root; each host's part of each item in one piece */
+    /* the count tables, every root's at once (a group of the leaders' Gloo, so that every
+     * leader waits on every root itself: a silent host is met by each, not behind another
+     * root); HC and HD serve as its counts and displacements, then as the data's */
+    sl_scatter_item tg[SL_SCATTER_GROUP_MAX];
+    if (mine >= 0)
+      for (size_t r = 0; r < N; r++) table[(size_t)mine * N + r] = it[mine].counts[r];
+    for (size_t h = 0; h < H; h++) hc[h] = (int)h == c->myhost ? 0 : N * sizeof *table;
+    for (int i = 0; i < n; i++) {
+      tg[i] = (sl_scatter_item){.size = sizeof tg[i], .root = c->host_of[it[i].root]};
+      if (i == mine) tg[i].sendbuf = table + (size_t)i * N, tg[i].counts = hc, tg[i].displs = hd;
+      else tg[i].recvbuf = table + (size_t)i * N, tg[i].recvbytes = N * sizeof *table;
+    }
+    away(c, true);
+    if ((st = c->g->scatterv_group(c->leaders, tg, n, NULL)) != SL_OK) {
+      st = group_failed(c, st);
+      goto out;
+    }
+    away(c, false);
+    memset(hc, 0, (size_t)n * H * sizeof *hc);
+    /* each host's part of each item in one piece: the tables must add up */
     for (int i = 0; i < n && st == SL_OK; i++) {
-      uint64_t *t = table + (size_t)i * N;
+      const uint64_t *t = table + (size_t)i * N;
       int rh = c->host_of[it[i].root];
-      if (i == mine)
-        for (size_t r = 0; r < N; r++) t[r] = it[i].counts[r];
-      if ((st = leaders_bcast(c, t, N * sizeof *t, rh)) != SL_OK) {
-        st = leader_failed(c, st, "scatterv group", i == mine ? -1 : c->job[it[i].root], rh);
-        goto out;
-      }
       uint64_t total = 0;
       for (size_t h = 0; h < H; h++) {
         uint64_t sum = 0;
@@ -677,8 +696,13 @@ static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *it, int 
           hd[(size_t)i * H + h] = p;
         }
       at[i] = need;
-      if ((i == mine && !in_place) || (i != mine && c->local)) need += len[i];
-      else at[i] = UINT64_MAX; /* not in the scratch */
+      if ((i == mine && !in_place) || (i != mine && c->local)) {
+        /* each len is one host's sum of a peer's table: their sum must not wrap (the scratch
+         * would be smaller than what the leaders' Gloo writes into it) */
+        if (__builtin_add_overflow(need, len[i], &need)) need = UINT64_MAX;
+      } else {
+        at[i] = UINT64_MAX; /* not in the scratch */
+      }
     }
     if ((st = scratch_for(c, need, "scatterv group")) != SL_OK) {
       st = leader_failed(c, st, "scatterv group", -1, -1);
@@ -687,7 +711,7 @@ static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *it, int 
     sl_scatter_item g[SL_SCATTER_GROUP_MAX];
     for (int i = 0; i < n; i++) {
       int rh = c->host_of[it[i].root];
-      g[i] = (sl_scatter_item){.root = rh};
+      g[i] = (sl_scatter_item){.size = sizeof g[i], .root = rh};
       if (i == mine) {
         const unsigned char *base = it[i].sendbuf;
         if (at[i] != UINT64_MAX) { /* packed: each other host's parts in its order */
@@ -711,7 +735,7 @@ static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *it, int 
     }
     away(c, true);
     if ((st = c->g->scatterv_group(c->leaders, g, n, NULL)) != SL_OK) {
-      st = group_failed(c, st, mine == 0);
+      st = group_failed(c, st);
       goto out;
     }
     away(c, false);

@@ -265,7 +265,7 @@ static sl_status nccl_scatterv(void *comm, const void *sendbuf, const size_t *co
   nccl_comm *c = comm;
   sl_status st;
   if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return sl__nccl_report_dead(c, "scatterv");
-  sl_scatter_item it = {sendbuf, counts, displs, recvbuf, recvbytes, root};
+  sl_scatter_item it = {sizeof it, sendbuf, counts, displs, recvbuf, recvbytes, root};
   if ((st = check_items(c, "scatterv", &it, 1)) != SL_OK) return st;
   nccl_args a = {.items = &it, .n = 1};
   return issue(c, OP_SCATTERV, &a, stream);
@@ -274,11 +274,17 @@ static sl_status nccl_scatterv(void *comm, const void *sendbuf, const size_t *co
 /* N scatterv's as one NCCL group (module.h): this rank's sends, as the root of its item, and its
  * receives from every other item's root are enqueued together, so that no root's bytes wait for
  * another's. Items and their counts and displs are read before issue() returns. */
-static sl_status nccl_scatterv_group(void *comm, const sl_scatter_item *items, int n, void *stream) {
+static sl_status nccl_scatterv_group(void *comm, const sl_scatter_item *given, int n, void *stream) {
   nccl_comm *c = comm;
   sl_status st;
   if (atomic_load(&c->dead) || sl__nccl_aborted(c)) return sl__nccl_report_dead(c, "scatterv group");
-  if ((st = check_items(c, "scatterv group", items, n)) != SL_OK) return st;
+  sl_scatter_item items[SL_SCATTER_GROUP_MAX];
+  if (n >= 1 && n <= SL_SCATTER_GROUP_MAX && given && !sl_scatter_items_read(given, n, items))
+    return c->host->fail(c->host->core, SL_ERR_ABI,
+                         SL_CCL_NAME " scatterv group on rank %d: items of %zu bytes are older than this module "
+                         "knows; rebuild the caller against this shardload's shardload/module.h",
+                         c->job_rank, given[0].size);
+  if ((st = check_items(c, "scatterv group", given ? items : NULL, n)) != SL_OK) return st;
   nccl_args a = {.items = items, .n = n};
   return issue(c, OP_SCATTERV_GROUP, &a, stream);
 }

@@ -713,11 +713,13 @@ static void scatterv_group_moves_every_items_bytes(void **state) {
     assert_int_equal(fb_create(NULL, &g->stream), SL_OK); /* a stream of its own per rank */
     for (int i = 0; i < N; i++) {
       sl_scatter_item *it = &g->items[i];
-      *it = (sl_scatter_item){.recvbuf = recv[r][i], .recvbytes = counts[i][r], .root = roots[i]};
+      *it = (sl_scatter_item){
+          .size = sizeof(sl_scatter_item), .recvbuf = recv[r][i], .recvbytes = counts[i][r], .root = roots[i]};
       if (r != roots[i]) continue;
       memcpy(g->counts[i], counts[i], sizeof counts[i]);
       memcpy(g->displs[i], displs[i], sizeof displs[i]);
-      *it = (sl_scatter_item){send[i], g->counts[i], g->displs[i], recv[r][i], counts[i][r], roots[i]};
+      *it = (sl_scatter_item){sizeof(sl_scatter_item), send[i],     g->counts[i], g->displs[i],
+                              recv[r][i],               counts[i][r], roots[i]};
     }
   }
   int groups0 = F.groups();
@@ -740,10 +742,11 @@ static void scatterv_group_moves_every_items_bytes(void **state) {
   for (int r = 0; r < W; r++) {
     group_run *g = &runs[r];
     g->n = 1;
-    g->items[0] = (sl_scatter_item){.recvbuf = recv[r][0], .recvbytes = 2, .root = 1};
+    g->items[0] =
+        (sl_scatter_item){.size = sizeof(sl_scatter_item), .recvbuf = recv[r][0], .recvbytes = 2, .root = 1};
     if (r == 1) {
       for (int p = 0; p < W; p++) g->counts[0][p] = 2, g->displs[0][p] = (size_t)p * 2;
-      g->items[0] = (sl_scatter_item){send[1], g->counts[0], g->displs[0], recv[r][0], 2, 1};
+      g->items[0] = (sl_scatter_item){sizeof(sl_scatter_item), send[1], g->counts[0], g->displs[0], recv[r][0], 2, 1};
     }
   }
   run_groups(runs, W);
@@ -771,7 +774,8 @@ static void scatterv_group_refuses_bad_items(void **state) {
   static char buf[16];
   size_t counts[W] = {4, 4, 4}, displs[W] = {0, 4, 8};
   sl_scatter_item it[SL_SCATTER_GROUP_MAX + 1];
-  for (int i = 0; i <= SL_SCATTER_GROUP_MAX; i++) it[i] = (sl_scatter_item){.recvbuf = buf, .recvbytes = 4, .root = 1};
+  for (int i = 0; i <= SL_SCATTER_GROUP_MAX; i++)
+    it[i] = (sl_scatter_item){.size = sizeof(sl_scatter_item), .recvbuf = buf, .recvbytes = 4, .root = 1};
   F.last_stream(&ops0);
   struct {
     const sl_scatter_item *items;
@@ -786,6 +790,12 @@ static void scatterv_group_refuses_bad_items(void **state) {
     assert_int_equal(g_ops->scatterv_group(c[0], bad[i].items, bad[i].n, NULL), SL_ERR_INVALID);
     assert_string_equal(h[0].msg, bad[i].want);
   }
+  /* items too short for the members this ABI has always had: a caller built against another
+   * module.h, refused before anything is read past them */
+  it[0].size = offsetof(sl_scatter_item, root);
+  assert_int_equal(g_ops->scatterv_group(c[0], it, 1, NULL), SL_ERR_ABI);
+  assert_non_null(strstr(h[0].msg, "items of"));
+  it[0].size = sizeof(sl_scatter_item);
   it[1].root = 3;
   assert_int_equal(g_ops->scatterv_group(c[0], it, 2, NULL), SL_ERR_INVALID);
   assert_string_equal(h[0].msg, "nccl scatterv group on rank 0: root 3 is not a rank of 3");
@@ -797,7 +807,7 @@ static void scatterv_group_refuses_bad_items(void **state) {
   assert_int_equal(g_ops->scatterv_group(c[0], it, 3, NULL), SL_ERR_INVALID);
   assert_string_equal(h[0].msg, "nccl scatterv group on rank 0: items 0 and 2 have the same root 1");
   /* this rank's own item sends it 4 bytes but receives 3 */
-  it[2] = (sl_scatter_item){buf, counts, displs, buf, 3, 0};
+  it[2] = (sl_scatter_item){sizeof(sl_scatter_item), buf, counts, displs, buf, 3, 0};
   assert_int_equal(g_ops->scatterv_group(c[0], it, 3, NULL), SL_ERR_INVALID);
   assert_string_equal(h[0].msg, "nccl scatterv group on rank 0: the root sends itself 4 bytes but receives 3");
   F.last_stream(&ops1);
@@ -828,12 +838,14 @@ static void scatterv_group_fails_as_scatterv_does(void **state) {
     g->c = c[r];
     g->n = 2;
     assert_int_equal(fb_create(NULL, &g->stream), SL_OK);
-    g->items[0] = (sl_scatter_item){.recvbuf = recv[r][0], .recvbytes = 4, .root = 0};
-    g->items[1] = (sl_scatter_item){.recvbuf = recv[r][1], .recvbytes = 4, .root = 2};
+    g->items[0] =
+        (sl_scatter_item){.size = sizeof(sl_scatter_item), .recvbuf = recv[r][0], .recvbytes = 4, .root = 0};
+    g->items[1] =
+        (sl_scatter_item){.size = sizeof(sl_scatter_item), .recvbuf = recv[r][1], .recvbytes = 4, .root = 2};
     if (r == 0) {
       memcpy(g->counts[0], counts, sizeof counts);
       memcpy(g->displs[0], displs, sizeof displs);
-      g->items[0] = (sl_scatter_item){send[0], g->counts[0], g->displs[0], recv[r][0], 4, 0};
+      g->items[0] = (sl_scatter_item){sizeof(sl_scatter_item), send[0], g->counts[0], g->displs[0], recv[r][0], 4, 0};
     }
   }
   double t0 = now_s();
@@ -854,7 +866,7 @@ static void scatterv_group_fails_as_scatterv_does(void **state) {
   /* rank 2, aborted (sl_context_abort): its op fails before NCCL is called */
   g_ops->abort(c[2]);
   size_t own[W] = {0, 0, 0};
-  sl_scatter_item mine = {send[1], own, displs, recv[2][0], 0, 2};
+  sl_scatter_item mine = {sizeof mine, send[1], own, displs, recv[2][0], 0, 2};
   assert_int_equal(g_ops->scatterv_group(c[2], &mine, 1, NULL), SL_ERR_COMM);
   assert_string_equal(h[2].msg, "nccl scatterv group: nccl on rank 2 (cuda:2): aborted (sl_context_abort)");
   for (int r = 0; r < W; r++) g_ops->fini(c[r]);

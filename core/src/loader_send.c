@@ -403,7 +403,8 @@ sl_status sl__loader_scatter_round(loader *L, const transfer *const *x, slot *co
   sl_status st = before_data_op(L);
   if (st != SL_OK) return st;
   for (size_t i = 0; i < m; i++) {
-    it[i] = (sl_scatter_item){.recvbuf = recv[i], .recvbytes = (size_t)mine[i], .root = x[i]->root};
+    it[i] = (sl_scatter_item){
+        .size = sizeof it[i], .recvbuf = recv[i], .recvbytes = (size_t)mine[i], .root = x[i]->root};
     if (L->rank != x[i]->root) continue;
     const unsigned char *sendbuf = NULL;
     if ((st = root_layout(L, x[i], sl[i], &c[i], S[i], L->world, &sendbuf)) != SL_OK) {

@@ -687,17 +687,17 @@ class Tests:
         return (f"{wall:.2f} s; host 1 received {recv / 2**20:.1f} MiB in {seconds:.2f} s "
                 f"(floor {floor:.2f} s at {rate_mbit} Mbit/s, link carried {got / 2**20:.1f} MiB)")
 
-    def fault_job(self, net, name, fault, args=(), trigger_bytes=2 << 20, rate="40mbit", nhosts=2):
+    def fault_job(self, net, name, fault, args=(), trigger_bytes=2 << 20, rate="40mbit", nhosts=2, host=1):
         """A load on NHOSTS hosts of 2, host 1's link limited to RATE so the load lasts some seconds; once host 1
         has received TRIGGER_BYTES (the data phase is under way: the rendezvous moves some KiB)
         FAULT(job) runs. Returns the job and the fault's time from the job's start."""
         timeout = self.t(6)
-        net.limit(1, rate)
+        net.limit(host, rate)
         try:
-            before = net.rx_bytes(1)
+            before = net.rx_bytes(host)
             job = Job(self, net, nhosts, list(args), timeout, dump=False, name=name)
             job.start()
-            while net.rx_bytes(1) - before < trigger_bytes:
+            while net.rx_bytes(host) - before < trigger_bytes:
                 check(not job.poll(), lambda: "the job ended before the fault:\n" + job.describe())
                 check(time.monotonic() - job.t0 < 3 * timeout, lambda: "host 1 received too little:\n" + job.describe())
                 time.sleep(0.02)
@@ -705,7 +705,7 @@ class Tests:
             fault(job)
             job.wait(t_fault + 4 * timeout + 20)
         finally:
-            net.unlimit(1)
+            net.unlimit(host)
         return job, t_fault
 
     def check_failed(self, job, t_fault, lost_host, bound, namers, late=None):
@@ -751,7 +751,7 @@ class Tests:
         question to rank 0's store, limited to min(timeout/2, 5 s) when it cannot be reached."""
         return timeout + (min(timeout / 2, 5) if diagnosis else 0) + self.slack()
 
-    def silent_host(self, net, name, fault, heal, collective, nhosts=2, extra=()):
+    def silent_host(self, net, name, fault, heal, collective, nhosts=2, extra=(), host=1):
         """Host 1 goes silent mid-load (FAULT), with COLLECTIVE: hier (auto's choice for hosts
         of 2) or gloo. Every rank names a rank across (a survivor a rank of host 1, a rank of
         host 1 one elsewhere) and exits within the bound.
@@ -769,11 +769,11 @@ class Tests:
         over a dead link)."""
         args = ([] if collective == "hier" else ["--collective", "gloo"]) + list(extra)
         try:
-            job, tf = self.fault_job(net, name, fault, args=args, nhosts=nhosts)
+            job, tf = self.fault_job(net, name, fault, args=args, nhosts=nhosts, host=host)
         finally:
             heal()
         bound = self.fault_bound(job.timeout, collective == "gloo")
-        times = self.check_failed(job, tf, 1, bound, set(range(job.world)))
+        times = self.check_failed(job, tf, host, bound, set(range(job.world)))
         return f"at {tf:.2f} s; after it: {times} (bound {bound:.1f} s)"
 
     def case_link_down(self, net):
@@ -788,6 +788,12 @@ class Tests:
         # inside a group op of every reader's transfer
         return self.silent_host(net, "readers-link-down-4x2", lambda j: net.link(1, "down"), lambda: net.link(1, "up"),
                                 "hier", nhosts=4, extra=["--source", "readers"])
+
+    def case_readers_link_down_last_root_4x2(self, net):
+        # a known bug (KNOWN_BUGS): host 3, the round's last root, goes silent; a leader a group
+        # ahead of rank 0 (stuck on host 3) waits on rank 0 and names it, alive
+        return self.silent_host(net, "readers-link-down-last-root-4x2", lambda j: net.link(3, "down"),
+                                lambda: net.link(3, "up"), "hier", nhosts=4, extra=["--source", "readers"], host=3)
 
     def case_readers_partition_gloo_4x2(self, net):
         return self.silent_host(net, "readers-partition-gloo-4x2", lambda j: net.partition(1), net.heal, "gloo",
@@ -898,6 +904,12 @@ CASES = [
 # named (--case), as reproductions. None now: hier's silent host (link_down, partition,
 # partition_4x2) is held to what gloo's is.
 KNOWN_BUGS = [
+    # hier, 4 hosts, readers in rounds, host 3 (the round's last root) silent: a leader that
+    # finished its part of a group before the link went down waits on a live leader (stuck on
+    # host 3) in the next group and names it; the named leader then names the first, which has
+    # exited, and rank 0's store waits a timeout more for host 3 (about 1 run in 2 here; see
+    # docs/DESIGN.md#hier, "a group's failure")
+    ("readers_link_down_last_root_4x2", 4, "case_readers_link_down_last_root_4x2"),
 ]
 
 

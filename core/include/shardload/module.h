@@ -382,8 +382,11 @@ enum {
   SL_COLL_SYNC = 1u << 0 /* every op is complete on return; stream arguments are ignored */
 };
 
-/* One scatterv of a group (sl_collective_ops.scatterv_group). */
+/* One scatterv of a group (sl_collective_ops.scatterv_group). SIZE: sizeof(sl_scatter_item) as
+ * the caller built it, the same in every item: the items lie SIZE bytes apart, and a module
+ * reads of each what both know (sl_scatter_items_read in module_util.h). */
 typedef struct sl_scatter_item {
+  size_t size;
   const void *sendbuf;
   const size_t *counts, *displs;
   void *recvbuf;
@@ -456,8 +459,8 @@ typedef struct sl_collective_ops {
    * (same rules; sendbuf, counts and displs read on items[i].root only); every rank passes the
    * same N (at most SL_SCATTER_GROUP_MAX) and the same roots in the same order. As if the items
    * ran one after another in that order, except that none waits for another's bytes; a failure
-   * of any item fails the op (its message names the rank lost). Absent: the core calls
-   * scatterv for each item in turn. */
+   * of any item fails the op (its message names the rank lost). Items whose size is too small
+   * for the members above fail with SL_ERR_ABI. Absent: the core moves one transfer at a time. */
   sl_status (*scatterv_group)(void *comm, const struct sl_scatter_item *items, int n, void *stream);
 } sl_collective_ops;
 

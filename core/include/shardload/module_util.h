@@ -34,6 +34,24 @@ extern "C" {
 /* MEMBER of *IN, or DFLT when the caller's struct is too short to hold it. */
 #define SL_INIT_GET(in, member, dflt) (SL_INIT_HAS(in, member) ? (in)->member : (dflt))
 
+/* The N items of a scatterv group (module.h: sl_scatter_item) as this module knows them, into
+ * OUT (room for N): what both the caller's items (ITEMS[0].size bytes apart) and this module's
+ * struct hold, the rest zero. False when N is out of 1..SL_SCATTER_GROUP_MAX, or the caller's
+ * items are too short to hold every member up to ROOT (the module fails the op with SL_ERR_ABI). */
+static inline bool sl_scatter_items_read(const sl_scatter_item *items, int n, sl_scatter_item *out) {
+  if (!items || n < 1 || n > SL_SCATTER_GROUP_MAX) return false;
+  size_t step = items[0].size;
+  if (step < offsetof(sl_scatter_item, root) + sizeof(int)) return false;
+  size_t take = step < sizeof(sl_scatter_item) ? step : sizeof(sl_scatter_item);
+  for (int i = 0; i < n; i++) {
+    const unsigned char *at = (const unsigned char *)items + (size_t)i * step;
+    unsigned char *to = (unsigned char *)&out[i];
+    for (size_t b = 0; b < sizeof(sl_scatter_item); b++) to[b] = b < take ? at[b] : 0;
+    out[i].size = sizeof(sl_scatter_item);
+  }
+  return true;
+}
+
 /* ---- time ----------------------------------------------------------------------------------- */
 
 /* The core's job timeout when sl_context_options.timeout_ms is 0 (shardload.h). */
