@@ -227,10 +227,11 @@ class SendWatch {
       since_ = last_ = Clock::now();
       if (idle_) cv_.notify_all();
     }
-    bool done = buf->waitSend(c_.timeout());
-    std::lock_guard<std::mutex> lock(mu_); // the watchdog never touches BUF after this
-    buf_ = nullptr;
-    return done;
+    // The watchdog never touches BUF once this returns or throws: a broken pair's waitSend
+    // throws, and the caller's BUF is freed as the exception unwinds while the watchdog may
+    // still be on its beat (the caller diagnoses the loss for a while before it returns).
+    Forget forget{*this};
+    return buf->waitSend(c_.timeout());
   }
 
  private:
@@ -251,6 +252,13 @@ class SendWatch {
       }
     }
   }
+  struct Forget {
+    SendWatch &w;
+    ~Forget() {
+      std::lock_guard<std::mutex> lock(w.mu_);
+      w.buf_ = nullptr;
+    }
+  };
   Comm &c_;
   std::mutex mu_;
   std::condition_variable cv_;
