@@ -4,18 +4,21 @@
  * rendezvous on loopback; local for one rank), as the core starts a data collective. Buffers
  * live where the module's table says it moves them (device memory of the paired backend, filled
  * and read back by its copies, for a device collective); a stream-ordered module's ops are
- * enqueued on the backend's streams and complete by their sync. Optional ops (split, abort) are
- * tested only where SL_HAS_OP says the module offers them.
+ * enqueued on the backend's streams and complete by their sync. Optional ops (split, abort,
+ * scatterv_group) are tested only where SL_HAS_OP says the module offers them (else skipped).
  *
- *   conformance_collective [--backend B] [--worlds 1,2,4] [--async] [--v1] [--xfail CASE@W] MODULE
+ *   conformance_collective [--backend B] [--worlds 1,2,4] [--hosts K] [--async] [--v1] [--xfail CASE@W] MODULE
  *
  * MODULE and B: NAME (built in, or on SHARDLOAD_MODULE_PATH) or DIR/libshardload-NAME.so; B is
  * the backend each rank runs (default cpu). --worlds: the world sizes to run each case with.
  * --async: B runs enqueued work later, so a collective that does not wait for its stream reads
- * stale bytes and the suite must see it. Exits 77 (skipped) when the module cannot run here
- * with B (its probe, or the backend's, says why). --xfail CASE@W (e.g. hung@4): a defect of the
- * module known and reported, not yet fixed: that job must fail (exit 1 on some rank, no hang);
- * once it passes the suite fails, saying to drop the flag.
+ * stale bytes and the suite must see it. --hosts K: the ranks are K "hosts" of consecutive ranks
+ * to a module that tells hosts apart as shm does (SHARDLOAD_TEST_SHM_HOST_TAG: hier's leaders
+ * and its steps between hosts), each host's first rank rooting one item of a scatterv group
+ * more. Exits 77 (skipped) when the module cannot run here with B (its probe, or the backend's,
+ * says why). --xfail CASE@W (e.g. hung@4): a defect of the module known and reported, not yet
+ * fixed: that job must fail (exit 1 on some rank, no hang); once it passes the suite fails,
+ * saying to drop the flag.
  *
  * Ranks check with CHECK (print, exit 1): cmocka's asserts belong to the parent. */
 #define _GNU_SOURCE
@@ -33,6 +36,7 @@ static conf_module M, B;
 static const sl_collective_ops *O;
 static int worlds[8], nworlds;
 static bool expect_async;
+static int hosts = 1; /* --hosts */
 /* --xfail CASE@WORLD: a known defect of the module (named in the registration, with the lead's
  * note): that job must fail on some rank; once it passes, the suite says to drop the flag. */
 static const char *xfail[8];
@@ -135,6 +139,11 @@ static int rank_main(int rank, int world, void *arg) {
   const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
   for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], SIG_DFL); /* not cmocka's */
   alarm(240); /* never outlive the parent long */
+  if (hosts > 1) { /* rank r on host r * K / world, as shm and hier tell hosts apart */
+    char tag[32];
+    snprintf(tag, sizeof tag, "h%d", rank * hosts / world); /* short: it goes into the boot id's room */
+    setenv("SHARDLOAD_TEST_SHM_HOST_TAG", tag, 1);
+  }
   env e;
   open_env(&e, rank, world, j);
   int rc = j->body(&e, j);
@@ -257,10 +266,11 @@ static void test_table(void **state) {
   memset(reason, 'x', sizeof reason);
   int score = O->probe(sl_backend_native_api(B.ops), reason, sizeof reason);
   assert_true(score > 0); /* main skipped otherwise */
-  printf("# %s: %s, domains %#x%s%s; optional ops:%s%s; ranks run backend %s\n", M.spec,
+  printf("# %s: %s, domains %#x%s%s; optional ops:%s%s%s; ranks run backend %s, on %d host%s\n", M.spec,
          O->flags & SL_COLL_SYNC ? "synchronous" : "stream-ordered", O->domains,
          O->device_backend ? ", device memory of " : "", O->device_backend ? O->device_backend : "",
-         SL_HAS_OP(O, split) ? " split" : " !split", SL_HAS_OP(O, abort) ? " abort" : " !abort", B.spec);
+         SL_HAS_OP(O, split) ? " split" : " !split", SL_HAS_OP(O, abort) ? " abort" : " !abort",
+         SL_HAS_OP(O, scatterv_group) ? " scatterv_group" : " !scatterv_group", B.spec, hosts, hosts > 1 ? "s" : "");
 }
 
 /* ---- data movement ---------------------------------------------------------------------------------- */
@@ -328,6 +338,195 @@ static int scatterv_body(env *e, const job *j) {
   return 0;
 }
 static void test_scatterv(void **state) { each_world("scatterv", scatterv_body, 1, 30000); }
+
+/* ---- scatterv groups (optional) ------------------------------------------------------------------ */
+/* A group as every rank plans it alike: item i's root and what it sends rank r, where in the
+ * root's send buffer (parts in rank order for even items, reversed for odd ones, 16 bytes
+ * apart). Receivers check their bytes against the plan; only an item's root hands its tables
+ * to the module. */
+typedef struct group_plan {
+  int n;
+  int roots[SL_SCATTER_GROUP_MAX];
+  size_t counts[SL_SCATTER_GROUP_MAX][MAX_WORLD], displs[SL_SCATTER_GROUP_MAX][MAX_WORLD];
+  size_t total[SL_SCATTER_GROUP_MAX]; /* each root's send buffer */
+} group_plan;
+
+#define GROUP_PLANS 5
+
+/* What item I of group G sends rank R: uneven; the root's own part empty in odd groups; nothing
+ * to a rank where (R + I + G) % 3 == 1 (so that a rank receives nothing from one root and
+ * something from another item); one part past a megabyte in group 2. */
+static size_t group_share(int g, int i, int r, int root, int world) {
+  if (r == root) return g % 2 ? 0 : 700 + 13 * (size_t)i + (size_t)g;
+  if ((r + i + g) % 3 == 1) return 0;
+  if (g == 2 && i == 0 && r == (root + 1) % world) return (1u << 20) + 11;
+  return (size_t)((r * 7 + i * 3 + g) % 5) * 1000 + 1 + (size_t)r + (size_t)i;
+}
+
+/* Whether rank R is its host's first (--hosts: rank r on host r * K / world). */
+static bool host_first(int r, int world) { return r == 0 || (r - 1) * hosts / world != r * hosts / world; }
+
+/* The groups of a world: one item from the last rank; two, the last rank's before rank 0's;
+ * every rank (at most SL_SCATTER_GROUP_MAX) from the middle one down, round to the top; three
+ * (or fewer), the even ranks up and then the odd ones down, so that some rank roots nothing;
+ * each host's first rank (--hosts; rank 0 on one host), the last host's first: the loader's
+ * distributed readers, one per host, which hier moves between the hosts at once. */
+static void group_plans(int world, group_plan *p) {
+  memset(p, 0, GROUP_PLANS * sizeof *p);
+  int max = world < SL_SCATTER_GROUP_MAX ? world : SL_SCATTER_GROUP_MAX;
+  p[0].n = 1, p[0].roots[0] = world - 1;
+  p[1].n = world < 2 ? 1 : 2, p[1].roots[0] = world - 1, p[1].roots[1] = 0;
+  p[2].n = max;
+  for (int i = 0; i < max; i++) p[2].roots[i] = (world / 2 - i + world) % world;
+  p[3].n = max < 3 ? max : 3;
+  int evens = (world + 1) / 2, top_odd = world % 2 ? world - 2 : world - 1;
+  for (int i = 0; i < p[3].n; i++) p[3].roots[i] = i < evens ? 2 * i : top_odd - 2 * (i - evens);
+  for (int r = world - 1; r >= 0; r--)
+    if (host_first(r, world) && p[4].n < SL_SCATTER_GROUP_MAX) p[4].roots[p[4].n++] = r;
+  for (int g = 0; g < GROUP_PLANS; g++)
+    for (int i = 0; i < p[g].n; i++) {
+      size_t at = 0;
+      for (int k = 0; k < world; k++) {
+        int r = i % 2 ? world - 1 - k : k;
+        p[g].counts[i][r] = group_share(g, i, r, p[g].roots[i], world);
+        p[g].displs[i][r] = at + 16;
+        at += p[g].counts[i][r] + 16;
+      }
+      p[g].total[i] = at;
+    }
+}
+
+/* Each rank takes part in every group (sendbuf, counts and displs on the item's root only),
+ * then checks every item's bytes and the guard byte after each receive buffer, and each root
+ * that its send buffer is as it was. The root's receive buffer is its own, apart from its send
+ * buffer. */
+static int scatterv_group_body(env *e, const job *j) {
+  void *s = e->s1;
+  int me = e->rank, world = e->world;
+  group_plan plan[GROUP_PLANS];
+  group_plans(world, plan);
+  /* the plans hold what the case claims to cover, at this world */
+  bool own_empty = false, own_full = false, one_empty = world < 2;
+  for (int g = 0; g < GROUP_PLANS; g++)
+    for (int i = 0; i < plan[g].n; i++) {
+      int root = plan[g].roots[i];
+      own_empty |= plan[g].counts[i][root] == 0, own_full |= plan[g].counts[i][root] > 0;
+      for (int r = 0; r < world; r++)
+        for (int k = 0; k < plan[g].n; k++)
+          one_empty |= r != root && plan[g].counts[i][r] == 0 && plan[g].counts[k][r] > 0;
+    }
+  CHECK(own_empty && own_full && one_empty, "the plans miss a case: own part empty %d, full %d, one root's empty %d",
+        own_empty, own_full, one_empty);
+  for (int g = 0; g < GROUP_PLANS; g++) {
+    const group_plan *p = &plan[g];
+    if (me == 0) {
+      char roots[64] = "";
+      for (int i = 0, at = 0; i < p->n; i++) at += snprintf(roots + at, sizeof roots - (size_t)at, " %d", p->roots[i]);
+      printf("# scatterv group %d, world %d: %d items from ranks%s\n", g, world, p->n, roots);
+      fflush(stdout);
+    }
+    sl_scatter_item items[SL_SCATTER_GROUP_MAX];
+    size_t counts[SL_SCATTER_GROUP_MAX][MAX_WORLD], displs[SL_SCATTER_GROUP_MAX][MAX_WORLD];
+    void *send[SL_SCATTER_GROUP_MAX] = {0}, *recv[SL_SCATTER_GROUP_MAX] = {0};
+    memcpy(counts, p->counts, sizeof counts);
+    memcpy(displs, p->displs, sizeof displs);
+    for (int i = 0; i < p->n; i++) {
+      bool root = p->roots[i] == me;
+      uint64_t seed = 1000 + (uint64_t)g * 16 + (uint64_t)i;
+      if (root) send[i] = buf_pattern(e, p->total[i], true, seed, 0, s);
+      recv[i] = buf_pattern(e, p->counts[i][me], false, 0, 0, s);
+      items[i] = (sl_scatter_item){.sendbuf = send[i], .counts = root ? counts[i] : NULL,
+                                   .displs = root ? displs[i] : NULL, .recvbuf = recv[i],
+                                   .recvbytes = p->counts[i][me], .root = p->roots[i]};
+    }
+    sl_status st = O->scatterv_group(e->comm, items, p->n, s);
+    /* the items and their tables are the caller's again once the call returned, even if it only
+     * enqueued */
+    memset(items, 0xFF, sizeof items);
+    memset(counts, 0xFF, sizeof counts);
+    memset(displs, 0xFF, sizeof displs);
+    st = finished(e, st, s);
+    CHECK(st == SL_OK, "scatterv group %d (%d items): %s", g, p->n, sl_status_name(st));
+    for (int i = 0; i < p->n; i++) {
+      uint64_t seed = 1000 + (uint64_t)g * 16 + (uint64_t)i;
+      char what[96];
+      snprintf(what, sizeof what, "scatterv group %d: item %d (from rank %d)", g, i, p->roots[i]);
+      buf_check(e, recv[i], p->counts[i][me], seed, p->displs[i][me], s, what);
+      if (send[i]) {
+        snprintf(what, sizeof what, "scatterv group %d: item %d's send buffer", g, i);
+        buf_check(e, send[i], p->total[i], seed, 0, s, what);
+      }
+      buf_free(e, recv[i]);
+      buf_free(e, send[i]);
+    }
+  }
+  return 0;
+}
+static void test_scatterv_group(void **state) {
+  if (!SL_HAS_OP(O, scatterv_group)) skip();
+  each_world("scatterv_group", scatterv_group_body, 1, 30000);
+}
+
+/* A group refused for its arguments: SL_ERR_INVALID on the calling rank, at once. Each kind is
+ * a job of its own (a module may break its communicator on a failed op, and a later call would
+ * then fail for that, whatever its arguments). The kinds every rank can see (the item count,
+ * a root out of range, two items of one root) are called by every rank alike, refused before
+ * any communication; a root's own count that is not its receive size only the root can see:
+ * it calls alone, its only item its own. */
+enum { BAD_NONE, BAD_TOO_MANY, BAD_ROOT_HIGH, BAD_ROOT_NEGATIVE, BAD_SAME_ROOT, BAD_OWN_COUNT, BAD_KINDS };
+static const char *const bad_names[BAD_KINDS] = {"no items", "too many items", "a root past the world",
+                                                 "a negative root", "two items of one root",
+                                                 "the root's own count is not its receive size"};
+static int g_bad;
+
+static int group_invalid_body(env *e, const job *j) {
+  void *s = e->s1;
+  int me = e->rank, world = e->world, n = 1;
+  size_t counts[MAX_WORLD] = {0}, displs[MAX_WORLD] = {0};
+  void *send = buf_pattern(e, 64, true, 1100, 0, s), *recv = buf_pattern(e, 64, false, 0, 0, s);
+  sl_scatter_item items[SL_SCATTER_GROUP_MAX + 1];
+  /* valid items but for the one argument under test: whichever rank roots an item has its
+   * tables, every count is zero */
+  for (int i = 0; i <= SL_SCATTER_GROUP_MAX; i++)
+    items[i] =
+        (sl_scatter_item){.sendbuf = send, .counts = counts, .displs = displs, .recvbuf = recv, .root = i % world};
+  /* every rank past its start before any leaves: a rank that left straight after init could
+   * fail a peer's init still under way (a barrier is what every case's ranks meet in) */
+  CHECK(O->barrier(e->comm) == SL_OK, "the barrier before: %s", conf_msg());
+  switch (g_bad) {
+  case BAD_NONE: n = 0; break;
+  case BAD_TOO_MANY: n = SL_SCATTER_GROUP_MAX + 1; break;
+  case BAD_ROOT_HIGH: items[0].root = world; break;
+  case BAD_ROOT_NEGATIVE: n = world < 2 ? 1 : 2, items[n - 1].root = -1; break;
+  case BAD_SAME_ROOT: n = 2, items[1].root = items[0].root; break;
+  case BAD_OWN_COUNT:
+    if (me != world - 1) goto out; /* the others take no part */
+    counts[me] = 8, items[0].root = me, items[0].recvbytes = 7;
+    break;
+  }
+  conf_msg_clear();
+  double t0 = conf_now_ms();
+  sl_status st = finished(e, O->scatterv_group(e->comm, items, n, s), s);
+  double took = conf_now_ms() - t0;
+  CHECK(st == SL_ERR_INVALID, "scatterv group with %s: %s", bad_names[g_bad], sl_status_name(st));
+  CHECK(conf_msg()[0], "scatterv group with %s: refused without a message", bad_names[g_bad]);
+  CHECK(took < 2000, "scatterv group with %s: refused after %.0f ms", bad_names[g_bad], took);
+  if (me == (g_bad == BAD_OWN_COUNT ? world - 1 : 0))
+    printf("# scatterv group with %s, world %d: %s\n", bad_names[g_bad], world, conf_msg());
+out:
+  (void)e->bo->synchronize(e->be);
+  buf_free(e, recv);
+  buf_free(e, send);
+  return 0;
+}
+static void test_scatterv_group_invalid(void **state) {
+  if (!SL_HAS_OP(O, scatterv_group)) skip();
+  for (g_bad = 0; g_bad < BAD_KINDS; g_bad++) {
+    char name[48];
+    snprintf(name, sizeof name, "group_invalid%d", g_bad);
+    each_world(name, group_invalid_body, 1, 30000);
+  }
+}
 
 static int allgather_body(env *e, const job *j) {
   void *s = e->s1;
@@ -574,20 +773,80 @@ static int lost_body(env *e, const job *j, bool hang) {
 static int dead_body(env *e, const job *j) { return lost_body(e, j, false); }
 static int hung_body(env *e, const job *j) { return lost_body(e, j, true); }
 
-static void lost(const char *name, int (*body)(env *, const job *), int code) {
+/* The victim dies after a barrier while the others scatter, each part 64 KiB: in a scatterv from
+ * rank 0 (the root loses a rank it sends to, the last; the others, whose parts may all have
+ * arrived, then meet in a barrier), or in a scatterv group of two items, rank 0's and then the
+ * victim's (the last rank, or with --hosts the last host's first: both roots lead their hosts,
+ * as the loader's distributed readers), where every other rank waits on the victim's bytes
+ * (and rank 0 sends to it too). Every other rank fails within the timeout and a margin naming
+ * it, and later ops fail at once. */
+static int dead_scatter_body(env *e, const job *j, bool group) {
+  CHECK(O->barrier(e->comm) == SL_OK, "the barrier before: %s", conf_msg());
+  if (e->rank == j->victim) {
+    usleep(300 * 1000);
+    _exit(42);
+  }
+  void *s = e->s1;
+  size_t n = 64u << 10, counts[MAX_WORLD], displs[MAX_WORLD];
+  for (int r = 0; r < e->world; r++) counts[r] = n, displs[r] = (size_t)r * n;
+  bool root = e->rank == 0;
+  void *send = root ? buf_pattern(e, n * (size_t)e->world, true, 810, 0, s) : NULL;
+  void *from0 = buf_pattern(e, n, false, 0, 0, s), *from_victim = buf_pattern(e, n, false, 0, 0, s);
+  sl_scatter_item items[2] = {
+      {.sendbuf = send, .counts = root ? counts : NULL, .displs = root ? displs : NULL, .recvbuf = from0,
+       .recvbytes = n, .root = 0},
+      {.recvbuf = from_victim, .recvbytes = n, .root = j->victim},
+  };
+  double t0 = conf_now_ms();
+  sl_status st;
+  if (group) {
+    st = finished(e, O->scatterv_group(e->comm, items, 2, s), s);
+  } else {
+    st = finished(e, O->scatterv(e->comm, send, root ? counts : NULL, root ? displs : NULL, from0, n, 0, s), s);
+    if (st == SL_OK) st = O->barrier(e->comm);
+  }
+  double took = conf_now_ms() - t0;
+  char first[SL__ERRMSG_LEN];
+  snprintf(first, sizeof first, "%s", conf_msg());
+  fprintf(stderr, "rank %d: %s after %.0f ms: %s\n", e->rank, sl_status_name(st), took, first);
+  CHECK(st == SL_ERR_PEER || st == SL_ERR_TIMEOUT, "status %s", sl_status_name(st));
+  CHECK(conf_names_rank(first, j->victim), "the message does not name rank %d", j->victim);
+  CHECK(took < j->timeout_ms + 2500, "failed after %.0f ms with a timeout of %d ms", took, j->timeout_ms);
+  t0 = conf_now_ms();
+  CHECK(O->barrier(e->comm) != SL_OK, "a later barrier passed");
+  CHECK(conf_now_ms() - t0 < 1000, "a later barrier took %.0f ms", conf_now_ms() - t0);
+  (void)e->bo->synchronize(e->be);
+  buf_free(e, from_victim);
+  buf_free(e, from0);
+  buf_free(e, send);
+  return 0;
+}
+static int dead_scatterv_body(env *e, const job *j) { return dead_scatter_body(e, j, false); }
+static int dead_group_body(env *e, const job *j) { return dead_scatter_body(e, j, true); }
+
+/* Runs BODY with a victim that exits CODE: the last rank, or with LEADER and --hosts, the last
+ * host's first rank (a rank that leads its host, for a module that tells hosts apart). */
+static void lost(const char *name, int (*body)(env *, const job *), int code, bool leader) {
   int ran = 0;
   for (int w = 0; w < nworlds; w++) {
     if (worlds[w] < 2) continue;
     char sub[96];
     snprintf(sub, sizeof sub, "%s_w%d", name, worlds[w]);
-    job j = {.base = name, .name = sub, .timeout_ms = 3000, .body = body, .victim = worlds[w] - 1};
+    int victim = worlds[w] - 1;
+    while (leader && hosts > 1 && !host_first(victim, worlds[w])) victim--;
+    job j = {.base = name, .name = sub, .timeout_ms = 3000, .body = body, .victim = victim};
     spawn(&j, worlds[w], code);
     ran++;
   }
   if (!ran) skip();
 }
-static void test_lost_rank_dead(void **state) { lost("dead", dead_body, 42); }
-static void test_lost_rank_hung(void **state) { lost("hung", hung_body, 43); }
+static void test_lost_rank_dead(void **state) { lost("dead", dead_body, 42, false); }
+static void test_lost_rank_hung(void **state) { lost("hung", hung_body, 43, false); }
+static void test_lost_rank_dead_scatterv(void **state) { lost("dead_scatterv", dead_scatterv_body, 42, false); }
+static void test_lost_rank_dead_group(void **state) {
+  if (!SL_HAS_OP(O, scatterv_group)) skip();
+  lost("dead_group", dead_group_body, 42, true);
+}
 
 /* ---- stream order (stream-ordered modules) ------------------------------------------------------- */
 /* Rank 0 uploads NEW bytes over OLD ones on stream 1, behind held work, records an event, and
@@ -699,13 +958,15 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--v1") == 0) v1 = true;
     else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend = argv[++i];
     else if (strcmp(argv[i], "--worlds") == 0 && i + 1 < argc) usage = !parse_worlds(argv[++i]);
+    else if (strcmp(argv[i], "--hosts") == 0 && i + 1 < argc)
+      usage = (hosts = atoi(argv[++i])) < 1 || hosts > MAX_WORLD;
     else if (strcmp(argv[i], "--filter") == 0 && i + 1 < argc) cmocka_set_test_filter(argv[++i]);
     else if (strcmp(argv[i], "--xfail") == 0 && i + 1 < argc && nxfail < 8) xfail[nxfail++] = argv[++i];
     else if (argv[i][0] != '-' && !spec) spec = argv[i];
     else usage = true;
   }
   if (!spec || usage) {
-    fprintf(stderr, "usage: %s [--backend B] [--worlds 1,2,4] [--async] [--v1] [--filter GLOB] NAME | "
+    fprintf(stderr, "usage: %s [--backend B] [--worlds 1,2,4] [--hosts K] [--async] [--v1] [--filter GLOB] NAME | "
                     "DIR/libshardload-NAME.so\n", argv[0]);
     return 2;
   }
@@ -744,12 +1005,16 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_table),
       cmocka_unit_test(test_broadcast),
       cmocka_unit_test(test_scatterv),
+      cmocka_unit_test(test_scatterv_group),
+      cmocka_unit_test(test_scatterv_group_invalid),
       cmocka_unit_test(test_allgather),
       cmocka_unit_test(test_barrier),
       cmocka_unit_test(test_split),
       cmocka_unit_test(test_abort),
       cmocka_unit_test(test_lost_rank_dead),
       cmocka_unit_test(test_lost_rank_hung),
+      cmocka_unit_test(test_lost_rank_dead_scatterv),
+      cmocka_unit_test(test_lost_rank_dead_group),
       cmocka_unit_test(test_stream_order),
       cmocka_unit_test(test_issue_order_across_streams),
   };

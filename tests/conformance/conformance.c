@@ -233,7 +233,8 @@ long conf_not_all(const void *p, size_t n, uint8_t v) {
   return -1;
 }
 
-/* Blanks every "WORD rank N" in S (and " of M" after it, for "on rank R of W"). */
+/* Blanks every "WORD N" in S (and " of M" after it, for "on rank R of W"; ", N" after it, for a
+ * list: "from ranks 0, 3"). */
 static void blank_after(char *s, const char *word) {
   size_t wl = strlen(word);
   for (char *p = strstr(s, word); p; p = strstr(p, word)) {
@@ -246,6 +247,9 @@ static void blank_after(char *s, const char *word) {
     if (strncmp(q, " of ", 4) == 0 && q[4] >= '0' && q[4] <= '9')
       for (q += 4; *q >= '0' && *q <= '9'; q++) {
       }
+    while (strncmp(q, ", ", 2) == 0 && q[2] >= '0' && q[2] <= '9')
+      for (q += 2; *q >= '0' && *q <= '9'; q++) {
+      }
     memset(p, ' ', (size_t)(q - p));
     p = q;
   }
@@ -256,6 +260,7 @@ bool conf_names_rank(const char *msg, int v) {
   snprintf(s, sizeof s, "%s", msg);
   blank_after(s, "on rank ");
   blank_after(s, "from rank ");
+  blank_after(s, "from ranks ");
   return sl_test_names_rank(s, v);
 }
 

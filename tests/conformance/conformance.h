@@ -62,7 +62,8 @@ long conf_differs(const void *p, size_t n, uint64_t seed, size_t start);
 long conf_not_all(const void *p, size_t n, uint8_t v);
 double conf_now_ms(void);
 /* Whether MSG names rank V as the one a failure is about (sl_test_names_rank), not counting the
- * op's description of itself: "on rank R of W", "from rank ROOT". */
+ * op's description of itself: "on rank R of W", "from rank ROOT", "from ranks R1, R2" (a
+ * scatterv group's roots). */
 bool conf_names_rank(const char *msg, int v);
 
 /* ---- holding a stream ----------------------------------------------------------------------- */
