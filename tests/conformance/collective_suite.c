@@ -435,7 +435,7 @@ static int scatterv_group_body(env *e, const job *j) {
       uint64_t seed = 1000 + (uint64_t)g * 16 + (uint64_t)i;
       if (root) send[i] = buf_pattern(e, p->total[i], true, seed, 0, s);
       recv[i] = buf_pattern(e, p->counts[i][me], false, 0, 0, s);
-      items[i] = (sl_scatter_item){.sendbuf = send[i], .counts = root ? counts[i] : NULL,
+      items[i] = (sl_scatter_item){.size = sizeof items[i], .sendbuf = send[i], .counts = root ? counts[i] : NULL,
                                    .displs = root ? displs[i] : NULL, .recvbuf = recv[i],
                                    .recvbytes = p->counts[i][me], .root = p->roots[i]};
     }
@@ -473,10 +473,23 @@ static void test_scatterv_group(void **state) {
  * a root out of range, two items of one root) are called by every rank alike, refused before
  * any communication; a root's own count that is not its receive size only the root can see:
  * it calls alone, its only item its own. */
-enum { BAD_NONE, BAD_TOO_MANY, BAD_ROOT_HIGH, BAD_ROOT_NEGATIVE, BAD_SAME_ROOT, BAD_OWN_COUNT, BAD_KINDS };
-static const char *const bad_names[BAD_KINDS] = {"no items", "too many items", "a root past the world",
-                                                 "a negative root", "two items of one root",
-                                                 "the root's own count is not its receive size"};
+enum {
+  BAD_NONE,
+  BAD_TOO_MANY,
+  BAD_ROOT_HIGH,
+  BAD_ROOT_NEGATIVE,
+  BAD_SAME_ROOT,
+  BAD_OWN_COUNT,
+  BAD_ITEM_SIZE,
+  BAD_KINDS
+};
+static const char *const bad_names[BAD_KINDS] = {"no items",
+                                                 "too many items",
+                                                 "a root past the world",
+                                                 "a negative root",
+                                                 "two items of one root",
+                                                 "the root's own count is not its receive size",
+                                                 "items too short for their members (SL_ERR_ABI)"};
 static int g_bad;
 
 static int group_invalid_body(env *e, const job *j) {
@@ -489,7 +502,8 @@ static int group_invalid_body(env *e, const job *j) {
    * tables, every count is zero */
   for (int i = 0; i <= SL_SCATTER_GROUP_MAX; i++)
     items[i] =
-        (sl_scatter_item){.sendbuf = send, .counts = counts, .displs = displs, .recvbuf = recv, .root = i % world};
+        (sl_scatter_item){.size = sizeof items[i], .sendbuf = send, .counts = counts, .displs = displs, .recvbuf = recv,
+                          .root = i % world};
   /* every rank past its start before any leaves: a rank that left straight after init could
    * fail a peer's init still under way (a barrier is what every case's ranks meet in) */
   CHECK(O->barrier(e->comm) == SL_OK, "the barrier before: %s", conf_msg());
@@ -503,12 +517,16 @@ static int group_invalid_body(env *e, const job *j) {
     if (me != world - 1) goto out; /* the others take no part */
     counts[me] = 8, items[0].root = me, items[0].recvbytes = 7;
     break;
+  case BAD_ITEM_SIZE: /* a caller built against a module.h whose items end before ROOT */
+    for (int i = 0; i <= SL_SCATTER_GROUP_MAX; i++) items[i].size = offsetof(sl_scatter_item, root);
+    break;
   }
   conf_msg_clear();
   double t0 = conf_now_ms();
   sl_status st = finished(e, O->scatterv_group(e->comm, items, n, s), s);
   double took = conf_now_ms() - t0;
-  CHECK(st == SL_ERR_INVALID, "scatterv group with %s: %s", bad_names[g_bad], sl_status_name(st));
+  CHECK(st == (g_bad == BAD_ITEM_SIZE ? SL_ERR_ABI : SL_ERR_INVALID), "scatterv group with %s: %s", bad_names[g_bad],
+        sl_status_name(st));
   CHECK(conf_msg()[0], "scatterv group with %s: refused without a message", bad_names[g_bad]);
   CHECK(took < 2000, "scatterv group with %s: refused after %.0f ms", bad_names[g_bad], took);
   if (me == (g_bad == BAD_OWN_COUNT ? world - 1 : 0))
@@ -793,9 +811,9 @@ static int dead_scatter_body(env *e, const job *j, bool group) {
   void *send = root ? buf_pattern(e, n * (size_t)e->world, true, 810, 0, s) : NULL;
   void *from0 = buf_pattern(e, n, false, 0, 0, s), *from_victim = buf_pattern(e, n, false, 0, 0, s);
   sl_scatter_item items[2] = {
-      {.sendbuf = send, .counts = root ? counts : NULL, .displs = root ? displs : NULL, .recvbuf = from0,
-       .recvbytes = n, .root = 0},
-      {.recvbuf = from_victim, .recvbytes = n, .root = j->victim},
+      {.size = sizeof(sl_scatter_item), .sendbuf = send, .counts = root ? counts : NULL,
+       .displs = root ? displs : NULL, .recvbuf = from0, .recvbytes = n, .root = 0},
+      {.size = sizeof(sl_scatter_item), .recvbuf = from_victim, .recvbytes = n, .root = j->victim},
   };
   double t0 = conf_now_ms();
   sl_status st;
