@@ -908,7 +908,7 @@ KNOWN_BUGS = [
     # finished its part of a group before the link went down waits on a live leader (stuck on
     # host 3) in the next group and names it; the named leader then names the first, which has
     # exited, and rank 0's store waits a timeout more for host 3 (about 1 run in 2 here; see
-    # docs/DESIGN.md#hier, "a group's failure")
+    # docs/DESIGN.md#hier, its known bug under A group's failure)
     ("readers_link_down_last_root_4x2", 4, "case_readers_link_down_last_root_4x2"),
 ]
 
