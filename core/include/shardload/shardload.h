@@ -474,7 +474,10 @@ typedef struct sl_tensor {
  *   until then place what rank 0 sent instead (zeros, or on the device route whatever its
  *   staging held). A failure that only one rank sees (a copy to its device, a
  *   cast, its own read in every-rank mode) stops that rank placing bytes at once, but reaches
- *   the others only at the closing agreement: their buffers may hold every tensor.
+ *   the others only at the closing agreement: their buffers may hold every tensor. Distributed
+ *   readers load their shares side by side, and in rounds (docs/DESIGN.md#readers) a round's
+ *   transfers land together: a placement that fails inside a round may leave the round's later
+ *   tensors holding their new bytes too.
  * - Never, in any case, a byte outside [data, data + t->nbytes) of a buffer. */
 typedef void *(*sl_bind_fn)(void *user, const sl_tensor *t);
 
