@@ -334,6 +334,84 @@ static void test_rank_killed_mid_load(void **state) {
   free(dir);
 }
 
+/* A rank killed between rank 0's offer and its fetch of the segment (it comes late,
+ * SHARDLOAD_TEST_SHM_ATTACH_DELAY_MS, and dies meanwhile): rank 0 sees its pidfd and fails the
+ * start naming it, and the rank that has its segment fails with it, both well within the
+ * timeout (rank 0 had waited the whole timeout for it, and rank 1 behind rank 0). */
+static void *die_soon(void *arg) {
+  usleep(400000);
+  raise(SIGKILL);
+  return NULL;
+}
+
+static int killed_at_attach_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  pthread_t t;
+  if (rank == j->victim) {
+    setenv("SHARDLOAD_TEST_SHM_ATTACH_DELAY_MS", "5000", 1);
+    pthread_create(&t, NULL, die_soon, NULL);
+  }
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  double t0 = now_s();
+  sl_status s = open_ctx(j, rank, world, &ctx, err, sizeof err);
+  double took = now_s() - t0;
+  fprintf(stderr, "rank %d: %s after %.2f s: %s\n", rank, sl_status_name(s), took, err);
+  SL_CHILD_CHECK(rank != j->victim, "rank %d outlived its SIGKILL", rank);
+  SL_CHILD_CHECK(s == SL_ERR_PEER || s == SL_ERR_COMM, "rank %d: %s (%s)", rank, sl_status_name(s), err);
+  SL_CHILD_CHECK(sl_test_names_rank(err, j->victim), "rank %d: '%s' does not name rank %d", rank, err, j->victim);
+  SL_CHILD_CHECK(took < j->timeout_ms / 1000.0 / 2, "rank %d took %.1f s (timeout %d ms)", rank, took, j->timeout_ms);
+  return 0;
+}
+
+static void test_rank_killed_at_attach(void **state) {
+  int sock_before = shm_sockets(), codes[MAX_WORLD];
+  job j = {.collective = "shm", .timeout_ms = 20000, .victim = 2};
+  spawn(&j, 3, killed_at_attach_rank, "killed-attach", 60000, codes);
+  assert_int_equal(codes[0], 0);
+  assert_int_equal(codes[1], 0);
+  assert_int_equal(codes[2], 128 + SIGKILL);
+  assert_true(shm_sockets() <= sock_before);
+}
+
+/* Rank 2 is killed; rank 0 learns of it elsewhere (here: it waits, as if on the control plane)
+ * and finishes its communicator without a word of failure on the data plane, while rank 1
+ * waits for rank 0's broadcast. Rank 1 names rank 2, the rank the job lost, not rank 0 that
+ * left (as the torchrun c10d-kill scenario saw: "rank 0 finished this communicator"). */
+static int left_after_kill_rank(int rank, int world, void *arg) {
+  const job *j = arg;
+  char err[1024] = "";
+  sl_context *ctx = NULL;
+  SL_CHILD_CHECK(open_ctx(j, rank, world, &ctx, err, sizeof err) == SL_OK, "rank %d: %s", rank, err);
+  SL_CHILD_CHECK(strcmp(sl_context_collective_name(ctx), "shm") == 0, "rank %d: not shm", rank);
+  const sl_collective_ops *o = ctx->data;
+  void *sub = NULL; /* a communicator of its own, finished while the context lives */
+  SL_CHILD_CHECK(o->split(ctx->data_comm, 0, rank, &sub) == SL_OK, "rank %d: split: %s", rank, sl_context_errmsg(ctx));
+  if (rank == 2) raise(SIGKILL);
+  if (rank == 0) {
+    usleep(600000); /* rank 2 has died, and rank 1 waits */
+    o->fini(sub);
+    return 0; /* no destroy: the control plane would miss rank 2 */
+  }
+  unsigned char b[4096];
+  sl_status st = o->broadcast(sub, b, sizeof b, 0, NULL);
+  const char *msg = sl_context_errmsg(ctx);
+  fprintf(stderr, "rank 1: %s: %s\n", sl_status_name(st), msg);
+  SL_CHILD_CHECK(st == SL_ERR_PEER && sl_test_names_rank(msg, 2) && strstr(msg, "lost rank 2"), "rank 1: %s: '%s'",
+                 sl_status_name(st), msg);
+  o->fini(sub);
+  return 0;
+}
+
+static void test_left_after_a_peer_was_killed(void **state) {
+  job j = {.collective = "shm", .timeout_ms = 10000};
+  int codes[3];
+  spawn(&j, 3, left_after_kill_rank, "left-after-kill", 60000, codes);
+  assert_int_equal(codes[0], 0);
+  assert_int_equal(codes[1], 0);
+  assert_int_equal(codes[2], 128 + SIGKILL);
+}
+
 /* ---- a rank stopped, a rank aborted -------------------------------------------------------------- */
 
 static int stopped_rank(int rank, int world, void *arg) {
@@ -1011,6 +1089,8 @@ int main(void) {
       cmocka_unit_test(test_channels_run_out),
       cmocka_unit_test(test_loads_match_gloo),
       cmocka_unit_test(test_rank_killed_mid_load),
+      cmocka_unit_test(test_rank_killed_at_attach),
+      cmocka_unit_test(test_left_after_a_peer_was_killed),
       cmocka_unit_test(test_rank_stopped),
       cmocka_unit_test(test_abort),
       cmocka_unit_test(test_ranks_disagree),

@@ -49,6 +49,7 @@
 #define SHM_SLOTS 8u                    /* slots per ring: the root runs this far ahead */
 #define SHM_MAX_CHANNELS 64             /* one bit each in a 64-bit mask */
 #define SHM_SLICE_MS 20                 /* a wait's slice between liveness checks */
+#define SHM_SERVE_LOOK_MS 100           /* rank 0's start: how often it looks at the ranks to come */
 #define SHM_MAX_PIDFDS 256              /* peers watched by pidfd; beyond, by kill(pid, 0) */
 #define SHM_TOKEN 32
 #define SHM_NAME 48
@@ -160,6 +161,17 @@ static bool in_trouble(const shm_comm *c, int i, int need, uint32_t arg) {
   return needed(c, i, need, arg);
 }
 
+/* A member whose process ended without a word (no fail word of its own, so it never left or
+ * failed: killed, or it crashed); -1 when none. */
+static int killed_member(const shm_comm *c) {
+  const shm_seg *s = c->seg;
+  for (int i = 0; i < c->n; i++) {
+    int r = job_rank(c, i);
+    if (r != s->me && !load(&s->ranks[r].fail) && !load(&c->words[i].fail) && gone(s, r)) return i;
+  }
+  return -1;
+}
+
 /* Why this op cannot go on, apart from the word it waits for: this rank aborted, a member it
  * needs (NEED, ARG) said it failed, or its process ended. SL_OK when none. */
 static sl_status trouble(shm_comm *c, const char *op, const uint32_t *w, uint32_t target, int need, uint32_t arg) {
@@ -176,6 +188,16 @@ static sl_status trouble(shm_comm *c, const char *op, const uint32_t *w, uint32_
     if (!f) f = load(&c->words[i].fail);
     if (!f || !in_trouble(c, i, need, arg)) continue;
     int lost = (int)(f & 0xffffffu) - 1;
+    /* a member that left or aborted after another's process ended without leaving (killed, or
+     * it crashed): that one is what the job lost (the leaver failed on it elsewhere, on the
+     * control plane) */
+    int dead = (f >> 24) == FAIL_ABORT || (f >> 24) == FAIL_LEFT ? killed_member(c) : -1;
+    if (dead >= 0)
+      return breaks(c, SL_ERR_PEER, job_rank(c, dead),
+                    "shm %s: lost rank %d (pid %d, exited without leaving the data plane); rank %d then %s while "
+                    "rank %d still needed it",
+                    op, lbl(s, job_rank(c, dead)), (int)s->pids[job_rank(c, dead)], lbl(s, r),
+                    (f >> 24) == FAIL_ABORT ? "aborted its data plane" : "finished this communicator", lbl(s, s->me));
     if ((f >> 24) == FAIL_ABORT)
       return breaks(c, SL_ERR_PEER, r, "shm %s: rank %d aborted its data plane (sl_context_abort)", op, lbl(s, r));
     if ((f >> 24) == FAIL_LEFT)
@@ -675,18 +697,47 @@ static bool serve_one(const sl_module_host *host, int conn, const evidence *e, i
   return true;
 }
 
-/* Rank 0: serves the ranks until every one has the descriptor, or the timeout. */
-static sl_status serve(const sl_module_host *host, int lis, const evidence *e, int n, int segfd,
+/* Rank 0: serves the ranks until every one has the descriptor, or the timeout. A rank whose
+ * process ends before it came (killed between the offer and its fetch) fails the start at once,
+ * named: its peers wait for rank 0 in the next step, so rank 0 must not wait out the timeout. */
+static sl_status serve(const sl_module_host *host, int lis, const evidence *e, const shm_seg *seg, int n, int segfd,
                        const unsigned char *token, int timeout_ms) {
   bool *served = calloc((size_t)n, sizeof *served);
-  if (!served) return host->fail(host->core, SL_ERR_NOMEM, "shm: out of memory for %d ranks", n);
+  struct pollfd *pf = calloc((size_t)n, sizeof *pf);
+  if (!served || !pf) {
+    free(served), free(pf);
+    return host->fail(host->core, SL_ERR_NOMEM, "shm: out of memory for %d ranks", n);
+  }
+  served[0] = true;
   double deadline = now_ms() + timeout_ms;
   int left = n - 1, refused = 0;
   sl_status st = SL_OK;
+  double looked = 0; /* when the ranks still to come were last looked at */
   while (left > 0) {
-    int k = wait_fd(lis, POLLIN, deadline);
-    if (k <= 0) {
-      served[0] = true;
+    int ended = -1;
+    if (now_ms() - looked >= SHM_SERVE_LOOK_MS) {
+      looked = now_ms();
+      for (int r = 1; r < n && ended < 0; r++)
+        if (!served[r] && gone(seg, r)) ended = r;
+    }
+    if (ended >= 0) {
+      st = host->fail(host->core, SL_ERR_PEER,
+                      "shm: lost rank %d (pid %d, exited) before it came for the shared segment; see that rank's log",
+                      lbl(seg, ended), (int)e[ended].pid);
+      break;
+    }
+    /* the socket and the pidfds of the ranks still to come; those without one are looked at
+     * again after each slice */
+    int np = 0;
+    pf[np++] = (struct pollfd){lis, POLLIN, 0};
+    for (int r = 1; r < n; r++)
+      if (!served[r] && seg->pidfds[r] >= 0) pf[np++] = (struct pollfd){seg->pidfds[r], POLLIN, 0};
+    double wait = deadline - now_ms();
+    int k = wait <= 0 ? 0 : poll(pf, (nfds_t)np, wait > SHM_SERVE_LOOK_MS ? SHM_SERVE_LOOK_MS : (int)wait + 1);
+    if (k < 0 && errno == EINTR) continue;
+    for (int i = 1; i < np && k > 0; i++)
+      if (pf[i].revents) looked = 0; /* a pidfd: a rank to come has ended; named above */
+    if (k < 0 || (k == 0 && now_ms() >= deadline)) {
       char list[160];
       bool *missing = calloc((size_t)n, sizeof *missing);
       for (int r = 0; missing && r < n; r++) missing[r] = !served[r];
@@ -697,6 +748,7 @@ static sl_status serve(const sl_module_host *host, int lis, const evidence *e, i
                       left > 1 ? "s" : "", missing ? list : "?", timeout_ms);
       break;
     }
+    if (!(pf[0].revents & POLLIN)) continue;
     int conn = accept4(lis, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (conn < 0) continue;
     if (serve_one(host, conn, e, n, served, segfd, token, deadline, &refused)) left--;
@@ -705,6 +757,7 @@ static sl_status serve(const sl_module_host *host, int lis, const evidence *e, i
   if (refused > SHM_REFUSALS_LOGGED)
     host->log(host->core, SL_LOG_WARN, "shm: refused %d connections to the segment's socket in all", refused);
   free(served);
+  free(pf);
   return st;
 }
 
@@ -953,7 +1006,7 @@ static sl_status shm_init(const sl_collective_init *init, void **comm) {
     sl__module_text(of.why, sizeof of.why);
     st = kh.h.fail(&kh, SL_ERR_COMM, "shm: rank 0 could not make the shared segment: %s", of.why);
   }
-  if (st == SL_OK && me == 0 && n > 1) st = serve(&kh.h, lis, e, n, segfd, of.token, init->timeout_ms);
+  if (st == SL_OK && me == 0 && n > 1) st = serve(&kh.h, lis, e, seg, n, segfd, of.token, init->timeout_ms);
   if (lis >= 0) close(lis); /* every rank has its descriptor (or the start failed): nobody else may come */
   if (st == SL_OK && me != 0) {
     if (of.bytes != bytes) st = kh.h.fail(&kh, SL_ERR_COMM, "shm: rank 0 offers a segment of another size");

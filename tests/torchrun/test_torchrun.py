@@ -302,6 +302,20 @@ def start_ranks(bin_, ckpt, dump, url, ranks, world, extra_env=None, timeout_s=T
     return procs
 
 
+def stacks_of(pid):
+    """Every thread's stack of a hung rank, where gdb is installed (CI's machine has it)."""
+    gdb = shutil.which("gdb")
+    if not gdb:
+        return "(no gdb here)"
+    try:
+        r = subprocess.run([gdb, "-batch", "-nx", "-p", str(pid), "-ex", "thread apply all bt 30"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+        lines = [l for l in r.stdout.splitlines() if l.startswith(("#", "Thread"))]
+        return "\n".join(lines)[-6000:] or r.stdout[-2000:]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(gdb: {e})"
+
+
 def finish(procs, limit):
     outs = []
     deadline = time.monotonic() + limit
@@ -309,10 +323,23 @@ def finish(procs, limit):
         try:
             out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
+            running = [q.pid for q in procs if q.poll() is None]
+            stacks = [f"--- stacks of pid {pid}:\n{stacks_of(pid)}" for pid in running]
             for q in procs:
                 if q.poll() is None:
                     os.killpg(q.pid, signal.SIGKILL)
-            fail(f"a rank still ran after {limit} s")
+            # what every rank printed, so that a hang in CI says where each rank was
+            said = []
+            for i, q in enumerate(procs):
+                if i < len(outs):
+                    out = outs[i][1] or ""
+                else:
+                    try:
+                        out = q.communicate(timeout=10)[0] or ""
+                    except subprocess.TimeoutExpired:
+                        out = "(no output)"
+                said.append(f"--- process {i} (pid {q.pid}, exit {q.returncode}):\n{out[-2000:]}")
+            fail(f"a rank still ran after {limit} s (pids {running}):\n" + "\n".join(said + stacks))
         outs.append((p.returncode, out))
     return outs
 
