@@ -557,6 +557,62 @@ static void test_many_ranks_stuck_tcp(void **state) { run_lost_many(TCP_RDZV, "m
 static void test_many_ranks_dead_tcp(void **state) { run_lost_many(TCP_RDZV, "many_dead_tcp", 16, 5, false, 1); }
 
 static void test_lost_rank_file(void **state) { run_lost(FILE_RDZV, "lost_file", 3, false); }
+/* sl__gloo_exchange (hier's verdicts after a failed group): every rank but the victim gets
+ * every other's bytes within the timeout, although the victim is stopped (a silent host: its
+ * slot times out, the others' do not wait behind it) or has died (its connection refuses at
+ * once); the communicator is unusable afterwards, and says so at once. */
+/* internal.h declares it only where the build has Gloo, as the core is compiled */
+extern int sl__gloo_exchange(void *comm, const void *mine, size_t bytes, void *all, unsigned char *got)
+    __attribute__((weak));
+
+static int exchange_body(const sl_collective_ops *ops, void *comm, const job *j, int rank) {
+  CHECK(sl__gloo_exchange, "a Gloo module without sl__gloo_exchange");
+  CHECK(ops->barrier(comm) == SL_OK, "barrier before the exchange");
+  if (rank == j->victim) {
+    if (!j->freeze) _exit(42);
+    pid_t me = getpid();
+    if (fork() == 0) {
+      usleep((useconds_t)(3 * j->timeout_ms) * 1000);
+      kill(me, SIGCONT);
+      _exit(0);
+    }
+    kill(me, SIGSTOP);
+    _exit(43);
+  }
+  usleep(200 * 1000); /* the victim has stopped or died */
+  int32_t mine[2] = {1000 + rank, ~(1000 + rank)}, all[MAX_RANKS][2];
+  unsigned char got[MAX_RANKS];
+  memset(all, 0, sizeof all);
+  double t0 = now_ms();
+  int n = sl__gloo_exchange(comm, mine, sizeof mine, all, got);
+  double took = now_ms() - t0;
+  fprintf(stderr, "rank %d: %d peers' bytes in %.0f ms\n", rank, n, took);
+  CHECK(n == j->world - 2, "%d peers' bytes arrived, want %d", n, j->world - 2);
+  for (int r = 0; r < j->world; r++) {
+    CHECK(got[r] == (r != j->victim), "rank %d: got %d", r, got[r]);
+    if (r != j->victim) CHECK(all[r][0] == 1000 + r && all[r][1] == ~(1000 + r), "rank %d's bytes", r);
+  }
+  /* the silent victim's slot waits out the timeout; a dead one's refuses at once */
+  CHECK(took < j->timeout_ms + 1000, "took %.0f ms with a timeout of %d ms", took, j->timeout_ms);
+  if (!j->freeze) CHECK(took < j->timeout_ms, "a dead peer held the exchange %.0f ms", took);
+  t0 = now_ms();
+  CHECK(ops->barrier(comm) != SL_OK && strstr(g_msg, "exchange"), "a barrier after the exchange: '%s'", g_msg);
+  CHECK(now_ms() - t0 < 200, "the later barrier took %.0f ms", now_ms() - t0);
+  return 0;
+}
+
+static void run_exchange(const char *name, int victim, bool freeze) {
+  char *url = make_url(TCP_RDZV, name);
+  job j = {.world = 4, .url = url, .timeout_ms = 1500, .body = exchange_body, .victim = victim, .deadline_s = 60,
+           .freeze = freeze};
+  j.expect_exit[victim] = freeze ? 43 : 42;
+  run(&j);
+  free(url);
+}
+
+static void test_exchange_past_a_silent_rank(void **state) { run_exchange("exchange_silent", 2, true); }
+static void test_exchange_past_a_dead_rank(void **state) { run_exchange("exchange_dead", 1, false); }
+
 static void test_lost_rank_tcp(void **state) { run_lost(TCP_RDZV, "lost_tcp", 3, false); }
 /* rank 0 also serves the tcp:// store: its death takes the store with it */
 static void test_lost_rank0_tcp(void **state) { run_lost(TCP_RDZV, "lost0_tcp", 0, false); }
@@ -1255,6 +1311,8 @@ int main(void) {
       cmocka_unit_test(test_peer_dies_mid_transfer),
       cmocka_unit_test(test_lost_rank_file),
       cmocka_unit_test(test_lost_rank_tcp),
+      cmocka_unit_test(test_exchange_past_a_silent_rank),
+      cmocka_unit_test(test_exchange_past_a_dead_rank),
       cmocka_unit_test(test_lost_rank0_tcp),
       cmocka_unit_test(test_lost_rank0_file),
       cmocka_unit_test(test_stuck_rank_tcp),

@@ -566,14 +566,62 @@ static sl_status hier_scatterv(void *comm, const void *sendbuf, const size_t *co
   return done(c, scatter_leader(c, recvbuf, recvbytes, root));
 }
 
-/* A leader's failed group step (the count tables or the data): its host hears whom the
- * leaders' Gloo blamed. No verdict is told or heard: in a group every leader waits on every
- * root itself, so each names the silent host on its own (but where that host roots no item of
- * the group a leader waiting on a stuck root names the root: docs/DESIGN.md#hier). */
+/* A leader's failed group step (the count tables or the data): its host hears whom it lost.
+ * In a group every leader waits on every root, and the leaders need not be in the same group:
+ * one that finished a group before a host went silent waits, in the next, on a leader still
+ * stuck in the last one, and its Gloo blames that leader (silent to it, or gone once it failed
+ * too). So every leader that failed a group tells every other whom it blames, each peer on its
+ * own (sl__gloo_exchange over the verdict communicator, within the grace: the silent host costs
+ * only its slot), and a leader that blamed a leader who told it a verdict (alive: it failed
+ * too) names whom that one blames, or, where the two blame each other, a leader that told
+ * nothing (the silent host: docs/DESIGN.md#hier, A group's failure). */
+typedef struct group_verdict {
+  int32_t magic, lost, check;
+} group_verdict;
+#define HIER_GROUP_VERDICT 0x67726476 /* "vdrg" */
+
+/* Whom the leaders' Gloo blamed for this rank's failed step: the job rank its message names
+ * ("lost rank N"), else the first it noted; -1 when neither. */
+static int blamed(hier_comm *c) {
+  const char *at = strstr(((keeper *)c->host->core)->last, "lost rank ");
+  int named;
+  if (at && sscanf(at, "lost rank %d", &named) == 1 && comm_rank_of(c, named) >= 0) return named;
+  return c->nlost > 0 ? c->lost[0] : -1;
+}
+
 static sl_status group_failed(hier_comm *c, sl_status st) {
   if (SL_HAS_OP(c->g, lost) && c->nlost == 0)
     c->nlost = c->g->lost(c->leaders, c->lost, (int)(sizeof c->lost / sizeof c->lost[0]));
-  return leader_failed(c, st, "scatterv group", c->nlost > 0 ? c->lost[0] : -1, -1);
+  int b = blamed(c);
+  if (!c->verdict) return leader_failed(c, st, "scatterv group", b, -1);
+  const size_t H = (size_t)c->nhosts;
+  group_verdict mine = {HIER_GROUP_VERDICT, b, HIER_GROUP_VERDICT ^ ~b}, *all = calloc(H, sizeof *all);
+  unsigned char *got = calloc(H, 1);
+  char last[HIER_WHY];
+  snprintf(last, sizeof last, "%s", ((keeper *)c->host->core)->last);
+  if (all && got) sl__gloo_exchange(c->verdict, &mine, sizeof mine, all, got);
+  int qb = comm_rank_of(c, b), bh = qb >= 0 ? c->host_of[qb] : -1, theirs = -1;
+  /* the blamed leader of another host told its verdict: it is alive, and failed too */
+  if (all && got && bh >= 0 && bh != c->myhost && leader_of(c, bh) == qb && got[bh]) {
+    const group_verdict *v = &all[bh];
+    int q = v->magic == HIER_GROUP_VERDICT && v->check == (HIER_GROUP_VERDICT ^ ~v->lost) ? comm_rank_of(c, v->lost)
+                                                                                          : -1;
+    /* trust no peer: a rank of the communicator, on neither this host nor the teller's */
+    if (q >= 0 && c->host_of[q] != c->myhost && c->host_of[q] != bh) theirs = v->lost;
+    for (int h = 0; theirs < 0 && h < (int)H; h++) /* they blame each other: a leader that told nothing */
+      if (h != c->myhost && h != bh && !got[h]) theirs = c->job[leader_of(c, h)];
+  }
+  free(all), free(got);
+  if (theirs >= 0) {
+    char was[HIER_WHY];
+    snprintf(was, sizeof was, "%s", last);
+    snprintf(last, sizeof last, "hier scatterv group: rank %d lost rank %d and failed; rank %d waited on it: %.*s", b,
+             theirs, c->job[c->rank], (int)sizeof last - 120, was); /* the head says it all */
+    c->host->fail(c->host->core, st, "%s", last);
+    c->lost[0] = theirs, c->nlost = 1; /* the host behind it is the one lost (hier_lost) */
+    b = theirs;
+  }
+  return leader_failed(c, st, "scatterv group", b, -1);
 }
 
 /* Several scatterv's from distinct roots as one op (module.h). Where every root leads its host
@@ -721,8 +769,8 @@ static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *given, i
             hd[(size_t)i * H + h] = p - (size_t)at[i];
             for (int k = 0; (int)h != c->myhost && k < size_of(c, (int)h); k++) {
               int r = c->members[c->first_of[h] + k];
-              if (it[i].counts[r]) memcpy(c->scratch + p, (const unsigned char *)it[i].sendbuf + it[i].displs[r],
-                                          it[i].counts[r]);
+              if (it[i].counts[r])
+                memcpy(c->scratch + p, (const unsigned char *)it[i].sendbuf + it[i].displs[r], it[i].counts[r]);
               p += it[i].counts[r];
             }
           }
