@@ -331,6 +331,24 @@ static void test_rank_killed_mid_load(void **state) {
       unlink(path);
     }
   }
+  /* three hosts, where the leaders tell each other their verdicts (collectives/hier/hier.c:
+   * step_failed): host b's leader (rank 2), then host c's only rank (rank 4); the dead one's
+   * connections refuse at once, so nobody waits for its verdict nor calls its host cut off */
+  for (int victim = 2; victim <= 4; victim += 2) {
+    job j = {.tag = {"a", "a", "b", "b", "c"}, .timeout_ms = 10000, .victim = victim, .dir = dir, .path = ckpt};
+    char sub[32];
+    snprintf(sub, sizeof sub, "killed3-%d", victim);
+    int codes[MAX_WORLD];
+    spawn(&j, 5, killed_rank, sub, 90000, codes);
+    for (int r = 0; r < 5; r++)
+      if (r != victim) assert_int_equal(codes[r], 0);
+    assert_int_equal(codes[victim], 128 + SIGKILL);
+    for (int r = 0; r < 5; r++) {
+      char path[700];
+      snprintf(path, sizeof path, "%s/pid-%d", dir, r);
+      unlink(path);
+    }
+  }
   free(dir);
 }
 

@@ -993,9 +993,30 @@ extern "C" void sl__gloo_set_timeout(void *comm, int timeout_ms) {
   if (comm && timeout_ms > 0) static_cast<shardload::gloo_internal::Comm *>(comm)->timeout_ms = timeout_ms;
 }
 
+// Closes COMM's connections (its own pairs, not its family's), so that a peer waiting on this
+// rank in COMM fails at once ("connection closed") rather than when this process exits; COMM
+// is unusable afterwards. For a failed rank that has more to do before it exits (hier's
+// verdicts, which the peers waiting on it must take part in).
+extern "C" void sl__gloo_hang_up(void *comm) {
+  using namespace shardload::gloo_internal;
+  if (!comm) return;
+  Comm &c = *static_cast<Comm *>(comm);
+  try {
+    SigpipeBlock block;
+    if (c.ctx) c.ctx->closeConnections();
+  } catch (...) {
+  }
+  if (c.failed == SL_OK) {
+    c.failed = SL_ERR_COMM;
+    c.failmsg = "its connections were closed after a failure";
+  }
+}
+
 // Every member sends BYTES of MINE to every other and keeps what each sent it (ALL: world x
 // BYTES), within the communicator's timeout: each peer on its own, so a silent or dead peer
-// costs only its own slot (GOT[r] stays 0) where a collective would fail at the first. Never
+// costs only its own slot where a collective would fail at the first. GOT[r]: 1 rank r's bytes
+// arrived (this rank's own included), 2 its connection refused or closed (it has exited), 0
+// silent until the timeout. Never
 // throws, never poisons; used once, on a communicator that is not used again (hier's verdicts
 // after a failed group: docs/DESIGN.md#hier). Returns how many peers' bytes arrived.
 extern "C" int sl__gloo_exchange(void *comm, const void *mine, size_t bytes, void *all, unsigned char *got) {
@@ -1024,6 +1045,7 @@ extern "C" int sl__gloo_exchange(void *comm, const void *mine, size_t bytes, voi
       } catch (const std::exception &) {
         sends[size_t(r)].reset();
         recvs[size_t(r)].reset();
+        got[r] = 2;
       }
     }
     const Clock::time_point deadline = Clock::now() + c.timeout();
@@ -1031,13 +1053,49 @@ extern "C" int sl__gloo_exchange(void *comm, const void *mine, size_t bytes, voi
       auto d = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
       return d > milliseconds(1) ? d : milliseconds(1);
     };
+    // Gloo does not wake a receive whose peer's connection goes away under it (a rank that
+    // died a moment ago): a watcher probes the peer waited on and aborts the wait once its
+    // connection is broken, as SendWatch does for the scatterv root's sends.
+    std::mutex mu;
+    std::condition_variable cv;
+    int waiting = -1;
+    bool finished = false;
+    std::thread watcher([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      while (!finished) {
+        cv.wait_for(lock, milliseconds(20));
+        if (!finished && waiting >= 0 && pair_broken(c, waiting)) {
+          recvs[size_t(waiting)]->abortWaitRecv();
+          waiting = -1;
+        }
+      }
+    });
     for (int r = 0; r < c.world; r++) {
       if (!recvs[size_t(r)]) continue;
-      try {
-        if (recvs[size_t(r)]->waitRecv(left())) got[r] = 1, arrived++;
-      } catch (const std::exception &) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        waiting = r;
       }
+      bool ok = false, closed = false;
+      try {
+        ok = recvs[size_t(r)]->waitRecv(left());
+        closed = !ok; // aborted by the watcher: its connection broke
+      } catch (const std::exception &) {
+        closed = Clock::now() + milliseconds(5) < deadline; // closed under the wait, not silent
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        waiting = -1;
+      }
+      if (ok) got[r] = 1, arrived++;
+      else if (closed) got[r] = 2;
     }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      finished = true;
+    }
+    cv.notify_all();
+    watcher.join();
     for (int r = 0; r < c.world; r++) { // small: in the socket's buffer by now, or never
       if (!sends[size_t(r)]) continue;
       try {

@@ -61,6 +61,8 @@ typedef struct hier_comm {
   void *hostg;   /* Gloo over this host (the shm communicator's control plane; init's only) */
   void *leaders; /* Gloo over the hosts' leaders (NULL unless this rank leads and nhosts > 1) */
   void *verdict; /* Gloo over the leaders too, for a failed step's verdict (init's, nhosts > 2) */
+  int grace_ms;  /* the verdicts' grace (verdict_grace_ms) */
+  bool cut_off;  /* its verdicts found this host cut off from every other (step_failed) */
   void *local;   /* shm over this host (NULL for a host of one rank) */
   sl_control_plane hostctl;
   uint64_t *table;           /* n counts: a scatterv's, as the leaders learn them */
@@ -235,7 +237,8 @@ static sl_status hier_init(const sl_collective_init *init, void **comm) {
   /* where a leaders' step has more than one peer to wait on, a leader that waited on the step's
    * root learns from it whom it lost, within a grace (leader_failed) */
   if (st == SL_OK && c->nhosts > 2) st = c->g->split(c->world, leads(c) ? 0 : -1, me, &c->verdict);
-  if (st == SL_OK && c->verdict) sl__gloo_set_timeout(c->verdict, verdict_grace_ms(init->timeout_ms));
+  c->grace_ms = verdict_grace_ms(init->timeout_ms);
+  if (st == SL_OK && c->verdict) sl__gloo_set_timeout(c->verdict, c->grace_ms);
   if (st == SL_OK && size_of(c, c->myhost) > 1) {
     c->hostctl = (sl_control_plane){sizeof c->hostctl, c, hostctl_broadcast, hostctl_allgather};
     sl_collective_init si = gi;
@@ -296,41 +299,10 @@ static int comm_rank_of(const hier_comm *c, int lost) {
   return -1;
 }
 
-/* A failed leaders' step's verdict, from the step's root to the other leaders: whom the root
- * lost (a job rank, or -1), for the leaders that waited on the root. */
-typedef struct verdict {
-  int32_t magic, lost;
-} verdict;
-#define HIER_VERDICT 0x76726474 /* "tdrv" */
-
-/* The root of the failed step (host RH, this rank's): tells every leader it did not lose whom
- * it lost (LOST), each within the grace (a leader that does not listen costs it that once). */
-static void tell_verdict(hier_comm *c, int rh, int lost) {
-  verdict v = {HIER_VERDICT, lost};
-  int q = comm_rank_of(c, lost), n = 0;
-  for (int h = 0; h < c->nhosts; h++) {
-    bool gone = q >= 0 && c->host_of[q] == h;
-    c->hcounts[h] = h == rh || gone ? 0 : sizeof v, c->hdispls[h] = 0;
-    n += c->hcounts[h] != 0;
-  }
-  if (n) c->g->scatterv(c->verdict, &v, c->hcounts, c->hdispls, NULL, 0, rh, NULL);
-}
-
-/* A leader whose step failed waiting on the step's root (host RH's leader): the root's verdict
- * within the grace, the job rank it lost on another host than this one's; -1 when none came
- * (the root is silent itself: this rank's own finding stands). */
-static int hear_verdict(hier_comm *c, int rh) {
-  verdict v = {0, -1};
-  if (c->g->scatterv(c->verdict, NULL, NULL, NULL, &v, sizeof v, rh, NULL) != SL_OK || v.magic != HIER_VERDICT)
-    return -1;
-  int q = comm_rank_of(c, v.lost); /* trust no peer: a rank of the communicator, of another host */
-  return q >= 0 && c->host_of[q] != c->myhost && c->host_of[q] != rh ? v.lost : -1;
-}
-
-/* This leader's Gloo step failed (ST, having lost the job's rank LOST; RH: the host whose
- * leader is the step's root, or -1: no root, or this rank's own finding): the ranks of its
- * host that wait on it in shm fail at once rather than at the timeout, naming whom it lost. */
-static sl_status leader_failed(hier_comm *c, sl_status st, const char *op, int lost, int rh) {
+/* This leader failed (ST, having lost the job's rank LOST, or -1: this rank's own finding; a
+ * Gloo step's failure comes through step_failed, with its verdicts): the ranks of its host
+ * that wait on it in shm fail at once rather than at the timeout, naming whom it lost. */
+static sl_status leader_failed(hier_comm *c, sl_status st, const char *op, int lost) {
   /* whom the leaders' Gloo blamed, for the control plane (hier_lost) */
   if (c->leaders && SL_HAS_OP(c->g, lost) && c->nlost == 0)
     c->nlost = c->g->lost(c->leaders, c->lost, (int)(sizeof c->lost / sizeof c->lost[0]));
@@ -341,30 +313,11 @@ static sl_status leader_failed(hier_comm *c, sl_status st, const char *op, int l
   const char *at = strstr(last, "lost rank ");
   int named;
   if (at && sscanf(at, "lost rank %d", &named) == 1 && named >= 0) lost = named;
-  else if (lost < 0 && rh >= 0 && c->nlost > 0) lost = c->lost[0];
-  /* the root of a step that other leaders wait on tells them whom it lost; a leader that
-   * waited on the root (which may only wait on another, silent, host) asks it. With two
-   * hosts the root's only peer is this rank's host: nothing to tell. */
-  if (c->verdict && rh >= 0 && rh == c->myhost) {
-    tell_verdict(c, rh, lost);
-    c->host->fail(c->host->core, st, "%s", last); /* the step's message, not the verdict's */
-  } else if (c->verdict && rh >= 0 && lost >= 0 && lost == c->job[leader_of(c, rh)]) {
-    int theirs = hear_verdict(c, rh);
-    char mine[HIER_WHY];
-    snprintf(mine, sizeof mine, "%s", last);
-    if (theirs >= 0) {
-      snprintf(last, sizeof last,
-               "hier %s: rank %d, the leaders' root, lost rank %d and failed; rank %d waited on it: %.*s", op, lost,
-               theirs, c->job[c->rank], (int)sizeof last - 120, mine); /* the head says it all */
-      lost = theirs;
-      c->lost[0] = theirs, c->nlost = 1; /* the host behind it is the one lost (hier_lost) */
-    }
-    c->host->fail(c->host->core, st, "%s", last);
-  }
   int q = comm_rank_of(c, lost);
   /* another host's leader leaves the job when it loses a rank of its host, which only its
    * own message names: say whom it leads (docs/DESIGN.md#hier) */
-  if (q >= 0 && c->host_of[q] != c->myhost && leader_of(c, c->host_of[q]) == q && size_of(c, c->host_of[q]) > 1) {
+  if (!c->cut_off && q >= 0 && c->host_of[q] != c->myhost && leader_of(c, c->host_of[q]) == q &&
+      size_of(c, c->host_of[q]) > 1) {
     char list[96] = "";
     int h = c->host_of[q], k = size_of(c, h);
     size_t used = 0;
@@ -383,6 +336,96 @@ static sl_status leader_failed(hier_comm *c, sl_status st, const char *op, int l
     sl__shm_break(c->local, st, lost, why);
   }
   return st;
+}
+
+/* A failed leaders' step's verdicts. Whom a leader's Gloo blames can mislead: it waited on a
+ * leader that may itself only wait on another, silent, host (a step's root stuck sending to
+ * it; in a group, a leader still stuck in the last group while this one went on to the next),
+ * and that leader, once failed, is gone to it too. So every leader whose Gloo step failed
+ * tells every other whom it blames, each peer on its own within the grace
+ * (sl__gloo_exchange over the verdict communicator: a silent host costs only its own slot,
+ * where a collective would stop at it, and a leader that has exited refuses at once):
+ * - a leader whose blamed leader told a verdict (it is alive: it failed too) names whom that
+ *   one blames, or, where it blames this rank back, a leader that told nothing (silent);
+ * - a leader that heard no other leader at all, none having refused, is the one cut off (its
+ *   link down, a partition): it names every other host, so that its control plane (rank 0's
+ *   store) waits for none of them;
+ * - else its own finding stands (docs/DESIGN.md#hier, Failures). */
+typedef struct verdict {
+  int32_t magic, lost, check;
+} verdict;
+#define HIER_VERDICT 0x76726476 /* "vdrv" */
+
+/* Whom this leader's failed Gloo step blames: the job rank its message names ("lost rank N"),
+ * else LOST (what the step knows: the root it waited on), else the first its Gloo noted. */
+static int blamed(hier_comm *c, int lost) {
+  const char *at = strstr(((keeper *)c->host->core)->last, "lost rank");
+  int named;
+  if (at && (sscanf(at, "lost rank %d", &named) == 1 || sscanf(at, "lost ranks %d", &named) == 1) &&
+      comm_rank_of(c, named) >= 0)
+    return named;
+  return lost >= 0 ? lost : c->nlost > 0 ? c->lost[0] : -1;
+}
+
+/* A leader's Gloo step between the hosts failed (ST; LOST: whom the step blames, or -1): the
+ * verdicts, then its host hears whom it lost (leader_failed). */
+static sl_status step_failed(hier_comm *c, sl_status st, const char *op, int lost) {
+  if (c->leaders && SL_HAS_OP(c->g, lost) && c->nlost == 0)
+    c->nlost = c->g->lost(c->leaders, c->lost, (int)(sizeof c->lost / sizeof c->lost[0]));
+  int b = blamed(c, lost);
+  if (!c->verdict) return leader_failed(c, st, op, b);
+  const int H = c->nhosts;
+  verdict mine = {HIER_VERDICT, b, HIER_VERDICT ^ ~b}, *all = calloc((size_t)H, sizeof *all);
+  unsigned char *got = calloc((size_t)H, 1);
+  char last[HIER_WHY], was[HIER_WHY];
+  snprintf(was, sizeof was, "%s", ((keeper *)c->host->core)->last);
+  if (!all || !got) {
+    free(all), free(got);
+    return leader_failed(c, st, op, b);
+  }
+  /* a leader that waits on this one in the failed step takes part only once it fails too */
+  sl__gloo_hang_up(c->leaders);
+  sl__gloo_exchange(c->verdict, &mine, sizeof mine, all, got);
+  int heard = 0, refused = 0, theirs = -1;
+  for (int h = 0; h < H; h++)
+    if (h != c->myhost) heard += got[h] == 1, refused += got[h] == 2;
+  int qb = comm_rank_of(c, b), bh = qb >= 0 ? c->host_of[qb] : -1;
+  if (heard == 0 && refused == 0 && H > 2) { /* cut off: every other host is silent to this one */
+    int n = 0;
+    char list[96] = "";
+    size_t used = 0;
+    for (int h = 0; h < H; h++) {
+      if (h == c->myhost) continue;
+      if (n < (int)(sizeof c->lost / sizeof c->lost[0])) c->lost[n++] = c->job[leader_of(c, h)];
+      int w = snprintf(list + used, sizeof list - used, "%s%d", used ? ", " : "", c->job[leader_of(c, h)]);
+      if (w > 0 && (size_t)w < sizeof list - used) used += (size_t)w;
+    }
+    c->nlost = n;
+    c->cut_off = true;
+    theirs = c->lost[0];
+    snprintf(last, sizeof last,
+             "hier %s: lost rank %d and every other host's leader (ranks %s): none answered within %d ms after the "
+             "failure, so rank %d's host is cut off from them (a link down, a partition) or they all failed: %.*s",
+             op, theirs, list, c->grace_ms, c->job[c->rank], (int)sizeof last - 220, was);
+  } else if (bh >= 0 && bh != c->myhost && leader_of(c, bh) == qb && got[bh] == 1) {
+    /* the blamed leader told its verdict: alive, and failed too */
+    const verdict *v = &all[bh];
+    int q = v->magic == HIER_VERDICT && v->check == (HIER_VERDICT ^ ~v->lost) ? comm_rank_of(c, v->lost) : -1;
+    /* trust no peer: a rank of the communicator, on neither this host nor the teller's */
+    if (q >= 0 && c->host_of[q] != c->myhost && c->host_of[q] != bh) theirs = v->lost;
+    if (q >= 0 && c->host_of[q] == c->myhost) /* it blames this one back: a leader that told nothing */
+      for (int h = 0; theirs < 0 && h < H; h++)
+        if (h != c->myhost && h != bh && got[h] == 0) theirs = c->job[leader_of(c, h)];
+    if (theirs >= 0) {
+      snprintf(last, sizeof last, "hier %s: rank %d lost rank %d and failed; rank %d waited on it: %.*s", op, b, theirs,
+               c->job[c->rank], (int)sizeof last - 120, was); /* the head says it all */
+      c->lost[0] = theirs, c->nlost = 1;                      /* the host behind it is the one lost (hier_lost) */
+    }
+  }
+  free(all), free(got);
+  if (theirs < 0) return leader_failed(c, st, op, b);
+  c->host->fail(c->host->core, st, "%s", last);
+  return leader_failed(c, st, op, theirs);
 }
 
 /* The leaders' broadcast from host RH's leader: Gloo's scatterv of the one buffer to each
@@ -424,16 +467,16 @@ static sl_status hier_broadcast(void *comm, void *buf, size_t bytes, int root, v
     /* a leader root sends to the other hosts first: they work while its own host takes it */
     bool first = leader_of(c, rh) == root;
     if (first && lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
-      return done(c, leader_failed(c, st, "broadcast", -1, rh));
+      return done(c, step_failed(c, st, "broadcast", -1));
     if (st == SL_OK && c->local) st = c->s->broadcast(c->local, buf, bytes, c->local_of[root], NULL);
     /* the last step: nobody of this host waits on it now, but its next op would wait on this
      * rank, which no longer takes part: its host hears whom it lost at once */
     if (st == SL_OK && !first && lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
-      return done(c, leader_failed(c, st, "broadcast", -1, rh));
+      return done(c, step_failed(c, st, "broadcast", -1));
     return done(c, st);
   }
   if (lead && (st = leaders_bcast(c, buf, bytes, rh)) != SL_OK)
-    return done(c, leader_failed(c, st, "broadcast", c->job[leader_of(c, rh)], rh));
+    return done(c, step_failed(c, st, "broadcast", c->job[leader_of(c, rh)]));
   if (c->local) st = c->s->broadcast(c->local, buf, bytes, 0, NULL);
   return done(c, st);
 }
@@ -492,7 +535,7 @@ static sl_status scatter_root(hier_comm *c, const unsigned char *send, const siz
     }
     if (st == SL_OK) st = leaders_scatterv(c, base, NULL, 0, rh);
   }
-  if (st != SL_OK) return leader_failed(c, st, "scatterv", -1, rh);
+  if (st != SL_OK) return step_failed(c, st, "scatterv", -1);
   if (!c->local) {
     if (recvbytes && send + displs[c->rank] != recv) memmove(recv, send + displs[c->rank], recvbytes);
     return SL_OK;
@@ -508,7 +551,7 @@ static sl_status scatter_root(hier_comm *c, const unsigned char *send, const siz
 static sl_status scatter_leader(hier_comm *c, void *recv, size_t recvbytes, int root) {
   int rh = c->host_of[root], lost = c->job[root];
   sl_status st = leaders_bcast(c, c->table, (size_t)c->n * sizeof *c->table, rh);
-  if (st != SL_OK) return leader_failed(c, st, "scatterv", lost, rh);
+  if (st != SL_OK) return step_failed(c, st, "scatterv", lost);
   /* trust no peer: the table must add up, and give this rank what it was called with */
   uint64_t total = 0;
   int k = size_of(c, c->myhost);
@@ -525,15 +568,15 @@ static sl_status scatter_leader(hier_comm *c, void *recv, size_t recvbytes, int 
                        "hier scatterv: rank %d expects %zu bytes but root rank %d sends it %llu", c->job[c->rank],
                        recvbytes, lost, (unsigned long long)c->table[c->rank]);
   /* this rank's own finding, not a rank lost: its host hears that it failed */
-  if (st != SL_OK) return leader_failed(c, st, "scatterv", -1, -1);
+  if (st != SL_OK) return leader_failed(c, st, "scatterv", -1);
   if (!c->local) { /* a host of one rank: straight into its buffer */
     st = leaders_scatterv(c, NULL, recv, recvbytes, rh);
-    return st != SL_OK ? leader_failed(c, st, "scatterv", lost, rh) : SL_OK;
+    return st != SL_OK ? step_failed(c, st, "scatterv", lost) : SL_OK;
   }
   /* out of memory: this rank's own failure, naming no rank lost */
-  if ((st = scratch_for(c, total, "scatterv")) != SL_OK) return leader_failed(c, st, "scatterv", -1, -1);
+  if ((st = scratch_for(c, total, "scatterv")) != SL_OK) return leader_failed(c, st, "scatterv", -1);
   if ((st = leaders_scatterv(c, NULL, c->scratch, (size_t)total, rh)) != SL_OK)
-    return leader_failed(c, st, "scatterv", lost, rh);
+    return step_failed(c, st, "scatterv", lost);
   size_t at = 0;
   for (int i = 0; i < k; i++) c->hdispls[i] = at, at += c->hcounts[i];
   return c->s->scatterv(c->local, c->scratch, c->hcounts, c->hdispls, recv, recvbytes, 0, NULL);
@@ -566,70 +609,12 @@ static sl_status hier_scatterv(void *comm, const void *sendbuf, const size_t *co
   return done(c, scatter_leader(c, recvbuf, recvbytes, root));
 }
 
-/* A leader's failed group step (the count tables or the data): its host hears whom it lost.
- * In a group every leader waits on every root, and the leaders need not be in the same group:
- * one that finished a group before a host went silent waits, in the next, on a leader still
- * stuck in the last one, and its Gloo blames that leader (silent to it, or gone once it failed
- * too). So every leader that failed a group tells every other whom it blames, each peer on its
- * own (sl__gloo_exchange over the verdict communicator, within the grace: the silent host costs
- * only its slot), and a leader that blamed a leader who told it a verdict (alive: it failed
- * too) names whom that one blames, or, where the two blame each other, a leader that told
- * nothing (the silent host: docs/DESIGN.md#hier, A group's failure). */
-typedef struct group_verdict {
-  int32_t magic, lost, check;
-} group_verdict;
-#define HIER_GROUP_VERDICT 0x67726476 /* "vdrg" */
-
-/* Whom the leaders' Gloo blamed for this rank's failed step: the job rank its message names
- * ("lost rank N"), else the first it noted; -1 when neither. */
-static int blamed(hier_comm *c) {
-  const char *at = strstr(((keeper *)c->host->core)->last, "lost rank ");
-  int named;
-  if (at && sscanf(at, "lost rank %d", &named) == 1 && comm_rank_of(c, named) >= 0) return named;
-  return c->nlost > 0 ? c->lost[0] : -1;
-}
-
-static sl_status group_failed(hier_comm *c, sl_status st) {
-  if (SL_HAS_OP(c->g, lost) && c->nlost == 0)
-    c->nlost = c->g->lost(c->leaders, c->lost, (int)(sizeof c->lost / sizeof c->lost[0]));
-  int b = blamed(c);
-  if (!c->verdict) return leader_failed(c, st, "scatterv group", b, -1);
-  const size_t H = (size_t)c->nhosts;
-  group_verdict mine = {HIER_GROUP_VERDICT, b, HIER_GROUP_VERDICT ^ ~b}, *all = calloc(H, sizeof *all);
-  unsigned char *got = calloc(H, 1);
-  char last[HIER_WHY];
-  snprintf(last, sizeof last, "%s", ((keeper *)c->host->core)->last);
-  if (all && got) sl__gloo_exchange(c->verdict, &mine, sizeof mine, all, got);
-  int qb = comm_rank_of(c, b), bh = qb >= 0 ? c->host_of[qb] : -1, theirs = -1;
-  /* the blamed leader of another host told its verdict: it is alive, and failed too */
-  if (all && got && bh >= 0 && bh != c->myhost && leader_of(c, bh) == qb && got[bh]) {
-    const group_verdict *v = &all[bh];
-    int q = v->magic == HIER_GROUP_VERDICT && v->check == (HIER_GROUP_VERDICT ^ ~v->lost) ? comm_rank_of(c, v->lost)
-                                                                                          : -1;
-    /* trust no peer: a rank of the communicator, on neither this host nor the teller's */
-    if (q >= 0 && c->host_of[q] != c->myhost && c->host_of[q] != bh) theirs = v->lost;
-    for (int h = 0; theirs < 0 && h < (int)H; h++) /* they blame each other: a leader that told nothing */
-      if (h != c->myhost && h != bh && !got[h]) theirs = c->job[leader_of(c, h)];
-  }
-  free(all), free(got);
-  if (theirs >= 0) {
-    char was[HIER_WHY];
-    snprintf(was, sizeof was, "%s", last);
-    snprintf(last, sizeof last, "hier scatterv group: rank %d lost rank %d and failed; rank %d waited on it: %.*s", b,
-             theirs, c->job[c->rank], (int)sizeof last - 120, was); /* the head says it all */
-    c->host->fail(c->host->core, st, "%s", last);
-    c->lost[0] = theirs, c->nlost = 1; /* the host behind it is the one lost (hier_lost) */
-    b = theirs;
-  }
-  return leader_failed(c, st, "scatterv group", b, -1);
-}
-
 /* Several scatterv's from distinct roots as one op (module.h). Where every root leads its host
  * (the loader's distributed readers, one per host) across hosts: each root tells the leaders
  * its count table and the leaders' Gloo moves every root's host parts, each step one group of
  * every root's at once (its scatterv_group), then each host scatters each item over its shm in
  * item order (the root's host from the root's send buffer). Else each item is a scatterv in
- * turn. A failure between the hosts names whom Gloo lost (group_failed). */
+ * turn. A failure between the hosts names whom the leaders' verdicts name (step_failed). */
 static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *given, int n, void *stream) {
   hier_comm *c = comm;
   sl_status st = usable(c, "scatterv group");
@@ -678,7 +663,7 @@ static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *given, i
   lc = calloc(K, sizeof *lc), ld = calloc(K, sizeof *ld);
   if (!lc || !ld || (leads(c) && (!table || !hc || !hd || !at || !len))) {
     st = c->host->fail(c->host->core, SL_ERR_NOMEM, "hier scatterv group: out of memory for %d items' tables", n);
-    if (leads(c)) st = leader_failed(c, st, "scatterv group", -1, -1);
+    if (leads(c)) st = leader_failed(c, st, "scatterv group", -1);
     goto out;
   }
   if (leads(c)) {
@@ -696,7 +681,7 @@ static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *given, i
     }
     away(c, true);
     if ((st = c->g->scatterv_group(c->leaders, tg, n, NULL)) != SL_OK) {
-      st = group_failed(c, st);
+      st = step_failed(c, st, "scatterv group", -1);
       goto out;
     }
     away(c, false);
@@ -721,7 +706,7 @@ static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *given, i
                            "hier scatterv group: root rank %d's count table does not add up for host %d (rank %d "
                            "expects %zu bytes)",
                            c->job[it[i].root], c->myhost, c->job[c->rank], it[i].recvbytes);
-        st = leader_failed(c, st, "scatterv group", -1, -1);
+        st = leader_failed(c, st, "scatterv group", -1);
         goto out;
       }
       len[i] = i == mine ? total : hc[(size_t)i * H + (size_t)c->myhost];
@@ -753,7 +738,7 @@ static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *given, i
       }
     }
     if ((st = scratch_for(c, need, "scatterv group")) != SL_OK) {
-      st = leader_failed(c, st, "scatterv group", -1, -1);
+      st = leader_failed(c, st, "scatterv group", -1);
       goto out;
     }
     sl_scatter_item g[SL_SCATTER_GROUP_MAX];
@@ -783,7 +768,7 @@ static sl_status hier_scatterv_group(void *comm, const sl_scatter_item *given, i
     }
     away(c, true);
     if ((st = c->g->scatterv_group(c->leaders, g, n, NULL)) != SL_OK) {
-      st = group_failed(c, st);
+      st = step_failed(c, st, "scatterv group", -1);
       goto out;
     }
     away(c, false);
@@ -840,7 +825,7 @@ static sl_status hier_barrier(void *comm) {
   if (c->local) st = c->s->barrier(c->local);
   if (st == SL_OK && c->leaders) {
     away(c, true);
-    if ((st = c->g->barrier(c->leaders)) != SL_OK) return done(c, leader_failed(c, st, "barrier", -1, -1));
+    if ((st = c->g->barrier(c->leaders)) != SL_OK) return done(c, step_failed(c, st, "barrier", -1));
     away(c, false);
   }
   if (st == SL_OK && c->local && c->nhosts > 1) st = c->s->barrier(c->local);

@@ -345,9 +345,13 @@ const sl_collective_ops *sl__collective_hier(void); /* collectives/hier/hier.c *
 void sl__gloo_set_timeout(void *comm, int timeout_ms);
 /* Every member of the Gloo communicator COMM sends BYTES of MINE to every other, each peer on
  * its own, within COMM's timeout; ALL gets world x BYTES, GOT[r] 1 where rank r's arrived (this
- * rank's included). A silent or dead peer costs only its slot. COMM is unusable afterwards.
+ * rank's included), 2 where its connection refused or closed, 0 where it stayed silent. A
+ * silent or dead peer costs only its slot. COMM is unusable afterwards.
  * Returns how many peers' bytes arrived. */
 int sl__gloo_exchange(void *comm, const void *mine, size_t bytes, void *all, unsigned char *got);
+/* Closes the Gloo communicator COMM's own connections, so that a peer waiting on this rank in
+ * it fails at once; COMM is unusable afterwards. */
+void sl__gloo_hang_up(void *comm);
 #endif
 /* One plain SGD step x -= lr * g on host memory (F64/F32/F16/BF16), for backends whose
  * memory the host can address. */
